@@ -1,0 +1,1 @@
+"""The per-node collector: sources (NVML, network, simulated), the Prometheus exporter and gRPC shipping."""

@@ -1,0 +1,112 @@
+"""Plain data passed from sources to outputs: what one scrape of one node saw.
+
+Values are tuples of floats aligned with the catalogue's order for their scope; a missing
+value (NOT_SUPPORTED, unreadable, not applicable) is NaN, never zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from faultcast.catalogue import Scope, index_of, metrics_for
+
+NAN = math.nan
+
+
+def pack(scope: Scope, values: Mapping[str, float]) -> tuple[float, ...]:
+    """Align a name->value mapping with the catalogue order of `scope`; absent names become NaN."""
+    positions = index_of(scope)
+    unknown = set(values) - set(positions)
+    if unknown:
+        raise KeyError(f"not {scope.value} metrics in the catalogue: {sorted(unknown)}")
+    out = [NAN] * len(positions)
+    for name, value in values.items():
+        out[positions[name]] = float(value)
+    return tuple(out)
+
+
+def unpack(scope: Scope, values: Sequence[float]) -> dict[str, float]:
+    """The inverse of `pack`, keeping NaN for missing values."""
+    metrics = metrics_for(scope)
+    if len(values) != len(metrics):
+        raise ValueError(f"{scope.value} values have {len(values)} entries, the catalogue has {len(metrics)}")
+    return {m.name: v for m, v in zip(metrics, values, strict=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    index: int
+    uuid: str
+    model_name: str
+    values: tuple[float, ...]  # aligned with metrics_for(Scope.GPU)
+    lost: bool = False
+
+    def get(self, name: str) -> float:
+        return self.values[index_of(Scope.GPU)[name]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    """A network device of one scope: an interface, an InfiniBand port or a peer."""
+
+    scope: Scope
+    device: str  # "eth0", "mlx5_0:1", "node-b:22"
+    values: tuple[float, ...]  # aligned with metrics_for(scope)
+
+    def get(self, name: str) -> float:
+        return self.values[index_of(self.scope)[name]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one source saw; the collector merges the readings of its sources into a snapshot."""
+
+    gpus: tuple[GpuReading, ...] = ()
+    devices: tuple[DeviceReading, ...] = ()
+    host: tuple[float, ...] | None = None  # aligned with metrics_for(Scope.HOST)
+    # A simulated source owns a virtual clock; real sources leave time to the collector.
+    time_unix_nano: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything the collector knows about its node at one instant."""
+
+    node: str
+    time_unix_nano: int
+    gpus: tuple[GpuReading, ...]
+    devices: tuple[DeviceReading, ...]
+    host: tuple[float, ...]
+    collector: tuple[float, ...]  # aligned with metrics_for(Scope.COLLECTOR)
+    sequence: int = 0
+    notes: tuple[str, ...] = field(default=())  # what went wrong during the scrape, for logs
+
+    @staticmethod
+    def merge(
+        node: str,
+        time_unix_nano: int,
+        readings: Iterable[Reading],
+        collector: Mapping[str, float],
+        notes: Iterable[str] = (),
+    ) -> NodeSnapshot:
+        gpus: list[GpuReading] = []
+        devices: list[DeviceReading] = []
+        host: tuple[float, ...] | None = None
+        for reading in readings:
+            gpus.extend(reading.gpus)
+            devices.extend(reading.devices)
+            if reading.host is not None:
+                host = reading.host
+            if reading.time_unix_nano is not None:
+                time_unix_nano = reading.time_unix_nano
+        return NodeSnapshot(
+            node=node,
+            time_unix_nano=time_unix_nano,
+            gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+            devices=tuple(devices),
+            host=host if host is not None else pack(Scope.HOST, {}),
+            collector=pack(Scope.COLLECTOR, collector),
+            notes=tuple(notes),
+        )

@@ -1,0 +1,1 @@
+"""Streaming features and the failure-prediction model (issue: failure-prediction model)."""

@@ -1,0 +1,1 @@
+"""The prediction service: telemetry ingest, scoring, alerts and remediation."""
