@@ -76,12 +76,22 @@ class Metric:
 
 
 def _gpu(
-    name: str, kind: Kind, unit: str, read: str, help: str, dcgm: str | None = None, *, source: Source = Source.NVML
+    name: str,
+    kind: Kind,
+    unit: str,
+    read: str,
+    help: str,
+    dcgm: str | None = None,
+    *,
+    source: Source = Source.NVML,
 ) -> Metric:
     return Metric(name, Scope.GPU, kind, unit, source, read, help, dcgm)
 
 
 G, C = Kind.GAUGE, Kind.COUNTER
+
+# The catalogue reads as a table; keep the formatter from spreading it one argument per line.
+# fmt: off
 
 _GPU_METRICS: tuple[Metric, ...] = (
     _gpu("gpu_temp", G, "celsius", "nvmlDeviceGetTemperature(GPU)", "GPU core temperature.",
@@ -278,7 +288,12 @@ _COLLECTOR_METRICS: tuple[Metric, ...] = tuple(
     )
 )
 
+# Help text for families shared by several catalogue metrics.
+FAMILY_HELP: dict[str, str] = {"faultcast_xid_events_total": "Xid events seen by this collector, by Xid code."}
+
 METRICS: tuple[Metric, ...] = _GPU_METRICS + _NETWORK_METRICS + _COLLECTOR_METRICS
+
+# fmt: on
 
 
 @cache

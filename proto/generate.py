@@ -14,7 +14,9 @@ from pathlib import Path
 from grpc_tools import protoc
 
 PROTO_ROOT = Path(__file__).resolve().parent
-PROTO_FILES = sorted(p.relative_to(PROTO_ROOT).as_posix() for p in (PROTO_ROOT / "faultcast" / "v1").glob("*.proto"))
+PROTO_FILES = sorted(
+    p.relative_to(PROTO_ROOT).as_posix() for p in (PROTO_ROOT / "faultcast" / "v1").glob("*.proto")
+)
 
 
 def generate(out_root: Path) -> list[Path]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61ultcast/v1/telemetry.proto\x12\x0c\x66\x61ultcast.v1\"B\n\x0bScopeSchema\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0f\n\x07metrics\x18\x02 \x03(\t\"i\n\x0cMetricSchema\x12\x19\n\x11\x63\x61talogue_version\x18\x01 \x01(\t\x12\x13\n\x0bschema_hash\x18\x02 \x01(\x06\x12)\n\x06scopes\x18\x03 \x03(\x0b\x32\x19.faultcast.v1.ScopeSchema\"^\n\tGpuSample\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x12\n\x06values\x18\x04 \x03(\x01\x42\x02\x10\x01\x12\x0c\n\x04lost\x18\x05 \x01(\x08\"V\n\x0c\x44\x65viceSample\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x12\n\x06values\x18\x03 \x03(\x01\x42\x02\x10\x01\"\xe4\x01\n\nNodeSample\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x16\n\x0etime_unix_nano\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x13\n\x0bschema_hash\x18\x04 \x01(\x06\x12%\n\x04gpus\x18\x05 \x03(\x0b\x32\x17.faultcast.v1.GpuSample\x12+\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x1a.faultcast.v1.DeviceSample\x12\x17\n\x0bhost_values\x18\x07 \x03(\x01\x42\x02\x10\x01\x12\x1c\n\x10\x63ollector_values\x18\x08 \x03(\x01\x42\x02\x10\x01\"`\n\tPushHello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x19\n\x11\x63ollector_version\x18\x02 \x01(\t\x12*\n\x06schema\x18\x03 \x01(\x0b\x32\x1a.faultcast.v1.MetricSchema\"k\n\x0bPushRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.faultcast.v1.PushHelloH\x00\x12*\n\x06sample\x18\x02 \x01(\x0b\x32\x18.faultcast.v1.NodeSampleH\x00\x42\x06\n\x04\x62ody\"M\n\x07PushAck\x12\x15\n\racked_through\x18\x01 \x01(\x04\x12+\n\nrejections\x18\x02 \x03(\x0b\x32\x17.faultcast.v1.Rejection\"-\n\tRejection\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x8a\x01\n\x05Scope\x12\x15\n\x11SCOPE_UNSPECIFIED\x10\x00\x12\r\n\tSCOPE_GPU\x10\x01\x12\x13\n\x0fSCOPE_INTERFACE\x10\x02\x12\x11\n\rSCOPE_IB_PORT\x10\x03\x12\x0e\n\nSCOPE_PEER\x10\x04\x12\x0e\n\nSCOPE_HOST\x10\x05\x12\x13\n\x0fSCOPE_COLLECTOR\x10\x06\x32I\n\tTelemetry\x12<\n\x04Push\x12\x19.faultcast.v1.PushRequest\x1a\x15.faultcast.v1.PushAck(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61ultcast/v1/telemetry.proto\x12\x0c\x66\x61ultcast.v1\"B\n\x0bScopeSchema\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0f\n\x07metrics\x18\x02 \x03(\t\"i\n\x0cMetricSchema\x12\x19\n\x11\x63\x61talogue_version\x18\x01 \x01(\t\x12\x13\n\x0bschema_hash\x18\x02 \x01(\x06\x12)\n\x06scopes\x18\x03 \x03(\x0b\x32\x19.faultcast.v1.ScopeSchema\"^\n\tGpuSample\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x12\n\x06values\x18\x04 \x03(\x01\x42\x02\x10\x01\x12\x0c\n\x04lost\x18\x05 \x01(\x08\"V\n\x0c\x44\x65viceSample\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x12\n\x06values\x18\x03 \x03(\x01\x42\x02\x10\x01\"\xe4\x01\n\nNodeSample\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x16\n\x0etime_unix_nano\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x13\n\x0bschema_hash\x18\x04 \x01(\x06\x12%\n\x04gpus\x18\x05 \x03(\x0b\x32\x17.faultcast.v1.GpuSample\x12+\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x1a.faultcast.v1.DeviceSample\x12\x17\n\x0bhost_values\x18\x07 \x03(\x01\x42\x02\x10\x01\x12\x1c\n\x10\x63ollector_values\x18\x08 \x03(\x01\x42\x02\x10\x01\"r\n\tPushHello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x19\n\x11\x63ollector_version\x18\x02 \x01(\t\x12*\n\x06schema\x18\x03 \x01(\x0b\x32\x1a.faultcast.v1.MetricSchema\x12\x10\n\x08spool_id\x18\x04 \x01(\x06\"k\n\x0bPushRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.faultcast.v1.PushHelloH\x00\x12*\n\x06sample\x18\x02 \x01(\x0b\x32\x18.faultcast.v1.NodeSampleH\x00\x42\x06\n\x04\x62ody\"M\n\x07PushAck\x12\x15\n\racked_through\x18\x01 \x01(\x04\x12+\n\nrejections\x18\x02 \x03(\x0b\x32\x17.faultcast.v1.Rejection\"-\n\tRejection\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x8a\x01\n\x05Scope\x12\x15\n\x11SCOPE_UNSPECIFIED\x10\x00\x12\r\n\tSCOPE_GPU\x10\x01\x12\x13\n\x0fSCOPE_INTERFACE\x10\x02\x12\x11\n\rSCOPE_IB_PORT\x10\x03\x12\x0e\n\nSCOPE_PEER\x10\x04\x12\x0e\n\nSCOPE_HOST\x10\x05\x12\x13\n\x0fSCOPE_COLLECTOR\x10\x06\x32I\n\tTelemetry\x12<\n\x04Push\x12\x19.faultcast.v1.PushRequest\x1a\x15.faultcast.v1.PushAck(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODESAMPLE'].fields_by_name['host_values']._serialized_options = b'\020\001'
   _globals['_NODESAMPLE'].fields_by_name['collector_values']._loaded_options = None
   _globals['_NODESAMPLE'].fields_by_name['collector_values']._serialized_options = b'\020\001'
-  _globals['_SCOPE']._serialized_start=970
-  _globals['_SCOPE']._serialized_end=1108
+  _globals['_SCOPE']._serialized_start=988
+  _globals['_SCOPE']._serialized_end=1126
   _globals['_SCOPESCHEMA']._serialized_start=46
   _globals['_SCOPESCHEMA']._serialized_end=112
   _globals['_METRICSCHEMA']._serialized_start=114
@@ -52,13 +52,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODESAMPLE']._serialized_start=406
   _globals['_NODESAMPLE']._serialized_end=634
   _globals['_PUSHHELLO']._serialized_start=636
-  _globals['_PUSHHELLO']._serialized_end=732
-  _globals['_PUSHREQUEST']._serialized_start=734
-  _globals['_PUSHREQUEST']._serialized_end=841
-  _globals['_PUSHACK']._serialized_start=843
-  _globals['_PUSHACK']._serialized_end=920
-  _globals['_REJECTION']._serialized_start=922
-  _globals['_REJECTION']._serialized_end=967
-  _globals['_TELEMETRY']._serialized_start=1110
-  _globals['_TELEMETRY']._serialized_end=1183
+  _globals['_PUSHHELLO']._serialized_end=750
+  _globals['_PUSHREQUEST']._serialized_start=752
+  _globals['_PUSHREQUEST']._serialized_end=859
+  _globals['_PUSHACK']._serialized_start=861
+  _globals['_PUSHACK']._serialized_end=938
+  _globals['_REJECTION']._serialized_start=940
+  _globals['_REJECTION']._serialized_end=985
+  _globals['_TELEMETRY']._serialized_start=1128
+  _globals['_TELEMETRY']._serialized_end=1201
 # @@protoc_insertion_point(module_scope)

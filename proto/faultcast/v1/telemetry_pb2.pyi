@@ -222,8 +222,14 @@ class PushHello(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     COLLECTOR_VERSION_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    SPOOL_ID_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     collector_version: _builtins.str
+    spool_id: _builtins.int
+    """Identifies the collector's spool. Sequence numbers are unique within one spool; a node
+    whose spool was wiped starts again from 1 under a new id, which the service must not
+    mistake for duplicates.
+    """
     @_builtins.property
     def schema(self) -> Global___MetricSchema: ...
     def __init__(
@@ -232,10 +238,11 @@ class PushHello(_message.Message):
         node: _builtins.str = ...,
         collector_version: _builtins.str = ...,
         schema: Global___MetricSchema | None = ...,
+        spool_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_version", b"collector_version", "node", b"node", "schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_version", b"collector_version", "node", b"node", "schema", b"schema", "spool_id", b"spool_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

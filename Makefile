@@ -1,0 +1,47 @@
+# Two commands for a fresh machine: `make run` and `make test`. Everything else is their plumbing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.deps-installed
+DURATION ?= 20s
+
+.PHONY: run test install system-deps lint typecheck unit proto bench clean
+
+run: install
+	$(BIN)/faultcast collect --source auto --interval 1s --prometheus-port 9400 --duration $(DURATION) --table 5s
+
+test: install system-deps lint typecheck unit
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip>=23.2" "setuptools>=69" wheel
+
+$(DEPS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	touch $@
+
+# A strict editable install links each module file; re-link on every run so new modules are seen.
+install: $(DEPS_STAMP)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+
+system-deps:
+	./scripts/install-system-deps.sh
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck:
+	$(BIN)/mypy
+
+unit:
+	$(BIN)/pytest
+
+proto: install
+	$(BIN)/python proto/generate.py
+
+bench: install
+	$(BIN)/python bench/collector.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,112 @@
+"""One node's collector: reads every source each interval and hands the snapshot to the outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from faultcast import wire
+from faultcast.collector.source import Source
+from faultcast.collector.spool import Spool
+from faultcast.readings import NodeSnapshot, Reading
+
+log = logging.getLogger(__name__)
+
+
+class NodeCollector:
+    """Scrapes its sources; keeps the latest snapshot for the exporter; spools it for shipping.
+
+    A source that raises is counted and skipped for that scrape: the others still report.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        sources: Sequence[Source],
+        *,
+        spool: Spool | None = None,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
+        cpu_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.node = node
+        self.sources = tuple(sources)
+        self.spool = spool
+        self.wall_clock_ns = wall_clock_ns
+        self.cpu_clock = cpu_clock
+        self.scrapes = 0
+        self.source_errors = 0
+        self.scrape_seconds_total = 0.0
+        self.scrape_seconds_max = 0.0
+        self._latest: NodeSnapshot | None = None
+
+    def latest(self) -> NodeSnapshot | None:
+        return self._latest
+
+    def scrape(self) -> NodeSnapshot:
+        started = self.cpu_clock()
+        now_ns = self.wall_clock_ns()
+        readings: list[Reading] = []
+        notes: list[str] = []
+        for source in self.sources:
+            try:
+                readings.append(source.read())
+            except Exception as exc:  # a broken source must not stop the others
+                self.source_errors += 1
+                notes.append(f"{source.name}: {exc}")
+                log.warning(
+                    "source %s failed: %s", source.name, exc, exc_info=log.isEnabledFor(logging.DEBUG)
+                )
+        elapsed = self.cpu_clock() - started
+        gpus = [g for r in readings for g in r.gpus]
+        health = {
+            "scrape_duration_seconds": elapsed,
+            "gpus_present": float(len(gpus)),
+            "gpus_lost": float(sum(g.lost for g in gpus)),
+            "source_errors": float(self.source_errors),
+        }
+        if self.spool is not None:
+            health |= {
+                "spool_depth": float(self.spool.depth),
+                "spool_dropped": float(self.spool.dropped),
+                "samples_acked": float(self.spool.acked_through),
+            }
+        snapshot = NodeSnapshot.merge(self.node, now_ns, readings, health, notes)
+        if self.spool is not None:
+            sample = wire.to_proto(snapshot)
+            snapshot = dataclasses.replace(snapshot, sequence=self.spool.append(sample))
+        self.scrapes += 1
+        self.scrape_seconds_total += elapsed
+        self.scrape_seconds_max = max(self.scrape_seconds_max, elapsed)
+        self._latest = snapshot
+        return snapshot
+
+    def run(
+        self,
+        interval: float,
+        *,
+        stop: threading.Event,
+        duration: float | None = None,
+        on_scrape: Callable[[NodeSnapshot], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Scrape every `interval` seconds until `stop` is set or `duration` has passed."""
+        started = monotonic()
+        next_due = started
+        while not stop.is_set():
+            snapshot = self.scrape()
+            if on_scrape is not None:
+                on_scrape(snapshot)
+            next_due += interval
+            now = monotonic()
+            if next_due < now:  # a slow scrape: skip the missed ticks rather than bunch them
+                next_due = now + interval - (now - next_due) % interval
+            if duration is not None and next_due - started > duration + 1e-9:
+                return
+            stop.wait(next_due - now)
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()

@@ -1,0 +1,232 @@
+"""`faultcast collect`: wires sources, the exporter, the spool and the shipper from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from faultcast.catalogue import Scope
+from faultcast.collector.agent import NodeCollector
+from faultcast.collector.exporter import SnapshotCollector
+from faultcast.collector.network import NetworkSource
+from faultcast.collector.nvml import NvmlSource, NvmlUnavailable, nvml_available
+from faultcast.collector.probes import PeerProber, parse_peer
+from faultcast.collector.shipper import Shipper
+from faultcast.collector.simulated import SimulatedSource
+from faultcast.collector.source import Source
+from faultcast.collector.spool import DEFAULT_MAX_SAMPLES, Spool
+from faultcast.collector.table import render_table
+from faultcast.durations import parse_duration
+from faultcast.readings import NodeSnapshot, unpack
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+log = logging.getLogger(__name__)
+
+
+def default_spool_path(node: str) -> Path:
+    state = os.environ.get("FAULTCAST_STATE_DIR") or os.environ.get("XDG_STATE_HOME")
+    root = Path(state) if state else Path.home() / ".local" / "state"
+    return root / "faultcast" / f"spool-{node}.sqlite"
+
+
+def add_parser(commands: Any) -> None:
+    p: argparse.ArgumentParser = commands.add_parser(
+        "collect", help="read GPU and network metrics, serve /metrics, ship samples to the service"
+    )
+    p.add_argument(
+        "--source",
+        choices=["auto", "nvml", "simulated"],
+        default="auto",
+        help="where GPU readings come from; auto uses NVML when a GPU is present",
+    )
+    p.add_argument("--interval", type=parse_duration, default=1.0, help="scrape interval (default 1s)")
+    p.add_argument("--prometheus-port", type=int, default=9400, help="/metrics port; 0 picks a free one")
+    p.add_argument("--prometheus-address", default="0.0.0.0", help="/metrics bind address")
+    p.add_argument("--no-prometheus", action="store_true", help="do not serve /metrics")
+    p.add_argument("--service", metavar="HOST:PORT", help="push samples to the faultcast service")
+    p.add_argument(
+        "--spool", type=Path, help="spool file (default: $FAULTCAST_STATE_DIR/faultcast/spool-NODE.sqlite)"
+    )
+    p.add_argument(
+        "--spool-max-samples",
+        type=int,
+        default=DEFAULT_MAX_SAMPLES,
+        help="past this many unacknowledged samples the oldest are dropped (default: 24 h at 1 s)",
+    )
+    p.add_argument("--node", default=socket.gethostname(), help="this node's name (default: the hostname)")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="probe round trips to this peer (repeatable)",
+    )
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"))
+    p.add_argument("--sys-root", type=Path, default=Path("/sys"))
+    p.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated source")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated source")
+    p.add_argument("--once", action="store_true", help="scrape once, print, and exit")
+    p.add_argument(
+        "--format", choices=["prometheus", "json", "table"], default="prometheus", help="output of --once"
+    )
+    p.add_argument(
+        "--duration", type=parse_duration, help="stop after this long (default: run until signalled)"
+    )
+    p.add_argument(
+        "--table", type=parse_duration, metavar="EVERY", help="print a live table this often (for example 5s)"
+    )
+    p.set_defaults(handler=run)
+
+
+def gpu_source(args: argparse.Namespace) -> Source:
+    if args.source == "simulated":
+        return SimulatedSource(args.node, gpus=args.gpus, seed=args.seed, interval=args.interval)
+    if args.source == "nvml":
+        return NvmlSource()  # raises NvmlUnavailable with the reason
+    available, why = nvml_available()
+    if available:
+        return NvmlSource()
+    print(f"faultcast: no usable NVIDIA GPU ({why}); using the simulated source", file=sys.stderr)
+    return SimulatedSource(args.node, gpus=args.gpus, seed=args.seed, interval=args.interval)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        gpus = gpu_source(args)
+    except NvmlUnavailable as exc:
+        print(f"faultcast: --source nvml: {exc}", file=sys.stderr)
+        return 2
+    prober = PeerProber([parse_peer(p) for p in args.peer]) if args.peer else None
+    # The simulated node reports its own (simulated) network; a real node reads this machine's.
+    sources: list[Source] = [gpus]
+    if not isinstance(gpus, SimulatedSource):
+        sources.append(NetworkSource(args.proc_root, args.sys_root, prober=prober))
+    spool = (
+        Spool(args.spool or default_spool_path(args.node), max_samples=args.spool_max_samples)
+        if args.service
+        else None
+    )
+    collector = NodeCollector(args.node, sources, spool=spool)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(collector.latest))
+
+    if args.once:
+        try:
+            snapshot = collector.scrape()
+            print(_format_once(snapshot, args.format, registry, gpus), end="")
+        finally:
+            collector.close()
+        return 0
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    shipper = Shipper(args.service, spool, args.node) if spool is not None else None
+    if not args.no_prometheus:
+        server, _ = start_http_server(args.prometheus_port, addr=args.prometheus_address, registry=registry)
+        print(
+            f"serving /metrics on http://{args.prometheus_address}:{server.server_port}/metrics", flush=True
+        )
+    if prober is not None:
+        prober.start()
+    if shipper is not None:
+        shipper.start()
+    printer = _TablePrinter(args.table) if args.table else None
+    started = time.monotonic()
+    try:
+        collector.run(args.interval, stop=stop, duration=args.duration, on_scrape=printer)
+    finally:
+        if shipper is not None:
+            shipper.close()
+        if prober is not None:
+            prober.close()
+        collector.close()
+    print(_summary(collector, time.monotonic() - started, shipper, spool))
+    if spool is not None:
+        spool.close()
+    return 0
+
+
+class _TablePrinter:
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._last = -math.inf
+
+    def __call__(self, snapshot: NodeSnapshot) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            print(render_table(snapshot), end="\n\n", flush=True)
+
+
+def _summary(collector: NodeCollector, elapsed: float, shipper: Shipper | None, spool: Spool | None) -> str:
+    latest = collector.latest()
+    lines = [
+        "summary",
+        f"  scrapes {collector.scrapes} in {elapsed:.1f} s; source errors {collector.source_errors}",
+        f"  scrape time mean {1000 * collector.scrape_seconds_total / max(collector.scrapes, 1):.2f} ms, "
+        f"max {1000 * collector.scrape_seconds_max:.2f} ms",
+    ]
+    if latest is not None:
+        exported = sum(1 for g in latest.gpus for v in g.values if not math.isnan(v))
+        lines.append(
+            f"  GPUs {len(latest.gpus)} ({sum(g.lost for g in latest.gpus)} lost); "
+            f"{exported} GPU values and {len(latest.devices)} network devices in the last scrape"
+        )
+    if shipper is not None and spool is not None:
+        lines.append(
+            f"  shipped {shipper.stats.samples_sent} samples, acked through {spool.acked_through}, "
+            f"spool depth {spool.depth}, dropped {spool.dropped}, "
+            f"stream failures {shipper.stats.stream_failures}"
+        )
+    return "\n".join(lines)
+
+
+def _format_once(snapshot: NodeSnapshot, fmt: str, registry: CollectorRegistry, gpus: Source) -> str:
+    if fmt == "prometheus":
+        return generate_latest(registry).decode()
+    if fmt == "table":
+        return render_table(snapshot) + "\n"
+    return json.dumps(snapshot_to_json(snapshot, gpus), indent=2, allow_nan=False) + "\n"
+
+
+def _clean(values: dict[str, float]) -> dict[str, float | None]:
+    return {k: (None if math.isnan(v) else v) for k, v in values.items()}
+
+
+def snapshot_to_json(snapshot: NodeSnapshot, gpus: Source | None = None) -> dict[str, Any]:
+    """A JSON-safe view of a snapshot (missing values are null), with NVML call latencies when known."""
+    out: dict[str, Any] = {
+        "node": snapshot.node,
+        "time_unix_nano": snapshot.time_unix_nano,
+        "source": gpus.name if gpus is not None else None,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model_name": g.model_name,
+                "lost": g.lost,
+                "values": _clean(unpack(Scope.GPU, g.values)),
+            }
+            for g in snapshot.gpus
+        ],
+        "devices": [
+            {"scope": d.scope.value, "device": d.device, "values": _clean(unpack(d.scope, d.values))}
+            for d in snapshot.devices
+        ],
+        "host": _clean(unpack(Scope.HOST, snapshot.host)),
+        "collector": _clean(unpack(Scope.COLLECTOR, snapshot.collector)),
+    }
+    if isinstance(gpus, NvmlSource):
+        out["nvml_call_latency"] = gpus.call_stats_json()
+    return out

@@ -1,0 +1,5 @@
+import sys
+
+from faultcast.cli import main
+
+sys.exit(main())

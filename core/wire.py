@@ -1,0 +1,94 @@
+"""Conversion between readings and the faultcast.v1 protobuf messages, derived from the catalogue."""
+
+from __future__ import annotations
+
+from faultcast import __version__
+from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH, Scope, metrics_for
+from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+from faultcast.v1 import telemetry_pb2 as pb
+
+_TO_PB: dict[Scope, pb.Scope.ValueType] = {
+    Scope.GPU: pb.SCOPE_GPU,
+    Scope.INTERFACE: pb.SCOPE_INTERFACE,
+    Scope.IB_PORT: pb.SCOPE_IB_PORT,
+    Scope.PEER: pb.SCOPE_PEER,
+    Scope.HOST: pb.SCOPE_HOST,
+    Scope.COLLECTOR: pb.SCOPE_COLLECTOR,
+}
+_FROM_PB: dict[int, Scope] = {int(v): k for k, v in _TO_PB.items()}
+
+
+class WireError(ValueError):
+    """A message that does not fit the schema; the text says what is wrong."""
+
+
+def schema() -> pb.MetricSchema:
+    return pb.MetricSchema(
+        catalogue_version=CATALOGUE_VERSION,
+        schema_hash=SCHEMA_HASH,
+        scopes=[
+            pb.ScopeSchema(scope=_TO_PB[scope], metrics=[m.name for m in metrics_for(scope)])
+            for scope in Scope
+        ],
+    )
+
+
+def hello(node: str, spool_id: int) -> pb.PushRequest:
+    return pb.PushRequest(
+        hello=pb.PushHello(node=node, collector_version=__version__, schema=schema(), spool_id=spool_id)
+    )
+
+
+def to_proto(snapshot: NodeSnapshot) -> pb.NodeSample:
+    return pb.NodeSample(
+        sequence=snapshot.sequence,
+        time_unix_nano=snapshot.time_unix_nano,
+        node=snapshot.node,
+        schema_hash=SCHEMA_HASH,
+        gpus=[
+            pb.GpuSample(index=g.index, uuid=g.uuid, model_name=g.model_name, values=g.values, lost=g.lost)
+            for g in snapshot.gpus
+        ],
+        devices=[
+            pb.DeviceSample(scope=_TO_PB[d.scope], device=d.device, values=d.values) for d in snapshot.devices
+        ],
+        host_values=snapshot.host,
+        collector_values=snapshot.collector,
+    )
+
+
+def _checked(scope: Scope, values: tuple[float, ...], what: str) -> tuple[float, ...]:
+    expected = len(metrics_for(scope))
+    if len(values) != expected:
+        raise WireError(f"{what}: {len(values)} values, the {scope.value} schema has {expected}")
+    return values
+
+
+def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
+    """Decode a sample; raises WireError when it does not match this catalogue."""
+    if sample.schema_hash != SCHEMA_HASH:
+        raise WireError(
+            f"schema hash {sample.schema_hash:#018x} differs from this catalogue's {SCHEMA_HASH:#018x}"
+        )
+    devices = []
+    for d in sample.devices:
+        scope = _FROM_PB.get(int(d.scope))
+        if scope is None or scope in (Scope.GPU, Scope.HOST, Scope.COLLECTOR):
+            raise WireError(f"device {d.device!r} has scope {d.scope}, not a network device scope")
+        devices.append(
+            DeviceReading(scope, d.device, _checked(scope, tuple(d.values), f"device {d.device!r}"))
+        )
+    return NodeSnapshot(
+        node=sample.node,
+        time_unix_nano=sample.time_unix_nano,
+        sequence=sample.sequence,
+        gpus=tuple(
+            GpuReading(
+                g.index, g.uuid, g.model_name, _checked(Scope.GPU, tuple(g.values), f"gpu {g.index}"), g.lost
+            )
+            for g in sample.gpus
+        ),
+        devices=tuple(devices),
+        host=_checked(Scope.HOST, tuple(sample.host_values), "host values"),
+        collector=_checked(Scope.COLLECTOR, tuple(sample.collector_values), "collector values"),
+    )

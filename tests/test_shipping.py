@@ -1,0 +1,168 @@
+"""The collector's push to a real gRPC telemetry server on a real port: outages lose nothing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from faultcast import wire
+from faultcast.collector.agent import NodeCollector
+from faultcast.collector.shipper import Backoff, Shipper
+from faultcast.collector.simulated import SimulatedSource
+from faultcast.collector.spool import Spool
+from faultcast.readings import NodeSnapshot
+from faultcast.service.telemetry import TelemetryServicer, create_server
+from faultcast.v1 import telemetry_pb2 as pb
+from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
+
+FAST = Backoff(initial=0.02, maximum=0.2)
+
+
+class Received:
+    """A sink that lets a test wait for what it expects (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.snapshots: list[NodeSnapshot] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, snapshot: NodeSnapshot) -> None:
+        with self._cond:
+            self.snapshots.append(snapshot)
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> None:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: len(self.snapshots) >= count, timeout)
+        assert ok, f"received {len(self.snapshots)} of {count} samples"
+
+    @property
+    def sequences(self) -> list[int]:
+        return [s.sequence for s in self.snapshots]
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[NodeCollector]:
+    spool = Spool(tmp_path / "spool.sqlite", max_samples=1000)
+    source = SimulatedSource("node-a", gpus=2, seed=1, start_unix_nano=1_700_000_000 * 10**9)
+    yield NodeCollector("node-a", [source], spool=spool)
+    spool.close()
+
+
+def _wait_acked(spool: Spool, through: int) -> None:
+    assert spool.wait(lambda: spool.acked_through >= through, timeout=30.0), spool.acked_through
+
+
+def test_a_ten_minute_outage_at_1s_loses_no_sample(collector: NodeCollector) -> None:
+    assert collector.spool is not None
+    received = Received()
+    servicer = TelemetryServicer(received)
+    server, port = create_server(servicer)
+    shipper = Shipper(f"127.0.0.1:{port}", collector.spool, "node-a", backoff=FAST, seed=0)
+    shipper.start()
+    try:
+        for _ in range(5):
+            collector.scrape()
+        _wait_acked(collector.spool, 5)
+        server.stop(grace=None).wait()
+
+        for _ in range(600):  # ten minutes of samples at a 1 s interval, taken while the service is away
+            collector.scrape()
+        assert collector.spool.depth == 600
+
+        server, _ = create_server(servicer, f"127.0.0.1:{port}")
+        received.wait_for(605)
+        _wait_acked(collector.spool, 605)
+    finally:
+        shipper.close()
+        server.stop(grace=None)
+    assert received.sequences == list(range(1, 606))
+    times = [s.time_unix_nano for s in received.snapshots]
+    assert times == sorted(times)
+    assert collector.spool.depth == 0
+    assert shipper.stats.connects >= 2
+    assert servicer.rejects == {}
+
+
+def test_past_the_spool_bound_the_oldest_are_dropped_and_the_rest_arrive_in_order(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.sqlite", max_samples=100)
+    collector = NodeCollector("node-a", [SimulatedSource("node-a", gpus=1, seed=2)], spool=spool)
+    for _ in range(150):  # the service is not there at all yet
+        collector.scrape()
+    assert spool.dropped == 50
+    received = Received()
+    server, port = create_server(TelemetryServicer(received))
+    shipper = Shipper(f"127.0.0.1:{port}", spool, "node-a", backoff=FAST)
+    shipper.start()
+    try:
+        received.wait_for(100)
+        _wait_acked(spool, 150)
+    finally:
+        shipper.close()
+        server.stop(grace=None)
+    assert received.sequences == list(range(51, 151))
+
+
+def test_a_resent_sample_is_stored_once(collector: NodeCollector) -> None:
+    assert collector.spool is not None
+    received = Received()
+    server, port = create_server(TelemetryServicer(received))
+    for _ in range(3):
+        collector.scrape()
+    payloads = [pb.NodeSample.FromString(p) for _, p in collector.spool.read_after(0, 10)]
+    hello = wire.hello("node-a", collector.spool.spool_id)
+    stream = [hello, *(pb.PushRequest(sample=s) for s in payloads + payloads[1:])]
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        acks = list(pb_grpc.TelemetryStub(channel).Push(iter(stream)))
+    server.stop(grace=None)
+    assert received.sequences == [1, 2, 3]
+    assert acks[-1].acked_through == 3
+
+
+def _push(port: int, requests: list[pb.PushRequest]) -> list[pb.PushAck]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return list(pb_grpc.TelemetryStub(channel).Push(iter(requests)))
+
+
+def test_bad_samples_are_rejected_counted_and_acked_while_good_ones_are_kept(
+    collector: NodeCollector,
+) -> None:
+    assert collector.spool is not None
+    received = Received()
+    servicer = TelemetryServicer(received)
+    server, port = create_server(servicer)
+    try:
+        for _ in range(4):
+            collector.scrape()
+        samples = [pb.NodeSample.FromString(p) for _, p in collector.spool.read_after(0, 10)]
+        del samples[1].gpus[0].values[:5]  # malformed
+        samples[2].node = "node-b"  # someone else's sample on this stream
+        acks = _push(port, [wire.hello("node-a", 42), *(pb.PushRequest(sample=s) for s in samples)])
+    finally:
+        server.stop(grace=None)
+    assert received.sequences == [1, 4]
+    assert servicer.rejects == {"malformed": 1, "wrong_node": 1}
+    assert acks[-1].acked_through == 4
+    reasons = [r.reason for a in acks for r in a.rejections]
+    assert "gpu 0" in reasons[0]
+    assert "node-b" in reasons[1]
+
+
+def test_a_stream_without_hello_or_with_another_schema_gets_a_clear_status(collector: NodeCollector) -> None:
+    server, port = create_server(TelemetryServicer(Received()))
+    try:
+        snapshot = collector.scrape()
+        with pytest.raises(grpc.RpcError) as no_hello:
+            _push(port, [pb.PushRequest(sample=wire.to_proto(snapshot))])
+        other = wire.hello("node-a", 1)
+        other.hello.schema.schema_hash ^= 1
+        with pytest.raises(grpc.RpcError) as mismatch:
+            _push(port, [other])
+    finally:
+        server.stop(grace=None)
+    assert no_hello.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "PushHello" in str(no_hello.value.details())
+    assert mismatch.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "schema" in str(mismatch.value.details())

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from faultcast import wire
+from faultcast.collector.simulated import SimulatedSource
+from faultcast.readings import NodeSnapshot
+
+
+def _snapshot() -> NodeSnapshot:
+    reading = SimulatedSource("n1", gpus=4, seed=3, start_unix_nano=1_700_000_000_000_000_000).read()
+    return dataclasses.replace(
+        NodeSnapshot.merge("n1", 0, [reading], {"scrape_duration_seconds": 0.01}), sequence=7
+    )
+
+
+def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return len(a) == len(b) and all(
+        x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_a_snapshot_survives_the_wire() -> None:
+    original = _snapshot()
+    decoded = wire.from_proto(
+        type(wire.to_proto(original)).FromString(wire.to_proto(original).SerializeToString())
+    )
+    assert decoded.sequence == 7
+    assert decoded.node == "n1"
+    assert decoded.time_unix_nano == original.time_unix_nano
+    assert [(g.index, g.uuid, g.model_name, g.lost) for g in decoded.gpus] == [
+        (g.index, g.uuid, g.model_name, g.lost) for g in original.gpus
+    ]
+    assert all(_same(a.values, b.values) for a, b in zip(decoded.gpus, original.gpus, strict=True))
+    assert [(d.scope, d.device) for d in decoded.devices] == [(d.scope, d.device) for d in original.devices]
+    assert _same(decoded.host, original.host)
+    assert _same(decoded.collector, original.collector)
+
+
+def test_a_sample_from_another_schema_is_refused_with_the_reason() -> None:
+    sample = wire.to_proto(_snapshot())
+    sample.schema_hash ^= 1
+    with pytest.raises(wire.WireError, match="schema hash"):
+        wire.from_proto(sample)
+
+
+def test_a_short_value_array_is_refused_with_the_reason() -> None:
+    sample = wire.to_proto(_snapshot())
+    del sample.gpus[2].values[-3:]
+    with pytest.raises(wire.WireError, match="gpu 2"):
+        wire.from_proto(sample)
