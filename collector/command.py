@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
 from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotCollector
@@ -28,7 +30,6 @@ from faultcast.collector.spool import DEFAULT_MAX_SAMPLES, Spool
 from faultcast.collector.table import render_table
 from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,17 @@ def run(args: argparse.Namespace) -> int:
     except NvmlUnavailable as exc:
         print(f"faultcast: --source nvml: {exc}", file=sys.stderr)
         return 2
-    prober = PeerProber([parse_peer(p) for p in args.peer]) if args.peer else None
     # The simulated node reports its own (simulated) network; a real node reads this machine's.
     sources: list[Source] = [gpus]
-    if not isinstance(gpus, SimulatedSource):
+    prober = None
+    if isinstance(gpus, SimulatedSource):
+        if args.peer:
+            print(
+                "faultcast: --peer is ignored with the simulated source (it simulates its peers)",
+                file=sys.stderr,
+            )
+    else:
+        prober = PeerProber([parse_peer(p) for p in args.peer]) if args.peer else None
         sources.append(NetworkSource(args.proc_root, args.sys_root, prober=prober))
     spool = (
         Spool(args.spool or default_spool_path(args.node), max_samples=args.spool_max_samples)
@@ -148,9 +156,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if shipper is not None:
             shipper.close()
-        if prober is not None:
-            prober.close()
-        collector.close()
+        collector.close()  # closes the network source, and with it the prober
     print(_summary(collector, time.monotonic() - started, shipper, spool))
     if spool is not None:
         spool.close()

@@ -15,11 +15,12 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from faultcast.catalogue import FAMILY_HELP, Kind, Scope, metrics_for
 from faultcast.catalogue import Metric as CatalogueMetric
 from faultcast.readings import NodeSnapshot
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
 _DEVICE_LABELS: dict[Scope, tuple[str, ...]] = {

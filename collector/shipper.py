@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
+
 from faultcast import wire
 from faultcast.collector.spool import Spool
 from faultcast.v1 import telemetry_pb2 as pb

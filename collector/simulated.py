@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.readings import DeviceReading, GpuReading, Reading, pack
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
+
 from faultcast import wire
 from faultcast.catalogue import SCHEMA_HASH
 from faultcast.readings import NodeSnapshot

@@ -3,12 +3,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from faultcast.catalogue import Scope, index_of, metrics_for
 from faultcast.collector.exporter import GPU_LABELS, SnapshotCollector
 from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 
 def _exposition(snapshot: NodeSnapshot | None) -> dict[str, list[tuple[str, dict[str, str], float]]]:

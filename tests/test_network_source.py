@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.collector.network import NetworkSource
 from faultcast.collector.probes import DEFAULT_PEER_PORT, PeerProber, parse_peer, peer_id

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from faultcast import wire
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.shipper import Backoff, Shipper

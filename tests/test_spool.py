@@ -4,6 +4,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from faultcast.collector.spool import Spool
 from faultcast.v1 import telemetry_pb2 as pb
 

@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import pytest
+
 from faultcast import wire
 from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import NodeSnapshot

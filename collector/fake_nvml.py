@@ -1,0 +1,463 @@
+"""FakeNvml: a stand-in for the `pynvml` module, shipped so tests and benches need no GPU.
+
+It offers the functions NvmlSource calls, with the same names and arguments, and raises the
+real `pynvml.NVMLError(code)` (which becomes the matching NVMLError_* subclass), so the
+source's error handling runs exactly as over a driver. Constants, ctypes structures and error
+classes come from the real `pynvml` module; any NVML function the fake does not implement
+raises AttributeError rather than reaching for a driver.
+
+    fake = FakeNvml(gpus=8)
+    fake.set_error(2, "nvmlDeviceGetFanSpeed", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake.inject_xid(3, 79)
+    source = NvmlSource(fake)
+
+Values are healthy H100 SXM figures and stay put until changed with `set_value`, `bump`,
+`advance`, `set_error`, `lose_gpu` or `inject_xid`. Each call is a couple of dict look-ups, so
+the bench can subtract the fake's own cost from a scrape.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+_DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+_MIB = 2**20
+_H100_TOTAL_MIB = 81_559
+
+_NVLINK_COUNTERS = {
+    "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+    "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+}
+
+
+class FakeHandle:
+    """An opaque device handle; the fake finds its GPU through `index`."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"FakeHandle({self.index})"
+
+
+@dataclass(frozen=True, slots=True)
+class FakeEventData:
+    """What nvmlEventSetWait returns, shaped like `pynvml.c_nvmlEventData_t`."""
+
+    device: FakeHandle
+    eventType: int  # noqa: N815  (pynvml's field name)
+    eventData: int  # noqa: N815  (pynvml's field name)
+    gpuInstanceId: int = 0  # noqa: N815  (pynvml's field name)
+    computeInstanceId: int = 0  # noqa: N815  (pynvml's field name)
+
+
+@dataclass(eq=False, slots=True)
+class FakeEventSet:
+    """An event set: which GPUs registered which event types, and the queued events."""
+
+    registered: dict[int, int] = field(default_factory=dict)  # gpu index -> event type mask
+    queue: deque[FakeEventData] = field(default_factory=deque)
+    freed: bool = False
+
+
+class _FakeGpu:
+    __slots__ = ("errors", "handle", "index", "lost", "name", "supported_events", "uuid", "values")
+
+    def __init__(self, index: int, name: str, links: int) -> None:
+        self.index = index
+        self.handle = FakeHandle(index)
+        self.uuid = f"GPU-fa4e0000-0000-4000-8000-{index:012x}"
+        self.name = name
+        self.lost = False
+        self.supported_events: int = pynvml.nvmlEventTypeAll
+        # (function, args) -> error code; args None means every call of the function.
+        self.errors: dict[tuple[str, tuple[Any, ...] | None], int] = {}
+        self.values: dict[tuple[str, tuple[Any, ...]], Any] = _healthy_h100(index, links)
+
+
+def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[Any, ...]], Any]:
+    """Values of a busy, healthy H100 SXM; small per-GPU offsets tell the GPUs apart."""
+    n = pynvml
+    used_mib = 60_000 + index
+    values: dict[tuple[str, tuple[Any, ...]], Any] = {
+        ("nvmlDeviceGetTemperature", (n.NVML_TEMPERATURE_GPU,)): 45 + index % 4,
+        ("nvmlDeviceGetFieldValues", (n.NVML_FI_DEV_MEMORY_TEMP,)): 52 + index % 4,
+        ("nvmlDeviceGetPowerUsage", ()): 350_000 + 1_000 * index,  # mW
+        ("nvmlDeviceGetEnforcedPowerLimit", ()): 700_000,  # mW
+        ("nvmlDeviceGetTotalEnergyConsumption", ()): 9_876_543_210 + index,  # mJ since driver load
+        ("nvmlDeviceGetClockInfo", (n.NVML_CLOCK_SM,)): 1980,
+        ("nvmlDeviceGetClockInfo", (n.NVML_CLOCK_MEM,)): 2619,
+        ("nvmlDeviceGetUtilizationRates", ()): n.c_nvmlUtilization_t(gpu=97, memory=41),
+        ("nvmlDeviceGetMemoryInfo", ()): n.c_nvmlMemory_t(
+            total=_H100_TOTAL_MIB * _MIB, free=(_H100_TOTAL_MIB - used_mib) * _MIB, used=used_mib * _MIB
+        ),
+        ("nvmlDeviceGetFanSpeed", ()): 30,
+        ("nvmlDeviceGetPerformanceState", ()): 0,
+        ("nvmlDeviceGetCurrentClocksEventReasons", ()): n.nvmlClocksEventReasonNone,
+        ("nvmlDeviceGetRetiredPagesPendingStatus", ()): n.NVML_FEATURE_DISABLED,
+        ("nvmlDeviceGetRemappedRows", ()): (0, 0, 0, 0),
+        ("nvmlDeviceGetPcieReplayCounter", ()): 0,
+        ("nvmlDeviceGetCurrPcieLinkGeneration", ()): 5,
+        ("nvmlDeviceGetCurrPcieLinkWidth", ()): 16,
+        ("nvmlDeviceGetMaxPcieLinkGeneration", ()): 5,
+        ("nvmlDeviceGetMaxPcieLinkWidth", ()): 16,
+        ("nvmlDeviceGetPcieThroughput", (n.NVML_PCIE_UTIL_TX_BYTES,)): 12_000,  # KB/s
+        ("nvmlDeviceGetPcieThroughput", (n.NVML_PCIE_UTIL_RX_BYTES,)): 15_000,
+    }
+    for error_type in (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+        for counter_type in (n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC):
+            values["nvmlDeviceGetTotalEccErrors", (error_type, counter_type)] = 0
+    for cause in (
+        n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+    ):
+        values["nvmlDeviceGetRetiredPages", (cause,)] = []
+    for link in range(links):
+        values["nvmlDeviceGetNvLinkState", (link,)] = n.NVML_FEATURE_ENABLED
+        for counter in _NVLINK_COUNTERS.values():
+            values["nvmlDeviceGetNvLinkErrorCounter", (link, counter)] = 0
+    return values
+
+
+# Functions taking a device handle first, served from the per-GPU value table.
+_DEVICE_FUNCTIONS = frozenset(
+    {name for name, _ in _healthy_h100(0, 1)}
+    | {
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceRegisterEvents",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+    }
+    | {"nvmlDeviceGetHandleByIndex"}
+)
+_GLOBAL_FUNCTIONS = frozenset(
+    {
+        "nvmlInit",
+        "nvmlShutdown",
+        "nvmlDeviceGetCount",
+        "nvmlEventSetCreate",
+        "nvmlEventSetWait",
+        "nvmlEventSetFree",
+    }
+)
+
+# NVMLError(code) instantiates the matching NVMLError_* subclass, exactly as the binding raises.
+_RAISE = pynvml.NVMLError
+
+
+class FakeNvml:
+    """A configurable fake of the `pynvml` module (see the module docstring)."""
+
+    def __init__(self, gpus: int = 8, *, model_name: str = _DEFAULT_MODEL, nvlink_links: int = 18) -> None:
+        self._gpus = [_FakeGpu(i, model_name, nvlink_links) for i in range(gpus)]
+        self._global_errors: dict[str, int] = {}
+        self._init_count = 0
+        self.event_sets: list[FakeEventSet] = []
+        self.calls: Counter[str] = Counter()
+
+    # -- configuration ----------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        """Constants, structures and error classes of the real binding; never its functions."""
+        value = getattr(pynvml, name)
+        if inspect.isfunction(value):
+            raise AttributeError(f"FakeNvml does not implement {name}")
+        return value
+
+    @property
+    def initialized(self) -> bool:
+        return self._init_count > 0
+
+    def handle(self, gpu: int) -> FakeHandle:
+        return self._gpus[gpu].handle
+
+    def set_value(self, gpu: int, function: str, value: Any, *args: Any) -> None:
+        """What `function(handle, *args)` returns on `gpu`, e.g. ("nvmlDeviceGetClockInfo", 1500, NVML_CLOCK_SM).
+
+        For nvmlDeviceGetFieldValues, args is the field id and value the number it reads.
+        """
+        key = (function, args)
+        if key not in self._gpus[gpu].values and function != "nvmlDeviceGetFieldValues":
+            raise KeyError(f"the fake has no {function}{args}; check the name and arguments")
+        self._gpus[gpu].values[key] = value
+
+    def get_value(self, gpu: int, function: str, *args: Any) -> Any:
+        return self._gpus[gpu].values[function, args]
+
+    def bump(self, gpu: int, function: str, delta: int, *args: Any) -> None:
+        """Add to a numeric value, e.g. bump(0, "nvmlDeviceGetPcieReplayCounter", 5)."""
+        self.set_value(gpu, function, self.get_value(gpu, function, *args) + delta, *args)
+
+    def set_error(self, gpu: int | None, function: str, code: int | None, *args: Any) -> None:
+        """Make `function` raise NVMLError(code) on `gpu` (None: a global function such as nvmlInit).
+
+        With args, only the call with those arguments fails (for nvmlDeviceGetFieldValues, the
+        field's own nvmlReturn is set instead and the call succeeds). code None clears it.
+        """
+        if function not in _DEVICE_FUNCTIONS | _GLOBAL_FUNCTIONS:
+            raise KeyError(f"the fake does not implement {function}")
+        if gpu is None:
+            table: dict[Any, int] = self._global_errors
+            key: Any = function
+        else:
+            table = self._gpus[gpu].errors
+            key = (function, args or None)
+        if code is None:
+            table.pop(key, None)
+        else:
+            table[key] = code
+
+    def lose_gpu(self, gpu: int) -> None:
+        """From now on every call on `gpu` raises NVML_ERROR_GPU_IS_LOST."""
+        self._gpus[gpu].lost = True
+
+    def restore_gpu(self, gpu: int) -> None:
+        self._gpus[gpu].lost = False
+
+    def set_supported_events(self, gpu: int, mask: int) -> None:
+        self._gpus[gpu].supported_events = mask
+
+    def inject_xid(self, gpu: int, code: int) -> None:
+        """Queue an Xid event on every event set where `gpu` registered for Xids (else it is lost)."""
+        event = FakeEventData(self._gpus[gpu].handle, pynvml.nvmlEventTypeXidCriticalError, code)
+        for event_set in self.event_sets:
+            if event_set.registered.get(gpu, 0) & pynvml.nvmlEventTypeXidCriticalError:
+                event_set.queue.append(event)
+
+    def advance(
+        self,
+        gpu: int,
+        *,
+        ecc_sbe: int = 0,
+        ecc_dbe: int = 0,
+        retired_sbe: int = 0,
+        retired_dbe: int = 0,
+        remapped_correctable: int = 0,
+        remapped_uncorrectable: int = 0,
+        pcie_replay: int = 0,
+        energy_mj: int = 0,
+        link: int = 0,
+        nvlink_replay: int = 0,
+        nvlink_recovery: int = 0,
+        nvlink_crc_flit: int = 0,
+        nvlink_crc_data: int = 0,
+    ) -> None:
+        """Move the error counters of `gpu` forward (ECC counts go into volatile and aggregate)."""
+        n = pynvml
+        for error_type, delta in (
+            (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, ecc_sbe),
+            (n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, ecc_dbe),
+        ):
+            for counter_type in (n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC):
+                self.bump(gpu, "nvmlDeviceGetTotalEccErrors", delta, error_type, counter_type)
+        for cause, delta in (
+            (n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, retired_sbe),
+            (n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, retired_dbe),
+        ):
+            pages = self.get_value(gpu, "nvmlDeviceGetRetiredPages", cause)
+            new = [0x1_0000_0000 + 0x1000 * (len(pages) + i) for i in range(delta)]
+            self.set_value(gpu, "nvmlDeviceGetRetiredPages", [*pages, *new], cause)
+        corr, unc, pending, failure = self.get_value(gpu, "nvmlDeviceGetRemappedRows")
+        rows = (corr + remapped_correctable, unc + remapped_uncorrectable, pending, failure)
+        self.set_value(gpu, "nvmlDeviceGetRemappedRows", rows)
+        self.bump(gpu, "nvmlDeviceGetPcieReplayCounter", pcie_replay)
+        self.bump(gpu, "nvmlDeviceGetTotalEnergyConsumption", energy_mj)
+        for name, delta in (
+            ("replay", nvlink_replay),
+            ("recovery", nvlink_recovery),
+            ("crc_flit", nvlink_crc_flit),
+            ("crc_data", nvlink_crc_data),
+        ):
+            self.bump(gpu, "nvmlDeviceGetNvLinkErrorCounter", delta, link, _NVLINK_COUNTERS[name])
+
+    # -- the faked binding ------------------------------------------------------------------
+
+    def _global(self, function: str) -> None:
+        self.calls[function] += 1
+        code = self._global_errors.get(function)
+        if code is not None:
+            raise _RAISE(code)
+
+    def _device(self, function: str, handle: Any, args: tuple[Any, ...]) -> _FakeGpu:
+        """Count the call and raise what a driver would; the GPU when the call may go on."""
+        self.calls[function] += 1
+        if self._init_count <= 0:
+            raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
+        if not isinstance(handle, FakeHandle) or handle.index >= len(self._gpus):
+            raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._gpus[handle.index]
+        if gpu.lost:
+            raise _RAISE(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.errors:
+            code = gpu.errors.get((function, None))
+            if code is None:
+                code = gpu.errors.get((function, args))
+            if code is not None:
+                raise _RAISE(code)
+        return gpu
+
+    def _value(self, function: str, handle: Any, *args: Any) -> Any:
+        gpu = self._device(function, handle, args)
+        try:
+            return gpu.values[function, args]
+        except KeyError:
+            raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+
+    def nvmlInit(self) -> None:  # noqa: N802  (pynvml's function names, here and below)
+        self._global("nvmlInit")
+        self._init_count += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self._global("nvmlShutdown")
+        if self._init_count <= 0:
+            raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._init_count -= 1
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        self._global("nvmlDeviceGetCount")
+        if self._init_count <= 0:
+            raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
+        if not 0 <= index < len(self._gpus):
+            self.calls["nvmlDeviceGetHandleByIndex"] += 1
+            raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._device("nvmlDeviceGetHandleByIndex", self._gpus[index].handle, ()).handle
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+        return self._device("nvmlDeviceGetUUID", handle, ()).uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        return self._device("nvmlDeviceGetName", handle, ()).name
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
+        self._global("nvmlEventSetCreate")
+        event_set = FakeEventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlEventSetFree(self, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+        self._global("nvmlEventSetFree")
+        eventSet.freed = True
+        if eventSet in self.event_sets:
+            self.event_sets.remove(eventSet)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
+        return self._device("nvmlDeviceGetSupportedEventTypes", handle, ()).supported_events
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+        gpu = self._device("nvmlDeviceRegisterEvents", handle, ())
+        if eventTypes & ~gpu.supported_events:
+            raise _RAISE(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        eventSet.registered[gpu.index] = eventSet.registered.get(gpu.index, 0) | eventTypes
+
+    def nvmlEventSetWait(self, eventSet: FakeEventSet, timeoutms: int) -> FakeEventData:  # noqa: N802, N803
+        """The next queued event; never blocks, whatever the timeout (an empty queue times out)."""
+        self._global("nvmlEventSetWait")
+        if eventSet.queue:
+            return eventSet.queue.popleft()
+        raise _RAISE(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
+        """An array of real `c_nvmlFieldValue_t`, each with its own nvmlReturn, as the binding gives."""
+        function = "nvmlDeviceGetFieldValues"
+        gpu = self._device(function, handle, ())
+        out = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for slot, field_id in zip(out, fieldIds, strict=True):
+            if isinstance(field_id, tuple):
+                slot.fieldId, slot.scopeId = field_id
+                field_id = field_id[0]
+            else:
+                slot.fieldId = field_id
+            code = gpu.errors.get((function, (field_id,)))
+            value = gpu.values.get((function, (field_id,)))
+            if code is not None or value is None:
+                # An unknown field reads as NOT_SUPPORTED, as for a field this GPU lacks.
+                slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if code is None else code
+                continue
+            slot.nvmlReturn = pynvml.NVML_SUCCESS
+            if isinstance(value, float):
+                slot.valueType, slot.value.dVal = pynvml.NVML_VALUE_TYPE_DOUBLE, value
+            elif value < 0:
+                slot.valueType, slot.value.sllVal = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, value
+            else:
+                slot.valueType, slot.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value
+        return out
+
+    # Plain getters: one value per (function, args), as in the table of _healthy_h100.
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetTemperature", handle, sensor)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetPowerUsage", handle)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetEnforcedPowerLimit", handle)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetTotalEnergyConsumption", handle)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetClockInfo", handle, clock_type)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetUtilizationRates", handle)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetMemoryInfo", handle)
+
+    def nvmlDeviceGetFanSpeed(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetFanSpeed", handle)
+
+    def nvmlDeviceGetPerformanceState(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetPerformanceState", handle)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> Any:  # noqa: N802, N803
+        return self._value("nvmlDeviceGetTotalEccErrors", handle, errorType, counterType)
+
+    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]:  # noqa: N802, N803
+        return list(self._value("nvmlDeviceGetRetiredPages", device, sourceFilter))  # a fresh list, as pynvml
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetRetiredPagesPendingStatus", device)
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetRemappedRows", device)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetPcieReplayCounter", handle)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetCurrPcieLinkWidth", handle)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetMaxPcieLinkGeneration", handle)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetMaxPcieLinkWidth", handle)
+
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetPcieThroughput", device, counter)
+
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetNvLinkState", device, link)
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetNvLinkErrorCounter", device, link, counter)

@@ -1,0 +1,91 @@
+"""`faultcast collect` as an operator runs it: a real process, real output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from faultcast.catalogue import Scope, metrics_for
+from faultcast.collector.nvml import nvml_available
+
+FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FAULTCAST, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_once_in_prometheus_format_has_the_promised_breadth() -> None:
+    done = _run("collect", "--source", "simulated", "--once", "--format", "prometheus")
+    assert done.returncode == 0, done.stderr
+    families = list(text_string_to_metric_families(done.stdout))
+    gpu_names = {f.name for f in families if any("gpu" in s.labels for s in f.samples)}
+    network_prefixes = ("faultcast_net_", "faultcast_ib_", "faultcast_peer_", "faultcast_tcp_")
+    network_names = {f.name for f in families if f.name.startswith(network_prefixes)}
+    assert len(gpu_names) >= 25, sorted(gpu_names)
+    assert len(network_names) >= 8, sorted(network_names)
+    temps = next(f for f in families if f.name == "DCGM_FI_DEV_GPU_TEMP")
+    assert sorted(int(s.labels["gpu"]) for s in temps.samples) == list(range(8))
+
+
+def test_once_in_json_names_every_gpu_metric_with_nulls_for_missing() -> None:
+    done = _run(
+        "collect", "--source", "simulated", "--gpus", "2", "--node", "n9", "--once", "--format", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["node"] == "n9"
+    assert [g["index"] for g in report["gpus"]] == [0, 1]
+    assert set(report["gpus"][0]["values"]) == {m.name for m in metrics_for(Scope.GPU)}
+    assert report["gpus"][0]["values"]["fan_speed"] is None
+    assert report["gpus"][0]["values"]["gpu_temp"] > 0
+
+
+def test_the_nvml_source_fails_clearly_without_a_gpu_and_auto_says_what_it_chose() -> None:
+    available, why = nvml_available()
+    nvml = _run("collect", "--source", "nvml", "--once", "--format", "json")
+    auto = _run("collect", "--source", "auto", "--once", "--format", "json")
+    if available:  # on a GPU machine both read the real hardware
+        assert nvml.returncode == 0, nvml.stderr
+        assert json.loads(auto.stdout)["source"] == "nvml"
+        return
+    assert nvml.returncode == 2
+    assert "--source nvml" in nvml.stderr
+    assert why in nvml.stderr or "NVML" in nvml.stderr
+    assert auto.returncode == 0
+    assert "using the simulated source" in auto.stderr
+    assert json.loads(auto.stdout)["source"] == "simulated"
+
+
+def test_a_bounded_run_prints_the_live_table_and_a_summary() -> None:
+    done = _run(
+        "collect", "--source", "simulated", "--prometheus-port", "0", "--prometheus-address", "127.0.0.1",
+        "--interval", "200ms", "--duration", "1s", "--table", "1s",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "serving /metrics on http://127.0.0.1:" in done.stdout
+    assert "  0 " in done.stdout  # GPU 0's row of the table
+    summary = done.stdout[done.stdout.index("summary") :]
+    scrapes = int(summary.split("scrapes ")[1].split()[0])
+    assert scrapes >= 2
+    assert "GPUs 8 (0 lost)" in summary
+
+
+def test_bad_arguments_are_refused_with_the_reason() -> None:
+    done = _run("collect", "--interval", "fast")
+    assert done.returncode == 2
+    assert "'fast' is not a duration" in done.stderr
+
+
+def test_metrics_prints_the_catalogue() -> None:
+    done = _run("metrics")
+    assert done.returncode == 0
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(metrics_for(Scope.GPU)) + sum(
+        len(metrics_for(s)) for s in Scope if s is not Scope.GPU
+    )
+    assert any("`DCGM_FI_DEV_GPU_TEMP`" in row for row in rows)
