@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 DURATION ?= 20s
 
-.PHONY: run test install system-deps lint typecheck unit proto bench clean
+.PHONY: run test install system-deps lint typecheck unit proto docs bench clean
 
 run: install
 	$(BIN)/faultcast collect --source auto --interval 1s --prometheus-port 9400 --duration $(DURATION) --table 5s
@@ -39,6 +39,11 @@ unit:
 
 proto: install
 	$(BIN)/python proto/generate.py
+
+# docs/metrics.md: its prose above the table, then the table from the catalogue.
+docs: install
+	{ sed '/^| name |/,$$d' docs/metrics.md; $(BIN)/faultcast metrics; } > docs/metrics.md.new
+	mv docs/metrics.md.new docs/metrics.md
 
 bench: install
 	$(BIN)/python bench/collector.py

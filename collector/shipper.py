@@ -77,7 +77,12 @@ class Shipper:
         self._thread = threading.Thread(target=self._run, name="faultcast-shipper", daemon=True)
         self._thread.start()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0, *, flush: float = 2.0) -> None:
+        """Stop shipping. While the stream is up, first wait up to `flush` seconds for the service
+        to acknowledge what is spooled; whatever is left stays in the spool for the next start."""
+        if self.stats.connected and flush > 0:
+            spool = self.spool
+            spool.wait(lambda: spool.acked_through >= spool.last_sequence or not self.stats.connected, flush)
         self._stop.set()
         with self.spool.changed:
             self.spool.changed.notify_all()

@@ -34,7 +34,8 @@ def render_table(snapshot: NodeSnapshot) -> str:
     header = " ".join(
         fmt.format(h) if "f" not in fmt else h.rjust(len(fmt.format(0))) for h, _, fmt in _GPU_COLUMNS
     )
-    lines = [f"{snapshot.node}  seq {snapshot.sequence}", header]
+    title = snapshot.node + (f"  sample {snapshot.sequence}" if snapshot.sequence else "")
+    lines = [title, header]
     for gpu in snapshot.gpus:
         cells = [f"{gpu.index:>3}"]
         for _, metric, fmt in _GPU_COLUMNS[1:]:

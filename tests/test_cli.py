@@ -11,6 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.collector.nvml import nvml_available
+from faultcast.collector.spool import Spool
+from faultcast.readings import NodeSnapshot
+from faultcast.service.telemetry import TelemetryServicer, create_server
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 
@@ -89,3 +92,25 @@ def test_metrics_prints_the_catalogue() -> None:
         len(metrics_for(s)) for s in Scope if s is not Scope.GPU
     )
     assert any("`DCGM_FI_DEV_GPU_TEMP`" in row for row in rows)
+
+
+def test_collect_ships_every_scrape_to_the_service(tmp_path: Path) -> None:
+    received: list[NodeSnapshot] = []
+    server, port = create_server(TelemetryServicer(received.append))
+    try:
+        done = _run(
+            "collect", "--source", "simulated", "--gpus", "2", "--node", "ship-test", "--no-prometheus",
+            "--service", f"127.0.0.1:{port}", "--spool", str(tmp_path / "spool.sqlite"),
+            "--interval", "100ms", "--duration", "1s",
+        )  # fmt: skip
+    finally:
+        server.stop(grace=None)
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout[done.stdout.index("summary") :]
+    scrapes = int(summary.split("scrapes ")[1].split()[0])
+    # On exit the shipper flushes: every scrape arrived once, in order, and the spool is empty.
+    assert f"acked through {scrapes}, spool depth 0, dropped 0" in summary
+    assert [s.sequence for s in received] == list(range(1, scrapes + 1))
+    assert {s.node for s in received} == {"ship-test"}
+    spool = Spool(tmp_path / "spool.sqlite")
+    assert (spool.last_sequence, spool.acked_through, spool.depth) == (scrapes, scrapes, 0)
