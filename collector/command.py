@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from faultcast.collector.spool import DEFAULT_MAX_SAMPLES, Spool
 from faultcast.collector.table import render_table
 from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
+from faultcast.sim.command import parse_scenario
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,26 @@ def add_parser(commands: Any) -> None:
     )
     p.add_argument("--proc-root", type=Path, default=Path("/proc"))
     p.add_argument("--sys-root", type=Path, default=Path("/sys"))
-    p.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated source")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated source")
+    sim = p.add_argument_group("simulated source (one node of the fleet twin)")
+    sim.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated node")
+    sim.add_argument("--seed", type=int, default=0, help="the twin's seed")
+    sim.add_argument("--sim-node", type=int, default=0, help="which node of the twin to be")
+    sim.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="simulated seconds per wall-clock second (60: a simulated minute per second)",
+    )
+    sim.add_argument("--acceleration", type=float, default=1.0, help="multiply the twin's failure rates")
+    sim.add_argument(
+        "--scenario",
+        action="append",
+        type=parse_scenario,
+        default=[],
+        metavar="MODE:NODE:GPU:AT",
+        help="make a GPU fail on cue, AT simulated time after the start (NODE is ignored: "
+        "the scenario applies to --sim-node), e.g. hbm_wear:0:3:45m",
+    )
     p.add_argument("--once", action="store_true", help="scrape once, print, and exit")
     p.add_argument(
         "--format", choices=["prometheus", "json", "table"], default="prometheus", help="output of --once"
@@ -91,14 +111,27 @@ def add_parser(commands: Any) -> None:
 
 def gpu_source(args: argparse.Namespace) -> Source:
     if args.source == "simulated":
-        return SimulatedSource(args.node, gpus=args.gpus, seed=args.seed, interval=args.interval)
+        return _simulated(args)
     if args.source == "nvml":
         return NvmlSource()  # raises NvmlUnavailable with the reason
     available, why = nvml_available()
     if available:
         return NvmlSource()
     print(f"faultcast: no usable NVIDIA GPU ({why}); using the simulated source", file=sys.stderr)
-    return SimulatedSource(args.node, gpus=args.gpus, seed=args.seed, interval=args.interval)
+    return _simulated(args)
+
+
+def _simulated(args: argparse.Namespace) -> SimulatedSource:
+    """One node of the fleet twin; each scrape advances its clock by interval x speed."""
+    scenarios = [dataclasses.replace(s, node=args.sim_node) for s in args.scenario]
+    return SimulatedSource(
+        gpus=args.gpus,
+        seed=args.seed,
+        interval=args.interval * args.speed,
+        sim_node=args.sim_node,
+        acceleration=args.acceleration,
+        scenarios=scenarios,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     from faultcast.collector import command as collect_command
 
     collect_command.add_parser(commands)
+    from faultcast.sim import command as simulate_command
+
+    simulate_command.add_parser(commands)
     metrics = commands.add_parser("metrics", help="print the metric catalogue as a Markdown table")
     metrics.set_defaults(handler=_print_catalogue)
     return parser

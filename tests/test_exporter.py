@@ -23,7 +23,7 @@ def _exposition(snapshot: NodeSnapshot | None) -> dict[str, list[tuple[str, dict
 
 
 def _snapshot() -> NodeSnapshot:
-    reading = SimulatedSource("node-7", gpus=2, seed=5).read()
+    reading = SimulatedSource(gpus=2, seed=5).read()
     return NodeSnapshot.merge("node-7", 1, [reading], {"scrape_duration_seconds": 0.002})
 
 
@@ -78,7 +78,9 @@ def test_network_series_carry_device_port_and_peer_labels() -> None:
     assert symbol == [
         ("faultcast_ib_symbol_error_total", {"device": "mlx5_9", "port": "1", "Hostname": "node-7"}, 0.0)
     ]
-    assert {s[1]["peer"] for s in families["faultcast_peer_rtt_p50_seconds"]} == {"peer-a:22", "peer-b:22"}
+    peers = {d.device for d in snapshot.devices if d.scope is Scope.PEER}
+    assert {s[1]["peer"] for s in families["faultcast_peer_rtt_p50_seconds"]} == peers
+    assert len(peers) == 2
     assert families["faultcast_tcp_retrans_segs"][0][1] == {"Hostname": "node-7"}
 
 

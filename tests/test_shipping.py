@@ -47,7 +47,7 @@ class Received:
 @pytest.fixture
 def collector(tmp_path: Path) -> Iterator[NodeCollector]:
     spool = Spool(tmp_path / "spool.sqlite", max_samples=1000)
-    source = SimulatedSource("node-a", gpus=2, seed=1, start_unix_nano=1_700_000_000 * 10**9)
+    source = SimulatedSource(gpus=2, seed=1, start_unix_nano=1_700_000_000 * 10**9)
     yield NodeCollector("node-a", [source], spool=spool)
     spool.close()
 
@@ -89,7 +89,7 @@ def test_a_ten_minute_outage_at_1s_loses_no_sample(collector: NodeCollector) -> 
 
 def test_past_the_spool_bound_the_oldest_are_dropped_and_the_rest_arrive_in_order(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.sqlite", max_samples=100)
-    collector = NodeCollector("node-a", [SimulatedSource("node-a", gpus=1, seed=2)], spool=spool)
+    collector = NodeCollector("node-a", [SimulatedSource(gpus=1, seed=2)], spool=spool)
     for _ in range(150):  # the service is not there at all yet
         collector.scrape()
     assert spool.dropped == 50

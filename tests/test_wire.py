@@ -11,7 +11,7 @@ from faultcast.readings import NodeSnapshot
 
 
 def _snapshot() -> NodeSnapshot:
-    reading = SimulatedSource("n1", gpus=4, seed=3, start_unix_nano=1_700_000_000_000_000_000).read()
+    reading = SimulatedSource(gpus=4, seed=3, start_unix_nano=1_700_000_000_000_000_000).read()
     return dataclasses.replace(
         NodeSnapshot.merge("n1", 0, [reading], {"scrape_duration_seconds": 0.01}), sequence=7
     )

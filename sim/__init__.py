@@ -1,0 +1,1 @@
+"""The fleet digital twin: GPU and network telemetry with realistic failure modes and their logs."""

@@ -1,0 +1,86 @@
+"""The twin's configuration and the generations of hardware it knows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# 2026-01-05 00:00 UTC, a Monday: the default start of simulated time.
+DEFAULT_START_UNIX_S = 1_767_571_200
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """Thermal and power envelope of one GPU generation (public datasheet figures, rounded)."""
+
+    model_name: str
+    tdp_w: float
+    idle_w: float
+    sm_boost_mhz: float
+    mem_clock_mhz: float
+    fb_total_mib: float
+    pcie_gen: int
+    nvlinks: int
+    slowdown_temp_c: float  # SW thermal slowdown starts
+    shutdown_temp_c: float  # HW thermal slowdown / shutdown region
+    thermal_c_per_w: float  # temperature rise over inlet per watt
+
+
+A100 = Generation("NVIDIA A100-SXM4-80GB", 400.0, 55.0, 1410.0, 1593.0, 81_920.0, 4, 12, 85.0, 92.0, 0.085)
+H100 = Generation("NVIDIA H100 80GB HBM3", 700.0, 70.0, 1980.0, 2619.0, 81_559.0, 5, 18, 87.0, 92.0, 0.052)
+GENERATIONS = (A100, H100)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    nodes: int = 8
+    gpus_per_node: int = 8
+    days: float = 2.0
+    interval_s: float = 60.0
+    seed: int = 0
+    # Multiplies every failure rate, so a small fleet yields enough failures to learn from.
+    acceleration: float = 1.0
+    start_unix_s: int = DEFAULT_START_UNIX_S
+    nodes_per_rack: int = 4
+    nodes_per_job_pod: int = 2  # multi-node jobs run on pods of this many consecutive nodes
+    h100_fraction: float = 0.5
+    ib_ports: int = 4
+    peers: int = 2
+    chunk_steps: int = 1440  # generation unit; a day at 60 s
+    failures: bool = True
+    confounders: bool = True
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            problems.append("nodes and gpus_per_node must be at least 1")
+        if not (self.days > 0 and math.isfinite(self.days)):
+            problems.append(f"days must be positive, got {self.days}")
+        if not self.interval_s > 0:
+            problems.append(f"interval_s must be positive, got {self.interval_s}")
+        if self.acceleration < 0:
+            problems.append(f"acceleration must be >= 0, got {self.acceleration}")
+        if not 0.0 <= self.h100_fraction <= 1.0:
+            problems.append(f"h100_fraction must be within [0, 1], got {self.h100_fraction}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * 86_400.0
+
+    @property
+    def steps(self) -> int:
+        return int(self.horizon_s // self.interval_s)
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.steps // self.chunk_steps)
+
+    def node_name(self, node: int) -> str:
+        return f"node-{node:04d}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,201 @@
+"""What happens to a node over the whole horizon: failures, repairs, driver reloads, jobs.
+
+Everything here is drawn once from the node's own streams, before any telemetry, so the rates can
+be tested on a large fleet in seconds and the telemetry generator only has to read the schedule.
+Failures are Poisson arrivals per GPU (per node for node-level modes) at the accelerated rates; a
+GPU that failed is dark until repaired and can only fail again after it returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.modes import BY_NAME, MODES, Level, ModeSpec
+from faultcast.sim.streams import Stream, rng
+
+_MIN_LEAD_S = 60.0
+_MAX_LEAD_S = 8 * 3600.0
+# Healthy driver reloads (maintenance): about one per node per 20 days. Each resets counters.
+_RELOADS_PER_NODE_DAY = 1 / 20
+_JOB_MEDIAN_S, _JOB_SIGMA = 6 * 3600.0, 0.8
+_GAP_MEDIAN_S, _GAP_SIGMA = 20 * 60.0, 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    node: int
+    gpu: int | None  # None for a node-level failure
+    mode: str
+    fail_s: float  # seconds since the start of the simulation
+    lead_s: float  # length of the precursor before the failure (0: none)
+    strength: float  # how loud the precursor is (lognormal around 1)
+    downtime_s: float
+    xid: int
+    scripted: bool = False
+
+    @property
+    def precursor_start_s(self) -> float:
+        return self.fail_s - self.lead_s
+
+    @property
+    def return_s(self) -> float:
+        return self.fail_s + self.downtime_s
+
+    @property
+    def spec(self) -> ModeSpec:
+        return BY_NAME[self.mode]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A failure ordered on cue: `mode` on `node` (and `gpu`), failing `fail_s` after the start.
+
+    The precursor starts `lead_s` before (the mode's median lead when None)."""
+
+    mode: str
+    node: int
+    gpu: int | None
+    fail_s: float
+    lead_s: float | None = None
+    strength: float = 1.0
+
+    def __post_init__(self) -> None:
+        spec = BY_NAME.get(self.mode)
+        if spec is None:
+            raise ValueError(f"unknown failure mode {self.mode!r}; known: {', '.join(BY_NAME)}")
+        if (spec.level is Level.NODE) != (self.gpu is None):
+            raise ValueError(
+                f"{self.mode} is a {spec.level.value}-level mode: give {'no' if spec.level is Level.NODE else 'a'} GPU"
+            )
+        if self.fail_s <= 0:
+            raise ValueError(f"a scenario must fail after the start, got {self.fail_s} s")
+
+
+@dataclass(frozen=True)
+class NodeSchedule:
+    node: int
+    failures: tuple[Failure, ...]  # sorted by failure time
+    reloads_s: tuple[float, ...]  # healthy driver reloads (counter resets)
+    jobs: tuple[tuple[float, float], ...]  # (start, end) of the jobs on this node's pod
+
+    def gpu_failures(self, gpu: int) -> list[Failure]:
+        return [f for f in self.failures if f.gpu == gpu]
+
+    def node_failures(self) -> list[Failure]:
+        return [f for f in self.failures if f.gpu is None]
+
+
+def _lognormal(r: np.random.Generator, median: float, sigma: float) -> float:
+    return float(median * math.exp(sigma * r.standard_normal())) if sigma > 0 else median
+
+
+def _draw(
+    r: np.random.Generator, spec: ModeSpec, node: int, gpu: int | None, fail_s: float, earliest_s: float
+) -> Failure:
+    lead = 0.0
+    if spec.predictable:
+        lead = min(max(_lognormal(r, spec.lead_median_s, spec.lead_sigma), _MIN_LEAD_S), _MAX_LEAD_S)
+    lead = max(0.0, min(lead, fail_s - earliest_s))  # a precursor cannot start before the GPU returned
+    strength = _lognormal(r, 1.0, 0.35)
+    downtime = _lognormal(r, spec.downtime_median_s, 0.5)
+    codes, probs = zip(*spec.xids, strict=True)
+    xid = int(r.choice(codes, p=np.asarray(probs) / sum(probs)))
+    return Failure(node, gpu, spec.name, fail_s, lead, strength, downtime, xid)
+
+
+def _arrivals(
+    r: np.random.Generator,
+    specs: Sequence[ModeSpec],
+    accel: float,
+    horizon: float,
+    blocked: Sequence[tuple[float, float]],
+    node: int,
+    gpu: int | None,
+) -> list[Failure]:
+    """Poisson arrivals over [0, horizon) for one GPU (or node), skipping its dark periods and `blocked`."""
+    rates = np.array([s.rate_per_day * accel / 86_400.0 for s in specs])
+    total = float(rates.sum())
+    out: list[Failure] = []
+    if total <= 0:
+        return out
+    t = 0.0
+    resumed = 0.0
+    while True:
+        t += float(r.exponential(1.0 / total))
+        if t >= horizon:
+            return out
+        window = next(((a, b) for a, b in blocked if a <= t < b), None)
+        if window is not None:  # the node is dark: nothing fails until it returns
+            t = resumed = window[1]
+            continue
+        spec = specs[int(r.choice(len(specs), p=rates / total))]
+        earliest = max([resumed, *(b for a, b in blocked if b <= t)])
+        failure = _draw(r, spec, node, gpu, t, earliest)
+        out.append(failure)
+        t = resumed = failure.return_s
+
+
+def _jobs(config: FleetConfig, node: int) -> tuple[tuple[float, float], ...]:
+    """Jobs are shared by the consecutive nodes of a pod: they start, run and end together."""
+    pod = node // config.nodes_per_job_pod
+    r = rng(config.seed, Stream.JOBS, pod)
+    jobs = []
+    t = -float(r.uniform(0.0, _JOB_MEDIAN_S))  # the fleet is already busy when the clock starts
+    while t < config.horizon_s:
+        end = t + _lognormal(r, _JOB_MEDIAN_S, _JOB_SIGMA)
+        jobs.append((t, end))
+        t = end + _lognormal(r, _GAP_MEDIAN_S, _GAP_SIGMA)
+    return tuple(jobs)
+
+
+def _overlaps(f: Failure, s: Failure) -> bool:
+    same_target = f.gpu is None or s.gpu is None or f.gpu == s.gpu
+    return same_target and f.precursor_start_s < s.return_s and s.precursor_start_s < f.return_s
+
+
+def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] = ()) -> NodeSchedule:
+    r = rng(config.seed, Stream.SCHEDULE, node)
+    accel = config.acceleration if config.failures else 0.0
+    horizon = config.horizon_s
+    node_specs = [m for m in MODES if m.level is Level.NODE]
+    gpu_specs = [m for m in MODES if m.level is Level.GPU]
+    node_level = _arrivals(r, node_specs, accel, horizon, (), node, None)
+    blocked = [(f.fail_s, f.return_s) for f in node_level]
+    failures = list(node_level)
+    for gpu in range(config.gpus_per_node):
+        failures.extend(_arrivals(r, gpu_specs, accel, horizon, blocked, node, gpu))
+
+    scripted = []
+    for s in scenarios:
+        if s.node != node:
+            continue
+        spec = BY_NAME[s.mode]
+        lead = 0.0 if not spec.predictable else (spec.lead_median_s if s.lead_s is None else s.lead_s)
+        xid = spec.xids[0][0]
+        scripted.append(Failure(node, s.gpu, s.mode, s.fail_s, min(lead, s.fail_s), s.strength,
+                                spec.downtime_median_s, xid, scripted=True))  # fmt: skip
+    # A scripted failure wins over random ones that would overlap it on the same GPU or node.
+    failures = [f for f in failures if not any(_overlaps(f, s) for s in scripted)] + scripted
+    failures.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))
+
+    reloads: list[float] = []
+    if config.confounders:
+        t = float(r.exponential(86_400.0 / _RELOADS_PER_NODE_DAY))
+        while t < horizon:
+            reloads.append(t)
+            t += float(r.exponential(86_400.0 / _RELOADS_PER_NODE_DAY))
+    return NodeSchedule(node, tuple(failures), tuple(reloads), _jobs(config, node))
+
+
+def in_windows(times: np.ndarray, windows: Sequence[tuple[float, float]]) -> np.ndarray:
+    """Boolean mask of `times` inside any [start, end) window."""
+    mask = np.zeros(times.shape, dtype=bool)
+    for start, end in windows:
+        if end > times[0] and start <= times[-1]:
+            mask |= (times >= start) & (times < end)
+    return mask

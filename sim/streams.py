@@ -1,0 +1,24 @@
+"""Independent random streams, keyed so that each node's data depends only on (seed, node, ...).
+
+A node's telemetry never depends on how many other nodes the fleet has, nor on the order in which
+the offline writer or a live collector asks for it: that is what makes offline and live equal.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class Stream(enum.IntEnum):
+    TRAITS = 1
+    SCHEDULE = 2
+    JOBS = 3
+    PHASES = 4
+    CHUNK = 5
+    UUID = 6
+
+
+def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, int(stream), *keys]))

@@ -1,0 +1,218 @@
+"""The offline twin: runs every node over the horizon and writes the four output files.
+
+    telemetry.parquet  one row per GPU per interval (catalogue column names, float32)
+    network.parquet    one row per node per interval (ports and peers aggregated per node)
+    failures.csv       the failure log: timestamp, node, gpu (empty for node level), uuid, mode, xid, description
+    manifest.json      configuration, seed, versions, acceleration, counts per mode
+
+Generation goes chunk by chunk (a day at 60 s) across all nodes, so memory stays bounded by one
+chunk of the fleet whatever the horizon.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import platform
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from faultcast import __version__
+from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH, Scope, metrics_for
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.generate import GPU_WIDE
+from faultcast.sim.modes import MODES, Level
+from faultcast.sim.node import NETWORK_WIDE, NodeTwin, aggregate_network
+from faultcast.sim.schedule import Failure, Scenario
+
+GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
+NETWORK_COLUMNS = [
+    m.name for s in (Scope.INTERFACE, Scope.IB_PORT, Scope.PEER, Scope.HOST) for m in metrics_for(s)
+]
+_TS = pa.timestamp("ns", tz="UTC")
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+TELEMETRY_SCHEMA = pa.schema(
+    [("timestamp", _TS), ("node", _DICT), ("gpu", pa.int16()), ("uuid", _DICT), ("model", _DICT)]
+    + [
+        (name, pa.float64() if wide else pa.float32())
+        for name, wide in zip(GPU_COLUMNS, GPU_WIDE, strict=True)
+    ]
+)
+NETWORK_SCHEMA = pa.schema(
+    [("timestamp", _TS), ("node", _DICT)]
+    + [(name, pa.float64() if name in NETWORK_WIDE else pa.float32()) for name in NETWORK_COLUMNS]
+)
+FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "description")
+
+
+def _dictionary(indices: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(names, pa.string()))
+
+
+def _iso(config: FleetConfig, seconds: float) -> str:
+    moment = dt.datetime.fromtimestamp(config.start_unix_s + seconds, tz=dt.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ()) -> dict[str, Any]:
+    """Write the twin's four files into `out` and return the manifest."""
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    scenarios = tuple(scenarios)
+    for s in scenarios:
+        if not 0 <= s.node < config.nodes:
+            raise ValueError(f"scenario on node {s.node}: the fleet has nodes 0..{config.nodes - 1}")
+    twins = [NodeTwin(config, node, scenarios) for node in range(config.nodes)]
+    node_names = [config.node_name(n) for n in range(config.nodes)]
+    models = sorted({t.traits.generation.model_name for t in twins})
+    node_model = np.array([models.index(t.traits.generation.model_name) for t in twins])
+    g = config.gpus_per_node
+    rows = network_rows = 0
+    compression = {"compression": "zstd", "compression_level": 1}
+    with (
+        pq.ParquetWriter(out / "telemetry.parquet", TELEMETRY_SCHEMA, **compression) as telemetry,
+        pq.ParquetWriter(out / "network.parquet", NETWORK_SCHEMA, **compression) as network,
+    ):
+        for _ in range(config.chunks):
+            chunks = [twin.next_chunk() for twin in twins]
+            n = len(chunks[0].times_s)
+            stamps = (config.start_unix_s * 10**9 + np.round(chunks[0].times_s * 1e9)).astype(np.int64)
+            # Time-major rows: for each step, every node, every GPU.
+            present = np.stack([c.gpu_present for c in chunks], axis=1).reshape(-1)
+            node_idx = np.broadcast_to(np.arange(config.nodes)[None, :, None], (n, config.nodes, g)).reshape(
+                -1
+            )[present]
+            gpu_idx = np.broadcast_to(np.arange(g)[None, None, :], (n, config.nodes, g)).reshape(-1)[present]
+            repl = np.stack([c.replacements for c in chunks], axis=1).reshape(-1)[present]
+            # The chunk's UUID dictionary: every slot with every replacement count seen in it.
+            swaps = int(repl.max(initial=0)) + 1
+            uuid_idx = (node_idx * g + gpu_idx) * swaps + repl
+            uuids = [twins[s // g].uuid(s % g, r) for s in range(config.nodes * g) for r in range(swaps)]
+            columns: list[pa.Array] = [
+                pa.array(np.repeat(stamps, config.nodes * g)[present], _TS),
+                _dictionary(node_idx, node_names),
+                pa.array(gpu_idx.astype(np.int16)),
+                _dictionary(uuid_idx.reshape(-1), uuids),
+                _dictionary(node_model[node_idx], models),
+            ]
+            # One column at a time, so the whole chunk is never copied at once.
+            for k, name in enumerate(GPU_COLUMNS):
+                column = np.stack([c.gpu_values[:, :, k] for c in chunks], axis=1).reshape(-1)[present]
+                columns.append(pa.array(column, TELEMETRY_SCHEMA.field(name).type, from_pandas=False))
+            telemetry.write_table(pa.Table.from_arrays(columns, schema=TELEMETRY_SCHEMA))
+            rows += int(present.sum())
+
+            node_present = np.stack([c.node_present for c in chunks], axis=1).reshape(-1)
+            agg = aggregate_network(
+                np.stack([c.ib_values for c in chunks], axis=1),
+                np.stack([c.iface_values for c in chunks], axis=1),
+                np.stack([c.peer_values for c in chunks], axis=1),
+                np.stack([c.host_values for c in chunks], axis=1),
+            )
+            net_nodes = np.broadcast_to(np.arange(config.nodes)[None, :], (n, config.nodes)).reshape(-1)[
+                node_present
+            ]
+            net_columns: list[pa.Array] = [
+                pa.array(np.repeat(stamps, config.nodes)[node_present], _TS),
+                _dictionary(net_nodes, node_names),
+            ]
+            net_columns += [pa.array(agg[name].reshape(-1)[node_present], NETWORK_SCHEMA.field(name).type)
+                            for name in NETWORK_COLUMNS]  # fmt: skip
+            network.write_table(pa.Table.from_arrays(net_columns, schema=NETWORK_SCHEMA))
+            network_rows += int(node_present.sum())
+
+    failures = sorted(
+        (f for twin in twins for f in twin.schedule.failures if f.fail_s < config.horizon_s),
+        key=lambda f: (f.fail_s, f.node, -1 if f.gpu is None else f.gpu),
+    )
+    _write_failures(config, out / "failures.csv", failures, twins)
+    manifest = _manifest(config, scenarios, failures, rows, network_rows, time.perf_counter() - started)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _write_failures(config: FleetConfig, path: Path, failures: list[Failure], twins: list[NodeTwin]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(FAILURE_FIELDS)
+        for f in failures:
+            twin = twins[f.node]
+            uuid = ""
+            if f.gpu is not None:
+                swaps = sum(
+                    1 for e in twin.schedule.gpu_failures(f.gpu) if e.spec.replaced and e.return_s <= f.fail_s
+                )
+                uuid = twin.uuid(f.gpu, swaps)
+            description = f.spec.description + ("; scripted scenario" if f.scripted else "")
+            xid = "" if f.xid == 0 else str(f.xid)
+            gpu = "" if f.gpu is None else str(f.gpu)
+            writer.writerow(
+                [_iso(config, f.fail_s), config.node_name(f.node), gpu, uuid, f.mode, xid, description]
+            )
+
+
+def _manifest(
+    config: FleetConfig,
+    scenarios: tuple[Scenario, ...],
+    failures: list[Failure],
+    rows: int,
+    network_rows: int,
+    seconds: float,
+) -> dict[str, Any]:
+    counts = Counter(f.mode for f in failures)
+    gpu_days = config.nodes * config.gpus_per_node * config.days
+    return {
+        "kind": "faultcast fleet twin",
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "config": config.to_json(),
+        "seed": config.seed,
+        "acceleration": config.acceleration,
+        "start": _iso(config, 0.0),
+        "end": _iso(config, config.horizon_s),
+        "gpu_days": gpu_days,
+        "rows": {"telemetry": rows, "network": network_rows, "failures": len(failures)},
+        "modes": [
+            {
+                "name": m.name,
+                "level": m.level.value,
+                "predictable": m.predictable,
+                "base_rate_per_gpu_day": m.rate_per_day
+                / (config.gpus_per_node if m.level is Level.NODE else 1),
+                "accelerated_rate_per_gpu_day": m.rate_per_day
+                * config.acceleration
+                / (config.gpus_per_node if m.level is Level.NODE else 1),
+                "lead_median_minutes": m.lead_median_s / 60.0,
+                "lead_sigma": m.lead_sigma,
+                "downtime_median_hours": m.downtime_median_s / 3600.0,
+                "gpu_replaced": m.replaced,
+                "xids": [code for code, _ in m.xids if code],
+                "description": m.description,
+            }
+            for m in MODES
+        ],
+        "failure_counts": {m.name: counts.get(m.name, 0) for m in MODES},
+        "scenarios": [vars(s) if hasattr(s, "__dict__") else _slots(s) for s in scenarios],
+        "catalogue": {"version": CATALOGUE_VERSION, "schema_hash": f"{SCHEMA_HASH:#018x}"},
+        "versions": {
+            "faultcast": __version__,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "pyarrow": pa.__version__,
+        },
+        "generation_seconds": round(seconds, 3),
+        "telemetry_columns": ["timestamp", "node", "gpu", "uuid", "model", *GPU_COLUMNS],
+        "network_columns": ["timestamp", "node", *NETWORK_COLUMNS],
+    }
+
+
+def _slots(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}
