@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 from faultcast.catalogue import Scope
@@ -34,7 +35,10 @@ def render_table(snapshot: NodeSnapshot) -> str:
     header = " ".join(
         fmt.format(h) if "f" not in fmt else h.rjust(len(fmt.format(0))) for h, _, fmt in _GPU_COLUMNS
     )
-    title = snapshot.node + (f"  sample {snapshot.sequence}" if snapshot.sequence else "")
+    moment = dt.datetime.fromtimestamp(snapshot.time_unix_nano / 1e9, tz=dt.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
+    title = f"{snapshot.node}  {moment}" + (f"  sample {snapshot.sequence}" if snapshot.sequence else "")
     lines = [title, header]
     for gpu in snapshot.gpus:
         cells = [f"{gpu.index:>3}"]

@@ -337,3 +337,37 @@ def test_the_simulate_command_writes_the_four_files(tmp_path: Path) -> None:
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert bad.returncode == 2
     assert "days must be positive" in bad.stderr
+
+
+def test_scenarios_parse_from_the_command_line_with_clear_errors() -> None:
+    from argparse import ArgumentTypeError
+
+    from faultcast.sim.command import parse_scenario
+
+    assert parse_scenario("hbm_wear:2:5:90m") == Scenario("hbm_wear", 2, 5, 5400.0, None)
+    assert parse_scenario("infiniband:1::2h:20m") == Scenario("infiniband", 1, None, 7200.0, 1200.0)
+    for text, message in (
+        ("hbm_wear:2:5", "expected MODE:NODE:GPU:AT"),
+        ("lightning:0:1:5m", "unknown mode"),
+        ("infiniband:0:3:5m", "leave GPU empty"),
+        ("pcie:0::5m", "give a GPU"),
+        ("pcie:x:1:5m", "indexes"),
+    ):
+        with pytest.raises(ArgumentTypeError, match=message):
+            parse_scenario(text)
+
+
+def test_collect_runs_the_twin_at_speed_and_fails_a_gpu_on_cue() -> None:
+    # About 60 scrapes of 10 simulated seconds each (50 ms x 200): GPU 2 fails 150 simulated seconds in.
+    done = subprocess.run(
+        [FAULTCAST, "collect", "--source", "simulated", "--gpus", "4", "--no-prometheus", "--interval", "50ms",
+         "--speed", "200", "--scenario", "pcie:0:2:150s:120s", "--duration", "3s", "--table", "100ms"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    tables = done.stdout.split("\n\n")
+    rows_of_gpu2 = [line for table in tables for line in table.splitlines() if line.startswith("  2 ")]
+    assert rows_of_gpu2, done.stdout
+    replays = [float(line.split()[9]) for line in rows_of_gpu2]
+    assert replays[-1] > replays[0]  # the precursor: PCIe replays climb
+    assert "GPUs 3 (0 lost)" in done.stdout  # and after the failure GPU 2 is dark
