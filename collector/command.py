@@ -88,6 +88,13 @@ def add_parser(commands: Any) -> None:
     )
     sim.add_argument("--acceleration", type=float, default=1.0, help="multiply the twin's failure rates")
     sim.add_argument(
+        "--sim-start",
+        type=int,
+        metavar="UNIX_SECONDS",
+        help="the twin's start of time (default: now); give the offline run's start "
+        "(manifest.json, config.start_unix_s) to replay it sample for sample",
+    )
+    sim.add_argument(
         "--scenario",
         action="append",
         type=parse_scenario,
@@ -125,6 +132,7 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
     """One node of the fleet twin; each scrape advances its clock by interval x speed."""
     scenarios = [dataclasses.replace(s, node=args.sim_node) for s in args.scenario]
     return SimulatedSource(
+        start_unix_nano=None if args.sim_start is None else args.sim_start * 10**9,
         gpus=args.gpus,
         seed=args.seed,
         interval=args.interval * args.speed,
@@ -152,9 +160,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         prober = PeerProber([parse_peer(p) for p in args.peer]) if args.peer else None
         sources.append(NetworkSource(args.proc_root, args.sys_root, prober=prober))
+    if args.once and args.service:
+        print(
+            "faultcast: --service is ignored with --once (a single scrape is printed, not shipped)",
+            file=sys.stderr,
+        )
     spool = (
         Spool(args.spool or default_spool_path(args.node), max_samples=args.spool_max_samples)
-        if args.service
+        if args.service and not args.once
         else None
     )
     collector = NodeCollector(args.node, sources, spool=spool)

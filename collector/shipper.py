@@ -107,9 +107,15 @@ class Shipper:
                 self.stats.stream_failures += 1
                 self.stats.last_error = f"{exc.code().name}: {exc.details()}"
                 log.warning("telemetry stream to %s failed: %s", self.target, self.stats.last_error)
+            except Exception as exc:  # a spool or encoding fault must not end shipping for good
+                self.stats.stream_failures += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("shipping to %s failed; retrying", self.target)
             finally:
                 self.stats.connected = False
                 self._call = None
+                with self.spool.changed:
+                    self.spool.changed.notify_all()  # wake a flush waiting on this stream
             if self.spool.acked_through > acked_before:
                 delays = self.backoff.delays(self._rng)  # the service was reachable: start small again
             self._stop.wait(next(delays))
@@ -138,6 +144,7 @@ class Shipper:
         yield wire.hello(self.node, self.spool.spool_id)
         sent = self.spool.acked_through  # resend everything the service has not confirmed
         while not self._stop.is_set():
+            sent = max(sent, self.spool.acked_through)  # the service may already hold more than we sent
             room = self.window - (sent - self.spool.acked_through)
             batch = self.spool.read_after(sent, min(room, 64)) if room > 0 else []
             if not batch:

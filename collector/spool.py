@@ -38,7 +38,8 @@ class Spool:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a power cut must not roll back sequence numbers the service has already seen.
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         # One condition for "a sample was appended" and "an ack arrived": the shipper waits on both.
         self.changed = threading.Condition(threading.Lock())

@@ -2,8 +2,9 @@
 
 The exporter, the protobuf packing, the simulator and the model's features all derive from
 this module. A metric belongs to one scope (what entity it describes); within a scope the
-order of the catalogue is the order of the packed value arrays on the wire, so appending is
-safe and reordering changes `SCHEMA_HASH`.
+order of the catalogue is the order of the packed value arrays on the wire. Any change (adding,
+removing or reordering) changes `SCHEMA_HASH`, and collectors and services only talk when their
+hashes agree: bump CATALOGUE_VERSION with it and upgrade both sides.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         # Highest sequence stored per (node, spool id): what makes a replay after an outage exact.
         self._last: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
+        # One lock per (node, spool): check, store and advance happen together even when an old
+        # stream of the same collector is still draining during its reconnect.
+        self._key_locks: dict[tuple[str, int], threading.Lock] = {}
 
     def Push(  # noqa: N802 (gRPC method name)
         self, request_iterator: Iterator[pb.PushRequest], context: grpc.ServicerContext
@@ -58,30 +61,34 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                 self.rejects["repeated_hello"] += 1
                 continue
             rejection = self._accept(key, request.sample)
-            with self._lock:
-                acked = self._last.get(key, 0)
+            acked = self._last.get(key, 0)
             yield pb.PushAck(acked_through=acked, rejections=[rejection] if rejection else [])
 
     def _accept(self, key: tuple[str, int], sample: pb.NodeSample) -> pb.Rejection | None:
         with self._lock:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
             last = self._last.get(key, 0)
-            if sample.sequence <= last:
+            if sample.sequence <= last and sample.sequence != 0:
                 self.duplicates += 1
                 return None
-        reason = ""
-        if sample.node != key[0]:
-            reason = f"sample names node {sample.node!r} on a stream opened by {key[0]!r}"
-            self.rejects["wrong_node"] += 1
-        else:
-            try:
-                snapshot = wire.from_proto(sample)
-            except wire.WireError as exc:
-                reason = str(exc)
-                self.rejects["malformed"] += 1
+            reason = ""
+            if sample.sequence == 0:
+                reason = "sequence 0: collectors number samples from 1"
+                self.rejects["no_sequence"] += 1
+            elif sample.node != key[0]:
+                reason = f"sample names node {sample.node!r} on a stream opened by {key[0]!r}"
+                self.rejects["wrong_node"] += 1
             else:
-                self.sink(snapshot)
-        with self._lock:
-            self._last[key] = sample.sequence  # a rejected sample is acked too: resending cannot fix it
+                try:
+                    snapshot = wire.from_proto(sample)
+                except wire.WireError as exc:
+                    reason = str(exc)
+                    self.rejects["malformed"] += 1
+                else:
+                    self.sink(snapshot)
+            # A rejected sample is acked too: resending cannot fix it.
+            self._last[key] = max(last, sample.sequence)
         if reason:
             log.warning("rejected sample %d from %s: %s", sample.sequence, key[0], reason)
             return pb.Rejection(sequence=sample.sequence, reason=reason)

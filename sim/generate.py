@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 import math
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +52,13 @@ def narrow_gauges(values: np.ndarray, wide: np.ndarray) -> np.ndarray:
 
 _APP_XIDS = np.array([13, 31, 43])  # application errors: common, harmless to the hardware
 _NVLINK_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+
+# How long the collector reports a GPU that fell off the bus before the node is drained.
+_LOST_REPORTED_S = 600.0
+_KEPT_WHEN_LOST = np.array(
+    [m.name.startswith("xid_") or m.name in ("nvml_call_seconds", "nvml_slowest_call_seconds", "nvml_failed_calls",
+                                             "nvml_unsupported_fields", "gpu_lost") for m in metrics_for(Scope.GPU)]
+)  # fmt: skip
 
 # Healthy-noise knobs.
 _NVML_CALL_S = 0.0022  # NVML time per GPU per scrape on a healthy node
@@ -115,14 +124,20 @@ class NodeChunk:
     peer_values: np.ndarray  # (T, Q, metrics)
     host_values: np.ndarray  # (T, metrics)
     node_present: np.ndarray  # (T,) bool
-    notes: list[str] = field(default_factory=list)
+    gpu_lost: np.ndarray  # (T, G) bool: the row reports a GPU that fell off the bus
 
 
 class _Streams:
+    """A chunk's random streams. A signal whose rate depends on the schedule (a Poisson count) gets
+    a stream of its own, so injecting a failure mid-chunk cannot shift any other signal's draws,
+    and draws always have the full chunk's shape, so a shorter last chunk is a prefix of a longer."""
+
     def __init__(self, seed: int, node: int, chunk: int) -> None:
         self.seed, self.node, self.chunk = seed, node, chunk
 
-    def __call__(self, key: int) -> np.random.Generator:
+    def __call__(self, key: int | str) -> np.random.Generator:
+        if isinstance(key, str):
+            key = 100_000 + zlib.crc32(key.encode())
         return rng(self.seed, Stream.CHUNK, self.node, self.chunk, key)
 
 
@@ -160,29 +175,52 @@ def _per_step(rate_per_min: np.ndarray | float, dt_min: float) -> np.ndarray:
 
 
 def _episodes(
-    r: np.random.Generator, shape: tuple[int, ...], p_start: float, steps: tuple[int, int]
+    r: np.random.Generator, shape: tuple[int, ...], p_start: float, steps: tuple[int, int], extend: int = 0
 ) -> np.ndarray:
-    """Boolean episodes: start with probability p_start per step, last a uniform number of steps."""
+    """Boolean episodes: start with probability p_start per step, last a uniform number of steps.
+    With `extend`, the result is that many steps longer, to see episodes running past the end."""
     starts = r.random(shape) < p_start
     lengths = r.integers(steps[0], steps[1] + 1, shape)
-    out = np.zeros(shape, dtype=bool)
+    out = np.zeros((shape[0] + extend, *shape[1:]), dtype=bool)
     for index in zip(*np.nonzero(starts), strict=True):
         i = index[0]
         out[(slice(i, i + int(lengths[index])), *index[1:])] = True
     return out
 
 
+def _spilled(
+    stream: Callable[[int], np.random.Generator],
+    chunk: int,
+    shape: tuple[int, ...],
+    draw: Callable[..., np.ndarray],
+) -> np.ndarray:
+    """`draw(generator, shape, extend)` for this chunk, combined with the previous chunk's episodes
+    that run past its end: an episode that starts near a chunk's end goes on into the next."""
+    current = draw(stream(chunk), shape, 0)
+    if chunk == 0:
+        return current
+    tail = draw(stream(chunk - 1), shape, shape[0])[shape[0] :]
+    return current | tail if current.dtype == bool else np.minimum(current, tail)
+
+
+_PHASES = ((25 * 60, (60, 180), 0.45), (4 * 3600, (300, 720), 0.65), (90 * 60, (120, 300), 0.06))
+
+
 def _phases(config: FleetConfig, node: int, chunk: int, t: np.ndarray, busy: np.ndarray) -> np.ndarray:
     """Utilization target per step, shared by the pod's nodes: training with dips, evals and stalls."""
     pod = node // config.nodes_per_job_pod
-    r = rng(config.seed, Stream.PHASES, pod, chunk)
-    target = np.full(t.shape, 0.97)
     dt = config.interval_s
-    # (mean period, duration range in seconds, utilization during the phase)
-    for period, (lo, hi), level in ((25 * 60, (60, 180), 0.45), (4 * 3600, (300, 720), 0.65),
-                                    (90 * 60, (120, 300), 0.06)):  # fmt: skip
-        steps = (max(1, round(lo / dt)), max(1, round(hi / dt)))
-        target = np.where(_episodes(r, t.shape, dt / period, steps), np.minimum(target, level), target)
+
+    def draw(r: np.random.Generator, shape: tuple[int, ...], extend: int = 0) -> np.ndarray:
+        target = np.full((shape[0] + extend,), 0.97)
+        # (mean period, duration range in seconds, utilization during the phase)
+        for period, (lo, hi), level in _PHASES:
+            steps = (max(1, round(lo / dt)), max(1, round(hi / dt)))
+            on = _episodes(r, shape, dt / period, steps, extend)
+            target = np.where(on, np.minimum(target, level), target)
+        return target
+
+    target = _spilled(lambda c: rng(config.seed, Stream.PHASES, pod, c), chunk, t.shape, draw)
     return np.where(busy, target, 0.0)
 
 
@@ -265,7 +303,7 @@ def _precursor(fx: _Effects, f: Failure, r: np.random.Generator, dt_min: float) 
         assert g is not None
         fx.sbe_per_min[:, g] += window * (0.3 + s * 25.0 * np.expm1(4.0 * p) / math.expm1(4.0))
         fx.remap_p[:, g] += window * _per_step(s * (0.02 + 0.6 * p**2), dt_min)
-        fx.pending[:, g] |= window & (p > r.uniform(0.25, 0.75))
+        fx.pending[:, g] |= window & (p > 0.25 + 0.5 * f.draws[1])
         fx.xid92_p[:, g] += window * (fx.sbe_per_min[:, g] > 8.0) * _per_step(0.1, dt_min)
     elif f.mode == "cooling":
         assert g is not None
@@ -283,36 +321,42 @@ def _precursor(fx: _Effects, f: Failure, r: np.random.Generator, dt_min: float) 
     elif f.mode == "pcie":
         assert g is not None
         fx.pcie_per_min[:, g] += s * (0.2 * p + 25.0 * p**2)
-        if r.random() < 0.7:
-            fx.width_down[:, g] |= window & (p > r.uniform(0.45, 0.9))
-        if r.random() < 0.35:
-            fx.gen_down[:, g] |= window & (p > r.uniform(0.5, 0.95))
+        if f.draws[2] < 0.7:
+            fx.width_down[:, g] |= window & (p > 0.45 + 0.45 * f.draws[3])
+        if f.draws[4] < 0.35:
+            fx.gen_down[:, g] |= window & (p > 0.5 + 0.45 * f.draws[5])
     elif f.mode == "detachment":
         assert g is not None
         fx.nvml_slow[:, g] *= 1.0 + 40.0 * s * p**3
         fx.nvml_fail_per_min[:, g] += 3.0 * s * p**2
         fx.missing[:, g] += np.minimum(0.6, 0.5 * s * p**2)
     elif f.mode == "infiniband":
-        port = int(r.integers(0, fx.p))
+        port = min(int(f.draws[0] * fx.p), fx.p - 1)
         fx.ib_symbol_per_min[:, port] += s * (2.0 * p + 150.0 * p**2)
         fx.ib_recovery_per_min[:, port] += s * 0.4 * p**3
         fx.ib_ack_timeout_per_min[:, port] += s * 5.0 * p**2
         fx.rtt *= 1.0 + 3.0 * s * p**2
-        fx.rtt_tail *= 1.0 + 15.0 * s * p**2
+        fx.rtt_tail *= (1.0 + 15.0 * s * p**2) / (1.0 + 3.0 * s * p**2)  # p99 grows 16x in all, p50 4x
         fx.loss += np.minimum(0.5, 0.08 * s * p**3)
         fx.retrans_per_min += s * 50.0 * p**2
 
 
-def _confounders(
-    fx: _Effects, traits: NodeTraits, r: np.random.Generator, dt: float, busy: np.ndarray
-) -> np.ndarray:
+def _confounders(fx: _Effects, traits: NodeTraits, rs: _Streams, dt: float, busy: np.ndarray) -> np.ndarray:
     """Healthy events that look like trouble and are followed by nothing. Returns app-Xid codes (T, G)."""
     n, g = fx.clock.shape
     day = 86_400.0
+    r = rs(_Key.CONFOUNDERS)
     fx.sbe_per_min += traits.steady_sbe_per_min
     # Transient power-cap throttling, 2-10 minutes, about once a day per GPU while busy.
+    cap_steps = (max(1, round(120 / dt)), max(1, round(600 / dt)))
+
+    def cap(gen: np.random.Generator, shape: tuple[int, ...], extend: int) -> np.ndarray:
+        return _episodes(gen, shape, dt / day, cap_steps, extend)
+
+    streams = _Streams(rs.seed, rs.node, 0)
     fx.cap |= (
-        _episodes(r, (n, g), dt / day, (max(1, round(120 / dt)), max(1, round(600 / dt)))) & busy[:, None]
+        _spilled(lambda c: _Streams(streams.seed, streams.node, c)("cap"), rs.chunk, (n, g), cap)
+        & busy[:, None]
     )
     # Short NVLink and PCIe error bursts after which nothing happens.
     fx.nvlink_burst += (r.random((n, g)) < dt / (3 * day)) * r.integers(5, 50, (n, g))
@@ -333,9 +377,12 @@ def generate_chunk(
             f"node {traits.index}: chunk {chunk} asked for, but the state is at chunk {state.chunks_done}"
         )
     first = chunk * config.chunk_steps
-    n = min(config.chunk_steps, config.steps - first)
-    if n <= 0:
+    rows = min(config.chunk_steps, config.steps - first)
+    if rows <= 0:
         raise ValueError(f"chunk {chunk} is past the horizon ({config.steps} steps)")
+    # Always a whole chunk, cut to the horizon at the end: a short last chunk is then exactly the
+    # start of the same chunk in a longer run (the live source's).
+    n = config.chunk_steps
     g, gen, dt = config.gpus_per_node, traits.generation, config.interval_s
     dt_min = dt / 60.0
     t = (first + np.arange(n)) * dt
@@ -350,9 +397,17 @@ def generate_chunk(
     gpu_return = np.zeros((n, g), dtype=bool)
     swapped = np.zeros((n, g), dtype=bool)
     replacements = np.zeros((n, g), dtype=np.int64)
+    # A GPU that falls off the bus (Xid 79) is reported lost by the collector until the node is
+    # drained; other failures (a DBE, Xid 74, a firmware fault) take the GPU out of service at once.
+    lost = np.zeros((n, g), dtype=bool)
+    lost_at = np.zeros((n, g), dtype=np.int64)  # the Xid the collector sees when the GPU goes
     for gpu in range(g):
         own = schedule.gpu_failures(gpu)
         gpu_dark[:, gpu] |= in_windows(t, [(f.fail_s, f.return_s) for f in own])
+        for f in own:
+            if f.xid == 79:
+                lost[:, gpu] |= in_windows(t, [(f.fail_s, min(f.fail_s + _LOST_REPORTED_S, f.return_s))])
+                lost_at[:, gpu] += _first_steps(t, dt, [f.fail_s]) * f.xid
         gpu_return[:, gpu] = _first_steps(t, dt, [f.return_s for f in own])
         swapped[:, gpu] = _first_steps(t, dt, [f.return_s for f in own if f.spec.replaced])
         for f in own:
@@ -371,12 +426,13 @@ def generate_chunk(
     inlet = traits.rack_inlet_c + ambient_c(config.start_unix_s + t)
 
     fx = _Effects(t, g, config.ib_ports)
-    for position, failure in enumerate(schedule.failures):
+    for failure in schedule.failures:
         if failure.lead_s > 0 and failure.precursor_start_s <= t[-1] and failure.fail_s > t[0]:
-            _precursor(fx, failure, rs(_Key.EVENT + position), dt_min)
+            # Keyed by the failure itself: adding another failure cannot change this one's draws.
+            _precursor(fx, failure, rs(f"event:{failure.gpu}:{round(failure.fail_s * 1000)}"), dt_min)
     app_xids = np.zeros((n, g), dtype=np.int64)
     if config.confounders:
-        app_xids = _confounders(fx, traits, rs(_Key.CONFOUNDERS), dt, busy)
+        app_xids = _confounders(fx, traits, rs, dt, busy)
 
     power = power + power_jitter * (1.0 + fx.power_noise)
     temp = (
@@ -400,11 +456,11 @@ def generate_chunk(
 
     # -- counters ----------------------------------------------------------------------------
     alive = ~gpu_dark
-    cr = rs(_Key.COUNTERS)
+    reporting = alive | lost  # the collector still counts Xids and failed calls for a lost GPU
     v: dict[str, np.ndarray] = {}
 
-    def counter(name: str, inc: np.ndarray, reset: np.ndarray) -> np.ndarray:
-        values, state.gpu[name] = _cumulate(state.gpu[name], inc * alive, reset)
+    def counter(name: str, inc: np.ndarray, reset: np.ndarray, mask: np.ndarray = alive) -> np.ndarray:
+        values, state.gpu[name] = _cumulate(state.gpu[name], inc * mask, reset)
         v[name] = values
         return values
 
@@ -418,16 +474,23 @@ def generate_chunk(
     remaps = (rs(_Key.REMAP).random((n, g)) < fx.remap_p).astype(np.float64)
     counter("remapped_rows_correctable", remaps, aggregate_reset)
     counter("remapped_rows_uncorrectable", np.zeros((n, g)), aggregate_reset)
-    counter("pcie_replay", _poisson(cr, fx.pcie_per_min, dt_min) + fx.pcie_burst, volatile_reset)
+    counter(
+        "pcie_replay", _poisson(rs("pcie_replay"), fx.pcie_per_min, dt_min) + fx.pcie_burst, volatile_reset
+    )
     links = gen.nvlinks
     for k, kind in enumerate(_NVLINK_KINDS):
-        worst_inc = _poisson(cr, fx.nvlink_per_min[k], dt_min) + (fx.nvlink_burst if k == 0 else 0.0)
-        others_inc = _poisson(cr, np.full((n, g), 2e-4 * (links - 1)), dt_min)
+        worst_inc = _poisson(rs(f"nvlink_{kind}"), fx.nvlink_per_min[k], dt_min) + (
+            fx.nvlink_burst if k == 0 else 0.0
+        )
+        others_inc = _poisson(rs(f"nvlink_{kind}_others"), np.full((n, g), 2e-4 * (links - 1)), dt_min)
         worst = counter(f"nvlink_{kind}_errors_worst_link", worst_inc, volatile_reset)
         others = counter(f"_nvlink_{kind}_others", others_inc, volatile_reset)
         v[f"nvlink_{kind}_errors"] = worst + others
         v[f"nvlink_{kind}_errors_worst_link"] = np.maximum(worst, np.ceil(others / max(links - 1, 1)))
-    counter("nvml_failed_calls", _poisson(cr, fx.nvml_fail_per_min, dt_min), reboot)
+    failed = (
+        _poisson(rs("nvml_failed"), fx.nvml_fail_per_min, dt_min) + lost
+    )  # a lost GPU fails its first call
+    counter("nvml_failed_calls", failed, reboot, reporting)
 
     # Xid events: at most one per GPU per step; the hardware's own win over application codes.
     xr = rs(_Key.XID)
@@ -435,9 +498,10 @@ def generate_chunk(
     xid = np.where(xr.random((n, g)) < fx.xid92_p, 92, xid)
     xid = np.where(remaps > 0, 63, xid)
     xid = np.where(alive, xid, 0)
+    xid = np.where(lost_at > 0, lost_at, xid)
     for code in TRACKED_XIDS:
-        counter(f"xid_{code}_events", (xid == code).astype(np.float64), reboot)
-    counter("xid_other_events", np.zeros((n, g)), reboot)
+        counter(f"xid_{code}_events", (xid == code).astype(np.float64), reboot, reporting)
+    counter("xid_other_events", np.zeros((n, g)), reboot, reporting)
     has = xid > 0
     last_idx = np.maximum.accumulate(np.where(has, np.arange(n)[:, None], -1), axis=0)
     xid_last = np.where(
@@ -495,11 +559,13 @@ def generate_chunk(
         if column is not None:
             gpu_values[:, :, column] = values
     narrow_gauges(gpu_values, GPU_WIDE)
+    # A lost GPU answers nothing: only the collector's own bookkeeping about it remains.
+    gpu_values[lost[:, :, None] & ~_KEPT_WHEN_LOST[None, None, :]] = np.nan
+    gpu_values[:, :, GPU_INDEX["gpu_lost"]] = lost
 
     # -- network -----------------------------------------------------------------------------
-    nr = rs(_Key.NETWORK)
     ib_values, iface_values, peer_values, host_values = _network(
-        config, traits, state, fx, nr, busy, node_return, node_dark
+        config, traits, state, fx, rs, busy, node_return, node_dark
     )
 
     # -- which rows exist ----------------------------------------------------------------------
@@ -507,11 +573,13 @@ def generate_chunk(
     lost_scrape = mr.random(n) < (_NODE_ROW_MISSING if config.confounders else 0.0)
     lost_gpu = mr.random((n, g)) < (_GPU_ROW_MISSING if config.confounders else 0.0) + fx.missing
     node_present = ~node_dark & ~lost_scrape
-    gpu_present = alive & ~lost_gpu & node_present[:, None]
+    gpu_present = (alive & ~lost_gpu | lost) & node_present[:, None]
 
     state.chunks_done += 1
-    return NodeChunk(traits.index, first, t, gpu_values, gpu_present, replacements, ib_values, iface_values,
-                     peer_values, host_values, node_present)  # fmt: skip
+    cut = slice(0, rows)
+    return NodeChunk(traits.index, first, t[cut], gpu_values[cut], gpu_present[cut], replacements[cut],
+                     ib_values[cut], iface_values[cut], peer_values[cut], host_values[cut], node_present[cut],
+                     lost[cut])  # fmt: skip
 
 
 def _network(
@@ -519,11 +587,12 @@ def _network(
     traits: NodeTraits,
     state: NodeState,
     fx: _Effects,
-    r: np.random.Generator,
+    rs: _Streams,
     busy: np.ndarray,
     reboot: np.ndarray,
     dark: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    r = rs(_Key.NETWORK)  # schedule-independent draws; every Poisson count has its own stream
     n, ports, dt = len(fx.t), config.ib_ports, config.interval_s
     dt_min = dt / 60.0
     alive = ~dark
@@ -539,19 +608,25 @@ def _network(
     data = load * _IB_PORT_BYTES_S * dt * r.uniform(0.9, 1.1, (n, ports))
     ib = {
         "ib_symbol_error": cum(
-            state.ib, "ib_symbol_error", _poisson(r, fx.ib_symbol_per_min, dt_min) + fx.ib_burst
+            state.ib,
+            "ib_symbol_error",
+            _poisson(rs("ib_symbol_error"), fx.ib_symbol_per_min, dt_min) + fx.ib_burst,
         ),
         "ib_link_downed": cum(state.ib, "ib_link_downed", np.zeros((n, ports))),
         "ib_link_error_recovery": cum(
             state.ib,
             "ib_link_error_recovery",
-            _poisson(r, fx.ib_recovery_per_min, dt_min) + (fx.ib_burst > 0),
+            _poisson(rs("ib_link_error_recovery"), fx.ib_recovery_per_min, dt_min) + (fx.ib_burst > 0),
         ),
         "ib_port_rcv_errors": cum(
-            state.ib, "ib_port_rcv_errors", _poisson(r, 0.4 * fx.ib_symbol_per_min, dt_min)
+            state.ib,
+            "ib_port_rcv_errors",
+            _poisson(rs("ib_port_rcv_errors"), 0.4 * fx.ib_symbol_per_min, dt_min),
         ),
         "ib_port_xmit_discards": cum(
-            state.ib, "ib_port_xmit_discards", _poisson(r, 0.2 * fx.ib_symbol_per_min + 0.002, dt_min)
+            state.ib,
+            "ib_port_xmit_discards",
+            _poisson(rs("ib_port_xmit_discards"), 0.2 * fx.ib_symbol_per_min + 0.002, dt_min),
         ),
         "ib_local_link_integrity_errors": cum(
             state.ib, "ib_local_link_integrity_errors", np.zeros((n, ports))
@@ -565,10 +640,14 @@ def _network(
         ),
         "ib_rnr_nak_retry_err": cum(state.ib, "ib_rnr_nak_retry_err", np.zeros((n, ports))),
         "ib_local_ack_timeout_err": cum(
-            state.ib, "ib_local_ack_timeout_err", _poisson(r, fx.ib_ack_timeout_per_min, dt_min)
+            state.ib,
+            "ib_local_ack_timeout_err",
+            _poisson(rs("ib_local_ack_timeout_err"), fx.ib_ack_timeout_per_min, dt_min),
         ),
         "ib_out_of_sequence": cum(
-            state.ib, "ib_out_of_sequence", _poisson(r, 0.01 * load * np.ones((n, ports)), dt_min)
+            state.ib,
+            "ib_out_of_sequence",
+            _poisson(rs("ib_out_of_sequence"), 0.01 * load * np.ones((n, ports)), dt_min),
         ),
         "ib_packet_seq_err": cum(state.ib, "ib_packet_seq_err", np.zeros((n, ports))),
         "ib_port_state": np.full((n, ports), 4.0),
@@ -589,7 +668,9 @@ def _network(
         "net_tx_packets": cum(state.iface, "net_tx_packets", np.round(eth_bytes / 950.0)[:, None]),
         "net_rx_errors": cum(state.iface, "net_rx_errors", np.zeros((n, 1))),
         "net_tx_errors": cum(state.iface, "net_tx_errors", np.zeros((n, 1))),
-        "net_rx_dropped": cum(state.iface, "net_rx_dropped", _poisson(r, np.full((n, 1), 0.001), dt_min)),
+        "net_rx_dropped": cum(
+            state.iface, "net_rx_dropped", _poisson(rs("net_rx_dropped"), np.full((n, 1), 0.001), dt_min)
+        ),
         "net_tx_dropped": cum(state.iface, "net_tx_dropped", np.zeros((n, 1))),
     }
     iface_values = narrow_gauges(np.stack([iface[m.name] for m in IF_METRICS], axis=-1), IF_WIDE)
@@ -612,7 +693,9 @@ def _network(
     sent = (800.0 + 4000.0 * busy) * dt
     host = {
         "tcp_retrans_segs": cum(
-            state.host, "tcp_retrans_segs", _poisson(r, (0.5 + fx.retrans_per_min)[:, None], dt_min)
+            state.host,
+            "tcp_retrans_segs",
+            _poisson(rs("tcp_retrans_segs"), (0.5 + fx.retrans_per_min)[:, None], dt_min),
         ),
         "tcp_out_segs": cum(state.host, "tcp_out_segs", np.round(sent * r.uniform(0.9, 1.1, n))[:, None]),
         "tcp_in_errs": cum(state.host, "tcp_in_errs", np.zeros((n, 1))),

@@ -74,7 +74,7 @@ class TwinSource:
         traits = self.node.traits
         gpus = tuple(
             GpuReading(g, self.node.uuid(g, int(chunk.replacements[k, g])), traits.generation.model_name,
-                       tuple(chunk.gpu_values[k, g].tolist()))
+                       tuple(chunk.gpu_values[k, g].tolist()), lost=bool(chunk.gpu_lost[k, g]))
             for g in range(config.gpus_per_node)
             if chunk.gpu_present[k, g]
         )  # fmt: skip

@@ -42,7 +42,7 @@ _M = 60.0
 MODES: tuple[ModeSpec, ...] = (
     ModeSpec("hbm_wear", Level.GPU, 72 / _LLAMA3_GPU_DAYS, 90 * _M, 0.6, 30 * _H, True,
              ((48, 0.5), (94, 0.3), (95, 0.2)), True,
-             "HBM wear: rising correctable (SBE) error rate, pending row remaps and retired pages, "
+             "HBM wear: rising correctable (SBE) error rate, correctable row remaps and a pending remap, "
              "Xid 63/92, then a double-bit error (Xid 48/94/95)"),
     ModeSpec("cooling", Level.GPU, 12 / _LLAMA3_GPU_DAYS, 60 * _M, 0.5, 18 * _H, True,
              ((79, 1.0),), True,

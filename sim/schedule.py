@@ -37,6 +37,9 @@ class Failure:
     downtime_s: float
     xid: int
     scripted: bool = False
+    # Uniform draws fixed for the failure's whole life (which IB port degrades, when a remap turns
+    # pending, whether and when a PCIe link downtrains), so chunk boundaries cannot change them.
+    draws: tuple[float, ...] = (0.5, 0.5, 0.5, 0.5, 0.5, 0.5)
 
     @property
     def precursor_start_s(self) -> float:
@@ -105,7 +108,8 @@ def _draw(
     downtime = _lognormal(r, spec.downtime_median_s, 0.5)
     codes, probs = zip(*spec.xids, strict=True)
     xid = int(r.choice(codes, p=np.asarray(probs) / sum(probs)))
-    return Failure(node, gpu, spec.name, fail_s, lead, strength, downtime, xid)
+    draws = tuple(float(u) for u in r.random(6))
+    return Failure(node, gpu, spec.name, fail_s, lead, strength, downtime, xid, draws=draws)
 
 
 def _arrivals(
@@ -159,15 +163,19 @@ def _overlaps(f: Failure, s: Failure) -> bool:
 
 
 def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] = ()) -> NodeSchedule:
-    r = rng(config.seed, Stream.SCHEDULE, node)
+    """Each target (the node, each GPU, the reloads) draws from its own stream, so what happens
+    before any moment does not depend on the horizon: a longer run extends a shorter one."""
     accel = config.acceleration if config.failures else 0.0
     horizon = config.horizon_s
     node_specs = [m for m in MODES if m.level is Level.NODE]
     gpu_specs = [m for m in MODES if m.level is Level.GPU]
-    node_level = _arrivals(r, node_specs, accel, horizon, (), node, None)
+    node_level = _arrivals(
+        rng(config.seed, Stream.SCHEDULE, node, 0), node_specs, accel, horizon, (), node, None
+    )
     blocked = [(f.fail_s, f.return_s) for f in node_level]
     failures = list(node_level)
     for gpu in range(config.gpus_per_node):
+        r = rng(config.seed, Stream.SCHEDULE, node, 1 + gpu)
         failures.extend(_arrivals(r, gpu_specs, accel, horizon, blocked, node, gpu))
 
     scripted = []
@@ -177,14 +185,18 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
         spec = BY_NAME[s.mode]
         lead = 0.0 if not spec.predictable else (spec.lead_median_s if s.lead_s is None else s.lead_s)
         xid = spec.xids[0][0]
+        draws = tuple(
+            float(u) for u in rng(config.seed, Stream.SCHEDULE, node, 20_000, round(s.fail_s)).random(6)
+        )
         scripted.append(Failure(node, s.gpu, s.mode, s.fail_s, min(lead, s.fail_s), s.strength,
-                                spec.downtime_median_s, xid, scripted=True))  # fmt: skip
+                                spec.downtime_median_s, xid, scripted=True, draws=draws))  # fmt: skip
     # A scripted failure wins over random ones that would overlap it on the same GPU or node.
     failures = [f for f in failures if not any(_overlaps(f, s) for s in scripted)] + scripted
     failures.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))
 
     reloads: list[float] = []
     if config.confounders:
+        r = rng(config.seed, Stream.SCHEDULE, node, 10_000)
         t = float(r.exponential(86_400.0 / _RELOADS_PER_NODE_DAY))
         while t < horizon:
             reloads.append(t)

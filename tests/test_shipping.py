@@ -167,3 +167,41 @@ def test_a_stream_without_hello_or_with_another_schema_gets_a_clear_status(colle
     assert "PushHello" in str(no_hello.value.details())
     assert mismatch.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "schema" in str(mismatch.value.details())
+
+
+def test_two_streams_of_one_collector_never_store_a_sample_twice(collector: NodeCollector) -> None:
+    # During a reconnect the old stream may still be draining while the new one resends.
+    assert collector.spool is not None
+    received = Received()
+    servicer = TelemetryServicer(received)
+    server, port = create_server(servicer)
+    for _ in range(200):
+        collector.scrape()
+    samples = [pb.NodeSample.FromString(p) for _, p in collector.spool.read_after(0, 500)]
+    hello = wire.hello("node-a", collector.spool.spool_id)
+    stream = [hello, *(pb.PushRequest(sample=s) for s in samples)]
+    results: list[list[pb.PushAck]] = []
+    threads = [threading.Thread(target=lambda: results.append(_push(port, stream))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    server.stop(grace=None)
+    assert sorted(received.sequences) == list(range(1, 201))
+    assert servicer.duplicates == 200
+    assert all(acks[-1].acked_through == 200 for acks in results)
+
+
+def test_a_sample_without_a_sequence_is_rejected_with_the_reason(collector: NodeCollector) -> None:
+    received = Received()
+    servicer = TelemetryServicer(received)
+    server, port = create_server(servicer)
+    try:
+        sample = wire.to_proto(collector.scrape())
+        sample.sequence = 0
+        acks = _push(port, [wire.hello("node-a", 7), pb.PushRequest(sample=sample)])
+    finally:
+        server.stop(grace=None)
+    assert received.sequences == []
+    assert servicer.rejects == {"no_sequence": 1}
+    assert "sequence 0" in acks[0].rejections[0].reason

@@ -1,0 +1,193 @@
+"""The alert policy, and event-level scoring of alerts against a failure log.
+
+Policy (shared by threshold selection, evaluation and the service): an alert opens on a GPU when
+its risk has been at or above the threshold for `k` consecutive scores and no alert is open there;
+it closes when the risk stays below the threshold for `clear_steps` scores, when the GPU goes
+dark, or when `horizon` has passed since it opened (the prediction "within the horizon" has
+expired; if the risk is still high a new alert opens). Thresholds are evaluated side by side, so
+choosing one is a single pass over the scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True, slots=True)
+class AlertPolicy:
+    k: int = 2
+    clear_steps: int = 10
+    horizon_s: float = 1800.0
+
+
+def alert_starts(
+    risk: np.ndarray, present: np.ndarray, thresholds: Sequence[float], policy: AlertPolicy, cadence_s: float
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each threshold, the (step, slot) where alerts open. risk, present: (steps, slots)."""
+    thr = np.asarray(thresholds, dtype=np.float64)[:, None]
+    c, s = len(thr), risk.shape[1]
+    above_run = np.zeros((c, s), dtype=np.int64)
+    below_run = np.zeros((c, s), dtype=np.int64)
+    opened = np.full((c, s), -1, dtype=np.int64)
+    expire = max(1, round(policy.horizon_s / cadence_s))
+    starts: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(c)]
+    for t in range(risk.shape[0]):
+        here = present[t][None, :]
+        r = np.where(np.isnan(risk[t]), -np.inf, risk[t])[None, :]
+        above = (r >= thr) & here
+        above_run = np.where(here, np.where(above, above_run + 1, 0), above_run)
+        below_run = np.where(here, np.where(above, 0, below_run + 1), below_run)
+        is_open = opened >= 0
+        close = is_open & (~here | (below_run >= policy.clear_steps) | (t - opened >= expire))
+        opened = np.where(close, -1, opened)
+        new = (opened < 0) & (above_run >= policy.k) & here
+        if new.any():
+            opened = np.where(new, t, opened)
+            for ci in np.nonzero(new.any(axis=1))[0]:
+                starts[ci].append((t, np.nonzero(new[ci])[0]))
+    out = []
+    for per in starts:
+        if per:
+            steps = np.concatenate([np.full(len(slots), t) for t, slots in per])
+            slots = np.concatenate([slots for _, slots in per])
+        else:
+            steps, slots = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        out.append((steps, slots))
+    return out
+
+
+@dataclass(frozen=True)
+class ScoredPeriod:
+    """Scores of every present row of some nodes over a period, on the model's grid."""
+
+    times_s: np.ndarray  # (steps,) unix seconds
+    nodes: tuple[int, ...]  # dataset node indexes of the slots, in slot order / gpus_per_node
+    gpus_per_node: int
+    present: np.ndarray  # (steps, slots)
+    scores: dict[str, np.ndarray]  # method -> (steps, slots) risk (NaN where absent)
+    labels: np.ndarray  # (steps, slots) bool
+
+    @property
+    def gpu_days(self) -> float:
+        cadence = float(self.times_s[1] - self.times_s[0]) if len(self.times_s) > 1 else 60.0
+        return float(self.present.sum()) * cadence / 86_400.0
+
+    def slot_of(self, node: int, gpu: int) -> int:
+        return self.nodes.index(node) * self.gpus_per_node + gpu
+
+
+def _failures_in(period: ScoredPeriod, failures: pd.DataFrame) -> pd.DataFrame:
+    t0, t1 = float(period.times_s[0]), float(period.times_s[-1])
+    inside = failures[(failures["time_s"] > t0) & (failures["time_s"] <= t1 + 1e-9)]
+    return inside[inside["node"].isin(period.nodes)]
+
+
+def false_alarm_rate(
+    period: ScoredPeriod, failures: pd.DataFrame, starts: tuple[np.ndarray, np.ndarray], horizon_s: float
+) -> tuple[int, int, float]:
+    """(true alerts, false alerts, false alerts per 1,000 GPU-days)."""
+    steps, slots = starts
+    true = 0
+    g = period.gpus_per_node
+    by_target: dict[tuple[int, int], np.ndarray] = {}
+    for row in failures.itertuples(index=False):
+        by_target.setdefault((row.node, row.gpu), np.array([], dtype=np.float64))
+        by_target[(row.node, row.gpu)] = np.append(by_target[(row.node, row.gpu)], row.time_s)
+    for step, slot in zip(steps, slots, strict=True):
+        t = period.times_s[step]
+        node = period.nodes[slot // g]
+        fails = np.concatenate(
+            [by_target.get((node, int(slot % g)), np.zeros(0)), by_target.get((node, -1), np.zeros(0))]
+        )
+        if ((fails > t) & (fails <= t + horizon_s)).any():
+            true += 1
+    false = len(steps) - true
+    return true, false, 1000.0 * false / max(period.gpu_days, 1e-9)
+
+
+def event_metrics(
+    period: ScoredPeriod,
+    failures: pd.DataFrame,
+    starts: tuple[np.ndarray, np.ndarray],
+    horizon_s: float,
+    predictable: set[str],
+    score: np.ndarray,
+) -> dict[str, object]:
+    """Recall at 1 and 5 minutes' lead, lead times, false alarms, alert precision, PR-AUC."""
+    from sklearn.metrics import average_precision_score
+
+    g = period.gpus_per_node
+    steps, slots = starts
+    alert_times = period.times_s[steps] if len(steps) else np.zeros(0)
+    inside = _failures_in(period, failures)
+    leads: list[float] = []
+    caught1 = caught5 = caught5_predictable = predictable_total = 0
+    by_mode: dict[str, list[int]] = {}
+    for row in inside.itertuples(index=False):
+        base = period.nodes.index(row.node) * g
+        targets = np.arange(base, base + g) if row.gpu < 0 else np.array([base + row.gpu])
+        mine = np.isin(slots, targets)
+        window = mine & (alert_times >= row.time_s - horizon_s) & (alert_times < row.time_s)
+        lead = float(row.time_s - alert_times[window].min()) / 60.0 if window.any() else 0.0
+        hit1, hit5 = lead >= 1.0, lead >= 5.0
+        caught1 += hit1
+        caught5 += hit5
+        if row.mode in predictable:
+            predictable_total += 1
+            caught5_predictable += hit5
+        if hit1:
+            leads.append(lead)
+        by_mode.setdefault(row.mode, [0, 0])
+        by_mode[row.mode][0] += hit5
+        by_mode[row.mode][1] += 1
+    true, false, fa_rate = false_alarm_rate(period, failures, starts, horizon_s)
+    n = len(inside)
+    present = period.present
+    labelled = period.labels[present]
+    scored = np.nan_to_num(score[present], nan=0.0)
+    pr_auc = float(average_precision_score(labelled, scored)) if labelled.any() else float("nan")
+    return {
+        "recall_1min": caught1 / n if n else float("nan"),
+        "recall_5min": caught5 / n if n else float("nan"),
+        "recall_5min_predictable": caught5_predictable / predictable_total
+        if predictable_total
+        else float("nan"),
+        "median_lead_min": float(np.median(leads)) if leads else float("nan"),
+        "p10_lead_min": float(np.percentile(leads, 10)) if leads else float("nan"),
+        "false_alarms_per_1000_gpu_days": fa_rate,
+        "alert_precision": true / (true + false) if true + false else float("nan"),
+        "alerts": true + false,
+        "false_alarms": false,
+        "pr_auc": pr_auc,
+        "recall_by_mode": {mode: hits / total for mode, (hits, total) in sorted(by_mode.items())},
+    }
+
+
+def choose_threshold(
+    period: ScoredPeriod,
+    failures: pd.DataFrame,
+    method: str,
+    policy: AlertPolicy,
+    cadence_s: float,
+    budget_per_1000_gpu_days: float,
+) -> tuple[float, float]:
+    """The lowest threshold whose false alarms on `period` stay within the budget: (threshold, rate)."""
+    risk = period.scores[method]
+    finite = risk[period.present & ~np.isnan(risk)]
+    if finite.size == 0:
+        return 1.0, 0.0
+    candidates = np.unique(np.quantile(finite, np.linspace(0.90, 1.0, 201)))
+    candidates = np.unique(np.concatenate([candidates, np.unique(finite)[-200:]]))
+    starts = alert_starts(risk, period.present, candidates, policy, cadence_s)
+    best = (float(candidates[-1]) + 1e-12, 0.0)
+    for thr, start in sorted(zip(candidates, starts, strict=True), key=lambda x: -x[0]):
+        _, _, rate = false_alarm_rate(period, failures, start, policy.horizon_s)
+        if rate <= budget_per_1000_gpu_days:
+            best = (float(thr), rate)
+        else:
+            break
+    return best

@@ -1,0 +1,108 @@
+"""Scoring a period of data with the model and both baselines, and the held-out evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from faultcast.model.alerting import ScoredPeriod, alert_starts, event_metrics
+from faultcast.model.artifact import FaultModel
+from faultcast.model.dataset import Dataset, Labels, Step, replay
+from faultcast.model.rules import RulesBaseline
+
+WARMUP_S = 6 * 3600.0  # history fed to the engine before a scored period starts (windows, baselines)
+
+# Metrics that dcgm-exporter's default counter set does not export: ECC totals, retired pages and
+# NVLink error counters are shipped commented out; throttle reasons, Xid counts by code, NVML
+# health and network counters are not there at all. Only the last Xid (DCGM_FI_DEV_XID_ERRORS) is.
+DCGM_DEFAULT_MISSING: tuple[str, ...] = (
+    "ecc_sbe_volatile", "ecc_dbe_volatile", "nvlink_crc_flit_errors_worst_link", "nvlink_crc_data_errors",
+    "nvlink_replay_errors", "nvlink_recovery_errors", "throttle_hw_slowdown", "throttle_sw_thermal",
+    "throttle_hw_thermal", "throttle_hw_power_brake", "throttle_sw_power_cap", "row_remap_pending",
+    "nvml_call_seconds", "nvml_failed_calls", "nvml_unsupported_fields", "pcie_link_width", "pcie_link_gen",
+    *(f"xid_{c}_events" for c in (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)),
+    "ib_symbol_error", "ib_link_error_recovery", "ib_port_rcv_errors", "ib_local_ack_timeout_err",
+    "ib_link_downed", "ib_port_xmit_discards", "tcp_retrans_segs", "peer_rtt_p99_seconds", "peer_loss_ratio",
+    "ib_port_state",
+)  # fmt: skip
+
+
+@dataclass
+class _Collector:
+    """A sink that scores every present row of the period with every method."""
+
+    model: FaultModel
+    rules: RulesBaseline
+    labels: Labels
+    nodes: tuple[int, ...]
+    start_s: float
+    times: list[float]
+    present: list[np.ndarray]
+    scores: dict[str, list[np.ndarray]]
+    label_rows: list[np.ndarray]
+
+    def __call__(self, step: Step) -> None:
+        if step.time_s < self.start_s:
+            return
+        rows = step.present
+        for method in self.scores:
+            self.scores[method].append(np.full(len(rows), np.nan))
+        if rows.any():
+            x = step.features[rows]
+            self.scores["model"][-1][rows] = self.model.risk(x)
+            self.scores["logistic"][-1][rows] = self.model.logistic.predict(x)
+            self.scores["rules"][-1][rows] = self.rules.score(x)
+        positive, _, _ = self.labels.at(step.time_s, self.nodes, self.model.feature_config.gpus_per_node)
+        self.times.append(step.time_s)
+        self.present.append(rows.copy())
+        self.label_rows.append(positive & rows)
+
+
+def score_period(
+    dataset: Dataset,
+    model: FaultModel,
+    nodes: Sequence[int],
+    start_s: float,
+    end_s: float,
+    masked_inputs: Sequence[str] = (),
+) -> ScoredPeriod:
+    """Model, logistic and rules scores for every present row of `nodes` in [start_s, end_s)."""
+    sink = _Collector(
+        model, RulesBaseline(model.feature_names), Labels(model.horizon_s, dataset.failures), tuple(nodes),
+        start_s, [], [], {"model": [], "logistic": [], "rules": []}, [],
+    )  # fmt: skip
+    replay(dataset, model.feature_config, sink, nodes=nodes, start_s=start_s - WARMUP_S, end_s=end_s,
+           masked_inputs=masked_inputs)  # fmt: skip
+    return ScoredPeriod(
+        times_s=np.asarray(sink.times),
+        nodes=tuple(nodes),
+        gpus_per_node=model.feature_config.gpus_per_node,
+        present=np.asarray(sink.present),
+        scores={m: np.asarray(v) for m, v in sink.scores.items()},
+        labels=np.asarray(sink.label_rows),
+    )
+
+
+def evaluate_period(
+    period: ScoredPeriod, dataset: Dataset, model: FaultModel, predictable: set[str]
+) -> dict[str, Any]:
+    """Event-level metrics of each method at its own threshold (the rules: whenever one fires)."""
+    thresholds = {"model": model.threshold, "logistic": model.logistic_threshold, "rules": 0.5}
+    cadence = model.feature_config.cadence_s
+    policy = model.policy
+    out: dict[str, Any] = {}
+    failures = dataset.failures
+    for method, threshold in thresholds.items():
+        starts = alert_starts(period.scores[method], period.present, [threshold], policy, cadence)[0]
+        metrics = event_metrics(period, failures, starts, model.horizon_s, predictable, period.scores[method])
+        out[method] = {"threshold": threshold, **metrics}
+    return out
+
+
+def count_failures(period: ScoredPeriod, dataset: Dataset) -> int:
+    f = dataset.failures
+    t0, t1 = float(period.times_s[0]), float(period.times_s[-1])
+    return int(((f["time_s"] > t0) & (f["time_s"] <= t1) & f["node"].isin(period.nodes)).sum())

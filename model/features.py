@@ -1,0 +1,373 @@
+"""Streaming features: ONE implementation, used offline over a table and online per sample.
+
+The engine advances one step of a fixed time grid (the model's cadence) at a time and updates the
+state of every GPU slot at once, in numpy arrays indexed by slot (slot = node * gpus_per_node +
+gpu). Training drives it over the twin's files (`faultcast.model.dataset`); the service drives it
+with live samples resampled to the same grid (`faultcast.model.online`). Both call `update`, so a
+feature means the same thing in both places; tests/test_features.py replays a simulated week both
+ways and compares.
+
+Windows are in time (5, 15 and 60 minutes by default) and counters become rates per second, so a
+feature means the same at any cadence; the cadence is a parameter recorded with the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from faultcast.catalogue import TRACKED_XIDS
+
+# -- the raw inputs ------------------------------------------------------------------------------
+
+# Gauges summarised over windows (mean, std, min, max, slope, EWMA). thermal_residual and
+# pcie_width_deficit are derived below; the rest are catalogue columns.
+WINDOW_GAUGES = (
+    "gpu_temp", "memory_temp", "power_usage", "sm_clock", "gpu_util", "thermal_residual",
+    "nvml_call_seconds", "pcie_width_deficit",
+)  # fmt: skip
+# 0/1 states: the current value and the share of each window they were on.
+FLAGS = (
+    "throttle_hw_slowdown", "throttle_sw_thermal", "throttle_hw_thermal", "throttle_hw_power_brake",
+    "throttle_sw_power_cap", "row_remap_pending", "row_remap_failure",
+)  # fmt: skip
+_MEMORY_XIDS = (48, 63, 64, 92, 94, 95)
+# Counter groups: per-second rate now, and events per second over each window; robust to resets.
+RATES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("sbe", ("ecc_sbe_volatile",)),
+    ("dbe", ("ecc_dbe_volatile",)),
+    ("row_remap", ("remapped_rows_correctable", "remapped_rows_uncorrectable")),
+    ("pcie_replay", ("pcie_replay",)),
+    ("nvlink_crc_flit_worst", ("nvlink_crc_flit_errors_worst_link",)),
+    ("nvlink_crc_data", ("nvlink_crc_data_errors",)),
+    ("nvlink_replay", ("nvlink_replay_errors",)),
+    ("nvlink_recovery", ("nvlink_recovery_errors",)),
+    ("xid_memory", tuple(f"xid_{c}_events" for c in _MEMORY_XIDS)),
+    ("xid_nvlink", ("xid_74_events",)),
+    ("xid_bus", ("xid_79_events",)),
+    ("xid_gsp", ("xid_119_events", "xid_120_events")),
+    ("xid_app", ("xid_13_events", "xid_31_events", "xid_43_events")),
+    ("nvml_failed", ("nvml_failed_calls",)),
+)
+# The catalogue columns the engine reads, per GPU and per node (network.parquet's names).
+GPU_INPUTS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        ["gpu_temp", "memory_temp", "power_usage", "power_limit", "sm_clock", "gpu_util", "nvml_call_seconds",
+         "pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "nvml_unsupported_fields",
+         *FLAGS, *(c for _, cs in RATES for c in cs)]
+    )
+)  # fmt: skip
+NODE_RATES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ib_symbol_error", ("ib_symbol_error",)),
+    ("ib_link_error_recovery", ("ib_link_error_recovery",)),
+    ("ib_port_rcv_errors", ("ib_port_rcv_errors",)),
+    ("ib_local_ack_timeout", ("ib_local_ack_timeout_err",)),
+    ("ib_link_downed", ("ib_link_downed",)),
+    ("ib_xmit_discards", ("ib_port_xmit_discards",)),
+    ("tcp_retrans", ("tcp_retrans_segs",)),
+)
+NODE_GAUGES = ("peer_rtt_p99_seconds", "peer_loss_ratio", "ib_port_state")
+NODE_INPUTS: tuple[str, ...] = tuple(dict.fromkeys([*(c for _, cs in NODE_RATES for c in cs), *NODE_GAUGES]))
+assert set(_MEMORY_XIDS) <= set(TRACKED_XIDS)
+
+_BASELINE_TAU_S = 6 * 3600.0  # per-GPU thermal baseline: slow enough to let a 1 h drift show
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureConfig:
+    cadence_s: float = 60.0
+    windows_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
+    gpus_per_node: int = 8
+
+    def steps(self, seconds: float) -> int:
+        return max(1, round(seconds / self.cadence_s))
+
+    def window_steps(self) -> tuple[int, ...]:
+        return tuple(self.steps(w) for w in self.windows_s)
+
+    def label(self, seconds: float) -> str:
+        return f"{seconds / 60:g}m"
+
+
+class _Ring:
+    """The last `size` rows of an (n, s) series, stored twice so any recent span is one slice."""
+
+    def __init__(self, size: int, n: int, s: int, fill: float) -> None:
+        self.size = size
+        self.data = np.full((2 * size, n, s), fill)
+        self.pos = 0  # where the next row goes
+
+    def push(self, row: np.ndarray) -> None:
+        self.data[self.pos] = row
+        self.data[self.pos + self.size] = row
+        self.pos = (self.pos + 1) % self.size
+
+    def last(self, k: int) -> np.ndarray:
+        """The last k rows pushed, oldest first, as a view."""
+        end = self.pos + self.size
+        return self.data[end - k : end]
+
+    def ago(self, k: int) -> np.ndarray:
+        """The row pushed k pushes ago (k=1 is the newest)."""
+        return self.data[self.pos + self.size - k]
+
+    def fill_slots(self, slots: np.ndarray, value: np.ndarray | float) -> None:
+        self.data[:, slots] = value
+
+
+def _group_sum(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Sum of the group's columns per row; NaN only when every column is NaN."""
+    if len(idx) == 1:
+        return values[:, idx[0]]
+    part = values[:, idx]
+    return np.where(np.isnan(part).all(axis=1), np.nan, np.nansum(part, axis=1))
+
+
+def _nan_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.nan)
+
+
+class _Windowed:
+    """Mean, std, min, max, slope and EWMA over time windows for s series of n slots.
+
+    Sums come from running totals: a window's sum is the total now minus the total w steps ago,
+    O(1) per step whatever the window. Min and max scan the ring of raw values.
+    """
+
+    def __init__(self, n: int, s: int, windows: Sequence[int], cadence_s: float, full: bool) -> None:
+        self.windows = tuple(windows)
+        self.cadence_s = cadence_s
+        self.full = full  # False: only the window mean (flags)
+        size = max(self.windows) + 1
+        self.total = np.zeros((n, s, 3))  # running count, sum, sum of squares
+        self.totals = _Ring(size, n, s * 3, 0.0)
+        self.values = _Ring(size, n, s, math.nan)
+        self.ewma = np.full((len(self.windows), n, s), math.nan)
+        self.alpha = [1.0 - math.exp(-cadence_s / (w * cadence_s)) for w in self.windows]
+
+    def reset(self, slots: np.ndarray) -> None:
+        """Forget the history of these slots (a new GPU): their windows restart empty."""
+        self.totals.fill_slots(slots, self.total[slots].reshape(len(slots), -1))
+        self.values.fill_slots(slots, math.nan)
+        self.ewma[:, slots] = math.nan
+
+    def update(self, x: np.ndarray) -> list[np.ndarray]:
+        seen = ~np.isnan(x)
+        xv = np.where(seen, x, 0.0)
+        self.total += np.stack([seen, xv, xv * xv], axis=-1)
+        n, s = x.shape
+        self.totals.push(self.total.reshape(n, -1))
+        self.values.push(x)
+        out = []
+        for k, w in enumerate(self.windows):
+            diff = (self.totals.ago(1) - self.totals.ago(w + 1)).reshape(n, s, 3)
+            count, total, squares = diff[..., 0], diff[..., 1], diff[..., 2]
+            mean = _nan_div(total, count)
+            out.append(mean)
+            a = self.alpha[k]
+            e = self.ewma[k]
+            self.ewma[k] = np.where(seen, np.where(np.isnan(e), x, e + a * (x - e)), e)
+            if not self.full:
+                continue
+            var = np.maximum(_nan_div(squares, count) - mean * mean, 0.0)
+            recent = self.values.last(w)
+            half = max(1, w // 2)
+            new = (self.totals.ago(1) - self.totals.ago(half + 1)).reshape(n, s, 3)
+            old = (self.totals.ago(half + 1) - self.totals.ago(min(2 * half, w) + 1)).reshape(n, s, 3)
+            slope = (_nan_div(new[..., 1], new[..., 0]) - _nan_div(old[..., 1], old[..., 0])) / (
+                half * self.cadence_s
+            )
+            out += [np.sqrt(var), np.fmin.reduce(recent, axis=0), np.fmax.reduce(recent, axis=0), slope,
+                    self.ewma[k].copy()]  # fmt: skip
+        return out
+
+    def names(self, series: Sequence[str], label: Sequence[str]) -> list[str]:
+        out = []
+        for lab in label:
+            out += [f"{s}_mean_{lab}" for s in series]
+            if self.full:
+                for stat in ("std", "min", "max", "slope", "ewma"):
+                    out += [f"{s}_{stat}_{lab}" for s in series]
+        return out
+
+
+class _Rates:
+    """Counter groups as rates per second, robust to resets and gaps, plus per-window rates."""
+
+    def __init__(self, n: int, groups: Sequence[tuple[str, tuple[str, ...]]], columns: Sequence[str],
+                 windows: Sequence[int], cadence_s: float) -> None:  # fmt: skip
+        self.cadence_s = cadence_s
+        self.windows = tuple(windows)
+        self.column_index = [np.array([list(columns).index(c) for c in cs]) for _, cs in groups]
+        c = len(columns)
+        self.last = np.full((n, c), math.nan)
+        self.last_step = np.full((n, c), -1, dtype=np.int64)
+        g = len(groups)
+        self.total = np.zeros((n, g))
+        self.totals = _Ring(max(self.windows) + 1, n, g, 0.0)
+
+    def reset(self, slots: np.ndarray) -> None:
+        self.last[slots] = math.nan
+        self.last_step[slots] = -1
+        self.totals.fill_slots(slots, self.total[slots])
+
+    def update(self, step: int, x: np.ndarray) -> list[np.ndarray]:
+        seen = ~np.isnan(x)
+        delta = x - self.last
+        delta = np.where(delta < 0, x, delta)  # a counter reset (driver reload): it restarted from zero
+        elapsed = (step - self.last_step) * self.cadence_s
+        known = seen & ~np.isnan(self.last)
+        rate = np.where(known, delta / np.where(known, elapsed, 1.0), np.nan)
+        inc = np.where(known, delta, 0.0)
+        self.last = np.where(seen, x, self.last)
+        self.last_step = np.where(seen, step, self.last_step)
+        group_rate = np.stack([_group_sum(rate, idx) for idx in self.column_index], axis=1)
+        group_inc = np.stack([inc[:, idx].sum(axis=1) for idx in self.column_index], axis=1)
+        self.total += group_inc
+        self.totals.push(self.total)
+        out = [group_rate]
+        for w in self.windows:
+            out.append((self.totals.ago(1) - self.totals.ago(w + 1)) / (w * self.cadence_s))
+        return out
+
+    @staticmethod
+    def names(groups: Sequence[tuple[str, tuple[str, ...]]], labels: Sequence[str]) -> list[str]:
+        out = [f"{name}_rate" for name, _ in groups]
+        for lab in labels:
+            out += [f"{name}_rate_{lab}" for name, _ in groups]
+        return out
+
+
+@dataclass
+class _Block:
+    names: list[str] = field(default_factory=list)
+    arrays: list[np.ndarray] = field(default_factory=list)
+
+
+class FeatureEngine:
+    """Per-slot streaming state for `nodes` nodes of `config.gpus_per_node` GPUs."""
+
+    def __init__(self, config: FeatureConfig, nodes: int) -> None:
+        self.config = config
+        self.nodes = nodes
+        g = config.gpus_per_node
+        n = nodes * g
+        self.slots = n
+        windows = config.window_steps()
+        labels = [config.label(w) for w in config.windows_s]
+        self._col = {name: i for i, name in enumerate(GPU_INPUTS)}
+        self._node_col = {name: i for i, name in enumerate(NODE_INPUTS)}
+        self._gauges = _Windowed(n, len(WINDOW_GAUGES), windows, config.cadence_s, full=True)
+        self._flags = _Windowed(n, len(FLAGS), windows[1:], config.cadence_s, full=False)
+        self._rates = _Rates(n, RATES, GPU_INPUTS, windows, config.cadence_s)
+        self._node_rates = _Rates(nodes, NODE_RATES, NODE_INPUTS, windows, config.cadence_s)
+        self._node_gauges = _Windowed(nodes, len(NODE_GAUGES), windows[1:2], config.cadence_s, full=True)
+        self._present = _Windowed(n, 1, windows, config.cadence_s, full=False)
+        self._last_seen = np.full(n, -1, dtype=np.int64)
+        # Per-GPU thermal baseline: EWMA regression of temperature on power.
+        self._base = np.full((n, 4), math.nan)  # mean power, mean temp, var power, cov
+        self._base_alpha = 1.0 - math.exp(-config.cadence_s / _BASELINE_TAU_S)
+
+        names = ["is_h100", "power_limit"]
+        names += [f"{s}_now" for s in WINDOW_GAUGES]
+        names += self._gauges.names(WINDOW_GAUGES, labels)
+        names += [f"{s}_now" for s in FLAGS]
+        names += self._flags.names(FLAGS, labels[1:])
+        names += _Rates.names(RATES, labels)
+        names += ["pcie_gen_deficit", "unsupported_fields", "missing_inputs", "seconds_since_last_sample"]
+        names += [f"missing_share_{lab}" for lab in labels]
+        names += [
+            f"{s}_vs_node" for s in ("gpu_temp", "memory_temp", "power_usage", "thermal_residual", "gpu_util")
+        ]
+        names += [f"node_{n}" for n in _Rates.names(NODE_RATES, labels)]
+        names += [f"node_{n}" for n in self._node_gauges.names(NODE_GAUGES, labels[1:2])]
+        names += [f"node_{s}_now" for s in NODE_GAUGES]
+        self.names: tuple[str, ...] = tuple(names)
+
+    @property
+    def schema_hash(self) -> str:
+        return feature_schema_hash(self.names, self.config)
+
+    def reset_slots(self, slots: np.ndarray) -> None:
+        """A different GPU now sits in these slots (replaced): its history starts over."""
+        if len(slots) == 0:
+            return
+        for part in (self._gauges, self._flags, self._present):
+            part.reset(slots)
+        self._rates.reset(slots)
+        self._last_seen[slots] = -1
+        self._base[slots] = math.nan
+
+    def update(self, step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
+        """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this
+        step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,). Returns (slots, features); rows of
+        absent GPUs are computed too but mean little (callers keep the present ones)."""
+        g = self.config.gpus_per_node
+        col = self._col
+        present = ~np.isnan(gpu[:, col["gpu_temp"]]) | ~np.isnan(gpu[:, col["power_usage"]])
+        temp, power = gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]]
+        residual = self._thermal_residual(temp, power)
+        deficit = gpu[:, col["pcie_link_width_max"]] - gpu[:, col["pcie_link_width"]]
+        gauges = np.stack([gpu[:, col[s]] if s in col else (residual if s == "thermal_residual" else deficit)
+                           for s in WINDOW_GAUGES], axis=1)  # fmt: skip
+        flags = gpu[:, [col[f] for f in FLAGS]]
+
+        out: list[np.ndarray] = [is_h100[:, None].astype(np.float64), gpu[:, [col["power_limit"]]], gauges]
+        out += self._gauges.update(gauges)
+        out.append(flags)
+        out += self._flags.update(flags)
+        out += self._rates.update(step, gpu)
+        since = np.where(self._last_seen >= 0, (step - self._last_seen) * self.config.cadence_s, np.nan)
+        self._last_seen = np.where(present, step, self._last_seen)
+        missing = np.isnan(gpu[:, [col[c] for c in ("gpu_temp", "power_usage", "sm_clock", "gpu_util",
+                                                     "ecc_sbe_volatile", "pcie_replay")]]).sum(axis=1)  # fmt: skip
+        out.append(np.stack([
+            gpu[:, col["pcie_link_gen_max"]] - gpu[:, col["pcie_link_gen"]],
+            gpu[:, col["nvml_unsupported_fields"]],
+            np.where(present, missing, np.nan),
+            since,
+        ], axis=1))  # fmt: skip
+        share = self._present.update(present[:, None].astype(np.float64))
+        out += [1.0 - s for s in share]
+        relative = np.stack(
+            [temp, gpu[:, col["memory_temp"]], power, residual, gpu[:, col["gpu_util"]]], axis=1
+        )
+        by_node = relative.reshape(self.nodes, g, -1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a node with no GPU this step: all-NaN
+            median = np.nanmedian(by_node, axis=1)
+        out.append((by_node - median[:, None, :]).reshape(self.slots, -1))
+        node_parts = self._node_rates.update(step, node)
+        node_gauges = node[:, [self._node_col[s] for s in NODE_GAUGES]]
+        node_parts += self._node_gauges.update(node_gauges)
+        node_parts.append(node_gauges)
+        out += [np.repeat(p, g, axis=0) for p in node_parts]
+        return np.concatenate([a if a.ndim == 2 else a[:, None] for a in out], axis=1)
+
+    def _thermal_residual(self, temp: np.ndarray, power: np.ndarray) -> np.ndarray:
+        """Temperature minus what this GPU's own recent power-temperature relation predicts."""
+        b, a = self._base, self._base_alpha
+        seen = ~np.isnan(temp) & ~np.isnan(power)
+        first = seen & np.isnan(b[:, 0])
+        b[first] = np.stack([power[first], temp[first], np.zeros(first.sum()), np.zeros(first.sum())], axis=1)
+        mp, mt, vp, cv = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+        slope = np.where(vp > 1.0, cv / np.where(vp > 1.0, vp, 1.0), 0.0)
+        residual = np.where(seen, temp - (mt + slope * (power - mp)), np.nan)
+        dp, dt = power - mp, temp - mt
+        update = seen & ~first
+        b[update, 0] = mp[update] + a * dp[update]
+        b[update, 1] = mt[update] + a * dt[update]
+        b[update, 2] = (1 - a) * (vp[update] + a * dp[update] ** 2)
+        b[update, 3] = (1 - a) * (cv[update] + a * dp[update] * dt[update])
+        return residual
+
+
+def feature_schema_hash(names: Sequence[str], config: FeatureConfig) -> str:
+    text = f"{config.cadence_s}|{config.windows_s}|{config.gpus_per_node}|" + ",".join(names)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

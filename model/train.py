@@ -1,0 +1,268 @@
+"""Training: labelled rows from the failure log, LightGBM with early stopping on a later time slice,
+isotonic calibration, a failure-mode head and a time-to-failure head, the logistic baseline, and
+the alert threshold chosen to meet a false-alarm budget on validation.
+
+The split is by time and by node: a quarter of the nodes (chosen by seed) and the last third of
+the days are held out for `faultcast evaluate`; training sees only the other nodes' earlier days,
+of which the last fifth is the validation slice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+from sklearn.linear_model import LogisticRegression
+
+from faultcast.model.alerting import AlertPolicy, choose_threshold
+from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
+from faultcast.model.dataset import Dataset, Labels, Step, replay
+from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, score_period
+from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    horizon_s: float = 1800.0
+    cadence_s: float | None = None  # default: the data's interval
+    negative_rate: float = 0.02  # share of negative rows kept (weighted back up)
+    seed: int = 0
+    test_node_fraction: float = 0.25
+    test_time_fraction: float = 1 / 3
+    validation_fraction: float = 0.2
+    false_alarm_budget: float = 0.5  # per 1,000 GPU-days, on validation
+    k: int = 2
+    clear_steps: int = 10
+    group_dropout: float = 0.3  # share of training rows that lose the metrics dcgm-exporter lacks
+    num_boost_round: int = 800
+    learning_rate: float = 0.05
+
+
+@dataclass(frozen=True)
+class Split:
+    train_nodes: tuple[int, ...]
+    test_nodes: tuple[int, ...]
+    validation_start_s: float
+    train_end_s: float  # == the start of the held-out period
+
+    def to_json(self, dataset: Dataset) -> dict[str, Any]:
+        return {
+            "train_nodes": [dataset.nodes[n] for n in self.train_nodes],
+            "test_nodes": [dataset.nodes[n] for n in self.test_nodes],
+            "validation_start_unix_s": self.validation_start_s,
+            "test_start_unix_s": self.train_end_s,
+        }
+
+
+def make_split(dataset: Dataset, config: TrainConfig) -> Split:
+    rng = np.random.default_rng(config.seed)
+    nodes = np.arange(len(dataset.nodes))
+    test_count = max(1, round(len(nodes) * config.test_node_fraction))
+    if test_count >= len(nodes):
+        raise ValueError(f"{len(nodes)} nodes cannot be split into training and held-out nodes")
+    test = np.sort(rng.choice(nodes, test_count, replace=False))
+    train = np.setdiff1d(nodes, test)
+    train_end = dataset.start_s + (1.0 - config.test_time_fraction) * (dataset.end_s - dataset.start_s)
+    validation_start = dataset.start_s + (1.0 - config.validation_fraction) * (train_end - dataset.start_s)
+    return Split(tuple(int(n) for n in train), tuple(int(n) for n in test), validation_start, train_end)
+
+
+@dataclass
+class Rows:
+    """Sampled training rows."""
+
+    features: list[np.ndarray] = field(default_factory=list)
+    label: list[np.ndarray] = field(default_factory=list)
+    weight: list[np.ndarray] = field(default_factory=list)
+    time_s: list[np.ndarray] = field(default_factory=list)
+    ttf_s: list[np.ndarray] = field(default_factory=list)
+    mode: list[np.ndarray] = field(default_factory=list)
+
+    def stack(self) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in vars(self).items()}
+
+
+class _Sampler:
+    """Keeps every positive row and a seeded random share of the negatives, weighted back up."""
+
+    def __init__(
+        self, labels: Labels, nodes: Sequence[int], gpus_per_node: int, rate: float, seed: int
+    ) -> None:
+        self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
+        self.rng = np.random.default_rng(seed)
+        self.rows = Rows()
+
+    def __call__(self, step: Step) -> None:
+        positive, ttf, mode = self.labels.at(step.time_s, self.nodes, self.g)
+        keep = step.present & (positive | (self.rng.random(len(positive)) < self.rate))
+        if not keep.any():
+            return
+        r = self.rows
+        r.features.append(step.features[keep].astype(np.float32))
+        r.label.append(positive[keep])
+        r.weight.append(np.where(positive[keep], 1.0, 1.0 / self.rate))
+        r.time_s.append(np.full(int(keep.sum()), step.time_s))
+        r.ttf_s.append(ttf[keep])
+        r.mode.append(mode[keep])
+
+
+def dcgm_missing_columns(config: FeatureConfig) -> np.ndarray:
+    """Which feature columns go missing without the inputs dcgm-exporter's defaults lack.
+
+    Found empirically: run the engine on synthetic data with and without those inputs."""
+    rng = np.random.default_rng(0)
+    full, masked = FeatureEngine(config, 1), FeatureEngine(config, 1)
+    n = config.gpus_per_node
+    mask = np.array([c in DCGM_DEFAULT_MISSING for c in GPU_INPUTS])
+    node_mask = np.array([c in DCGM_DEFAULT_MISSING for c in NODE_INPUTS])
+    lost = np.zeros(len(full.names), dtype=bool)
+    for step in range(config.window_steps()[-1] + 3):
+        gpu = rng.uniform(1, 100, (n, len(GPU_INPUTS))) + step * 10
+        node = rng.uniform(1, 100, (1, len(NODE_INPUTS))) + step * 10
+        a = full.update(step, gpu, node, np.zeros(n))
+        gpu[:, mask] = np.nan
+        node[:, node_mask] = np.nan
+        b = masked.update(step, gpu, node, np.zeros(n))
+        lost |= (np.isnan(b) & ~np.isnan(a)).any(axis=0)
+    return np.nonzero(lost)[0]
+
+
+def _lgb_params(config: TrainConfig, **extra: Any) -> dict[str, Any]:
+    return {
+        "learning_rate": config.learning_rate, "num_leaves": 31, "min_data_in_leaf": 40,
+        "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
+        "seed": config.seed, "num_threads": 2, "verbose": -1, "deterministic": True, **extra,
+    }  # fmt: skip
+
+
+def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> FaultModel:
+    """Train on `dataset`, write the artifact to `out`, and return the model."""
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    cadence = config.cadence_s or dataset.interval_s
+    features = FeatureConfig(cadence_s=cadence, gpus_per_node=dataset.gpus_per_node)
+    split = make_split(dataset, config)
+    labels = Labels(config.horizon_s, dataset.failures)
+    sampler = _Sampler(labels, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
+    engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
+    names = engine.names
+    rows = sampler.rows.stack()
+    timings["feature_build_s"] = time.perf_counter() - started
+    x, y, w, t = rows["features"], rows["label"].astype(bool), rows["weight"], rows["time_s"]
+    if x.size == 0 or not y.any():
+        raise ValueError(
+            "no failure falls in the training period: more days, more nodes or more acceleration"
+        )
+    fit, val = t < split.validation_start_s, t >= split.validation_start_s
+    if not y[val].any() or not y[fit].any():
+        raise ValueError("both the fit and validation slices need failures: more days or more acceleration")
+
+    # Feature-group dropout: some rows look like a cluster with only dcgm-exporter's default metrics.
+    rng = np.random.default_rng(config.seed + 1)
+    dropped = dcgm_missing_columns(features)
+    x_fit = x[fit].copy()
+    blank = rng.random(len(x_fit)) < config.group_dropout
+    x_fit[np.ix_(blank, dropped)] = np.nan
+
+    t0 = time.perf_counter()
+    train_set = lgb.Dataset(x_fit, y[fit], weight=w[fit], feature_name=list(names), free_raw_data=False)
+    val_set = lgb.Dataset(x[val], y[val], weight=w[val], reference=train_set)
+    booster = lgb.train(
+        _lgb_params(config, objective="binary", metric="binary_logloss"), train_set,
+        num_boost_round=config.num_boost_round, valid_sets=[val_set],
+        callbacks=[lgb.early_stopping(50, verbose=False)],
+    )  # fmt: skip
+    raw_val = np.asarray(booster.predict(x[val], num_iteration=booster.best_iteration))
+    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(
+        raw_val, y[val], sample_weight=w[val]
+    )
+    calibration = (
+        np.asarray(iso.X_thresholds_, dtype=np.float64),
+        np.asarray(iso.y_thresholds_, dtype=np.float64),
+    )
+
+    positive = y & fit
+    modes = sorted(set(rows["mode"][positive]))
+    mode_booster = None
+    if len(modes) > 1:
+        mode_ids = np.array([modes.index(m) for m in rows["mode"][positive]])
+        mode_booster = lgb.train(
+            _lgb_params(config, objective="multiclass", num_class=len(modes), min_data_in_leaf=10),
+            lgb.Dataset(x[positive], mode_ids, feature_name=list(names)), num_boost_round=200,
+        )  # fmt: skip
+    bucket = np.searchsorted(np.asarray(TTF_BUCKETS_S), rows["ttf_s"][positive], side="left")
+    bucket = np.minimum(bucket, len(TTF_BUCKETS_S) - 1)
+    ttf_booster = None
+    if len(set(bucket.tolist())) == len(TTF_BUCKETS_S):
+        ttf_booster = lgb.train(
+            _lgb_params(config, objective="multiclass", num_class=len(TTF_BUCKETS_S), min_data_in_leaf=10),
+            lgb.Dataset(x[positive], bucket, feature_name=list(names)), num_boost_round=200,
+        )  # fmt: skip
+    logistic = _fit_logistic(x[fit], y[fit], w[fit], config.seed)
+    timings["training_s"] = time.perf_counter() - t0
+
+    policy = AlertPolicy(config.k, config.clear_steps, config.horizon_s)
+    model = FaultModel(
+        booster=_trimmed(booster), calibration=calibration, mode_booster=mode_booster, modes=modes,
+        ttf_booster=ttf_booster, feature_config=features, feature_names=names, horizon_s=config.horizon_s,
+        threshold=1.0, policy=policy, logistic=logistic, logistic_threshold=1.0, manifest={},
+    )  # fmt: skip
+
+    # Thresholds: the lowest that keeps validation false alarms within the budget.
+    t0 = time.perf_counter()
+    period = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s)
+    model.threshold, model_fa = choose_threshold(period, dataset.failures, "model", policy, cadence,
+                                                 config.false_alarm_budget)  # fmt: skip
+    model.logistic_threshold, logistic_fa = choose_threshold(period, dataset.failures, "logistic", policy, cadence,
+                                                             config.false_alarm_budget)  # fmt: skip
+    timings["threshold_selection_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - started
+    extra = {
+        "training_data": {"path": str(dataset.path), "manifest": _data_summary(dataset)},
+        "split": split.to_json(dataset),
+        "train_config": asdict(config),
+        "metrics": {
+            "training_rows": len(y), "training_positives": int(y.sum()),
+            "best_iteration": int(booster.best_iteration),
+            "validation_gpu_days": period.gpu_days,
+            "validation_false_alarms_per_1000_gpu_days": {"model": model_fa, "logistic": logistic_fa},
+            "dropped_columns_for_dcgm_default": [names[i] for i in dropped],
+        },
+        "timings_s": timings,
+    }  # fmt: skip
+    save(model, out, extra)
+    log.info("trained on %d rows (%d positive) in %.1f s; threshold %.4f", len(y), y.sum(), timings["total_s"],
+             model.threshold)  # fmt: skip
+    return model
+
+
+def _trimmed(booster: lgb.Booster) -> lgb.Booster:
+    """The booster cut at its best iteration, so every later predict uses it without asking."""
+    return lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
+
+
+def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Logistic:
+    x = x.astype(np.float64)
+    medians = np.nanmedian(np.where(np.isfinite(x), x, np.nan), axis=0)
+    medians = np.where(np.isnan(medians), 0.0, medians)
+    filled = np.where(np.isnan(x), medians, x)
+    means = filled.mean(axis=0)
+    scales = filled.std(axis=0)
+    scales = np.where(scales > 0, scales, 1.0)
+    z = np.clip((filled - means) / scales, -20, 20)
+    clf = LogisticRegression(C=0.1, max_iter=500, random_state=seed).fit(z, y, sample_weight=w)
+    return Logistic(medians, means, scales, clf.coef_[0].astype(np.float64), float(clf.intercept_[0]))
+
+
+def _data_summary(dataset: Dataset) -> dict[str, Any]:
+    keep = ("kind", "config", "seed", "acceleration", "start", "end", "gpu_days", "rows", "failure_counts")
+    return {k: dataset.manifest[k] for k in keep if k in dataset.manifest}
