@@ -86,26 +86,33 @@ def _failures_in(period: ScoredPeriod, failures: pd.DataFrame) -> pd.DataFrame:
     return inside[inside["node"].isin(period.nodes)]
 
 
+def incidents(period: ScoredPeriod, starts: tuple[np.ndarray, np.ndarray]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Alerts grouped into what an operator sees: (step, node, GPUs). GPUs of one node whose alerts
+    open in the same step are one incident (a node-level signal lights up every GPU at once)."""
+    steps, slots = starts
+    g = period.gpus_per_node
+    grouped: dict[tuple[int, int], list[int]] = {}
+    for step, slot in zip(steps.tolist(), slots.tolist(), strict=True):
+        grouped.setdefault((step, period.nodes[slot // g]), []).append(slot % g)
+    return [(step, node, tuple(gpus)) for (step, node), gpus in sorted(grouped.items())]
+
+
 def false_alarm_rate(
     period: ScoredPeriod, failures: pd.DataFrame, starts: tuple[np.ndarray, np.ndarray], horizon_s: float
 ) -> tuple[int, int, float]:
-    """(true alerts, false alerts, false alerts per 1,000 GPU-days)."""
-    steps, slots = starts
-    true = 0
-    g = period.gpus_per_node
-    by_target: dict[tuple[int, int], np.ndarray] = {}
-    for row in failures.itertuples(index=False):
-        by_target.setdefault((row.node, row.gpu), np.array([], dtype=np.float64))
-        by_target[(row.node, row.gpu)] = np.append(by_target[(row.node, row.gpu)], row.time_s)
-    for step, slot in zip(steps, slots, strict=True):
+    """(true incidents, false incidents, false incidents per 1,000 GPU-days). An incident is true
+    when one of its GPUs, or its node, fails within the horizon after it opens."""
+    true = false = 0
+    by_node = {node: group for node, group in failures.groupby("node")}
+    for step, node, gpus in incidents(period, starts):
         t = period.times_s[step]
-        node = period.nodes[slot // g]
-        fails = np.concatenate(
-            [by_target.get((node, int(slot % g)), np.zeros(0)), by_target.get((node, -1), np.zeros(0))]
-        )
-        if ((fails > t) & (fails <= t + horizon_s)).any():
-            true += 1
-    false = len(steps) - true
+        group = by_node.get(node)
+        hit = False
+        if group is not None:
+            soon = group[(group["time_s"] > t) & (group["time_s"] <= t + horizon_s)]
+            hit = bool(((soon["gpu"] < 0) | soon["gpu"].isin(gpus)).any())
+        true += hit
+        false += not hit
     return true, false, 1000.0 * false / max(period.gpu_days, 1e-9)
 
 
@@ -175,19 +182,21 @@ def choose_threshold(
     cadence_s: float,
     budget_per_1000_gpu_days: float,
 ) -> tuple[float, float]:
-    """The lowest threshold whose false alarms on `period` stay within the budget: (threshold, rate)."""
+    """The lowest threshold whose false alarms on `period` stay within the budget: (threshold, rate).
+
+    On a validation period too small for the budget to allow even one false alarm (under
+    1,000 / budget GPU-days), one is allowed: otherwise no threshold but "never" would do."""
     risk = period.scores[method]
     finite = risk[period.present & ~np.isnan(risk)]
     if finite.size == 0:
         return 1.0, 0.0
-    candidates = np.unique(np.quantile(finite, np.linspace(0.90, 1.0, 201)))
-    candidates = np.unique(np.concatenate([candidates, np.unique(finite)[-200:]]))
+    allowed = max(1, int(budget_per_1000_gpu_days * period.gpu_days / 1000.0))
+    candidates = np.unique(np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]]))
     starts = alert_starts(risk, period.present, candidates, policy, cadence_s)
-    best = (float(candidates[-1]) + 1e-12, 0.0)
+    best = (float(candidates[-1]) + 1e-9, 0.0)
     for thr, start in sorted(zip(candidates, starts, strict=True), key=lambda x: -x[0]):
-        _, _, rate = false_alarm_rate(period, failures, start, policy.horizon_s)
-        if rate <= budget_per_1000_gpu_days:
-            best = (float(thr), rate)
-        else:
+        _, false, rate = false_alarm_rate(period, failures, start, policy.horizon_s)
+        if false > allowed:
             break
+        best = (float(thr), rate)
     return best

@@ -57,7 +57,7 @@ class Logistic:
 @dataclass
 class FaultModel:
     booster: lgb.Booster
-    calibration: tuple[np.ndarray, np.ndarray]  # isotonic map: raw probability -> calibrated risk
+    calibration: tuple[float, float]  # Platt scaling: risk = sigmoid(a * logit(raw) + b)
     mode_booster: lgb.Booster | None
     modes: list[str]
     ttf_booster: lgb.Booster | None
@@ -75,8 +75,9 @@ class FaultModel:
 
     def risk(self, features: np.ndarray) -> np.ndarray:
         """Calibrated probability of a failure within the horizon."""
-        x, y = self.calibration
-        return np.interp(self.raw(features), x, y)
+        a, b = self.calibration
+        raw = np.clip(self.raw(features), 1e-9, 1 - 1e-9)
+        return np.asarray(1.0 / (1.0 + np.exp(-(a * np.log(raw / (1 - raw)) + b))))
 
     def mode_probabilities(self, features: np.ndarray) -> np.ndarray:
         """(rows, modes): which failure it would be, given that one comes."""
@@ -120,9 +121,7 @@ def save(model: FaultModel, out: Path, extra: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "model.txt": model.booster.model_to_string(),
-        "calibration.json": json.dumps(
-            {"x": model.calibration[0].tolist(), "y": model.calibration[1].tolist()}
-        ),
+        "calibration.json": json.dumps({"method": "platt", "a": model.calibration[0], "b": model.calibration[1]}),
         "logistic.json": json.dumps(model.logistic.to_json()),
     }
     if model.mode_booster is not None:
@@ -220,7 +219,7 @@ def load(path: Path) -> FaultModel:
     policy = manifest["alert_policy"]
     return FaultModel(
         booster=booster,
-        calibration=(np.asarray(calibration["x"]), np.asarray(calibration["y"])),
+        calibration=(float(calibration["a"]), float(calibration["b"])),
         mode_booster=mode,
         modes=list(manifest["modes"]),
         ttf_booster=ttf,

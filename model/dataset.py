@@ -42,6 +42,11 @@ class Dataset:
         return self.nodes.index(name)
 
 
+def unix_seconds(times: pd.Series) -> np.ndarray:
+    """Seconds since the epoch, whatever the resolution pandas chose for the timestamps."""
+    return np.asarray((times - pd.Timestamp(0, tz="UTC")).dt.total_seconds(), dtype=np.float64)
+
+
 class DataError(ValueError):
     """The data directory is incomplete or inconsistent; the message says what is wrong."""
 
@@ -72,7 +77,7 @@ def open_dataset(path: Path) -> Dataset:
     if unknown:
         raise DataError(f"{path}/failures.csv names nodes not in the data: {unknown[:5]}")
     failures = pd.DataFrame({
-        "time_s": pd.to_datetime(raw["timestamp"], utc=True).astype("int64") / 1e9,
+        "time_s": unix_seconds(pd.to_datetime(raw["timestamp"], utc=True)),
         "node": [nodes.index(n) for n in raw["node"]],
         "gpu": raw["gpu"].fillna(-1).astype(int),
         "mode": raw["mode"].astype(str),
@@ -218,7 +223,7 @@ def _group_times(parquet: pq.ParquetFile) -> list[tuple[float, float]]:
 def _frame(frame: pd.DataFrame, dataset: Dataset, *, gpu: bool = True) -> pd.DataFrame:
     index = {name: i for i, name in enumerate(dataset.nodes)}
     out = frame.assign(
-        time_s=frame["timestamp"].astype("int64").to_numpy() / 1e9,
+        time_s=unix_seconds(frame["timestamp"]),
         node_index=frame["node"].astype(str).map(index).to_numpy(),
     )
     if out["node_index"].isna().any():

@@ -18,7 +18,6 @@ from typing import Any
 
 import lightgbm as lgb
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
 from faultcast.model.alerting import AlertPolicy, choose_threshold
@@ -182,13 +181,10 @@ def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> F
         callbacks=[lgb.early_stopping(50, verbose=False)],
     )  # fmt: skip
     raw_val = np.asarray(booster.predict(x[val], num_iteration=booster.best_iteration))
-    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(
-        raw_val, y[val], sample_weight=w[val]
-    )
-    calibration = (
-        np.asarray(iso.X_thresholds_, dtype=np.float64),
-        np.asarray(iso.y_thresholds_, dtype=np.float64),
-    )
+    # Platt scaling on the validation slice: monotone and continuous, so thresholds stay fine-grained
+    # (isotonic steps would tie thousands of rows at the top).
+    platt = LogisticRegression(C=1e6, max_iter=1000).fit(_logit(raw_val)[:, None], y[val], sample_weight=w[val])
+    calibration = (float(platt.coef_[0][0]), float(platt.intercept_[0]))
 
     positive = y & fit
     modes = sorted(set(rows["mode"][positive]))
@@ -243,6 +239,11 @@ def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> F
     log.info("trained on %d rows (%d positive) in %.1f s; threshold %.4f", len(y), y.sum(), timings["total_s"],
              model.threshold)  # fmt: skip
     return model
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    q = np.clip(p, 1e-9, 1 - 1e-9)
+    return np.asarray(np.log(q / (1 - q)))
 
 
 def _trimmed(booster: lgb.Booster) -> lgb.Booster:
