@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+
+from faultcast.model.dataset import FailureLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +81,9 @@ class ScoredPeriod:
         return self.nodes.index(node) * self.gpus_per_node + gpu
 
 
-def _failures_in(period: ScoredPeriod, failures: pd.DataFrame) -> pd.DataFrame:
-    t0, t1 = float(period.times_s[0]), float(period.times_s[-1])
-    inside = failures[(failures["time_s"] > t0) & (failures["time_s"] <= t1 + 1e-9)]
-    return inside[inside["node"].isin(period.nodes)]
-
-
-def incidents(period: ScoredPeriod, starts: tuple[np.ndarray, np.ndarray]) -> list[tuple[int, int, tuple[int, ...]]]:
+def incidents(
+    period: ScoredPeriod, starts: tuple[np.ndarray, np.ndarray]
+) -> list[tuple[int, int, tuple[int, ...]]]:
     """Alerts grouped into what an operator sees: (step, node, GPUs). GPUs of one node whose alerts
     open in the same step are one incident (a node-level signal lights up every GPU at once)."""
     steps, slots = starts
@@ -98,19 +95,15 @@ def incidents(period: ScoredPeriod, starts: tuple[np.ndarray, np.ndarray]) -> li
 
 
 def false_alarm_rate(
-    period: ScoredPeriod, failures: pd.DataFrame, starts: tuple[np.ndarray, np.ndarray], horizon_s: float
+    period: ScoredPeriod, failures: FailureLog, starts: tuple[np.ndarray, np.ndarray], horizon_s: float
 ) -> tuple[int, int, float]:
     """(true incidents, false incidents, false incidents per 1,000 GPU-days). An incident is true
     when one of its GPUs, or its node, fails within the horizon after it opens."""
     true = false = 0
-    by_node = {node: group for node, group in failures.groupby("node")}
     for step, node, gpus in incidents(period, starts):
-        t = period.times_s[step]
-        group = by_node.get(node)
-        hit = False
-        if group is not None:
-            soon = group[(group["time_s"] > t) & (group["time_s"] <= t + horizon_s)]
-            hit = bool(((soon["gpu"] < 0) | soon["gpu"].isin(gpus)).any())
+        t = float(period.times_s[step])
+        soon = failures.between(t, t + horizon_s, [node])
+        hit = any(f.gpu < 0 or f.gpu in gpus for f in soon)
         true += hit
         false += not hit
     return true, false, 1000.0 * false / max(period.gpu_days, 1e-9)
@@ -118,7 +111,7 @@ def false_alarm_rate(
 
 def event_metrics(
     period: ScoredPeriod,
-    failures: pd.DataFrame,
+    failures: FailureLog,
     starts: tuple[np.ndarray, np.ndarray],
     horizon_s: float,
     predictable: set[str],
@@ -130,11 +123,11 @@ def event_metrics(
     g = period.gpus_per_node
     steps, slots = starts
     alert_times = period.times_s[steps] if len(steps) else np.zeros(0)
-    inside = _failures_in(period, failures)
+    inside = failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
     leads: list[float] = []
     caught1 = caught5 = caught5_predictable = predictable_total = 0
     by_mode: dict[str, list[int]] = {}
-    for row in inside.itertuples(index=False):
+    for row in inside:
         base = period.nodes.index(row.node) * g
         targets = np.arange(base, base + g) if row.gpu < 0 else np.array([base + row.gpu])
         mine = np.isin(slots, targets)
@@ -176,7 +169,7 @@ def event_metrics(
 
 def choose_threshold(
     period: ScoredPeriod,
-    failures: pd.DataFrame,
+    failures: FailureLog,
     method: str,
     policy: AlertPolicy,
     cadence_s: float,
@@ -191,8 +184,10 @@ def choose_threshold(
     if finite.size == 0:
         return 1.0, 0.0
     allowed = max(1, int(budget_per_1000_gpu_days * period.gpu_days / 1000.0))
-    candidates = np.unique(np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]]))
-    starts = alert_starts(risk, period.present, candidates, policy, cadence_s)
+    candidates = np.unique(
+        np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]])
+    )
+    starts = alert_starts(risk, period.present, candidates.tolist(), policy, cadence_s)
     best = (float(candidates[-1]) + 1e-9, 0.0)
     for thr, start in sorted(zip(candidates, starts, strict=True), key=lambda x: -x[0]):
         _, false, rate = false_alarm_rate(period, failures, start, policy.horizon_s)

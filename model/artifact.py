@@ -43,15 +43,15 @@ class Logistic:
     def predict(self, features: np.ndarray) -> np.ndarray:
         x = np.where(np.isnan(features), self.medians, features)
         z = np.clip((x - self.means) / self.scales, -20, 20) @ self.coef + self.intercept
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
+        return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -50, 50))))
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Logistic:
-        return Logistic(*(np.asarray(data[k], dtype=np.float64) for k in ("medians", "means", "scales", "coef")),
-                        float(data["intercept"]))  # fmt: skip
+        arrays = [np.asarray(data[k], dtype=np.float64) for k in ("medians", "means", "scales", "coef")]
+        return Logistic(arrays[0], arrays[1], arrays[2], arrays[3], float(data["intercept"]))
 
 
 @dataclass
@@ -121,7 +121,9 @@ def save(model: FaultModel, out: Path, extra: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "model.txt": model.booster.model_to_string(),
-        "calibration.json": json.dumps({"method": "platt", "a": model.calibration[0], "b": model.calibration[1]}),
+        "calibration.json": json.dumps(
+            {"method": "platt", "a": model.calibration[0], "b": model.calibration[1]}
+        ),
         "logistic.json": json.dumps(model.logistic.to_json()),
     }
     if model.mode_booster is not None:

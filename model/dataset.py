@@ -9,16 +9,61 @@ or scores for evaluation. Memory stays bounded by one row group whatever the hor
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+
+
+class Failure(NamedTuple):
+    time_s: float  # unix seconds
+    node: int  # index into Dataset.nodes
+    gpu: int  # -1 for a node-level failure
+    mode: str
+
+
+@dataclass(frozen=True)
+class FailureLog:
+    """The failure log as plain columns, in time order."""
+
+    time_s: np.ndarray
+    node: np.ndarray
+    gpu: np.ndarray
+    mode: np.ndarray  # object array of str
+
+    @staticmethod
+    def of(rows: Sequence[Failure]) -> FailureLog:
+        ordered = sorted(rows)
+        return FailureLog(
+            np.array([r.time_s for r in ordered], dtype=np.float64),
+            np.array([r.node for r in ordered], dtype=np.int64),
+            np.array([r.gpu for r in ordered], dtype=np.int64),
+            np.array([r.mode for r in ordered], dtype=object),
+        )
+
+    def __len__(self) -> int:
+        return len(self.time_s)
+
+    def rows(self, mask: np.ndarray | None = None) -> list[Failure]:
+        keep = np.ones(len(self), dtype=bool) if mask is None else mask
+        return [Failure(float(t), int(n), int(g), str(m)) for t, n, g, m in
+                zip(self.time_s[keep], self.node[keep], self.gpu[keep], self.mode[keep], strict=True)]  # fmt: skip
+
+    def between(self, after_s: float, until_s: float, nodes: Sequence[int] | None = None) -> list[Failure]:
+        """Failures with after_s < time <= until_s (on `nodes`, when given)."""
+        mask = (self.time_s > after_s) & (self.time_s <= until_s)
+        if nodes is not None:
+            mask &= np.isin(self.node, np.asarray(nodes, dtype=np.int64))
+        return self.rows(mask)
 
 
 @dataclass(frozen=True)
@@ -31,7 +76,7 @@ class Dataset:
     interval_s: float
     nodes: tuple[str, ...]
     gpus_per_node: int
-    failures: pd.DataFrame  # time_s (unix), node (index), gpu (-1 = node level), mode, xid
+    failures: FailureLog
     manifest: dict[str, object]
 
     @property
@@ -40,6 +85,23 @@ class Dataset:
 
     def node_index(self, name: str) -> int:
         return self.nodes.index(name)
+
+
+def _read_failures(path: Path, nodes: Sequence[str]) -> FailureLog:
+    index = {name: i for i, name in enumerate(nodes)}
+    rows = []
+    with path.open(newline="") as handle:
+        for line, record in enumerate(csv.DictReader(handle), start=2):
+            try:
+                node = index[record["node"]]
+                moment = dt.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
+                gpu = int(record["gpu"]) if record.get("gpu") else -1
+                rows.append(Failure(moment.timestamp(), node, gpu, record["mode"]))
+            except KeyError as exc:
+                raise DataError(f"{path}:{line}: unknown node or missing column {exc}") from exc
+            except ValueError as exc:
+                raise DataError(f"{path}:{line}: {exc}") from exc
+    return FailureLog.of(rows)
 
 
 def unix_seconds(times: pd.Series) -> np.ndarray:
@@ -71,17 +133,7 @@ def open_dataset(path: Path) -> Dataset:
         end = start + float(config["days"]) * 86_400.0
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{path}/manifest.json lacks {exc}: cannot place the data on a grid") from exc
-    raw = pd.read_csv(path / "failures.csv", dtype={"gpu": "Int64", "xid": "Int64", "node": str})
-    known = set(nodes)
-    unknown = sorted(set(raw["node"]) - known)
-    if unknown:
-        raise DataError(f"{path}/failures.csv names nodes not in the data: {unknown[:5]}")
-    failures = pd.DataFrame({
-        "time_s": unix_seconds(pd.to_datetime(raw["timestamp"], utc=True)),
-        "node": [nodes.index(n) for n in raw["node"]],
-        "gpu": raw["gpu"].fillna(-1).astype(int),
-        "mode": raw["mode"].astype(str),
-    })  # fmt: skip
+    failures = _read_failures(path / "failures.csv", nodes)
     return Dataset(path, start, end, interval, nodes, gpus, failures, manifest)
 
 
@@ -181,16 +233,7 @@ def replay(
             node = np.where(np.isnan(dense), node, dense)
         node[..., node_mask] = np.nan
         # Identity per slot and step: a new UUID in a slot means a replaced GPU.
-        uuid_at = rows.groupby(["_step", "_unit"], sort=True)["uuid"].last()
-        model_at = rows.groupby("_unit")["model"].last()
-        for unit, model in model_at.items():
-            is_h100[int(unit)] = 1.0 if "H100" in str(model) else 0.0
-        changes: dict[int, list[int]] = {}
-        for (step, unit), uuid in uuid_at.items():
-            if last_uuid[int(unit)] != uuid:
-                if last_uuid[int(unit)] is not None:
-                    changes.setdefault(int(step), []).append(int(unit))
-                last_uuid[int(unit)] = str(uuid)
+        changes = _uuid_changes(rows, last_uuid, is_h100)
         for k in range(steps):
             if k in changes:
                 engine.reset_slots(np.array(changes[k]))
@@ -198,6 +241,32 @@ def replay(
             present = ~np.isnan(gpu[k, :, 0]) | ~np.isnan(gpu[k, :, 2])
             sink(Step(first + k, dataset.start_s + (first + k) * cadence, present, features))
     return engine
+
+
+def _uuid_changes(
+    rows: pd.DataFrame, last_uuid: list[str | None], is_h100: np.ndarray
+) -> dict[int, list[int]]:
+    """Steps (relative to the group) at which a slot's UUID changes; updates last_uuid and is_h100."""
+    units = rows["_unit"].to_numpy(np.int64)
+    steps = rows["_step"].to_numpy(np.int64)
+    uuid_names, uuid_codes = np.unique(rows["uuid"].astype(str).to_numpy(), return_inverse=True)
+    model_names, model_codes = np.unique(rows["model"].astype(str).to_numpy(), return_inverse=True)
+    order = np.lexsort((steps, units))
+    u, st, c, m = units[order], steps[order], uuid_codes[order], model_codes[order]
+    first = np.ones(len(u), dtype=bool)
+    first[1:] = (u[1:] != u[:-1]) | (c[1:] != c[:-1])
+    last = np.ones(len(u), dtype=bool)
+    last[:-1] = u[1:] != u[:-1]
+    changes: dict[int, list[int]] = {}
+    for i in np.nonzero(first)[0].tolist():
+        unit, uuid = int(u[i]), str(uuid_names[c[i]])
+        if last_uuid[unit] != uuid:
+            if last_uuid[unit] is not None:
+                changes.setdefault(int(st[i]), []).append(unit)
+            last_uuid[unit] = uuid
+    for i in np.nonzero(last)[0].tolist():
+        is_h100[int(u[i])] = 1.0 if "H100" in str(model_names[m[i]]) else 0.0
+    return changes
 
 
 def _widen(dense: np.ndarray, units: int) -> np.ndarray:
@@ -239,7 +308,7 @@ class Labels:
     """Per step and slot: will the GPU (or its node) fail within the horizon, when and how."""
 
     horizon_s: float
-    failures: pd.DataFrame
+    failures: FailureLog
 
     def at(
         self, time_s: float, nodes: Sequence[int], gpus_per_node: int
@@ -249,16 +318,12 @@ class Labels:
         positive = np.zeros(slots, dtype=bool)
         ttf = np.full(slots, np.nan)
         mode = np.full(slots, "", dtype=object)
-        f = self.failures
-        soon = f[(f["time_s"] > time_s) & (f["time_s"] <= time_s + self.horizon_s)]
         local = {n: i for i, n in enumerate(nodes)}
-        for row in soon.itertuples(index=False):
-            if row.node not in local:
-                continue
-            base = local[row.node] * gpus_per_node
-            targets = range(base, base + gpus_per_node) if row.gpu < 0 else [base + row.gpu]
+        for f in self.failures.between(time_s, time_s + self.horizon_s, nodes):
+            base = local[f.node] * gpus_per_node
+            targets = range(base, base + gpus_per_node) if f.gpu < 0 else [base + f.gpu]
             for slot in targets:
-                left = row.time_s - time_s
+                left = f.time_s - time_s
                 if not positive[slot] or left < ttf[slot]:
-                    positive[slot], ttf[slot], mode[slot] = True, left, row.mode
+                    positive[slot], ttf[slot], mode[slot] = True, left, f.mode
         return positive, ttf, mode

@@ -103,6 +103,4 @@ def evaluate_period(
 
 
 def count_failures(period: ScoredPeriod, dataset: Dataset) -> int:
-    f = dataset.failures
-    t0, t1 = float(period.times_s[0]), float(period.times_s[-1])
-    return int(((f["time_s"] > t0) & (f["time_s"] <= t1) & f["node"].isin(period.nodes)).sum())
+    return len(dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes))

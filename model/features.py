@@ -114,7 +114,8 @@ class _Ring:
 
     def ago(self, k: int) -> np.ndarray:
         """The row pushed k pushes ago (k=1 is the newest)."""
-        return self.data[self.pos + self.size - k]
+        row: np.ndarray = self.data[self.pos + self.size - k]
+        return row
 
     def fill_slots(self, slots: np.ndarray, value: np.ndarray | float) -> None:
         self.data[:, slots] = value
@@ -209,8 +210,9 @@ class _Rates:
         self.last = np.full((n, c), math.nan)
         self.last_step = np.full((n, c), -1, dtype=np.int64)
         g = len(groups)
-        self.total = np.zeros((n, g))
-        self.totals = _Ring(max(self.windows) + 1, n, g, 0.0)
+        # Running totals of (increments, steps with a known increment) per group.
+        self.total = np.zeros((n, 2 * g))
+        self.totals = _Ring(max(self.windows) + 1, n, 2 * g, 0.0)
 
     def reset(self, slots: np.ndarray) -> None:
         self.last[slots] = math.nan
@@ -229,11 +231,15 @@ class _Rates:
         self.last_step = np.where(seen, step, self.last_step)
         group_rate = np.stack([_group_sum(rate, idx) for idx in self.column_index], axis=1)
         group_inc = np.stack([inc[:, idx].sum(axis=1) for idx in self.column_index], axis=1)
-        self.total += group_inc
+        group_known = np.stack([known[:, idx].any(axis=1) for idx in self.column_index], axis=1)
+        g = group_inc.shape[1]
+        self.total += np.concatenate([group_inc, group_known], axis=1)
         self.totals.push(self.total)
         out = [group_rate]
         for w in self.windows:
-            out.append((self.totals.ago(1) - self.totals.ago(w + 1)) / (w * self.cadence_s))
+            window = self.totals.ago(1) - self.totals.ago(w + 1)
+            # Events per second over the window; missing when the counter was never read in it.
+            out.append(np.where(window[:, g:] > 0, window[:, :g] / (w * self.cadence_s), np.nan))
         return out
 
     @staticmethod

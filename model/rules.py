@@ -49,4 +49,4 @@ class RulesBaseline:
     def score(self, features: np.ndarray) -> np.ndarray:
         values = features[:, self.columns]
         fired = np.nan_to_num(values, nan=-np.inf) > self.thresholds
-        return fired.any(axis=1).astype(np.float64)
+        return np.asarray(fired.any(axis=1), dtype=np.float64)

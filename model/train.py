@@ -176,14 +176,16 @@ def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> F
     train_set = lgb.Dataset(x_fit, y[fit], weight=w[fit], feature_name=list(names), free_raw_data=False)
     val_set = lgb.Dataset(x[val], y[val], weight=w[val], reference=train_set)
     booster = lgb.train(
-        _lgb_params(config, objective="binary", metric="binary_logloss"), train_set,
+        _lgb_params(config, objective="binary", metric="average_precision"), train_set,
         num_boost_round=config.num_boost_round, valid_sets=[val_set],
         callbacks=[lgb.early_stopping(50, verbose=False)],
     )  # fmt: skip
     raw_val = np.asarray(booster.predict(x[val], num_iteration=booster.best_iteration))
     # Platt scaling on the validation slice: monotone and continuous, so thresholds stay fine-grained
     # (isotonic steps would tie thousands of rows at the top).
-    platt = LogisticRegression(C=1e6, max_iter=1000).fit(_logit(raw_val)[:, None], y[val], sample_weight=w[val])
+    platt = LogisticRegression(C=1e6, max_iter=1000).fit(
+        _logit(raw_val)[:, None], y[val], sample_weight=w[val]
+    )
     calibration = (float(platt.coef_[0][0]), float(platt.intercept_[0]))
 
     positive = y & fit

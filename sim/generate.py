@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from faultcast.catalogue import TRACKED_XIDS, Kind, Metric, Scope, index_of, metrics_for
+from faultcast.catalogue import TRACKED_XIDS, Kind, Scope, index_of, metrics_for
+from faultcast.rollup import is_wide
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.fleet import NodeTraits, ambient_c
 from faultcast.sim.schedule import Failure, NodeSchedule, in_windows
@@ -33,14 +34,9 @@ PEER_METRICS = metrics_for(Scope.PEER)
 HOST_METRICS = metrics_for(Scope.HOST)
 
 
-# Cumulative values stay float64 (a float32 counter of 1e10 moves in steps of 1,024, which would
-# make 1 s rates meaningless); gauges are rounded to float32, which is what the files store.
-def _wide(metrics: tuple[Metric, ...]) -> np.ndarray:
-    return np.array([m.kind is Kind.COUNTER or m.name.endswith("_worst_link") for m in metrics])
-
-
 GPU_WIDE, IB_WIDE, IF_WIDE, PEER_WIDE, HOST_WIDE = (
-    _wide(metrics_for(s)) for s in (Scope.GPU, Scope.IB_PORT, Scope.INTERFACE, Scope.PEER, Scope.HOST)
+    np.array([is_wide(m) for m in metrics_for(s)])
+    for s in (Scope.GPU, Scope.IB_PORT, Scope.INTERFACE, Scope.PEER, Scope.HOST)
 )
 
 
@@ -200,7 +196,8 @@ def _spilled(
     if chunk == 0:
         return current
     tail = draw(stream(chunk - 1), shape, shape[0])[shape[0] :]
-    return current | tail if current.dtype == bool else np.minimum(current, tail)
+    combined: np.ndarray = current | tail if current.dtype == bool else np.minimum(current, tail)
+    return combined
 
 
 _PHASES = ((25 * 60, (60, 180), 0.45), (4 * 3600, (300, 720), 0.65), (90 * 60, (120, 300), 0.06))

@@ -6,23 +6,9 @@ import copy
 from collections.abc import Iterable
 from functools import cache
 
-import numpy as np
-
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.fleet import gpu_uuid, node_traits
-from faultcast.sim.generate import (
-    HOST_METRICS,
-    HOST_WIDE,
-    IB_METRICS,
-    IB_WIDE,
-    IF_METRICS,
-    IF_WIDE,
-    PEER_METRICS,
-    PEER_WIDE,
-    NodeChunk,
-    NodeState,
-    generate_chunk,
-)
+from faultcast.sim.generate import NodeChunk, NodeState, generate_chunk
 from faultcast.sim.schedule import Scenario, node_schedule
 
 
@@ -54,40 +40,3 @@ class NodeTwin:
 @cache
 def _uuid(seed: int, node: int, gpu: int, replacements: int) -> str:
     return gpu_uuid(seed, node, gpu, replacements)
-
-
-def aggregate_network(
-    ib: np.ndarray, iface: np.ndarray, peers: np.ndarray, host: np.ndarray
-) -> dict[str, np.ndarray]:
-    """One node-level value per network metric (the network.parquet columns).
-
-    Port counters add up over ports; a port's state, physical state and rate take the worst port
-    (a single port down shows); peer round trips and loss take the worst peer, probes add up.
-    Arrays carry any leading shape: (..., ports, metrics), (..., 1, metrics), (..., peers, metrics).
-    """
-    out: dict[str, np.ndarray] = {}
-    for k, m in enumerate(IB_METRICS):
-        column = ib[..., k]
-        out[m.name] = column.min(axis=-1) if m.name in _WORST_PORT else column.sum(axis=-1, dtype=np.float64)
-    for k, m in enumerate(IF_METRICS):
-        out[m.name] = iface[..., 0, k].astype(np.float64)
-    for k, m in enumerate(PEER_METRICS):
-        column = peers[..., k]
-        out[m.name] = (
-            column.sum(axis=-1, dtype=np.float64) if m.name == "peer_probes" else column.max(axis=-1)
-        )
-    for k, m in enumerate(HOST_METRICS):
-        out[m.name] = host[..., k].astype(np.float64)
-    # Gauges as float32 (what the file stores); sums of counters stay exact in float64.
-    return {
-        name: values if name in NETWORK_WIDE else values.astype(np.float32) for name, values in out.items()
-    }
-
-
-NETWORK_WIDE = frozenset(
-    m.name for ms, wide in ((IB_METRICS, IB_WIDE), (IF_METRICS, IF_WIDE), (PEER_METRICS, PEER_WIDE),
-                            (HOST_METRICS, HOST_WIDE)) for m, w in zip(ms, wide, strict=True) if w
-)  # fmt: skip
-
-
-_WORST_PORT = frozenset({"ib_port_state", "ib_port_phys_state", "ib_port_rate_gbps"})

@@ -27,16 +27,14 @@ import pyarrow.parquet as pq
 
 from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH, Scope, metrics_for
+from faultcast.rollup import NETWORK_COLUMNS, NETWORK_WIDE, rollup_network
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.generate import GPU_WIDE
 from faultcast.sim.modes import MODES, Level
-from faultcast.sim.node import NETWORK_WIDE, NodeTwin, aggregate_network
+from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Failure, Scenario
 
 GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
-NETWORK_COLUMNS = [
-    m.name for s in (Scope.INTERFACE, Scope.IB_PORT, Scope.PEER, Scope.HOST) for m in metrics_for(s)
-]
 _TS = pa.timestamp("ns", tz="UTC")
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -112,7 +110,7 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
             rows += int(present.sum())
 
             node_present = np.stack([c.node_present for c in chunks], axis=1).reshape(-1)
-            agg = aggregate_network(
+            agg = rollup_network(
                 np.stack([c.ib_values for c in chunks], axis=1),
                 np.stack([c.iface_values for c in chunks], axis=1),
                 np.stack([c.peer_values for c in chunks], axis=1),

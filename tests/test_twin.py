@@ -13,12 +13,13 @@ import pandas as pd
 import pytest
 
 from faultcast.catalogue import Scope, metrics_for
+from faultcast.rollup import NETWORK_COLUMNS, rollup_network
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.modes import MODES, Level
-from faultcast.sim.node import NodeTwin, aggregate_network
+from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario, node_schedule
-from faultcast.sim.writer import GPU_COLUMNS, NETWORK_COLUMNS, simulate
+from faultcast.sim.writer import GPU_COLUMNS, simulate
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 # Small but eventful: many failures, repairs inside the horizon, several chunks.
@@ -92,7 +93,7 @@ def test_live_reads_are_exactly_the_offline_rows(small_run: Path) -> None:
             iface = np.array([[d.values for d in reading.devices if d.scope is Scope.INTERFACE]])
             peers = np.array([[d.values for d in reading.devices if d.scope is Scope.PEER]])
             assert reading.host is not None
-            agg = aggregate_network(ports, iface, peers, np.array([reading.host]))
+            agg = rollup_network(ports, iface, peers, np.array([reading.host]))
             live_net.append((stamp, *(float(agg[c][0]) for c in NETWORK_COLUMNS)))
     live = pd.DataFrame(live_rows, columns=["timestamp", "gpu", "uuid", *GPU_COLUMNS])
     offline = mine[["timestamp", "gpu", "uuid", *GPU_COLUMNS]].reset_index(drop=True)
@@ -104,7 +105,7 @@ def test_live_reads_are_exactly_the_offline_rows(small_run: Path) -> None:
     net = pd.DataFrame(live_net, columns=["timestamp", *NETWORK_COLUMNS])
     assert len(net) == len(mine_net)
     np.testing.assert_array_equal(
-        net[NETWORK_COLUMNS].to_numpy(), mine_net[NETWORK_COLUMNS].to_numpy(np.float64)
+        net[list(NETWORK_COLUMNS)].to_numpy(), mine_net[list(NETWORK_COLUMNS)].to_numpy(np.float64)
     )
 
 

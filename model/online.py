@@ -1,0 +1,106 @@
+"""Online features: node snapshots in, one `FeatureEngine.update` per grid step out.
+
+The service receives samples one node at a time, at any cadence, possibly a little out of step
+across nodes. This adapter lays them on the model's grid exactly as `dataset.replay` lays a table
+(the last sample of a GPU within a step wins; a new UUID in a slot restarts its history; a
+node's devices roll up with `faultcast.rollup`) and advances the engine when a step is complete:
+once a sample `lateness_steps` steps newer has arrived. Event time throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from faultcast.catalogue import Scope, index_of, metrics_for
+from faultcast.model.dataset import Step
+from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.readings import NodeSnapshot
+from faultcast.rollup import rollup_network
+
+_GPU_COLUMNS = np.array([index_of(Scope.GPU)[name] for name in GPU_INPUTS])
+_SCOPES = (Scope.IB_PORT, Scope.INTERFACE, Scope.PEER)
+
+
+class LateSample(ValueError):  # noqa: N818 (a reason for a reject counter, not a programming error)
+    """A sample for a grid step the engine has already advanced past."""
+
+
+class OnlineFeatures:
+    def __init__(
+        self, config: FeatureConfig, nodes: Sequence[str], start_s: float, *, lateness_steps: int = 1
+    ) -> None:
+        self.config = config
+        self.nodes = list(nodes)
+        self._node_index = {name: i for i, name in enumerate(self.nodes)}
+        self.start_s = start_s
+        self.lateness = lateness_steps
+        self.engine = FeatureEngine(config, len(self.nodes))
+        self._g = config.gpus_per_node
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (gpu, node) arrays
+        self._uuids: dict[int, dict[int, str]] = {}  # step -> slot -> uuid seen in it
+        self._last_uuid: list[str | None] = [None] * self.engine.slots
+        self._is_h100 = np.zeros(self.engine.slots)
+        self.next_step = 0  # the first step not yet handed to the engine
+
+    def step_of(self, time_unix_nano: int) -> int:
+        return int((time_unix_nano / 1e9 - self.start_s) // self.config.cadence_s)
+
+    def add(self, snapshot: NodeSnapshot) -> list[Step]:
+        """Take one node's sample; returns the steps it completed (often none, sometimes several)."""
+        node = self._node_index.get(snapshot.node)
+        if node is None:
+            raise KeyError(f"unknown node {snapshot.node!r}")
+        step = self.step_of(snapshot.time_unix_nano)
+        if step < self.next_step:
+            raise LateSample(
+                f"sample of {snapshot.node} for step {step} arrived after step {self.next_step - 1} was scored"
+            )
+        if step not in self._pending:
+            self._pending[step] = self._empty()
+        gpu, net = self._pending[step]
+        base = node * self._g
+        for reading in snapshot.gpus:
+            slot = base + reading.index
+            gpu[slot] = np.asarray(reading.values)[_GPU_COLUMNS]
+            self._uuids.setdefault(step, {})[slot] = reading.uuid
+            self._is_h100[slot] = 1.0 if "H100" in reading.model_name else 0.0
+        if snapshot.devices:
+            net[node] = self._node_values(snapshot)
+        return self._advance(step - self.lateness)
+
+    def flush(self) -> list[Step]:
+        """Score every step still waiting (at the end of a replay)."""
+        return self._advance(max(self._pending, default=self.next_step - 1))
+
+    def _advance(self, through: int) -> list[Step]:
+        out = []
+        while self.next_step <= through:
+            step = self.next_step
+            gpu, net = self._pending.pop(step) if step in self._pending else self._empty()
+            changed = []
+            for slot, uuid in sorted(self._uuids.pop(step, {}).items()):
+                if self._last_uuid[slot] is not None and self._last_uuid[slot] != uuid:
+                    changed.append(slot)
+                self._last_uuid[slot] = uuid
+            self.engine.reset_slots(np.array(changed, dtype=np.int64))
+            features = self.engine.update(step, gpu, net, self._is_h100)
+            present = ~np.isnan(gpu[:, 0]) | ~np.isnan(gpu[:, 2])
+            out.append(Step(step, self.start_s + step * self.config.cadence_s, present, features))
+            self.next_step += 1
+        return out
+
+    def _empty(self) -> tuple[np.ndarray, np.ndarray]:
+        gpu = np.full((self.engine.slots, len(GPU_INPUTS)), np.nan)
+        return gpu, np.full((len(self.nodes), len(NODE_INPUTS)), np.nan)
+
+    @staticmethod
+    def _node_values(snapshot: NodeSnapshot) -> np.ndarray:
+        by_scope = {s: [d.values for d in snapshot.devices if d.scope is s] for s in _SCOPES}
+        arrays = [
+            np.array(by_scope[s]) if by_scope[s] else np.full((1, len(metrics_for(s))), np.nan)
+            for s in _SCOPES
+        ]
+        rolled = rollup_network(arrays[0], arrays[1], arrays[2], np.asarray(snapshot.host))
+        return np.array([float(rolled[name]) for name in NODE_INPUTS])

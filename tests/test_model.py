@@ -1,0 +1,187 @@
+"""Training, the artifact, the alert policy and the evaluation, on a small twin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from faultcast.model.alerting import AlertPolicy, ScoredPeriod, alert_starts, false_alarm_rate, incidents
+from faultcast.model.artifact import FaultModel, ModelError, load
+from faultcast.model.dataset import Failure, FailureLog, Labels, open_dataset
+from faultcast.model.features import FeatureConfig, FeatureEngine
+from faultcast.model.rules import RULES, RulesBaseline
+from faultcast.model.train import TrainConfig, make_split, train
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.schedule import Scenario
+from faultcast.sim.writer import simulate
+
+FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
+FLEET = FleetConfig(nodes=8, days=3.0, seed=5, acceleration=400.0)
+METHOD_KEYS = {
+    "recall_1min", "recall_5min", "recall_5min_predictable", "median_lead_min", "p10_lead_min",
+    "false_alarms_per_1000_gpu_days", "alert_precision", "pr_auc", "recall_by_mode",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    simulate(FLEET, out, [Scenario("hbm_wear", 1, 3, 2.6 * 86_400.0)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[FaultModel, Path]:
+    out = tmp_path_factory.mktemp("model")
+    model = train(open_dataset(data), out, TrainConfig(num_boost_round=60, negative_rate=0.05))
+    return model, out
+
+
+def test_the_artifact_loads_and_predicts(trained: tuple[FaultModel, Path]) -> None:
+    model, out = trained
+    assert {p.name for p in out.iterdir()} >= {
+        "model.txt",
+        "calibration.json",
+        "logistic.json",
+        "manifest.json",
+    }
+    loaded = load(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("features", "horizon_s", "threshold", "training_data", "metrics", "created_at", "git_revision",
+                "catalogue", "split"):  # fmt: skip
+        assert key in manifest, key
+    assert manifest["features"]["hash"] == FeatureEngine(loaded.feature_config, 1).schema_hash
+    x = np.random.default_rng(0).normal(size=(5, len(loaded.feature_names)))
+    np.testing.assert_allclose(loaded.risk(x), model.risk(x))
+    assert ((loaded.risk(x) >= 0) & (loaded.risk(x) <= 1)).all()
+    within = loaded.risk_within(x)
+    assert within.shape == (5, 3)
+    assert (np.diff(within, axis=1) >= -1e-12).all()  # risk within 5 <= 15 <= 30 minutes
+    assert loaded.mode_probabilities(x).shape == (5, len(loaded.modes))
+    top = loaded.contributions(x[:1], top=3)[0]
+    assert len(top) == 3
+    assert all(name in loaded.feature_names for name, _, _ in top)
+
+
+def test_a_corrupt_or_mismatched_artifact_is_refused(
+    trained: tuple[FaultModel, Path], tmp_path: Path
+) -> None:
+    _, out = trained
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    text = (broken / "model.txt").read_text()
+    (broken / "model.txt").write_text(text.replace("tree", "treX", 1))
+    with pytest.raises(ModelError, match=r"model\.txt is corrupt"):
+        load(broken)
+
+    shutil.rmtree(broken)
+    shutil.copytree(out, broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["features"]["hash"] = "0" * 16
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match="feature schema"):
+        load(broken)
+
+    (broken / "manifest.json").write_text("{not json")
+    with pytest.raises(ModelError, match="corrupt"):
+        load(broken)
+    with pytest.raises(ModelError, match=r"manifest\.json is missing"):
+        load(tmp_path / "nowhere")
+
+
+def test_the_split_holds_out_nodes_and_the_last_weeks(data: Path) -> None:
+    dataset = open_dataset(data)
+    split = make_split(dataset, TrainConfig())
+    assert set(split.train_nodes).isdisjoint(split.test_nodes)
+    assert len(split.test_nodes) == 2
+    assert dataset.start_s < split.validation_start_s < split.train_end_s < dataset.end_s
+    assert split.train_end_s == pytest.approx(dataset.start_s + 2 * 86_400.0)
+
+
+def test_labels_mark_the_horizon_before_each_failure() -> None:
+    log = FailureLog.of([Failure(10_000.0, 0, 3, "hbm_wear"), Failure(20_000.0, 1, -1, "infiniband")])
+    labels = Labels(1800.0, log)
+    positive, ttf, mode = labels.at(10_000.0 - 600.0, [0, 1], 8)
+    assert positive.tolist() == [i == 3 for i in range(16)]
+    assert ttf[3] == 600.0
+    assert mode[3] == "hbm_wear"
+    assert not labels.at(10_000.0 - 1801.0, [0, 1], 8)[0].any()  # earlier than the horizon
+    assert not labels.at(10_000.0, [0, 1], 8)[0].any()  # the failure itself is not a precursor
+    node_level = labels.at(20_000.0 - 60.0, [0, 1], 8)[0]
+    assert node_level.tolist() == [i >= 8 for i in range(16)]  # every GPU of the node
+
+
+def _period(risk: np.ndarray) -> ScoredPeriod:
+    steps, slots = risk.shape
+    present = np.ones_like(risk, dtype=bool)
+    return ScoredPeriod(
+        np.arange(steps) * 60.0, (0,), slots, present, {"model": risk}, np.zeros_like(present)
+    )
+
+
+def test_the_alert_policy_needs_k_scores_dedupes_clears_and_expires() -> None:
+    policy = AlertPolicy(k=2, clear_steps=3, horizon_s=600.0)
+    risk = np.zeros((40, 2))
+    risk[5:7, 0] = 0.9  # two scores in a row: one alert at step 6
+    risk[9, 0] = 0.9  # a single spike after clearing: nothing (k=2)
+    risk[20:40, 1] = 0.9  # stays high: re-raised every 10 steps (the horizon)
+    steps, slots = alert_starts(risk, np.ones_like(risk, dtype=bool), [0.5], policy, 60.0)[0]
+    assert sorted(zip(steps.tolist(), slots.tolist(), strict=True)) == [(6, 0), (21, 1), (31, 1)]
+    none = alert_starts(risk, np.ones_like(risk, dtype=bool), [0.95], policy, 60.0)[0]
+    assert len(none[0]) == 0
+
+
+def test_alerts_of_one_node_at_once_are_one_incident_true_when_it_fails_in_time() -> None:
+    risk = np.zeros((60, 8))
+    risk[10:12, :] = 0.9  # the whole node lights up (a node-level signal)
+    risk[40:42, 2] = 0.9
+    period = _period(risk)
+    starts = alert_starts(
+        risk, period.present, [0.5], AlertPolicy(k=2, clear_steps=3, horizon_s=1800.0), 60.0
+    )[0]
+    assert [(s, n, len(g)) for s, n, g in incidents(period, starts)] == [(11, 0, 8), (41, 0, 1)]
+    log = FailureLog.of([Failure(11 * 60.0 + 900.0, 0, -1, "infiniband")])
+    true, false, rate = false_alarm_rate(period, log, starts, 1800.0)
+    assert (true, false) == (1, 1)
+    assert rate == pytest.approx(1000.0 / period.gpu_days)
+
+
+def test_every_rule_reads_a_computed_feature_and_fires_above_its_threshold() -> None:
+    engine = FeatureEngine(FeatureConfig(), 1)
+    rules = RulesBaseline(engine.names)
+    quiet = np.zeros((len(RULES), len(engine.names)))
+    loud = quiet.copy()
+    for row, (feature, threshold, _) in enumerate(RULES):
+        loud[row, engine.names.index(feature)] = threshold + 1.0
+    assert (rules.score(quiet) == 0).all()
+    assert (rules.score(loud) == 1).all()
+
+
+def test_train_and_evaluate_commands_write_the_promised_json(data: Path, tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    done = subprocess.run([FAULTCAST, "train", "--data", str(data), "--out", str(model_dir)],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "threshold" in done.stdout
+    report_path = tmp_path / "eval.json"
+    done = subprocess.run([FAULTCAST, "evaluate", "--model", str(model_dir), "--data", str(data), "--json",
+                           str(report_path)], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    assert report["test_gpu_days"] > 0
+    assert report["test_failures"] >= 1
+    assert report["held_out_from_training"] is True
+    for method in ("model", "rules", "logistic"):
+        assert set(report[method]) >= METHOD_KEYS, method
+    assert "| model |" in done.stdout
+
+    bad = subprocess.run([FAULTCAST, "evaluate", "--model", str(tmp_path / "none"), "--data", str(data)],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert bad.returncode == 2
+    assert "manifest.json is missing" in bad.stderr
