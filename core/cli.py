@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     from faultcast.model import command as model_command
 
     model_command.add_parsers(commands)
+    from faultcast.model import import_command
+
+    import_command.add_parsers(commands)
     metrics = commands.add_parser("metrics", help="print the metric catalogue as a Markdown table")
     metrics.set_defaults(handler=_print_catalogue)
     return parser

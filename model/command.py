@@ -29,6 +29,11 @@ def add_parsers(commands: Any) -> None:
     train.add_argument(
         "--false-alarm-budget", type=float, default=0.5, help="per 1,000 GPU-days on validation"
     )
+    train.add_argument(
+        "--dask-scheduler",
+        metavar="ADDRESS",
+        help="train the booster on this Dask cluster (tcp://host:8786) through lightgbm.dask",
+    )
     train.set_defaults(handler=run_train)
 
     evaluate = commands.add_parser("evaluate", help="event-level evaluation on held-out nodes and weeks")
@@ -46,7 +51,12 @@ def run_train(args: argparse.Namespace) -> int:
         dataset = open_dataset(args.data)
         config = TrainConfig(horizon_s=args.horizon, seed=args.seed, negative_rate=args.negative_rate,
                              false_alarm_budget=args.false_alarm_budget)  # fmt: skip
-        model = train(dataset, args.out, config)
+        client = None
+        if args.dask_scheduler:
+            from distributed import Client
+
+            client = Client(args.dask_scheduler)
+        model = train(dataset, args.out, config, dask_client=client)
     except (DataError, ValueError) as exc:
         print(f"faultcast train: {exc}", file=sys.stderr)
         return 2

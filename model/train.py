@@ -143,8 +143,15 @@ def _lgb_params(config: TrainConfig, **extra: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> FaultModel:
-    """Train on `dataset`, write the artifact to `out`, and return the model."""
+def train(
+    dataset: Dataset,
+    out: Path,
+    config: TrainConfig = TrainConfig(),
+    *,
+    dask_client: Any = None,
+) -> FaultModel:
+    """Train on `dataset`, write the artifact to `out`, and return the model. With a Dask client
+    (distributed.Client) the booster trains across the cluster's workers through lightgbm.dask."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
     cadence = config.cadence_s or dataset.interval_s
@@ -173,14 +180,20 @@ def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> F
     x_fit[np.ix_(blank, dropped)] = np.nan
 
     t0 = time.perf_counter()
-    train_set = lgb.Dataset(x_fit, y[fit], weight=w[fit], feature_name=list(names), free_raw_data=False)
-    val_set = lgb.Dataset(x[val], y[val], weight=w[val], reference=train_set)
-    booster = lgb.train(
-        _lgb_params(config, objective="binary", metric="average_precision"), train_set,
-        num_boost_round=config.num_boost_round, valid_sets=[val_set],
-        callbacks=[lgb.early_stopping(50, verbose=False)],
-    )  # fmt: skip
-    raw_val = np.asarray(booster.predict(x[val], num_iteration=booster.best_iteration))
+    params = _lgb_params(config, objective="binary", metric="average_precision")
+    if dask_client is not None:
+        from faultcast.model.distributed import fit_on_dask
+
+        booster, best = fit_on_dask(dask_client, x_fit, y[fit], w[fit], x[val], y[val], w[val], params,
+                                    config.num_boost_round)  # fmt: skip
+    else:
+        train_set = lgb.Dataset(x_fit, y[fit], weight=w[fit], feature_name=list(names), free_raw_data=False)
+        val_set = lgb.Dataset(x[val], y[val], weight=w[val], reference=train_set)
+        booster = lgb.train(params, train_set, num_boost_round=config.num_boost_round, valid_sets=[val_set],
+                            callbacks=[lgb.early_stopping(50, verbose=False)])  # fmt: skip
+        best = booster.best_iteration or config.num_boost_round
+        booster = _trimmed(booster, best)
+    raw_val = np.asarray(booster.predict(x[val]))
     # Platt scaling on the validation slice: monotone and continuous, so thresholds stay fine-grained
     # (isotonic steps would tie thousands of rows at the top).
     platt = LogisticRegression(C=1e6, max_iter=1000).fit(
@@ -210,7 +223,7 @@ def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> F
 
     policy = AlertPolicy(config.k, config.clear_steps, config.horizon_s)
     model = FaultModel(
-        booster=_trimmed(booster), calibration=calibration, mode_booster=mode_booster, modes=modes,
+        booster=booster, calibration=calibration, mode_booster=mode_booster, modes=modes,
         ttf_booster=ttf_booster, feature_config=features, feature_names=names, horizon_s=config.horizon_s,
         threshold=1.0, policy=policy, logistic=logistic, logistic_threshold=1.0, manifest={},
     )  # fmt: skip
@@ -230,7 +243,8 @@ def train(dataset: Dataset, out: Path, config: TrainConfig = TrainConfig()) -> F
         "train_config": asdict(config),
         "metrics": {
             "training_rows": len(y), "training_positives": int(y.sum()),
-            "best_iteration": int(booster.best_iteration),
+            "best_iteration": int(best),
+            "trained_on": "dask" if dask_client is not None else "local",
             "validation_gpu_days": period.gpu_days,
             "validation_false_alarms_per_1000_gpu_days": {"model": model_fa, "logistic": logistic_fa},
             "dropped_columns_for_dcgm_default": [names[i] for i in dropped],
@@ -248,9 +262,9 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.asarray(np.log(q / (1 - q)))
 
 
-def _trimmed(booster: lgb.Booster) -> lgb.Booster:
+def _trimmed(booster: lgb.Booster, best: int) -> lgb.Booster:
     """The booster cut at its best iteration, so every later predict uses it without asking."""
-    return lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
+    return lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
 
 
 def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Logistic:

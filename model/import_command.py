@@ -1,0 +1,103 @@
+"""`faultcast import-prometheus` and `faultcast score`: real history in, the alerts a model would raise out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from faultcast.durations import parse_duration
+
+
+def add_parsers(commands: Any) -> None:
+    imp = commands.add_parser(
+        "import-prometheus",
+        help="turn a Prometheus range-query export (dcgm-exporter names) and a failure log into training data",
+    )
+    imp.add_argument(
+        "--export", type=Path, required=True,
+        help="a /api/v1/query_range JSON answer, a JSON list of them, or a directory of .json files",
+    )  # fmt: skip
+    imp.add_argument(
+        "--failures", type=Path,
+        help="failure log CSV: timestamp,node,gpu,mode[,xid,uuid,description] (gpu empty: the whole node); "
+        "without it the data can be scored but not trained on",
+    )  # fmt: skip
+    imp.add_argument("--out", type=Path, required=True, help="the data directory to write")
+    imp.add_argument(
+        "--interval", type=parse_duration, help="grid step (default: the median spacing of the samples)"
+    )
+    imp.add_argument("--gpus-per-node", type=int, help="default: the highest gpu label + 1")
+    imp.add_argument(
+        "--node-label", action="append", default=[],
+        help="label naming the node, tried before Hostname and instance (repeatable)",
+    )  # fmt: skip
+    imp.set_defaults(handler=run_import)
+
+    score = commands.add_parser("score", help="list the alerts a model would have raised on a data directory")
+    score.add_argument("--model", type=Path, required=True, help="a `faultcast train` output")
+    score.add_argument("--data", type=Path, required=True, help="an import or a `faultcast simulate` output")
+    score.add_argument("--csv", type=Path, help="also write the alerts here")
+    score.set_defaults(handler=run_score)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from faultcast.model.dataset import DataError
+    from faultcast.model.importer import DEFAULT_NODE_LABELS, import_prometheus
+
+    labels = (*args.node_label, *(label for label in DEFAULT_NODE_LABELS if label not in args.node_label))
+    try:
+        manifest = import_prometheus(
+            args.export, args.failures, args.out, interval_s=args.interval, gpus_per_node=args.gpus_per_node,
+            node_labels=labels,
+        )  # fmt: skip
+    except DataError as exc:
+        print(f"faultcast import-prometheus: {exc}", file=sys.stderr)
+        return 2
+    print(describe_import(args.out, manifest))
+    return 0
+
+
+def describe_import(out: Path, manifest: dict[str, Any]) -> str:
+    config, rows = manifest["config"], manifest["rows"]
+    lines = [
+        f"wrote {out}: {manifest['gpus']} GPUs on {config['nodes']} nodes, {config['days'] * 24:.1f} h at "
+        f"{config['interval_s']:g} s ({rows['telemetry']:,} telemetry rows, {rows['network']:,} network rows, "
+        f"{rows['failures']} failures)",
+        f"mapped {len(manifest['mapped'])} catalogue metrics; derived {len(manifest['derived'])}; "
+        f"missing {len(manifest['missing']['telemetry'])} GPU and {len(manifest['missing']['network'])} "
+        "network metrics (the model treats them as absent)",
+    ]
+    if manifest["samples_not_finite"]:
+        lines.append(f"{manifest['samples_not_finite']:,} NaN/Inf samples became missing values")
+    unknown = manifest["unknown_metrics"]
+    if unknown:
+        shown = ", ".join(f"{name} ({n})" for name, n in list(unknown.items())[:8])
+        lines.append(f"{sum(unknown.values())} series of {len(unknown)} unknown metrics left out: {shown}")
+    for reason, n in manifest["skipped_series"].items():
+        lines.append(f"{n} series skipped: {reason}")
+    if manifest["failures_outside_data"]:
+        lines.append(f"{manifest['failures_outside_data']} failures fall outside the exported time range")
+    if not manifest["failure_log"]:
+        lines.append("no failure log: the data can be scored, not trained or evaluated on")
+    return "\n".join(lines)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from faultcast.model.artifact import ModelError
+    from faultcast.model.dataset import DataError
+    from faultcast.model.score import render_table, score, summary, write_csv
+
+    try:
+        alerts = score(args.model, args.data)
+    except (DataError, ModelError) as exc:
+        print(f"faultcast score: {exc}", file=sys.stderr)
+        return 2
+    if alerts:
+        print(render_table(alerts))
+    print(summary(alerts))
+    if args.csv:
+        write_csv(alerts, args.csv)
+        print(f"wrote {args.csv}")
+    return 0
