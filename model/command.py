@@ -72,8 +72,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_evaluate(args: argparse.Namespace) -> int:
     from faultcast.model.artifact import ModelError, load
     from faultcast.model.dataset import DataError, open_dataset
-    from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, count_failures, evaluate_period, score_period
-    from faultcast.sim.modes import MODES
+    from faultcast.model.evaluate import held_out_report, json_safe
 
     try:
         model = load(args.model)
@@ -82,31 +81,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print(f"faultcast evaluate: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    split = model.manifest.get("split", {})
-    same_data = model.manifest.get("training_data", {}).get("manifest", {}).get(
-        "config"
-    ) == dataset.manifest.get("config")
-    if same_data:  # the held-out nodes and weeks of the training data
-        nodes = [dataset.node_index(n) for n in split["test_nodes"]]
-        start = float(split["test_start_unix_s"])
-    else:  # other data entirely: all of it is held out
-        nodes, start = list(range(len(dataset.nodes))), dataset.start_s + 6 * 3600.0
-    predictable = {m.name for m in MODES if m.predictable}
-    period = score_period(dataset, model, nodes, start, dataset.end_s)
-    report: dict[str, Any] = {
-        "test_gpu_days": period.gpu_days,
-        "test_failures": count_failures(period, dataset),
-        "test_nodes": [dataset.nodes[n] for n in nodes],
-        "test_start": start,
-        "held_out_from_training": same_data,
-        **evaluate_period(period, dataset, model, predictable),
-    }
-    masked = score_period(dataset, model, nodes, start, dataset.end_s, masked_inputs=DCGM_DEFAULT_MISSING)
-    report["model_dcgm_default_metrics"] = evaluate_period(masked, dataset, model, predictable)["model"]
+    report, _ = held_out_report(dataset, model)
     report["evaluation_seconds"] = time.perf_counter() - started
-    text = json.dumps(
-        report, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v
-    )
+    text = json.dumps(json_safe(report), indent=2)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")

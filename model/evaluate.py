@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from faultcast.model.alerting import ScoredPeriod, alert_starts, event_metrics
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, Labels, Step, replay
 from faultcast.model.rules import RulesBaseline
+from faultcast.sim.modes import MODES
 
 WARMUP_S = 6 * 3600.0  # history fed to the engine before a scored period starts (windows, baselines)
 
@@ -104,3 +106,44 @@ def evaluate_period(
 
 def count_failures(period: ScoredPeriod, dataset: Dataset) -> int:
     return len(dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes))
+
+
+def held_out_report(dataset: Dataset, model: FaultModel) -> tuple[dict[str, Any], ScoredPeriod]:
+    """The report `faultcast evaluate --json` writes, and the scored held-out period behind it.
+
+    The held-out nodes and days come from the model's manifest when `dataset` is its training data;
+    on other data, all nodes after the first 6 hours (the features' warm-up)."""
+    split = model.manifest.get("split", {})
+    trained_on = model.manifest.get("training_data", {}).get("manifest", {}).get("config")
+    same_data = bool(split) and trained_on == dataset.manifest.get("config")
+    if same_data:
+        nodes = [dataset.node_index(n) for n in split["test_nodes"]]
+        start = float(split["test_start_unix_s"])
+    else:
+        nodes, start = list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S
+    predictable = {m.name for m in MODES if m.predictable}
+    period = score_period(dataset, model, nodes, start, dataset.end_s)
+    report: dict[str, Any] = {
+        "test_gpu_days": period.gpu_days,
+        "test_failures": count_failures(period, dataset),
+        "test_nodes": [dataset.nodes[n] for n in nodes],
+        "test_start": start,
+        "held_out_from_training": same_data,
+        **evaluate_period(period, dataset, model, predictable),
+    }
+    masked = score_period(dataset, model, nodes, start, dataset.end_s, masked_inputs=DCGM_DEFAULT_MISSING)
+    report["model_dcgm_default_metrics"] = evaluate_period(masked, dataset, model, predictable)["model"]
+    return report, period
+
+
+def json_safe(value: Any) -> Any:
+    """NaN becomes null (strict JSON has no NaN); numpy scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
