@@ -574,28 +574,12 @@ class NvmlSource:
         spent = slowest = 0.0
         unsupported = 0
         for fn, args, stat in gpu.steps:
+            failure = None
             start = clock()
             try:
                 value = fn(*args)
             except error as err:
-                seconds = clock() - start
-                stat.count += 1
-                stat.total += seconds
-                if seconds > stat.max:
-                    stat.max = seconds
-                spent += seconds
-                if seconds > slowest:
-                    slowest = seconds
-                if err.value in self._unsupported:
-                    unsupported += 1
-                else:
-                    gpu.failed_calls += 1
-                    if err.value == self._gpu_is_lost:
-                        # Nothing more will answer this scrape; later scrapes try again.
-                        return self._lost_reading(gpu, spent, slowest, unsupported)
-                    self._warn_once(gpu, stat.name, err)
-                append(None)
-                continue
+                value, failure = None, err
             seconds = clock() - start
             stat.count += 1
             stat.total += seconds
@@ -604,6 +588,15 @@ class NvmlSource:
             spent += seconds
             if seconds > slowest:
                 slowest = seconds
+            if failure is not None:
+                if failure.value in self._unsupported:
+                    unsupported += 1
+                else:
+                    gpu.failed_calls += 1
+                    if failure.value == self._gpu_is_lost:
+                        # Nothing more will answer this scrape; later scrapes try again.
+                        return self._lost_reading(gpu, spent, slowest, unsupported)
+                    self._warn_once(gpu, stat.name, failure)
             append(value)
 
         values = self._decode(gpu, raw)
