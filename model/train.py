@@ -25,6 +25,7 @@ from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
 from faultcast.model.dataset import Dataset, Labels, Step, replay
 from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, score_period
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.sim.modes import MODES, Level
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class _Sampler:
         self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
         self.rng = np.random.default_rng(seed)
         self.rows = Rows()
+        self.node_modes = np.array([m.name for m in MODES if m.level is Level.NODE], dtype=object)
 
     def __call__(self, step: Step) -> None:
         positive, ttf, mode = self.labels.at(step.time_s, self.nodes, self.g)
@@ -108,7 +110,10 @@ class _Sampler:
         r = self.rows
         r.features.append(step.features[keep].astype(np.float32))
         r.label.append(positive[keep])
-        r.weight.append(np.where(positive[keep], 1.0, 1.0 / self.rate))
+        # A node-level failure labels all the node's GPUs: weigh those rows down so that each
+        # failure, not each GPU row, counts once (else node-level modes drown the GPU-level ones).
+        node_level = np.isin(mode[keep], self.node_modes)
+        r.weight.append(np.where(positive[keep], np.where(node_level, 1.0 / self.g, 1.0), 1.0 / self.rate))
         r.time_s.append(np.full(int(keep.sum()), step.time_s))
         r.ttf_s.append(ttf[keep])
         r.mode.append(mode[keep])
@@ -181,14 +186,20 @@ def train(
 
     t0 = time.perf_counter()
     params = _lgb_params(config, objective="binary", metric="average_precision")
+    # The booster learns to rank on the sampled rows as they are (negatives weighted 50x made a few
+    # heavy rows decide the splits and stopped it after a handful of trees); the calibration below
+    # uses the full weights, so risks are still probabilities for the whole population.
+    rank_w = np.where(y, w, 1.0)
     if dask_client is not None:
         from faultcast.model.distributed import fit_on_dask
 
-        booster, best = fit_on_dask(dask_client, x_fit, y[fit], w[fit], x[val], y[val], w[val], params,
+        booster, best = fit_on_dask(dask_client, x_fit, y[fit], rank_w[fit], x[val], y[val], rank_w[val], params,
                                     config.num_boost_round)  # fmt: skip
     else:
-        train_set = lgb.Dataset(x_fit, y[fit], weight=w[fit], feature_name=list(names), free_raw_data=False)
-        val_set = lgb.Dataset(x[val], y[val], weight=w[val], reference=train_set)
+        train_set = lgb.Dataset(
+            x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), free_raw_data=False
+        )
+        val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
         booster = lgb.train(params, train_set, num_boost_round=config.num_boost_round, valid_sets=[val_set],
                             callbacks=[lgb.early_stopping(50, verbose=False)])  # fmt: skip
         best = booster.best_iteration or config.num_boost_round
