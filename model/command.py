@@ -63,7 +63,7 @@ def run_train(args: argparse.Namespace) -> int:
     m = model.manifest["metrics"]
     print(f"wrote {args.out}: {m['training_rows']:,} rows ({m['training_positives']:,} positive), "
           f"{m['best_iteration']} trees, threshold {model.threshold:.4f} "
-          f"({m['validation_false_alarms_per_1000_gpu_days']['model']:.2f} false alarms per 1,000 GPU-days "
+          f"({m['validation_nuisance_alarms_per_1000_gpu_days']['model']:.2f} nuisance alarms per 1,000 GPU-days "
           f"on {m['validation_gpu_days']:.0f} validation GPU-days), "
           f"in {model.manifest['timings_s']['total_s']:.0f} s")  # fmt: skip
     return 0

@@ -257,7 +257,7 @@ def train(
             "best_iteration": int(best),
             "trained_on": "dask" if dask_client is not None else "local",
             "validation_gpu_days": period.gpu_days,
-            "validation_false_alarms_per_1000_gpu_days": {"model": model_fa, "logistic": logistic_fa},
+            "validation_nuisance_alarms_per_1000_gpu_days": {"model": model_fa, "logistic": logistic_fa},
             "dropped_columns_for_dcgm_default": [names[i] for i in dropped],
         },
         "timings_s": timings,
