@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -407,23 +408,28 @@ def test_duplicate_peers_are_probed_once(listener: socket.socket) -> None:
     assert stats[peer_id(*live)].probes == 1
 
 
-def test_concurrent_dead_peers_cost_one_timeout(blackhole: tuple[str, int]) -> None:
-    timeout = 0.5
+def test_dead_peers_are_probed_at_the_same_time(blackhole: tuple[str, int]) -> None:
+    """Each probe reads the clock as it starts; the clock waits until both probes have started.
+    Probing one peer after the other would leave the first waiting, and the barrier would break."""
     second = socket.create_server(("127.0.0.1", 0), backlog=0)
     filler = socket.socket()
     filler.settimeout(0.2)
+    both_started = threading.Barrier(2, timeout=10.0)
+
+    def clock() -> float:
+        both_started.wait()
+        return time.monotonic()
+
     try:
         filler.connect(second.getsockname())
-        prober = PeerProber([blackhole, second.getsockname()], timeout=timeout)
-        started = time.monotonic()
+        prober = PeerProber([blackhole, second.getsockname()], timeout=0.5, clock=clock)
         prober.probe_once()
-        elapsed = time.monotonic() - started
         prober.close()
     finally:
         filler.close()
         second.close()
     assert all(s.loss_ratio == 1.0 for s in prober.stats().values())
-    assert elapsed < 2 * timeout  # sequential probing would take at least 2 x timeout
+    assert not both_started.broken
 
 
 def test_stats_before_any_probe() -> None:
