@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from typing import NoReturn
 
 import pytest
 
@@ -13,11 +14,15 @@ def require_binary(name: str) -> str:
     """Path of a system binary the test runs for real; fails in CI, skips elsewhere, when absent."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} is not installed (make test installs it when run as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_part(f"{name} is not installed (make test installs it when run as root)")
     return path
+
+
+def missing_part(message: str) -> NoReturn:
+    """A part of the machine a test needs is not there: fail in CI, skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ from faultcast.collector.network import NetworkSource
 from faultcast.collector.probes import DEFAULT_PEER_PORT, PeerProber, parse_peer, peer_id
 from faultcast.collector.source import Source
 from faultcast.readings import DeviceReading, Reading
+from tests.conftest import missing_part
 
 # -- fixture trees --------------------------------------------------------------------------
 
@@ -249,7 +250,7 @@ def send_over_loopback(nbytes: int) -> None:
 
 def test_real_proc_loopback_counts_traffic() -> None:
     if not Path("/proc/net/dev").exists():
-        pytest.skip("no /proc/net/dev on this machine")
+        missing_part("no /proc/net/dev on this machine")
     source = NetworkSource(Path("/proc"), Path("/sys"), interfaces=["lo"])
     before = source.read()
     lo_before = by_device(before, Scope.INTERFACE)["lo"].get("net_rx_bytes")
@@ -293,7 +294,7 @@ def blackhole() -> Iterator[tuple[str, int]]:
             except TimeoutError:
                 break
         else:
-            pytest.skip("this kernel accepts past a full backlog")
+            missing_part("this kernel accepts past a full backlog: no way to make a peer that never answers")
         yield server.getsockname()
     finally:
         for filler in fillers:
