@@ -68,6 +68,7 @@ class FaultModel:
     policy: AlertPolicy
     logistic: Logistic
     logistic_threshold: float
+    dcgm_default_threshold: float  # for clusters that only collect dcgm-exporter's default metrics
     manifest: dict[str, Any]
 
     def raw(self, features: np.ndarray) -> np.ndarray:
@@ -148,6 +149,7 @@ def save(model: FaultModel, out: Path, extra: dict[str, Any]) -> None:
         "horizon_s": model.horizon_s,
         "threshold": model.threshold,
         "logistic_threshold": model.logistic_threshold,
+        "dcgm_default_threshold": model.dcgm_default_threshold,
         "alert_policy": {"k": model.policy.k, "clear_steps": model.policy.clear_steps},
         "modes": model.modes,
         "ttf_buckets_s": list(TTF_BUCKETS_S),
@@ -232,5 +234,6 @@ def load(path: Path) -> FaultModel:
         policy=AlertPolicy(int(policy["k"]), int(policy["clear_steps"]), float(manifest["horizon_s"])),
         logistic=logistic,
         logistic_threshold=float(manifest["logistic_threshold"]),
+        dcgm_default_threshold=float(manifest.get("dcgm_default_threshold", manifest["threshold"])),
         manifest=manifest,
     )

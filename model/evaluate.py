@@ -89,10 +89,15 @@ def score_period(
 
 
 def evaluate_period(
-    period: ScoredPeriod, dataset: Dataset, model: FaultModel, predictable: set[str]
+    period: ScoredPeriod,
+    dataset: Dataset,
+    model: FaultModel,
+    predictable: set[str],
+    model_threshold: float | None = None,
 ) -> dict[str, Any]:
     """Event-level metrics of each method at its own threshold (the rules: whenever one fires)."""
-    thresholds = {"model": model.threshold, "logistic": model.logistic_threshold, "rules": 0.5}
+    own = model.threshold if model_threshold is None else model_threshold
+    thresholds = {"model": own, "logistic": model.logistic_threshold, "rules": 0.5}
     cadence = model.feature_config.cadence_s
     policy = model.policy
     out: dict[str, Any] = {}
@@ -132,7 +137,9 @@ def held_out_report(dataset: Dataset, model: FaultModel) -> tuple[dict[str, Any]
         **evaluate_period(period, dataset, model, predictable),
     }
     masked = score_period(dataset, model, nodes, start, dataset.end_s, masked_inputs=DCGM_DEFAULT_MISSING)
-    report["model_dcgm_default_metrics"] = evaluate_period(masked, dataset, model, predictable)["model"]
+    report["model_dcgm_default_metrics"] = evaluate_period(
+        masked, dataset, model, predictable, model.dcgm_default_threshold
+    )["model"]
     return report, period
 
 

@@ -236,7 +236,8 @@ def train(
     model = FaultModel(
         booster=booster, calibration=calibration, mode_booster=mode_booster, modes=modes,
         ttf_booster=ttf_booster, feature_config=features, feature_names=names, horizon_s=config.horizon_s,
-        threshold=1.0, policy=policy, logistic=logistic, logistic_threshold=1.0, manifest={},
+        threshold=1.0, policy=policy, logistic=logistic, logistic_threshold=1.0, dcgm_default_threshold=1.0,
+        manifest={},
     )  # fmt: skip
 
     # Thresholds: the lowest that keeps validation false alarms within the budget.
@@ -245,6 +246,12 @@ def train(
     model.threshold, model_fa = choose_threshold(period, dataset.failures, "model", policy, cadence,
                                                  config.false_alarm_budget)  # fmt: skip
     model.logistic_threshold, logistic_fa = choose_threshold(period, dataset.failures, "logistic", policy, cadence,
+                                                             config.false_alarm_budget)  # fmt: skip
+    # A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
+    # chosen the same way on the validation slice with those inputs blanked.
+    masked = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s,
+                          masked_inputs=DCGM_DEFAULT_MISSING)  # fmt: skip
+    model.dcgm_default_threshold, dcgm_fa = choose_threshold(masked, dataset.failures, "model", policy, cadence,
                                                              config.false_alarm_budget)  # fmt: skip
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
@@ -257,7 +264,9 @@ def train(
             "best_iteration": int(best),
             "trained_on": "dask" if dask_client is not None else "local",
             "validation_gpu_days": period.gpu_days,
-            "validation_nuisance_alarms_per_1000_gpu_days": {"model": model_fa, "logistic": logistic_fa},
+            "validation_nuisance_alarms_per_1000_gpu_days": {
+                "model": model_fa, "logistic": logistic_fa, "model_dcgm_default": dcgm_fa,
+            },
             "dropped_columns_for_dcgm_default": [names[i] for i in dropped],
         },
         "timings_s": timings,
