@@ -29,7 +29,7 @@ import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -575,6 +575,39 @@ def _derived_from(name: str) -> str:
     return "changes of DCGM_FI_DEV_XID_ERRORS (a lower bound: a repeated Xid is invisible there)"
 
 
+def _write_grid(
+    path: Path,
+    schema: pa.Schema,
+    value_columns: Sequence[str],
+    dense: np.ndarray,
+    present: np.ndarray,
+    start: float,
+    interval: float,
+    identity: Callable[[np.ndarray, np.ndarray], list[pa.Array]],
+) -> int:
+    """Time-major rows from a (units, steps, columns) grid, one row group per chunk of steps.
+
+    `identity(steps, units)` gives the columns between the timestamp and the values. A chunk with
+    no row writes no row group: a file with no rows at all is still valid (and empty)."""
+    steps = dense.shape[1]
+    rows = 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for a in range(0, steps, _CHUNK_STEPS):
+            here = present[:, a : min(steps, a + _CHUNK_STEPS)].T  # (steps, units)
+            if not here.any():
+                continue
+            step_of, unit_of = np.nonzero(here)
+            step_of = step_of + a
+            stamps = np.round((start + step_of * interval) * 1e9).astype(np.int64)
+            columns = [pa.array(stamps, schema.field("timestamp").type), *identity(step_of, unit_of)]
+            for c, name in enumerate(value_columns):
+                kind = schema.field(name).type
+                columns.append(pa.array(dense[unit_of, step_of, c].astype(kind.to_pandas_dtype()), kind))
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+            rows += len(step_of)
+    return rows
+
+
 def _write_telemetry(
     out: Path,
     keys: list[tuple[str, int]],
@@ -587,58 +620,28 @@ def _write_telemetry(
     start: float,
     interval: float,
 ) -> int:
-    """Time-major rows (each step: every GPU that reported), one row group per chunk of steps."""
+    """Time-major rows: each step, every GPU that reported."""
     uuids = [u for u, _ in identities]
     models = sorted({m for _, m in identities})
     model_of = np.array([models.index(m) for _, m in identities])
     key_node = np.array([node_index[n] for n, _ in keys])
     key_gpu = np.array([g for _, g in keys], dtype=np.int16)
-    steps = dense.shape[1]
-    rows = 0
-    with pq.ParquetWriter(out / "telemetry.parquet", TELEMETRY_SCHEMA, compression="zstd") as writer:
-        for a in range(0, steps, _CHUNK_STEPS):
-            b = min(steps, a + _CHUNK_STEPS)
-            here = present[:, a:b].T  # (steps, gpus)
-            if not here.any():
-                continue
-            step_of, gpu_of = np.nonzero(here)
-            stamps = np.round((start + (a + step_of) * interval) * 1e9).astype(np.int64)
-            codes = identity[gpu_of, a + step_of]
-            columns: list[pa.Array] = [
-                pa.array(stamps, TELEMETRY_SCHEMA.field("timestamp").type),
-                _dictionary(key_node[gpu_of], nodes),
-                pa.array(key_gpu[gpu_of]),
-                _dictionary(codes, uuids),
-                _dictionary(model_of[codes], models),
-            ]
-            for c, name in enumerate(GPU_COLUMNS):
-                kind = TELEMETRY_SCHEMA.field(name).type
-                columns.append(pa.array(dense[gpu_of, a + step_of, c].astype(kind.to_pandas_dtype()), kind))
-            writer.write_table(pa.Table.from_arrays(columns, schema=TELEMETRY_SCHEMA))
-            rows += len(step_of)
-    return rows
+
+    def columns(step_of: np.ndarray, gpu_of: np.ndarray) -> list[pa.Array]:
+        codes = identity[gpu_of, step_of]
+        return [
+            _dictionary(key_node[gpu_of], nodes),
+            pa.array(key_gpu[gpu_of]),
+            _dictionary(codes, uuids),
+            _dictionary(model_of[codes], models),
+        ]
+
+    return _write_grid(out / "telemetry.parquet", TELEMETRY_SCHEMA, GPU_COLUMNS, dense, present, start, interval,
+                       columns)  # fmt: skip
 
 
 def _write_network(
     out: Path, nodes: list[str], dense: np.ndarray, present: np.ndarray, start: float, interval: float
 ) -> int:
-    steps = dense.shape[1]
-    rows = 0
-    with pq.ParquetWriter(out / "network.parquet", NETWORK_SCHEMA, compression="zstd") as writer:
-        for a in range(0, steps, _CHUNK_STEPS):
-            b = min(steps, a + _CHUNK_STEPS)
-            here = present[:, a:b].T
-            if not here.any():
-                continue  # no row group at all when the export has no network series: valid and empty
-            step_of, node_of = np.nonzero(here)
-            stamps = np.round((start + (a + step_of) * interval) * 1e9).astype(np.int64)
-            columns: list[pa.Array] = [
-                pa.array(stamps, NETWORK_SCHEMA.field("timestamp").type),
-                _dictionary(node_of, nodes),
-            ]
-            for c, name in enumerate(NETWORK_COLUMNS):
-                kind = NETWORK_SCHEMA.field(name).type
-                columns.append(pa.array(dense[node_of, a + step_of, c].astype(kind.to_pandas_dtype()), kind))
-            writer.write_table(pa.Table.from_arrays(columns, schema=NETWORK_SCHEMA))
-            rows += len(step_of)
-    return rows
+    return _write_grid(out / "network.parquet", NETWORK_SCHEMA, NETWORK_COLUMNS, dense, present, start, interval,
+                       lambda _, node_of: [_dictionary(node_of, nodes)])  # fmt: skip
