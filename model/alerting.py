@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultcast.model.dataset import FailureLog
+from faultcast.model.dataset import Failure, FailureLog
 
 # An alarm counts against the false-alarm budget when its GPU (or node) does not fail within this
 # window: it took healthy hardware out of service. See docs/model.md.
@@ -113,6 +113,23 @@ def false_alarm_rate(
     return true, false, 1000.0 * false / max(period.gpu_days, 1e-9)
 
 
+def failure_leads(
+    period: ScoredPeriod, failures: FailureLog, starts: tuple[np.ndarray, np.ndarray], horizon_s: float
+) -> list[tuple[Failure, float]]:
+    """Each failure in the period with the lead, in minutes, of the earliest alert on its GPU (any
+    GPU of its node, for a node-level failure) opened within the horizon before it; 0 when none."""
+    g = period.gpus_per_node
+    steps, slots = starts
+    alert_times = period.times_s[steps] if len(steps) else np.zeros(0)
+    out = []
+    for f in failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes):
+        base = period.nodes.index(f.node) * g
+        targets = np.arange(base, base + g) if f.gpu < 0 else np.array([base + f.gpu])
+        window = np.isin(slots, targets) & (alert_times >= f.time_s - horizon_s) & (alert_times < f.time_s)
+        out.append((f, float(f.time_s - alert_times[window].min()) / 60.0 if window.any() else 0.0))
+    return out
+
+
 def event_metrics(
     period: ScoredPeriod,
     failures: FailureLog,
@@ -124,19 +141,11 @@ def event_metrics(
     """Recall at 1 and 5 minutes' lead, lead times, false alarms, alert precision, PR-AUC."""
     from sklearn.metrics import average_precision_score
 
-    g = period.gpus_per_node
-    steps, slots = starts
-    alert_times = period.times_s[steps] if len(steps) else np.zeros(0)
-    inside = failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
     leads: list[float] = []
     caught1 = caught5 = caught5_predictable = predictable_total = 0
     by_mode: dict[str, list[int]] = {}
-    for row in inside:
-        base = period.nodes.index(row.node) * g
-        targets = np.arange(base, base + g) if row.gpu < 0 else np.array([base + row.gpu])
-        mine = np.isin(slots, targets)
-        window = mine & (alert_times >= row.time_s - horizon_s) & (alert_times < row.time_s)
-        lead = float(row.time_s - alert_times[window].min()) / 60.0 if window.any() else 0.0
+    inside = failure_leads(period, failures, starts, horizon_s)
+    for row, lead in inside:
         hit1, hit5 = lead >= 1.0, lead >= 5.0
         caught1 += hit1
         caught5 += hit5

@@ -17,7 +17,7 @@ import hashlib
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -248,12 +248,6 @@ class _Rates:
         for lab in labels:
             out += [f"{name}_rate_{lab}" for name, _ in groups]
         return out
-
-
-@dataclass
-class _Block:
-    names: list[str] = field(default_factory=list)
-    arrays: list[np.ndarray] = field(default_factory=list)
 
 
 class FeatureEngine:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
 from faultcast.catalogue import Kind, by_name
+from faultcast.model import alerting
 from faultcast.model.alerting import ScoredPeriod, alert_starts
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, Step, replay
@@ -40,30 +41,14 @@ def failure_leads(
     period: ScoredPeriod, dataset: Dataset, model: FaultModel, threshold: float, method: str
 ) -> pd.DataFrame:
     """One row per failure in the period: when, where, which mode, and the lead of the earliest alert
-    of `method` within the horizon before it (0 when none), as `evaluate` counts it."""
+    of `method` within the horizon before it (0 when none), exactly as `evaluate` counts it."""
     starts = alert_starts(
         period.scores[method], period.present, [threshold], model.policy, model.feature_config.cadence_s
     )[0]
-    steps, slots = starts
-    alert_times = period.times_s[steps] if len(steps) else np.zeros(0)
-    g = period.gpus_per_node
-    rows = []
-    for f in dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes):
-        base = period.nodes.index(f.node) * g
-        targets = np.arange(base, base + g) if f.gpu < 0 else np.array([base + f.gpu])
-        window = (
-            np.isin(slots, targets) & (alert_times >= f.time_s - model.horizon_s) & (alert_times < f.time_s)
-        )
-        lead = float(f.time_s - alert_times[window].min()) / 60.0 if window.any() else 0.0
-        rows.append(
-            {
-                "time_s": f.time_s,
-                "node": dataset.nodes[f.node],
-                "gpu": f.gpu,
-                "mode": f.mode,
-                "lead_min": lead,
-            }
-        )
+    rows = [
+        {"time_s": f.time_s, "node": dataset.nodes[f.node], "gpu": f.gpu, "mode": f.mode, "lead_min": lead}
+        for f, lead in alerting.failure_leads(period, dataset.failures, starts, model.horizon_s)
+    ]
     return pd.DataFrame(rows, columns=["time_s", "node", "gpu", "mode", "lead_min"])
 
 

@@ -29,7 +29,6 @@ class Generation:
 
 A100 = Generation("NVIDIA A100-SXM4-80GB", 400.0, 55.0, 1410.0, 1593.0, 81_920.0, 4, 12, 85.0, 92.0, 0.085)
 H100 = Generation("NVIDIA H100 80GB HBM3", 700.0, 70.0, 1980.0, 2619.0, 81_559.0, 5, 18, 87.0, 92.0, 0.052)
-GENERATIONS = (A100, H100)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,12 +67,10 @@ class _Key(enum.IntEnum):
     NOISE = 1
     SBE = 2
     REMAP = 3
-    COUNTERS = 4
     CONFOUNDERS = 5
     MISSING = 6
     NETWORK = 7
     XID = 8
-    EVENT = 1000  # + the failure's position in the node's schedule
 
 
 @dataclass
