@@ -1,0 +1,91 @@
+"""The service's Prometheus metrics: one place that names them, for the code, the shipped alerting
+rules (deploy/prometheus/faultcast-rules.yml) and the dashboard (deploy/grafana/)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ServiceMetrics:
+    """Every metric the service exports, registered on its own registry (tests make many)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.failure_risk = Gauge(
+            "faultcast_failure_risk",
+            "Calibrated probability that the GPU (gpu=-1: the node) fails within the model's horizon; "
+            "mode is the most likely failure mode.",
+            ["node", "gpu", "mode"],
+            registry=r,
+        )
+        self.active_alerts = Gauge(
+            "faultcast_active_alerts", "Alerts open now, by failure mode.", ["mode"], registry=r
+        )
+        self.alerts = Counter("faultcast_alerts", "Alerts raised, by failure mode.", ["mode"], registry=r)
+        self.samples = Counter(
+            "faultcast_ingest_gpu_samples", "GPU samples accepted from collectors.", registry=r
+        )
+        self.node_samples = Counter(
+            "faultcast_ingest_node_samples", "Node samples (messages) accepted from collectors.", registry=r
+        )
+        self.rejects = Counter(
+            "faultcast_ingest_rejects", "Samples refused, by reason.", ["reason"], registry=r
+        )
+        self.duplicates = Counter(
+            "faultcast_ingest_duplicates", "Samples dropped as already stored (a collector's replay).", registry=r
+        )
+        self.ingest_lag = Gauge(
+            "faultcast_ingest_lag_seconds",
+            "Arrival time minus event time of the latest accepted sample, by node.",
+            ["node"],
+            registry=r,
+        )
+        self.scoring_latency = Histogram(
+            "faultcast_scoring_latency_seconds",
+            "From a sample's arrival to its GPUs' risks being scored.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.subscribers = Gauge("faultcast_subscribers", "Open alert subscriptions.", registry=r)
+        self.remediations = Counter(
+            "faultcast_remediations",
+            "Remediations attempted, by actuator and outcome (ok, failed, refused by the circuit breaker).",
+            ["actuator", "outcome"],
+            registry=r,
+        )
+        self.circuit_open = Gauge(
+            "faultcast_remediation_circuit_open",
+            "1 while the circuit breaker refuses to take more nodes out.",
+            registry=r,
+        )
+        self.model_info = Info(
+            "faultcast_model", "The model serving now (version, training time, git revision).", registry=r
+        )
+        self.model_reloads = Counter(
+            "faultcast_model_reloads", "Model reloads, by outcome (ok, rejected).", ["outcome"], registry=r
+        )
+
+
+# Every metric family name as Prometheus exposes it: what rules and dashboards may use.
+EXPORTED_NAMES: tuple[str, ...] = (
+    "faultcast_failure_risk",
+    "faultcast_active_alerts",
+    "faultcast_alerts_total",
+    "faultcast_ingest_gpu_samples_total",
+    "faultcast_ingest_node_samples_total",
+    "faultcast_ingest_rejects_total",
+    "faultcast_ingest_duplicates_total",
+    "faultcast_ingest_lag_seconds",
+    "faultcast_scoring_latency_seconds_bucket",
+    "faultcast_scoring_latency_seconds_sum",
+    "faultcast_scoring_latency_seconds_count",
+    "faultcast_subscribers",
+    "faultcast_remediations_total",
+    "faultcast_remediation_circuit_open",
+    "faultcast_model_info",
+    "faultcast_model_reloads_total",
+)

@@ -1,0 +1,120 @@
+"""Remediation: what the service does to a node once an alert on it is acted on.
+
+An actuator takes one `Remediation` (drain this node, requeue this job) and reports an `Outcome`;
+it never raises for an expected failure (a node the scheduler does not know, a refused request): the
+outcome says what went wrong. The circuit breaker in front of every actuator caps how many nodes
+may be taken out per window, so a model bug cannot drain a cluster. Only the service holds the
+privileges an actuator uses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Remediation:
+    alert_id: int
+    node: str
+    gpu: int  # -1 for a node-level alert
+    mode: str  # the failure mode the model expects ("hbm_wear", ...)
+    risk: float
+    job_id: str  # the registered job on the node ("" when none)
+    requeue: bool  # requeue (or evict) the job as well as draining the node
+    checkpoint_uri: str = ""  # where the trainer's snapshot went, when it acknowledged one
+
+    @property
+    def reason(self) -> str:
+        """One line an operator sees in `sinfo -R` or on the Kubernetes taint: names the alert."""
+        gpu = f" gpu {self.gpu}" if self.gpu >= 0 else ""
+        return f"faultcast alert {self.alert_id}: {self.mode}{gpu} risk {self.risk:.2f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ok: bool
+    detail: str  # what was done, or why it could not be
+
+
+class Actuator(Protocol):
+    """Takes a node out of service. Implementations: Noop, Webhook, Slurm, Kubernetes."""
+
+    name: str
+
+    def remediate(self, remediation: Remediation) -> Outcome: ...
+
+
+class NoopActuator:
+    """The default: logs what it would do and does nothing."""
+
+    name = "noop"
+
+    def __init__(self) -> None:
+        self.seen: list[Remediation] = []
+
+    def remediate(self, remediation: Remediation) -> Outcome:
+        self.seen.append(remediation)
+        log.info("would drain %s (%s)", remediation.node, remediation.reason)
+        return Outcome(True, f"noop: would drain {remediation.node}")
+
+
+class WebhookActuator:
+    """POSTs the remediation as JSON to a URL; any 2xx is success."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook URL must be http(s): {url!r}")
+        self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
+
+    def remediate(self, remediation: Remediation) -> Outcome:
+        body = json.dumps({**asdict(remediation), "reason": remediation.reason}).encode()
+        request = urllib.request.Request(  # noqa: S310 (the scheme is checked in __init__)
+            self.url, data=body, method="POST", headers={"Content-Type": "application/json", **self.headers}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+                return Outcome(True, f"webhook {self.url}: HTTP {response.status}")
+        except urllib.error.HTTPError as exc:
+            return Outcome(False, f"webhook {self.url}: HTTP {exc.code} {exc.reason}")
+        except (urllib.error.URLError, OSError) as exc:
+            return Outcome(False, f"webhook {self.url}: {exc}")
+
+
+class CircuitBreaker:
+    """Allows at most `max_nodes` distinct nodes to be taken out per `window_s` of event time."""
+
+    def __init__(self, max_nodes: int = 4, window_s: float = 3600.0) -> None:
+        if max_nodes < 1 or window_s <= 0:
+            raise ValueError("the circuit breaker needs max_nodes >= 1 and a positive window")
+        self.max_nodes, self.window_s = max_nodes, window_s
+        self._taken: deque[tuple[float, str]] = deque()
+        self._lock = threading.Lock()
+        self.tripped = 0  # remediations refused
+
+    def allow(self, node: str, now_s: float) -> bool:
+        with self._lock:
+            while self._taken and self._taken[0][0] <= now_s - self.window_s:
+                self._taken.popleft()
+            if any(n == node for _, n in self._taken):
+                return True  # the same node again costs nothing more
+            if len(self._taken) >= self.max_nodes:
+                self.tripped += 1
+                return False
+            self._taken.append((now_s, node))
+            return True
+
+    def is_open(self, now_s: float) -> bool:
+        """True when the next new node would be refused."""
+        with self._lock:
+            return sum(1 for t, _ in self._taken if t > now_s - self.window_s) >= self.max_nodes
