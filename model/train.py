@@ -35,9 +35,6 @@ class TrainConfig:
     horizon_s: float = 1800.0
     cadence_s: float | None = None  # default: the data's interval
     negative_rate: float = 0.02  # share of negative rows kept (weighted back up)
-    # Negatives this long before a failure of their GPU (or node) are all kept: precursors already
-    # show there, and only these rows teach the model that "soon" means within the horizon.
-    hard_negative_window_s: float = 4 * 3600.0
     seed: int = 0
     test_node_fraction: float = 0.25
     test_time_fraction: float = 1 / 3
@@ -95,22 +92,19 @@ class Rows:
 
 
 class _Sampler:
-    """Keeps every positive row, every hard negative (a failure comes, but after the horizon) and a
-    seeded random share of the other negatives, weighted back up."""
+    """Keeps every positive row and a seeded random share of the negatives, weighted back up."""
 
     def __init__(
-        self, labels: Labels, hard: Labels, nodes: Sequence[int], gpus_per_node: int, rate: float, seed: int
+        self, labels: Labels, nodes: Sequence[int], gpus_per_node: int, rate: float, seed: int
     ) -> None:
-        self.labels, self.hard, self.nodes, self.g, self.rate = labels, hard, tuple(nodes), gpus_per_node, rate
+        self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
         self.rng = np.random.default_rng(seed)
         self.rows = Rows()
         self.node_modes = np.array([m.name for m in MODES if m.level is Level.NODE], dtype=object)
 
     def __call__(self, step: Step) -> None:
         positive, ttf, mode = self.labels.at(step.time_s, self.nodes, self.g)
-        coming, _, _ = self.hard.at(step.time_s, self.nodes, self.g)
-        sampled = self.rng.random(len(positive)) < self.rate
-        keep = step.present & (positive | coming | sampled)
+        keep = step.present & (positive | (self.rng.random(len(positive)) < self.rate))
         if not keep.any():
             return
         r = self.rows
@@ -119,8 +113,7 @@ class _Sampler:
         # A node-level failure labels all the node's GPUs: weigh those rows down so that each
         # failure, not each GPU row, counts once (else node-level modes drown the GPU-level ones).
         node_level = np.isin(mode[keep], self.node_modes)
-        negative_weight = np.where(coming[keep], 1.0, 1.0 / self.rate)
-        r.weight.append(np.where(positive[keep], np.where(node_level, 1.0 / self.g, 1.0), negative_weight))
+        r.weight.append(np.where(positive[keep], np.where(node_level, 1.0 / self.g, 1.0), 1.0 / self.rate))
         r.time_s.append(np.full(int(keep.sum()), step.time_s))
         r.ttf_s.append(ttf[keep])
         r.mode.append(mode[keep])
@@ -170,8 +163,7 @@ def train(
     features = FeatureConfig(cadence_s=cadence, gpus_per_node=dataset.gpus_per_node)
     split = make_split(dataset, config)
     labels = Labels(config.horizon_s, dataset.failures)
-    hard = Labels(max(config.hard_negative_window_s, config.horizon_s), dataset.failures)
-    sampler = _Sampler(labels, hard, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
+    sampler = _Sampler(labels, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
     engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
     names = engine.names
     rows = sampler.rows.stack()
