@@ -1,0 +1,131 @@
+"""The Slurm actuator against a real slurmctld, three real slurmds and a real munged on this host."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faultcast.service.remediation import Remediation
+from faultcast.service.slurm import SlurmActuator, SlurmError, parse_node_line
+from tests.conftest import require_binary
+from tests.slurm_cluster import SlurmCluster
+
+SLURM_PARTS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo", "scancel")
+
+
+def _remediation(node: str, *, alert_id: int = 7, job_id: str = "", requeue: bool = False) -> Remediation:
+    return Remediation(
+        alert_id=alert_id, node=node, gpu=3, mode="hbm_wear", risk=0.91, job_id=job_id, requeue=requeue
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    for part in SLURM_PARTS:
+        require_binary(part)
+    with SlurmCluster(("fc-node1", "fc-node2", "fc-node3")) as started:
+        yield started
+
+
+@pytest.fixture
+def actuator(cluster: SlurmCluster) -> Iterator[SlurmActuator]:
+    """An actuator on the test cluster; the nodes it drained are resumed afterwards."""
+    yield SlurmActuator(require_binary("scontrol"), env={"SLURM_CONF": str(cluster.conf)}, timeout_s=15)
+    for node in cluster.nodes:
+        cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+
+
+def test_drain_sets_the_state_and_names_the_alert(cluster: SlurmCluster, actuator: SlurmActuator) -> None:
+    remediation = _remediation("fc-node3", alert_id=4711)
+
+    outcome = actuator.remediate(remediation)
+
+    assert outcome.ok, outcome.detail
+    state, reason = actuator.node_state("fc-node3")
+    assert "DRAIN" in state, (state, cluster.log_tails())
+    assert reason == remediation.reason
+    assert reason.startswith("faultcast alert 4711:")
+    assert "fc-node3" in cluster.run("sinfo", "-h", "-R", "-o", "%N %E").stdout
+
+
+def test_requeued_job_restarts_on_another_node(cluster: SlurmCluster, actuator: SlurmActuator) -> None:
+    # Nodes carry increasing Weight, so on an idle cluster the job lands on fc-node1; nothing pins it there.
+    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-requeue", "--wrap", "sleep 300")
+    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+    first_node = cluster.job(job_id)[1]
+    assert first_node == "fc-node1"
+
+    outcome = actuator.remediate(_remediation(first_node, job_id=job_id, requeue=True))
+
+    assert outcome.ok, outcome.detail
+    assert f"requeued job {job_id}" in outcome.detail
+    # A requeued job waits out cred_expire (5 s here) before it may start again.
+    cluster.wait_for(
+        f"job {job_id} running again off {first_node}",
+        lambda: cluster.job(job_id)[0] == "RUNNING" and cluster.job(job_id)[1] not in ("", first_node),
+        timeout_s=30,
+    )
+    assert cluster.job(job_id)[1] in cluster.nodes
+    assert "DRAIN" in actuator.node_state(first_node)[0]
+    job = cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert re.search(r"\bRestarts=1\b", job), job
+
+
+def test_unknown_node_is_an_outcome_not_an_exception(actuator: SlurmActuator) -> None:
+    outcome = actuator.remediate(_remediation("fc-node99", requeue=True, job_id="12345"))
+
+    assert not outcome.ok
+    assert "drain of node fc-node99 failed" in outcome.detail
+    assert "Invalid node name" in outcome.detail  # scontrol's own message
+    with pytest.raises(SlurmError, match="fc-node99"):
+        actuator.node_state("fc-node99")
+
+
+def test_non_slurm_job_id_drains_but_reports_the_requeue(
+    cluster: SlurmCluster, actuator: SlurmActuator
+) -> None:
+    outcome = actuator.remediate(_remediation("fc-node2", job_id="k8s/train-42", requeue=True))
+
+    assert not outcome.ok
+    assert "drained node fc-node2" in outcome.detail
+    assert "not a Slurm job id" in outcome.detail
+    assert "DRAIN" in actuator.node_state("fc-node2")[0]
+
+
+def test_missing_scontrol_is_an_outcome(tmp_path: Path) -> None:
+    actuator = SlurmActuator(str(tmp_path / "no-such-scontrol"))
+
+    outcome = actuator.remediate(_remediation("fc-node1", job_id="1", requeue=True))
+
+    assert not outcome.ok
+    assert "cannot run" in outcome.detail
+    assert "no-such-scontrol" in outcome.detail
+
+
+def test_scontrol_timeout_is_an_outcome(tmp_path: Path) -> None:
+    # Without a readable slurm.conf scontrol retries for a minute: the actuator's timeout cuts it short.
+    scontrol = require_binary("scontrol")
+    actuator = SlurmActuator(scontrol, env={"SLURM_CONF": str(tmp_path / "missing.conf")}, timeout_s=1)
+
+    outcome = actuator.remediate(_remediation("fc-node1"))
+
+    assert not outcome.ok
+    assert "timed out after 1 s" in outcome.detail
+
+
+@pytest.mark.parametrize("node", ["fc-node[1-3]", "fc-node1,fc-node2", "-h", "", "fc-node1 State=RESUME"])
+def test_only_one_plain_node_name_is_drained(tmp_path: Path, node: str) -> None:
+    # The name is refused before scontrol runs: the binary here does not even exist.
+    outcome = SlurmActuator(str(tmp_path / "no-such-scontrol")).remediate(_remediation(node))
+
+    assert not outcome.ok
+    assert "not a single Slurm node name" in outcome.detail
+
+
+def test_parse_node_line_without_a_reason_or_stamp() -> None:
+    assert parse_node_line("NodeName=n1 CPUTot=1 State=IDLE ThreadsPerCore=1 Weight=1") == ("IDLE", "")
+    line = "NodeName=n1 State=DOWN+DRAIN Weight=1 Reason=Not responding Comment=x"
+    assert parse_node_line(line) == ("DOWN+DRAIN", "Not responding")
