@@ -18,3 +18,10 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
     return seconds
+
+
+def parse_limit(text: str) -> float:
+    """Like parse_duration, but "0" or "off" turns the limit off (returns 0)."""
+    if text.strip() in ("0", "off"):
+        return 0.0
+    return parse_duration(text)

@@ -65,6 +65,54 @@ def alert_starts(
     return out
 
 
+class AlertTracker:
+    """`alert_starts` one score at a time, for the service: per-slot runs in arrays, grown as slots
+    appear. `update` takes the slots scored at one grid step and says which alerts open and close;
+    a parity test holds it equal to `alert_starts` over the same scores."""
+
+    def __init__(self, policy: AlertPolicy, cadence_s: float, threshold: float) -> None:
+        self.policy, self.threshold = policy, threshold
+        self.expire = max(1, round(policy.horizon_s / cadence_s))
+        self.above_run = np.zeros(0, dtype=np.int64)
+        self.below_run = np.zeros(0, dtype=np.int64)
+        self.opened = np.zeros(0, dtype=np.int64)  # grid step the open alert opened at; -1: none
+
+    def _grow(self, slots: int) -> None:
+        if slots <= len(self.opened):
+            return
+        extra = slots - len(self.opened)
+        self.above_run = np.concatenate([self.above_run, np.zeros(extra, dtype=np.int64)])
+        self.below_run = np.concatenate([self.below_run, np.zeros(extra, dtype=np.int64)])
+        self.opened = np.concatenate([self.opened, np.full(extra, -1, dtype=np.int64)])
+
+    def update(
+        self, step: int, slots: np.ndarray, risk: np.ndarray, present: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One grid step of some slots: (opened, closed, close reasons) as slot arrays; a slot can
+        close and reopen in the same step (the horizon passed and the risk is still high).
+        Reasons: 0 risk below threshold, 1 horizon passed, 2 dark."""
+        self._grow(int(slots.max()) + 1 if len(slots) else 0)
+        r = np.where(np.isnan(risk), -np.inf, risk)
+        above = (r >= self.threshold) & present
+        a, b, o = self.above_run[slots], self.below_run[slots], self.opened[slots]
+        a = np.where(present, np.where(above, a + 1, 0), a)
+        b = np.where(present, np.where(above, 0, b + 1), b)
+        is_open = o >= 0
+        dark = is_open & ~present
+        low = is_open & present & (b >= self.policy.clear_steps)
+        expired = is_open & ~dark & ~low & (step - o >= self.expire)
+        close = dark | low | expired
+        o = np.where(close, -1, o)
+        new = (o < 0) & (a >= self.policy.k) & present
+        o = np.where(new, step, o)
+        self.above_run[slots], self.below_run[slots], self.opened[slots] = a, b, o
+        reasons = np.where(dark, 2, np.where(low, 0, 1))[close]
+        return slots[new], slots[close], reasons
+
+    def open_slots(self) -> np.ndarray:
+        return np.nonzero(self.opened >= 0)[0]
+
+
 @dataclass(frozen=True)
 class ScoredPeriod:
     """Scores of every present row of some nodes over a period, on the model's grid."""

@@ -29,7 +29,13 @@ class LateSample(ValueError):  # noqa: N818 (a reason for a reject counter, not 
 
 class OnlineFeatures:
     def __init__(
-        self, config: FeatureConfig, nodes: Sequence[str], start_s: float, *, lateness_steps: int = 1
+        self,
+        config: FeatureConfig,
+        nodes: Sequence[str],
+        start_s: float,
+        *,
+        lateness_steps: int = 1,
+        first_step: int = 0,
     ) -> None:
         self.config = config
         self.nodes = list(nodes)
@@ -42,7 +48,7 @@ class OnlineFeatures:
         self._uuids: dict[int, dict[int, str]] = {}  # step -> slot -> uuid seen in it
         self._last_uuid: list[str | None] = [None] * self.engine.slots
         self._is_h100 = np.zeros(self.engine.slots)
-        self.next_step = 0  # the first step not yet handed to the engine
+        self.next_step = first_step  # the first step not yet handed to the engine
 
     def step_of(self, time_unix_nano: int) -> int:
         return int((time_unix_nano / 1e9 - self.start_s) // self.config.cadence_s)

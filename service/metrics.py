@@ -17,8 +17,8 @@ class ServiceMetrics:
         r = self.registry
         self.failure_risk = Gauge(
             "faultcast_failure_risk",
-            "Calibrated probability that the GPU (gpu=-1: the node) fails within the model's horizon; "
-            "mode is the most likely failure mode.",
+            "Calibrated probability that the GPU fails within the model's horizon; mode is the most likely "
+            "failure mode.",
             ["node", "gpu", "mode"],
             registry=r,
         )
@@ -35,8 +35,16 @@ class ServiceMetrics:
         self.rejects = Counter(
             "faultcast_ingest_rejects", "Samples refused, by reason.", ["reason"], registry=r
         )
+        self.blanked = Counter(
+            "faultcast_ingest_values_blanked",
+            "Single values blanked inside otherwise kept samples (infinity, negative counter, ...), by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.duplicates = Counter(
-            "faultcast_ingest_duplicates", "Samples dropped as already stored (a collector's replay).", registry=r
+            "faultcast_ingest_duplicates",
+            "Samples dropped as already stored (a collector's replay).",
+            registry=r,
         )
         self.ingest_lag = Gauge(
             "faultcast_ingest_lag_seconds",
@@ -78,6 +86,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_ingest_gpu_samples_total",
     "faultcast_ingest_node_samples_total",
     "faultcast_ingest_rejects_total",
+    "faultcast_ingest_values_blanked_total",
     "faultcast_ingest_duplicates_total",
     "faultcast_ingest_lag_seconds",
     "faultcast_scoring_latency_seconds_bucket",

@@ -1,13 +1,15 @@
 """The service's telemetry endpoint: validates pushed samples, drops duplicates, acknowledges.
 
 A thin servicer over plain functions (gRPC Python examples convention). What happens to an
-accepted sample is the sink's business: the scoring pipeline, or a list in a test.
+accepted sample is the sink's business: the scoring pipeline, or a list in a test. A sink may refuse
+a sample by raising `SampleRejected`; that is counted by reason and acked like any other rejection.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -17,6 +19,8 @@ import grpc
 from faultcast import wire
 from faultcast.catalogue import SCHEMA_HASH
 from faultcast.readings import NodeSnapshot
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
 
@@ -26,12 +30,23 @@ Sink = Callable[[NodeSnapshot], None]
 
 
 class TelemetryServicer(pb_grpc.TelemetryServicer):
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-        self.rejects: Counter[str] = Counter()  # by reason
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        limits: Limits | None = None,
+        metrics: ServiceMetrics | None = None,
+        cursors: dict[tuple[str, int], int] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`limits`: check every sample (without, only the schema is checked); `cursors`: the
+        highest sequence already taken per (node, spool id), from a previous run."""
+        self.sink, self.limits, self.metrics, self.clock = sink, limits, metrics, clock
+        self.rejects: Counter[str] = Counter()  # whole samples refused, by reason
+        self.blanked: Counter[str] = Counter()  # single values blanked inside kept samples, by reason
         self.duplicates = 0
         # Highest sequence stored per (node, spool id): what makes a replay after an outage exact.
-        self._last: dict[tuple[str, int], int] = {}
+        self._last: dict[tuple[str, int], int] = dict(cursors or {})
         self._lock = threading.Lock()
         # One lock per (node, spool): check, store and advance happen together even when an old
         # stream of the same collector is still draining during its reconnect.
@@ -44,11 +59,11 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         if first is None:
             return
         if not first.HasField("hello"):
-            self.rejects["no_hello"] += 1
+            self._reject("no_hello")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a push stream must start with a PushHello")
         hello = first.hello
         if hello.schema.schema_hash != SCHEMA_HASH:
-            self.rejects["schema_mismatch"] += 1
+            self._reject("schema_mismatch")
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"collector schema {hello.schema.schema_hash:#018x} "
@@ -58,11 +73,21 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         key = (hello.node, hello.spool_id)
         for request in request_iterator:
             if not request.HasField("sample"):
-                self.rejects["repeated_hello"] += 1
+                self._reject("repeated_hello")
                 continue
             rejection = self._accept(key, request.sample)
             acked = self._last.get(key, 0)
             yield pb.PushAck(acked_through=acked, rejections=[rejection] if rejection else [])
+
+    def cursors(self) -> dict[tuple[str, int], int]:
+        """The highest sequence taken per (node, spool id): what a restart must remember."""
+        with self._lock:
+            return dict(self._last)
+
+    def _reject(self, reason: str) -> None:
+        self.rejects[reason] += 1
+        if self.metrics is not None:
+            self.metrics.rejects.labels(reason).inc()
 
     def _accept(self, key: tuple[str, int], sample: pb.NodeSample) -> pb.Rejection | None:
         with self._lock:
@@ -71,35 +96,62 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
             last = self._last.get(key, 0)
             if sample.sequence <= last and sample.sequence != 0:
                 self.duplicates += 1
+                if self.metrics is not None:
+                    self.metrics.duplicates.inc()
                 return None
-            reason = ""
+            reason = message = ""
             if sample.sequence == 0:
-                reason = "sequence 0: collectors number samples from 1"
-                self.rejects["no_sequence"] += 1
+                reason, message = "no_sequence", "sequence 0: collectors number samples from 1"
             elif sample.node != key[0]:
-                reason = f"sample names node {sample.node!r} on a stream opened by {key[0]!r}"
-                self.rejects["wrong_node"] += 1
+                reason, message = (
+                    "wrong_node",
+                    f"sample names node {sample.node!r} on a stream opened by {key[0]!r}",
+                )
             else:
                 try:
-                    snapshot = wire.from_proto(sample)
+                    self._take(wire.from_proto(sample))
                 except wire.WireError as exc:
-                    reason = str(exc)
-                    self.rejects["malformed"] += 1
-                else:
-                    self.sink(snapshot)
+                    reason, message = "malformed", str(exc)
+                except SampleRejected as exc:
+                    reason, message = exc.reason, str(exc)
+            if reason:
+                self._reject(reason)
             # A rejected sample is acked too: resending cannot fix it.
-            self._last[key] = max(last, sample.sequence)
+            with self._lock:
+                self._last[key] = max(last, sample.sequence)
         if reason:
-            log.warning("rejected sample %d from %s: %s", sample.sequence, key[0], reason)
-            return pb.Rejection(sequence=sample.sequence, reason=reason)
+            log.warning("rejected sample %d from %s: %s", sample.sequence, key[0], message)
+            return pb.Rejection(sequence=sample.sequence, reason=message)
         return None
+
+    def _take(self, snapshot: NodeSnapshot) -> None:
+        now = self.clock()
+        if self.limits is not None:
+            snapshot, blanked = check(snapshot, now, self.limits)
+            if blanked:
+                self.blanked.update(blanked)
+                if self.metrics is not None:
+                    for why, count in blanked.items():
+                        self.metrics.blanked.labels(why).inc(count)
+        self.sink(snapshot)
+        if self.metrics is not None:
+            self.metrics.node_samples.inc()
+            self.metrics.samples.inc(len(snapshot.gpus))
+            self.metrics.ingest_lag.labels(snapshot.node).set(now - snapshot.time_unix_nano / 1e9)
+
+
+# A node sample is a few kB; anything near this is not from a collector.
+MAX_MESSAGE_BYTES = 1 << 20
 
 
 def create_server(
     servicer: pb_grpc.TelemetryServicer, address: str = "127.0.0.1:0", *, max_workers: int = 16
 ) -> tuple[grpc.Server, int]:
     """A started server with the telemetry service; returns it and the bound port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+    )
     pb_grpc.add_TelemetryServicer_to_server(servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -31,3 +32,19 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@pytest.fixture(scope="session")
+def service_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model good enough to catch a clear HBM precursor, for the service's tests: a 32-node twin
+    over 6 days at 200x the failure rate, trained with few trees (about 40 s here)."""
+    from faultcast.model.dataset import open_dataset
+    from faultcast.model.train import TrainConfig, train
+    from faultcast.sim.config import FleetConfig
+    from faultcast.sim.writer import simulate
+
+    data = tmp_path_factory.mktemp("service-data")
+    simulate(FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0), data, [])
+    out = tmp_path_factory.mktemp("service-model")
+    train(open_dataset(data), out, TrainConfig(num_boost_round=80, negative_rate=0.05))
+    return out

@@ -24,39 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61ultcast/v1/alerts.proto\x12\x0c\x66\x61ultcast.v1\"K\n\x13\x46\x65\x61tureContribution\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x14\n\x0c\x63ontribution\x18\x03 \x01(\x01\"\xda\x02\n\x05\x41lert\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x04 \x01(\t\x12\'\n\x04mode\x18\x05 \x01(\x0e\x32\x19.faultcast.v1.FailureMode\x12\x0c\n\x04risk\x18\x06 \x01(\x01\x12\x1f\n\x17time_to_failure_seconds\x18\x07 \x01(\x01\x12\x37\n\x0ctop_features\x18\x08 \x03(\x0b\x32!.faultcast.v1.FeatureContribution\x12/\n\x06\x61\x63tion\x18\t \x01(\x0e\x32\x1f.faultcast.v1.RecommendedAction\x12\'\n\x05state\x18\n \x01(\x0e\x32\x18.faultcast.v1.AlertState\x12\x16\n\x0etime_unix_nano\x18\x0b \x01(\x03\x12\x15\n\rmodel_version\x18\x0c \x01(\t\"G\n\x10SubscribeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x14\n\x0cresume_after\x18\x03 \x01(\x04\"\x85\x01\n\x12\x41\x63knowledgeRequest\x12\x10\n\x08\x61lert_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\'\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x17.faultcast.v1.AckAction\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x16\n\x0e\x63heckpoint_uri\x18\x05 \x01(\t\"<\n\x13\x41\x63knowledgeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x13\n\x0bremediation\x18\x02 \x01(\t\"8\n\x17ListActiveAlertsRequest\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"?\n\x18ListActiveAlertsResponse\x12#\n\x06\x61lerts\x18\x01 \x03(\x0b\x32\x13.faultcast.v1.Alert\"3\n\x12RegisterJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\"\x15\n\x13RegisterJobResponse*\xfa\x01\n\x0b\x46\x61ilureMode\x12\x1c\n\x18\x46\x41ILURE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46\x41ILURE_MODE_HBM_WEAR\x10\x01\x12\x18\n\x14\x46\x41ILURE_MODE_COOLING\x10\x02\x12\x16\n\x12\x46\x41ILURE_MODE_POWER\x10\x03\x12\x17\n\x13\x46\x41ILURE_MODE_NVLINK\x10\x04\x12\x15\n\x11\x46\x41ILURE_MODE_PCIE\x10\x05\x12\x18\n\x14\x46\x41ILURE_MODE_NETWORK\x10\x06\x12\x1b\n\x17\x46\x41ILURE_MODE_DETACHMENT\x10\x07\x12\x19\n\x15\x46\x41ILURE_MODE_FIRMWARE\x10\x08*\xa8\x01\n\x11RecommendedAction\x12\"\n\x1eRECOMMENDED_ACTION_UNSPECIFIED\x10\x00\x12+\n\'RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE\x10\x01\x12$\n RECOMMENDED_ACTION_SNAPSHOT_ONLY\x10\x02\x12\x1c\n\x18RECOMMENDED_ACTION_WATCH\x10\x03*X\n\nAlertState\x12\x1b\n\x17\x41LERT_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41LERT_STATE_OPEN\x10\x01\x12\x17\n\x13\x41LERT_STATE_CLEARED\x10\x02*\x98\x01\n\tAckAction\x12\x1a\n\x16\x41\x43K_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41\x43K_ACTION_RECEIVED\x10\x01\x12\x1f\n\x1b\x41\x43K_ACTION_SNAPSHOT_STARTED\x10\x02\x12\x1c\n\x18\x41\x43K_ACTION_SNAPSHOT_DONE\x10\x03\x12\x17\n\x13\x41\x43K_ACTION_DECLINED\x10\x04\x32\xd7\x02\n\x06\x41lerts\x12\x42\n\tSubscribe\x12\x1e.faultcast.v1.SubscribeRequest\x1a\x13.faultcast.v1.Alert0\x01\x12R\n\x0b\x41\x63knowledge\x12 .faultcast.v1.AcknowledgeRequest\x1a!.faultcast.v1.AcknowledgeResponse\x12\x61\n\x10ListActiveAlerts\x12%.faultcast.v1.ListActiveAlertsRequest\x1a&.faultcast.v1.ListActiveAlertsResponse\x12R\n\x0bRegisterJob\x12 .faultcast.v1.RegisterJobRequest\x1a!.faultcast.v1.RegisterJobResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61ultcast/v1/alerts.proto\x12\x0c\x66\x61ultcast.v1\"K\n\x13\x46\x65\x61tureContribution\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x14\n\x0c\x63ontribution\x18\x03 \x01(\x01\"\x85\x03\n\x05\x41lert\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x04 \x01(\t\x12\'\n\x04mode\x18\x05 \x01(\x0e\x32\x19.faultcast.v1.FailureMode\x12\x0c\n\x04risk\x18\x06 \x01(\x01\x12\x1f\n\x17time_to_failure_seconds\x18\x07 \x01(\x01\x12\x37\n\x0ctop_features\x18\x08 \x03(\x0b\x32!.faultcast.v1.FeatureContribution\x12/\n\x06\x61\x63tion\x18\t \x01(\x0e\x32\x1f.faultcast.v1.RecommendedAction\x12\'\n\x05state\x18\n \x01(\x0e\x32\x18.faultcast.v1.AlertState\x12\x16\n\x0etime_unix_nano\x18\x0b \x01(\x03\x12\x15\n\rmodel_version\x18\x0c \x01(\t\x12\x11\n\topened_id\x18\r \x01(\x04\x12\x16\n\x0e\x63leared_reason\x18\x0e \x01(\t\"G\n\x10SubscribeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x14\n\x0cresume_after\x18\x03 \x01(\x04\"\x85\x01\n\x12\x41\x63knowledgeRequest\x12\x10\n\x08\x61lert_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\'\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x17.faultcast.v1.AckAction\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x16\n\x0e\x63heckpoint_uri\x18\x05 \x01(\t\"<\n\x13\x41\x63knowledgeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x13\n\x0bremediation\x18\x02 \x01(\t\"8\n\x17ListActiveAlertsRequest\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"?\n\x18ListActiveAlertsResponse\x12#\n\x06\x61lerts\x18\x01 \x03(\x0b\x32\x13.faultcast.v1.Alert\"3\n\x12RegisterJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\"\x15\n\x13RegisterJobResponse\"\"\n\x12ReloadModelRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"K\n\x13ReloadModelResponse\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t*\xfa\x01\n\x0b\x46\x61ilureMode\x12\x1c\n\x18\x46\x41ILURE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46\x41ILURE_MODE_HBM_WEAR\x10\x01\x12\x18\n\x14\x46\x41ILURE_MODE_COOLING\x10\x02\x12\x16\n\x12\x46\x41ILURE_MODE_POWER\x10\x03\x12\x17\n\x13\x46\x41ILURE_MODE_NVLINK\x10\x04\x12\x15\n\x11\x46\x41ILURE_MODE_PCIE\x10\x05\x12\x18\n\x14\x46\x41ILURE_MODE_NETWORK\x10\x06\x12\x1b\n\x17\x46\x41ILURE_MODE_DETACHMENT\x10\x07\x12\x19\n\x15\x46\x41ILURE_MODE_FIRMWARE\x10\x08*\xa8\x01\n\x11RecommendedAction\x12\"\n\x1eRECOMMENDED_ACTION_UNSPECIFIED\x10\x00\x12+\n\'RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE\x10\x01\x12$\n RECOMMENDED_ACTION_SNAPSHOT_ONLY\x10\x02\x12\x1c\n\x18RECOMMENDED_ACTION_WATCH\x10\x03*X\n\nAlertState\x12\x1b\n\x17\x41LERT_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41LERT_STATE_OPEN\x10\x01\x12\x17\n\x13\x41LERT_STATE_CLEARED\x10\x02*\x98\x01\n\tAckAction\x12\x1a\n\x16\x41\x43K_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41\x43K_ACTION_RECEIVED\x10\x01\x12\x1f\n\x1b\x41\x43K_ACTION_SNAPSHOT_STARTED\x10\x02\x12\x1c\n\x18\x41\x43K_ACTION_SNAPSHOT_DONE\x10\x03\x12\x17\n\x13\x41\x43K_ACTION_DECLINED\x10\x04\x32[\n\x05\x41\x64min\x12R\n\x0bReloadModel\x12 .faultcast.v1.ReloadModelRequest\x1a!.faultcast.v1.ReloadModelResponse2\xd7\x02\n\x06\x41lerts\x12\x42\n\tSubscribe\x12\x1e.faultcast.v1.SubscribeRequest\x1a\x13.faultcast.v1.Alert0\x01\x12R\n\x0b\x41\x63knowledge\x12 .faultcast.v1.AcknowledgeRequest\x1a!.faultcast.v1.AcknowledgeResponse\x12\x61\n\x10ListActiveAlerts\x12%.faultcast.v1.ListActiveAlertsRequest\x1a&.faultcast.v1.ListActiveAlertsResponse\x12R\n\x0bRegisterJob\x12 .faultcast.v1.RegisterJobRequest\x1a!.faultcast.v1.RegisterJobResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'faultcast.v1.alerts_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FAILUREMODE']._serialized_start=940
-  _globals['_FAILUREMODE']._serialized_end=1190
-  _globals['_RECOMMENDEDACTION']._serialized_start=1193
-  _globals['_RECOMMENDEDACTION']._serialized_end=1361
-  _globals['_ALERTSTATE']._serialized_start=1363
-  _globals['_ALERTSTATE']._serialized_end=1451
-  _globals['_ACKACTION']._serialized_start=1454
-  _globals['_ACKACTION']._serialized_end=1606
+  _globals['_FAILUREMODE']._serialized_start=1096
+  _globals['_FAILUREMODE']._serialized_end=1346
+  _globals['_RECOMMENDEDACTION']._serialized_start=1349
+  _globals['_RECOMMENDEDACTION']._serialized_end=1517
+  _globals['_ALERTSTATE']._serialized_start=1519
+  _globals['_ALERTSTATE']._serialized_end=1607
+  _globals['_ACKACTION']._serialized_start=1610
+  _globals['_ACKACTION']._serialized_end=1762
   _globals['_FEATURECONTRIBUTION']._serialized_start=43
   _globals['_FEATURECONTRIBUTION']._serialized_end=118
   _globals['_ALERT']._serialized_start=121
-  _globals['_ALERT']._serialized_end=467
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=469
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=540
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=543
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=676
-  _globals['_ACKNOWLEDGERESPONSE']._serialized_start=678
-  _globals['_ACKNOWLEDGERESPONSE']._serialized_end=738
-  _globals['_LISTACTIVEALERTSREQUEST']._serialized_start=740
-  _globals['_LISTACTIVEALERTSREQUEST']._serialized_end=796
-  _globals['_LISTACTIVEALERTSRESPONSE']._serialized_start=798
-  _globals['_LISTACTIVEALERTSRESPONSE']._serialized_end=861
-  _globals['_REGISTERJOBREQUEST']._serialized_start=863
-  _globals['_REGISTERJOBREQUEST']._serialized_end=914
-  _globals['_REGISTERJOBRESPONSE']._serialized_start=916
-  _globals['_REGISTERJOBRESPONSE']._serialized_end=937
-  _globals['_ALERTS']._serialized_start=1609
-  _globals['_ALERTS']._serialized_end=1952
+  _globals['_ALERT']._serialized_end=510
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=512
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=583
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=586
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=719
+  _globals['_ACKNOWLEDGERESPONSE']._serialized_start=721
+  _globals['_ACKNOWLEDGERESPONSE']._serialized_end=781
+  _globals['_LISTACTIVEALERTSREQUEST']._serialized_start=783
+  _globals['_LISTACTIVEALERTSREQUEST']._serialized_end=839
+  _globals['_LISTACTIVEALERTSRESPONSE']._serialized_start=841
+  _globals['_LISTACTIVEALERTSRESPONSE']._serialized_end=904
+  _globals['_REGISTERJOBREQUEST']._serialized_start=906
+  _globals['_REGISTERJOBREQUEST']._serialized_end=957
+  _globals['_REGISTERJOBRESPONSE']._serialized_start=959
+  _globals['_REGISTERJOBRESPONSE']._serialized_end=980
+  _globals['_RELOADMODELREQUEST']._serialized_start=982
+  _globals['_RELOADMODELREQUEST']._serialized_end=1016
+  _globals['_RELOADMODELRESPONSE']._serialized_start=1018
+  _globals['_RELOADMODELRESPONSE']._serialized_end=1093
+  _globals['_ADMIN']._serialized_start=1764
+  _globals['_ADMIN']._serialized_end=1855
+  _globals['_ALERTS']._serialized_start=1858
+  _globals['_ALERTS']._serialized_end=2201
 # @@protoc_insertion_point(module_scope)

@@ -147,8 +147,12 @@ class Alert(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     TIME_UNIX_NANO_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    OPENED_ID_FIELD_NUMBER: _builtins.int
+    CLEARED_REASON_FIELD_NUMBER: _builtins.int
     id: _builtins.int
-    """Monotonically increasing across the service's life; the resume cursor for Subscribe."""
+    """Position in the service's durable alert log: increases monotonically across restarts and is the
+    resume cursor for Subscribe. An OPEN alert is acknowledged by this id.
+    """
     node: _builtins.str
     gpu: _builtins.int
     """-1 for a node-level alert (network)."""
@@ -162,6 +166,12 @@ class Alert(_message.Message):
     time_unix_nano: _builtins.int
     """Event time of the sample that raised (or cleared) the alert."""
     model_version: _builtins.str
+    opened_id: _builtins.int
+    """The alert this event belongs to: the id of its first OPEN event. A later OPEN event with the same
+    opened_id updates the alert (its recommended action escalated); a CLEARED event ends it.
+    """
+    cleared_reason: _builtins.str
+    """Why it cleared ("risk below threshold", "horizon passed", "gpu dark", "model reloaded")."""
     @_builtins.property
     def top_features(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeatureContribution]: ...
     def __init__(
@@ -179,10 +189,12 @@ class Alert(_message.Message):
         state: Global___AlertState.ValueType = ...,
         time_unix_nano: _builtins.int = ...,
         model_version: _builtins.str = ...,
+        opened_id: _builtins.int = ...,
+        cleared_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "id", b"id", "mode", b"mode", "model_version", b"model_version", "node", b"node", "risk", b"risk", "state", b"state", "time_to_failure_seconds", b"time_to_failure_seconds", "time_unix_nano", b"time_unix_nano", "top_features", b"top_features"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cleared_reason", b"cleared_reason", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "id", b"id", "mode", b"mode", "model_version", b"model_version", "node", b"node", "opened_id", b"opened_id", "risk", b"risk", "state", b"state", "time_to_failure_seconds", b"time_to_failure_seconds", "time_unix_nano", b"time_unix_nano", "top_features", b"top_features"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -351,3 +363,49 @@ class RegisterJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterJobResponse: _TypeAlias = RegisterJobResponse  # noqa: Y015
+
+@_typing.final
+class ReloadModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Artifact directory to load; empty reloads the directory the service was started with."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadModelRequest: _TypeAlias = ReloadModelRequest  # noqa: Y015
+
+@_typing.final
+class ReloadModelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOADED_FIELD_NUMBER: _builtins.int
+    MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    loaded: _builtins.bool
+    model_version: _builtins.str
+    """The version now serving (the new one, or the old one when the new one was refused)."""
+    error: _builtins.str
+    def __init__(
+        self,
+        *,
+        loaded: _builtins.bool = ...,
+        model_version: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "loaded", b"loaded", "model_version", b"model_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadModelResponse: _TypeAlias = ReloadModelResponse  # noqa: Y015

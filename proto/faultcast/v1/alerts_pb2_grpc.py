@@ -25,6 +25,81 @@ if _version_not_supported:
     )
 
 
+class AdminStub:
+    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ReloadModel = channel.unary_unary(
+                '/faultcast.v1.Admin/ReloadModel',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving.
+    """
+
+    def ReloadModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ReloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadModel,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'faultcast.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('faultcast.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving.
+    """
+
+    @staticmethod
+    def ReloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/ReloadModel',
+            faultcast_dot_v1_dot_alerts__pb2.ReloadModelRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ReloadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class AlertsStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -26,6 +26,34 @@ class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ig
 GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
+class AdminStub:
+    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving."""
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> AdminAsyncStub: ...
+    ReloadModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ReloadModelRequest, _alerts_pb2.ReloadModelResponse]
+
+@_typing.type_check_only
+class AdminAsyncStub(AdminStub):
+    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving."""
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ReloadModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ReloadModelRequest, _alerts_pb2.ReloadModelResponse]  # type: ignore[assignment]
+
+class AdminServicer(metaclass=_abc_1.ABCMeta):
+    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving."""
+
+    @_abc_1.abstractmethod
+    def ReloadModel(
+        self,
+        request: _alerts_pb2.ReloadModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ReloadModelResponse, _abc.Awaitable[_alerts_pb2.ReloadModelResponse]]: ...
+
+def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
 class AlertsStub:
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...

@@ -1,0 +1,116 @@
+"""The alert and admin RPCs: thin servicers over the service's parts.
+
+Subscribe streams the durable log from `resume_after`: first everything stored since, then new events
+as they are appended, so a subscriber that reconnects (even to a restarted service) misses nothing.
+Delivery is at-least-once: a subscriber dedupes by id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import grpc
+
+from faultcast.service.alerting import AlertBook
+from faultcast.service.remediator import Remediator
+from faultcast.service.state import Ack, StateStore
+from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+
+_POLL_S = 0.5  # how often a quiet stream checks that its subscriber is still there
+
+
+class Reloader(Protocol):
+    def reload(self, path: str | None) -> tuple[bool, str, str]: ...
+
+
+class AlertsServicer(apb_grpc.AlertsServicer):
+    def __init__(
+        self,
+        store: StateStore,
+        book: AlertBook,
+        remediator: Remediator,
+        stopping: threading.Event,
+        on_subscribers: Callable[[int], None] = lambda delta: None,
+    ) -> None:
+        self.store, self.book, self.remediator, self.stopping = store, book, remediator, stopping
+        self.on_subscribers = on_subscribers
+
+    def _nodes(self, job_id: str, nodes: list[str], context: grpc.ServicerContext) -> list[str]:
+        if nodes:
+            return nodes
+        if not job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the nodes or a registered job id")
+        registered = self.store.jobs().get(job_id)
+        if registered is None:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"job {job_id!r} is not registered (RegisterJob) and no nodes were named",
+            )
+        return registered
+
+    def Subscribe(  # noqa: N802 (gRPC method name)
+        self, request: apb.SubscribeRequest, context: grpc.ServicerContext
+    ) -> Iterator[apb.Alert]:
+        nodes = self._nodes(request.job_id, list(request.nodes), context)
+        cursor = request.resume_after
+        self.on_subscribers(1)
+        try:
+            while context.is_active() and not self.stopping.is_set():
+                seen = self.store.last_id
+                batch = self.store.read_after(cursor, nodes)
+                for alert in batch:
+                    yield alert
+                    cursor = alert.id
+                if len(batch) == 0:
+                    # Nothing for these nodes up to `seen`: skip past it, then wait for more.
+                    cursor = max(cursor, seen)
+                    self.store.wait_beyond(seen, _POLL_S)
+        finally:
+            self.on_subscribers(-1)
+
+    def Acknowledge(  # noqa: N802
+        self, request: apb.AcknowledgeRequest, context: grpc.ServicerContext
+    ) -> apb.AcknowledgeResponse:
+        alert = self.store.get(request.alert_id)
+        if alert is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no alert {request.alert_id}")
+        if alert.state != apb.ALERT_STATE_OPEN:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"alert {request.alert_id} is a CLEARED event; acknowledge the OPEN alert {alert.opened_id}",
+            )
+        if request.action == apb.ACK_ACTION_UNSPECIFIED:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say what was done (action)")
+        ack = Ack(request.alert_id, request.job_id, int(request.action), request.step, request.checkpoint_uri)
+        return apb.AcknowledgeResponse(accepted=True, remediation=self.remediator.on_ack(ack))
+
+    def ListActiveAlerts(  # noqa: N802
+        self, request: apb.ListActiveAlertsRequest, context: grpc.ServicerContext
+    ) -> apb.ListActiveAlertsResponse:
+        alerts = self.book.active()
+        if request.nodes or request.job_id:
+            nodes = set(self._nodes(request.job_id, list(request.nodes), context))
+            alerts = [a for a in alerts if a.node in nodes]
+        return apb.ListActiveAlertsResponse(alerts=alerts)
+
+    def RegisterJob(  # noqa: N802
+        self, request: apb.RegisterJobRequest, context: grpc.ServicerContext
+    ) -> apb.RegisterJobResponse:
+        if not request.job_id or not request.nodes:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
+        self.store.register_job(request.job_id, list(request.nodes))
+        return apb.RegisterJobResponse()
+
+
+class AdminServicer(apb_grpc.AdminServicer):
+    def __init__(self, reloader: Reloader) -> None:
+        self.reloader = reloader
+
+    def ReloadModel(  # noqa: N802
+        self, request: apb.ReloadModelRequest, context: grpc.ServicerContext
+    ) -> apb.ReloadModelResponse:
+        loaded, version, error = self.reloader.reload(request.path or None)
+        return apb.ReloadModelResponse(loaded=loaded, model_version=version, error=error)

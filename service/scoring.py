@@ -1,0 +1,163 @@
+"""Online scoring: node samples in, calibrated risks out, through the training code's features.
+
+Each node has its own `OnlineFeatures` on the model's grid (its cadence, epoch-aligned steps), so
+incoming 1 s samples are resampled exactly as training laid its table, and one node's clock running
+ahead never makes another node's samples late. A node's grid step is complete once a sample of a
+later step arrives; completed steps wait in a queue and `score_pending` scores all their GPUs in one
+LightGBM call (the risk, the mode head and the time-to-failure head).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
+from faultcast.model.online import LateSample, OnlineFeatures
+from faultcast.readings import NodeSnapshot
+from faultcast.service.validation import SampleRejected
+
+
+def model_version(model: FaultModel) -> str:
+    """What names the model in alerts and metrics: its creation time and the code's revision."""
+    created = str(model.manifest.get("created_at", "unknown"))
+    revision = str(model.manifest.get("git_revision", "unknown"))[:12]
+    return f"{created}/{revision}"
+
+
+def estimated_ttf_s(risk: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """Median time to failure given that one comes within the horizon, from the risks within 5/15/30
+    minutes (rows, 3): interpolated inside the first bucket that holds half the probability."""
+    edges = np.concatenate([[0.0], np.asarray(TTF_BUCKETS_S)])
+    cond = within / np.maximum(risk, 1e-12)[:, None]
+    cond = np.concatenate([np.zeros((len(risk), 1)), np.clip(cond, 0.0, 1.0)], axis=1)
+    cond[:, -1] = 1.0  # given a failure within the horizon, it is certain by its end
+    out = np.empty(len(risk))
+    for row in range(len(risk)):
+        i = int(np.argmax(cond[row] >= 0.5))
+        lo, hi = cond[row, i - 1], cond[row, i]
+        frac = (0.5 - lo) / (hi - lo) if hi > lo else 1.0
+        out[row] = edges[i - 1] + frac * (edges[i] - edges[i - 1])
+    return out
+
+
+@dataclass
+class ScoredStep:
+    """One node's grid step, scored."""
+
+    node: str
+    step: int  # epoch-aligned grid step: time // cadence
+    time_s: float
+    arrival_s: float  # when the sample that completed the step arrived (the service's clock)
+    present: np.ndarray  # (gpus,) bool
+    features: np.ndarray  # (gpus, features)
+    uuids: tuple[str, ...]
+    risk: np.ndarray = field(default_factory=lambda: np.zeros(0))  # NaN where absent
+    mode: list[str] = field(default_factory=list)
+    ttf_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+@dataclass
+class _Node:
+    online: OnlineFeatures
+    uuids: list[str]
+
+
+class Scorer:
+    def __init__(self, model: FaultModel, *, lateness_steps: int = 1, max_nodes: int = 100_000) -> None:
+        self.model = model
+        self.lateness_steps = lateness_steps
+        self.max_nodes = max_nodes
+        self._nodes: dict[str, _Node] = {}
+        self._queue: list[ScoredStep] = []
+        self._lock = threading.Lock()
+
+    @property
+    def cadence_s(self) -> float:
+        return self.model.feature_config.cadence_s
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return list(self._nodes)
+
+    def add(self, snapshot: NodeSnapshot, arrival_s: float) -> int:
+        """Lay one sample on its node's grid; returns how many steps it completed. Raises
+        SampleRejected when the sample is for a step already scored or the node table is full."""
+        with self._lock:
+            node = self._nodes.get(snapshot.node)
+            if node is None:
+                if len(self._nodes) >= self.max_nodes:
+                    raise SampleRejected(
+                        "too_many_nodes",
+                        f"node {snapshot.node!r} is past the service's {self.max_nodes} nodes",
+                    )
+                node = self._new_node(snapshot)
+                self._nodes[snapshot.node] = node
+            for gpu in snapshot.gpus:
+                node.uuids[gpu.index] = gpu.uuid
+            try:
+                steps = node.online.add(snapshot)
+            except LateSample as exc:
+                raise SampleRejected("late", str(exc)) from exc
+            uuids = tuple(node.uuids)
+            for s in steps:
+                g = self.model.feature_config.gpus_per_node
+                self._queue.append(
+                    ScoredStep(
+                        snapshot.node, s.index, s.time_s, arrival_s, s.present[:g], s.features[:g], uuids
+                    )
+                )
+            return len(steps)
+
+    def _new_node(self, snapshot: NodeSnapshot) -> _Node:
+        config = self.model.feature_config
+        step = int(snapshot.time_unix_nano / 1e9 // config.cadence_s)
+        online = OnlineFeatures(
+            config, [snapshot.node], 0.0, lateness_steps=self.lateness_steps, first_step=step
+        )
+        return _Node(online, [""] * config.gpus_per_node)
+
+    def score_pending(self) -> list[ScoredStep]:
+        """Score every completed step waiting, in one call per head; oldest first."""
+        with self._lock:
+            batch, self._queue = self._queue, []
+            model = self.model
+        if not batch:
+            return []
+        present = np.concatenate([s.present for s in batch])
+        x = np.concatenate([s.features for s in batch])[present]
+        risk = np.full(len(present), np.nan)
+        ttf = np.full(len(present), np.nan)
+        modes = np.full(len(present), "", dtype=object)
+        if len(x):
+            r = model.risk(x)
+            risk[present] = r
+            ttf[present] = estimated_ttf_s(r, model.risk_within(x))
+            if model.modes:
+                modes[present] = np.asarray(model.modes, dtype=object)[
+                    np.argmax(model.mode_probabilities(x), axis=1)
+                ]
+        g = model.feature_config.gpus_per_node
+        for i, s in enumerate(batch):
+            s.risk, s.ttf_s, s.mode = (
+                risk[i * g : (i + 1) * g],
+                ttf[i * g : (i + 1) * g],
+                list(modes[i * g : (i + 1) * g]),
+            )
+        return batch
+
+    def swap_model(self, model: FaultModel) -> bool:
+        """Serve `model` from the next score on; True when the nodes' feature state carries over
+        (same features and cadence), False when it had to restart (a warm-up follows)."""
+        with self._lock:
+            same = (
+                model.feature_names == self.model.feature_names
+                and model.feature_config == self.model.feature_config
+            )
+            self.model = model
+            if not same:
+                self._nodes.clear()
+                self._queue.clear()
+            return same

@@ -1,0 +1,219 @@
+"""The prediction service: ingest, scoring, alerts, remediation and the RPCs, wired together.
+
+`Service` owns the parts and the scoring thread; `start(address)` binds one gRPC server with the
+telemetry, alerts, admin, health and reflection services. Nothing here reads the wall clock but
+the edges: arrival times (ingest lag, latency) and grace timers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from faultcast.model.artifact import FaultModel, ModelError, load
+from faultcast.readings import NodeSnapshot
+from faultcast.service.alerting import ActionPolicy, AlertBook
+from faultcast.service.api import AdminServicer, AlertsServicer
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator
+from faultcast.service.remediator import Remediator
+from faultcast.service.scoring import Scorer, model_version
+from faultcast.service.state import StateStore
+from faultcast.service.telemetry import MAX_MESSAGE_BYTES, TelemetryServicer
+from faultcast.service.validation import Limits
+from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from faultcast.v1 import telemetry_pb2 as tpb
+from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    tpb.DESCRIPTOR.services_by_name["Telemetry"].full_name,
+    apb.DESCRIPTOR.services_by_name["Alerts"].full_name,
+    apb.DESCRIPTOR.services_by_name["Admin"].full_name,
+)
+_CURSOR_SAVE_S = 1.0
+
+
+class Service:
+    def __init__(
+        self,
+        model_dir: Path,
+        state_dir: Path,
+        *,
+        actuator: Actuator | None = None,
+        metrics: ServiceMetrics | None = None,
+        limits: Limits | None = None,
+        lateness_steps: int = 1,
+        grace_s: float = 300.0,
+        breaker: CircuitBreaker | None = None,
+        actions: ActionPolicy | None = None,
+        max_nodes: int = 100_000,
+    ) -> None:
+        self.model_dir = model_dir
+        self.metrics = metrics or ServiceMetrics()
+        model = load(model_dir)  # a bad artifact at start is fatal: there is nothing to serve
+        self.store = StateStore.in_dir(state_dir)
+        self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
+        self.book = AlertBook(model, self.store, self.metrics, actions=actions or ActionPolicy())
+        self.remediator = Remediator(
+            self.store, actuator or NoopActuator(), self.metrics, grace_s=grace_s, breaker=breaker
+        )
+        self.book.listen(self.remediator.on_alerts)
+        limits = limits or Limits()
+        self.limits = Limits(
+            model.feature_config.gpus_per_node, limits.max_future_s, limits.max_age_s, limits.max_node_name
+        )
+        self.telemetry = TelemetryServicer(
+            self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.load_cursors()
+        )
+        self.stopping = threading.Event()
+        self._work = threading.Condition()
+        self._ready = 0  # completed steps waiting to be scored
+        self._thread: threading.Thread | None = None
+        self._server: grpc.Server | None = None
+        self._health = health.HealthServicer()
+        self._reload_lock = threading.Lock()
+        self._describe(model)
+        for outcome in ("ok", "rejected"):
+            self.metrics.model_reloads.labels(outcome)
+
+    @property
+    def model(self) -> FaultModel:
+        return self.scorer.model
+
+    def _describe(self, model: FaultModel) -> None:
+        self.metrics.model_info.info(
+            {
+                "version": model_version(model),
+                "trained_at": str(model.manifest.get("created_at", "")),
+                "git_revision": str(model.manifest.get("git_revision", "")),
+                "horizon_s": f"{model.horizon_s:.0f}",
+                "cadence_s": f"{model.feature_config.cadence_s:.0f}",
+                "threshold": f"{model.threshold:.6f}",
+            }
+        )
+
+    # -- ingest and scoring -------------------------------------------------------------------
+
+    def _ingest(self, snapshot: NodeSnapshot) -> None:
+        completed = self.scorer.add(snapshot, time.monotonic())
+        if completed:
+            with self._work:
+                self._ready += completed
+                self._work.notify()
+
+    def score_now(self) -> list[apb.Alert]:
+        """Score what is waiting and run the alert policy; the scoring thread's one step."""
+        scored = self.scorer.score_pending()
+        if not scored:
+            return []
+        alerts = self.book.observe(scored)
+        done = time.monotonic()
+        for s in scored:
+            self.metrics.scoring_latency.observe(done - s.arrival_s)
+        return alerts
+
+    def _loop(self) -> None:
+        saved_at = time.monotonic()
+        while not self.stopping.is_set():
+            with self._work:
+                self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set(), timeout=_CURSOR_SAVE_S)
+                self._ready = 0
+            try:
+                self.score_now()
+            except Exception:  # a scoring bug must not stop ingest; it is logged and counted
+                log.exception("scoring failed; the samples of this tick are lost, the service goes on")
+                self.metrics.rejects.labels("scoring_error").inc()
+            if time.monotonic() - saved_at >= _CURSOR_SAVE_S:
+                self.store.save_cursors(self.telemetry.cursors())
+                saved_at = time.monotonic()
+
+    # -- model reload -------------------------------------------------------------------------
+
+    def reload(self, path: str | None = None) -> tuple[bool, str, str]:
+        """Load and check an artifact, then serve it; a bad one leaves the old model serving.
+        Returns (loaded, version serving now, error)."""
+        with self._reload_lock:
+            target = Path(path) if path else self.model_dir
+            try:
+                model = load(target)
+                if model.feature_config.gpus_per_node != self.model.feature_config.gpus_per_node:
+                    raise ModelError(
+                        f"{target}: built for {model.feature_config.gpus_per_node} GPUs per node, "
+                        f"the service runs {self.model.feature_config.gpus_per_node}"
+                    )
+            except (ModelError, OSError, KeyError, ValueError) as exc:
+                self.metrics.model_reloads.labels("rejected").inc()
+                log.error("model reload refused, the old model keeps serving: %s", exc)
+                return False, model_version(self.model), str(exc)
+            carried = self.scorer.swap_model(model)
+            self.book.swap_model(model, carried)
+            self.model_dir = target
+            self._describe(model)
+            self.metrics.model_reloads.labels("ok").inc()
+            log.info("serving model %s from %s (feature state %s)", model_version(model), target,
+                     "kept" if carried else "restarted")  # fmt: skip
+            return True, model_version(model), ""
+
+    # -- the server ---------------------------------------------------------------------------
+
+    def start(self, address: str = "127.0.0.1:0", *, max_workers: int = 64) -> int:
+        """Start scoring, remediation and the gRPC server; returns the bound port."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="faultcast-rpc"),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        tpb_grpc.add_TelemetryServicer_to_server(self.telemetry, server)
+        alerts = AlertsServicer(
+            self.store, self.book, self.remediator, self.stopping, self.metrics.subscribers.inc
+        )
+        apb_grpc.add_AlertsServicer_to_server(alerts, server)
+        apb_grpc.add_AdminServicer_to_server(AdminServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (
+                *SERVICE_NAMES,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        port = server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"could not bind the service to {address}")
+        self._thread = threading.Thread(target=self._loop, name="faultcast-scoring", daemon=True)
+        self._thread.start()
+        self.remediator.start()
+        server.start()
+        for name in ("", *SERVICE_NAMES):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        return port
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop taking requests, finish the waiting scores, save the cursors, close the state."""
+        self._health.enter_graceful_shutdown()
+        self.stopping.set()
+        with self._work:
+            self._work.notify_all()
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.score_now()
+        self.remediator.stop()
+        self.store.save_cursors(self.telemetry.cursors())
+        self.store.close()
+
+    def wait(self) -> None:
+        if self._server is not None:
+            self._server.wait_for_termination()

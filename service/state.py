@@ -1,0 +1,250 @@
+"""The service's durable state in `--state-dir`: one SQLite database.
+
+- the alert log: every OPEN and CLEARED event, ids from SQLite's AUTOINCREMENT (never reused, so
+  they increase across restarts); a subscriber resumes after the last id it saw with no gap;
+- registered jobs and their nodes, acknowledgements, remediations done (never twice for one alert);
+- the ingest cursors: the highest sequence accepted per (node, spool id), so a collector's replay
+  after a service restart is not taken twice.
+
+WAL with synchronous=FULL: an alert a subscriber has seen is on disk first. One connection behind a
+lock; a condition variable wakes subscribers when an event is appended.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from faultcast.v1 import alerts_pb2 as apb
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT NOT NULL,
+    gpu INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    opened_id INTEGER NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alerts_node ON alerts (node, id);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    nodes TEXT NOT NULL,
+    registered_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS acks (
+    alert_id INTEGER NOT NULL,
+    job_id TEXT NOT NULL,
+    action INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    checkpoint_uri TEXT NOT NULL,
+    at_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS remediations (
+    alert_id INTEGER PRIMARY KEY,
+    node TEXT NOT NULL,
+    actuator TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    at_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cursors (
+    node TEXT NOT NULL,
+    spool_id INTEGER NOT NULL,
+    last_sequence INTEGER NOT NULL,
+    PRIMARY KEY (node, spool_id)
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    alert_id: int
+    job_id: str
+    action: int
+    step: int
+    checkpoint_uri: str
+
+
+class StateStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+        self._appended = threading.Condition(self._lock)
+        self._closed = False
+        row = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()
+        self.last_id: int = int(row[0])
+
+    @classmethod
+    def in_dir(cls, state_dir: Path) -> StateStore:
+        return cls(state_dir / "faultcast-service.sqlite")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._appended.notify_all()
+            self._db.close()
+
+    # -- the alert log ----------------------------------------------------------------------
+
+    def append(self, alerts: Sequence[apb.Alert]) -> list[apb.Alert]:
+        """Store events in one transaction; returns them with their ids set (and an OPEN event's
+        opened_id set to its own id)."""
+        out = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for alert in alerts:
+                    stored = apb.Alert()
+                    stored.CopyFrom(alert)
+                    cursor = self._db.execute(
+                        "INSERT INTO alerts (node, gpu, state, opened_id, payload) VALUES (?, ?, ?, ?, x'')",
+                        (alert.node, alert.gpu, int(alert.state), int(alert.opened_id)),
+                    )
+                    stored.id = int(cursor.lastrowid or 0)
+                    if stored.state == apb.ALERT_STATE_OPEN and stored.opened_id == 0:
+                        stored.opened_id = stored.id  # a new alert; an update names the one it updates
+                    self._db.execute(
+                        "UPDATE alerts SET payload = ?, opened_id = ? WHERE id = ?",
+                        (stored.SerializeToString(), stored.opened_id, stored.id),
+                    )
+                    out.append(stored)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            if out:
+                self.last_id = out[-1].id
+                self._appended.notify_all()
+        return out
+
+    def read_after(
+        self, after_id: int, nodes: Iterable[str] | None = None, limit: int = 1000
+    ) -> list[apb.Alert]:
+        """Events with id > after_id, oldest first; only those of `nodes` when given."""
+        wanted = sorted(set(nodes)) if nodes is not None else None
+        query = "SELECT payload FROM alerts WHERE id > ?"
+        args: list[object] = [after_id]
+        if wanted is not None:
+            query += f" AND node IN ({','.join('?' * len(wanted))})"
+            args += wanted
+        query += " ORDER BY id LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return [apb.Alert.FromString(payload) for (payload,) in rows]
+
+    def wait_beyond(self, after_id: int, timeout_s: float) -> bool:
+        """Block until an event with id > after_id exists (True) or the timeout passes or the store
+        closes (False)."""
+        with self._appended:
+            return self._appended.wait_for(lambda: self.last_id > after_id or self._closed, timeout_s) and (
+                not self._closed
+            )
+
+    def get(self, alert_id: int) -> apb.Alert | None:
+        with self._lock:
+            row = self._db.execute("SELECT payload FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+        return apb.Alert.FromString(row[0]) if row else None
+
+    def open_alerts(self) -> list[apb.Alert]:
+        """The latest OPEN event of each alert not yet CLEARED (an alert's events share opened_id)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT payload FROM alerts a WHERE state = ? "
+                "AND id = (SELECT MAX(id) FROM alerts b WHERE b.opened_id = a.opened_id AND b.state = ?) "
+                "AND NOT EXISTS (SELECT 1 FROM alerts c WHERE c.opened_id = a.opened_id AND c.state = ?) ORDER BY id",
+                (apb.ALERT_STATE_OPEN, apb.ALERT_STATE_OPEN, apb.ALERT_STATE_CLEARED),
+            ).fetchall()
+        return [apb.Alert.FromString(payload) for (payload,) in rows]
+
+    def cleared_reason(self, opened_id: int) -> str | None:
+        """Why the alert cleared, or None while it is open."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT payload FROM alerts WHERE opened_id = ? AND state = ? ORDER BY id LIMIT 1",
+                (opened_id, apb.ALERT_STATE_CLEARED),
+            ).fetchone()
+        return apb.Alert.FromString(row[0]).cleared_reason if row else None
+
+    # -- jobs, acknowledgements, remediations ----------------------------------------------
+
+    def register_job(self, job_id: str, nodes: Sequence[str]) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO jobs (job_id, nodes, registered_unix) VALUES (?, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET nodes = excluded.nodes, registered_unix = excluded.registered_unix",
+                (job_id, json.dumps(sorted(set(nodes))), time.time()),
+            )
+
+    def jobs(self) -> dict[str, list[str]]:
+        with self._lock:
+            rows = self._db.execute("SELECT job_id, nodes FROM jobs").fetchall()
+        return {job: list(json.loads(nodes)) for job, nodes in rows}
+
+    def record_ack(self, ack: Ack) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO acks (alert_id, job_id, action, step, checkpoint_uri, at_unix) VALUES (?, ?, ?, ?, ?, ?)",
+                (ack.alert_id, ack.job_id, ack.action, ack.step, ack.checkpoint_uri, time.time()),
+            )
+
+    def acks(self, alert_id: int) -> list[Ack]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alert_id, job_id, action, step, checkpoint_uri FROM acks WHERE alert_id = ? ORDER BY rowid",
+                (alert_id,),
+            ).fetchall()
+        return [Ack(int(a), str(j), int(act), int(s), str(u)) for a, j, act, s, u in rows]
+
+    def claim_remediation(self, alert_id: int, node: str, actuator: str) -> bool:
+        """Mark the alert as being remediated; False when it already was (never drain twice)."""
+        with self._lock:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix) "
+                "VALUES (?, ?, ?, 'pending', '', ?)",
+                (alert_id, node, actuator, time.time()),
+            )
+            return cursor.rowcount == 1
+
+    def finish_remediation(self, alert_id: int, outcome: str, detail: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE remediations SET outcome = ?, detail = ?, at_unix = ? WHERE alert_id = ?",
+                (outcome, detail, time.time(), alert_id),
+            )
+
+    def remediation(self, alert_id: int) -> tuple[str, str] | None:
+        """(outcome, detail) of the alert's remediation, if one was attempted."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT outcome, detail FROM remediations WHERE alert_id = ?", (alert_id,)
+            ).fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    # -- ingest cursors ---------------------------------------------------------------------
+
+    def load_cursors(self) -> dict[tuple[str, int], int]:
+        with self._lock:
+            rows = self._db.execute("SELECT node, spool_id, last_sequence FROM cursors").fetchall()
+        return {(str(n), int(s)): int(q) for n, s, q in rows}
+
+    def save_cursors(self, cursors: dict[tuple[str, int], int]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "INSERT INTO cursors (node, spool_id, last_sequence) VALUES (?, ?, ?) ON CONFLICT (node, spool_id) "
+                "DO UPDATE SET last_sequence = MAX(last_sequence, excluded.last_sequence)",
+                [(n, s, q) for (n, s), q in cursors.items()],
+            )
+            self._db.execute("COMMIT")

@@ -1,0 +1,97 @@
+"""Checks on one decoded sample before it reaches the features.
+
+A sample is refused whole only when nothing in it can be trusted (its node or its time); a bad value
+inside it (an infinity, a negative counter, a GPU index the model has no slot for) is blanked, counted
+by reason, and the rest of the sample is kept. NaN is not an error: it is how collectors say a
+metric could not be read, and the model has features for exactly that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from faultcast.catalogue import Kind, Scope, metrics_for
+from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+
+
+class SampleRejected(ValueError):  # noqa: N818 (a reason for a reject counter, not a bug)
+    """The whole sample is refused; `reason` labels the reject counter, the text says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    gpus_per_node: int = 8
+    # Event time may run ahead of the service's clock by this much (clock skew); 0 turns the check
+    # off (the fleet twin at accelerated time runs far ahead on purpose).
+    max_future_s: float = 300.0
+    # Samples older than this are history, not telemetry: refused (0: no limit).
+    max_age_s: float = 6 * 3600.0
+    max_node_name: int = 253  # a DNS name
+
+
+_COUNTERS = {scope: tuple(m.kind is Kind.COUNTER for m in metrics_for(scope)) for scope in Scope}
+
+
+def _clean(values: tuple[float, ...], scope: Scope, issues: Counter[str]) -> tuple[float, ...]:
+    counters = _COUNTERS[scope]
+    out = list(values)
+    for i, v in enumerate(values):
+        if math.isinf(v):
+            out[i] = math.nan
+            issues["non_finite_value"] += 1
+        elif counters[i] and v < 0:
+            out[i] = math.nan
+            issues["negative_counter"] += 1
+    return tuple(out)
+
+
+def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSnapshot, Counter[str]]:
+    """The sample with bad values blanked, and what was blanked by reason; raises SampleRejected
+    when the whole sample is unusable."""
+    node = snapshot.node
+    if not node or len(node) > limits.max_node_name or not node.isprintable() or " " in node:
+        raise SampleRejected("bad_node_name", f"node name {node[:80]!r} is not a host name")
+    t = snapshot.time_unix_nano / 1e9
+    if limits.max_future_s > 0 and t > now_s + limits.max_future_s:
+        raise SampleRejected(
+            "future_timestamp",
+            f"sample from {node} is {t - now_s:.0f} s ahead of the service's clock "
+            f"(limit {limits.max_future_s:.0f} s): check the node's clock (NTP)",
+        )
+    if limits.max_age_s > 0 and t < now_s - limits.max_age_s:
+        raise SampleRejected(
+            "stale_timestamp", f"sample from {node} is {now_s - t:.0f} s old (limit {limits.max_age_s:.0f} s)"
+        )
+    issues: Counter[str] = Counter()
+    gpus: list[GpuReading] = []
+    seen: set[int] = set()
+    for gpu in snapshot.gpus:
+        if not 0 <= gpu.index < limits.gpus_per_node:
+            issues["gpu_index_out_of_range"] += 1
+            continue
+        if gpu.index in seen:
+            issues["duplicate_gpu_index"] += 1
+            continue
+        seen.add(gpu.index)
+        gpus.append(replace(gpu, values=_clean(gpu.values, Scope.GPU, issues)))
+    devices = [replace(d, values=_clean(d.values, d.scope, issues)) for d in snapshot.devices]
+    host = _clean(snapshot.host, Scope.HOST, issues)
+    cleaned = replace(snapshot, gpus=tuple(gpus), devices=tuple(_dedupe(devices, issues)), host=host)
+    return cleaned, issues
+
+
+def _dedupe(devices: list[DeviceReading], issues: Counter[str]) -> list[DeviceReading]:
+    out, seen = [], set()
+    for d in devices:
+        if (d.scope, d.device) in seen:
+            issues["duplicate_device"] += 1
+            continue
+        seen.add((d.scope, d.device))
+        out.append(d)
+    return out

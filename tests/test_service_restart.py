@@ -1,0 +1,172 @@
+"""`faultcast serve` as operators run it: killed with SIGKILL and restarted on the same state
+directory, a subscriber resumes after its last alert id with no gap, the collector's replay is not
+taken twice, SIGHUP reloads the model, SIGTERM stops it cleanly."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from faultcast.service.feed import push, twin_snapshots
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.live import TwinSource
+from faultcast.sim.schedule import Scenario
+from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from tests.conftest import free_port
+
+FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
+FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
+NODE, GPU, FAIL_S = 1, 6, 8 * 3600.0
+NAME = FLEET.node_name(NODE)
+BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)
+WAIT_S = 60.0
+
+
+class Served:
+    """One `faultcast serve` process."""
+
+    def __init__(self, model: Path, state: Path, log: Path) -> None:
+        self.port_file = state / "port"
+        self.port_file.unlink(missing_ok=True)
+        self.metrics_port = free_port()
+        self.log = log.open("ab")
+        self.process = subprocess.Popen(
+            [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", "127.0.0.1:0",
+             "--port-file", str(self.port_file), "--prometheus-port", str(self.metrics_port),
+             "--max-clock-skew", "0", "--max-sample-age", "0"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        _until(
+            lambda: self.port_file.is_file() and self.port_file.read_text().strip() != "", self.process, log
+        )
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{int(self.port_file.read_text())}")
+
+    def metric(self, line_prefix: str) -> float | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(line_prefix):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def _until(
+    ready: Callable[[], bool], process: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
+    """Wait for a condition another process brings about (polling is the only way to see it)."""
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end:
+        if ready():
+            return
+        if process is not None and process.poll() is not None:
+            tail = log.read_text()[-3000:] if log is not None else ""
+            raise AssertionError(f"faultcast serve exited with {process.returncode}:\n{tail}")
+        time.sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s")
+
+
+def _cursor(state: Path) -> int:
+    with sqlite3.connect(f"file:{state / 'faultcast-service.sqlite'}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT MAX(last_sequence) FROM cursors WHERE node = ?", (NAME,)).fetchone()
+    return int(row[0] or 0)
+
+
+def _subscribe(channel: grpc.Channel, resume_after: int) -> tuple[queue.Queue[apb.Alert], grpc.Future]:
+    out: queue.Queue[apb.Alert] = queue.Queue()
+    stream = apb_grpc.AlertsStub(channel).Subscribe(
+        apb.SubscribeRequest(job_id="job-r", resume_after=resume_after)
+    )
+
+    def listen() -> None:
+        try:
+            for alert in stream:
+                out.put(alert)
+        except grpc.RpcError:
+            pass  # cancelled, or the service was killed
+
+    threading.Thread(target=listen, daemon=True).start()
+    return out, stream  # type: ignore[return-value]  # the call object is both an iterator and a future
+
+
+def _get(alerts: queue.Queue[apb.Alert]) -> apb.Alert:
+    try:
+        return alerts.get(timeout=WAIT_S)
+    except queue.Empty:
+        raise AssertionError(f"no alert within {WAIT_S} s") from None
+
+
+@pytest.fixture
+def served(service_model: Path, tmp_path: Path) -> Iterator[list[Served]]:
+    started: list[Served] = []
+    yield started
+    for s in started:
+        s.close()
+
+
+def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
+    service_model: Path, tmp_path: Path, served: list[Served]
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    first = Served(service_model, state, tmp_path / "serve.log")
+    served.append(first)
+    apb_grpc.AlertsStub(first.channel).RegisterJob(apb.RegisterJobRequest(job_id="job-r", nodes=[NAME]))
+    alerts, _stream = _subscribe(first.channel, 0)
+    source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
+    sent = list(twin_snapshots(source, NAME, BEFORE))
+    push(first.channel, NAME, sent)
+    opened = _get(alerts)
+    assert (opened.state, opened.node, opened.gpu) == (apb.ALERT_STATE_OPEN, NAME, GPU)
+    _until(lambda: _cursor(state) == BEFORE)
+    seen = opened.id
+    while not alerts.empty():
+        seen = alerts.get_nowait().id  # escalations of the same alert, if any
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+
+    second = Served(service_model, state, tmp_path / "serve.log")
+    served.append(second)
+    resumed, _ = _subscribe(second.channel, seen)
+    replay = sent[-2:]  # the collector resends what it had not seen acked
+    after = list(twin_snapshots(source, NAME, 15, first_sequence=BEFORE + 1))
+    acks = push(second.channel, NAME, replay + after)
+    assert acks[-1].acked_through == BEFORE + 15
+    assert not any(a.rejections for a in acks)
+    cleared = _get(resumed)
+    while cleared.state != apb.ALERT_STATE_CLEARED:
+        assert cleared.id > seen
+        cleared = _get(resumed)
+    assert cleared.id > seen
+    assert cleared.opened_id == opened.id
+    assert cleared.cleared_reason == "gpu dark"
+    duplicates = second.metric("faultcast_ingest_duplicates_total")
+    assert duplicates == 2.0
+
+    from_start, _ = _subscribe(second.channel, 0)
+    assert _get(from_start).id == opened.id  # the log survived the kill
+
+    second.process.send_signal(signal.SIGHUP)
+    _until(lambda: second.metric('faultcast_model_reloads_total{outcome="ok"}') == 1.0)
+    second.process.send_signal(signal.SIGTERM)
+    assert second.process.wait(timeout=WAIT_S) == 0
+    if os.environ.get("FAULTCAST_KEEP_LOGS"):
+        print((tmp_path / "serve.log").read_text())
