@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import grpc
@@ -85,12 +86,12 @@ def _until(
 
 
 def _cursor(state: Path) -> int:
-    with sqlite3.connect(f"file:{state / 'faultcast-service.sqlite'}?mode=ro", uri=True) as db:
+    with closing(sqlite3.connect(f"file:{state / 'faultcast-service.sqlite'}?mode=ro", uri=True)) as db:
         row = db.execute("SELECT MAX(last_sequence) FROM cursors WHERE node = ?", (NAME,)).fetchone()
     return int(row[0] or 0)
 
 
-def _subscribe(channel: grpc.Channel, resume_after: int) -> tuple[queue.Queue[apb.Alert], grpc.Future]:
+def _subscribe(channel: grpc.Channel, resume_after: int) -> queue.Queue[apb.Alert]:
     out: queue.Queue[apb.Alert] = queue.Queue()
     stream = apb_grpc.AlertsStub(channel).Subscribe(
         apb.SubscribeRequest(job_id="job-r", resume_after=resume_after)
@@ -104,7 +105,7 @@ def _subscribe(channel: grpc.Channel, resume_after: int) -> tuple[queue.Queue[ap
             pass  # cancelled, or the service was killed
 
     threading.Thread(target=listen, daemon=True).start()
-    return out, stream  # type: ignore[return-value]  # the call object is both an iterator and a future
+    return out
 
 
 def _get(alerts: queue.Queue[apb.Alert]) -> apb.Alert:
@@ -145,7 +146,7 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
 
     second = Served(service_model, state, tmp_path / "serve.log")
     served.append(second)
-    resumed, _ = _subscribe(second.channel, seen)
+    resumed = _subscribe(second.channel, seen)
     replay = sent[-2:]  # the collector resends what it had not seen acked
     after = list(twin_snapshots(source, NAME, 15, first_sequence=BEFORE + 1))
     acks = push(second.channel, NAME, replay + after)
@@ -161,7 +162,7 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     duplicates = second.metric("faultcast_ingest_duplicates_total")
     assert duplicates == 2.0
 
-    from_start, _ = _subscribe(second.channel, 0)
+    from_start = _subscribe(second.channel, 0)
     assert _get(from_start).id == opened.id  # the log survived the kill
 
     second.process.send_signal(signal.SIGHUP)
