@@ -3,16 +3,13 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
-DURATION ?= 20s
-# The demo: one twin node at a simulated minute per second; its GPU 3 wears out (HBM) on cue and
-# fails 15 simulated minutes in, after a 12-minute precursor.
-SCENARIO ?= hbm_wear:0:3:15m:12m
+# The demo: four twin nodes at 240x real time push to the service; HBM, firmware, NVLink and PCIe
+# failures come on cue over three simulated hours (about a minute; the first run also trains a model).
 
 .PHONY: run test install system-deps lint typecheck unit proto docs bench clean
 
 run: install
-	$(BIN)/faultcast collect --source auto --interval 1s --speed 60 --scenario $(SCENARIO) \
-		--prometheus-port 9400 --duration $(DURATION) --table 5s
+	$(BIN)/faultcast demo
 
 test: install system-deps lint typecheck unit
 

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     from faultcast.service import command as serve_command
 
     serve_command.add_parser(commands)
+    from faultcast.service import demo
+
+    demo.add_parser(commands)
     metrics = commands.add_parser("metrics", help="print the metric catalogue as a Markdown table")
     metrics.set_defaults(handler=_print_catalogue)
     return parser

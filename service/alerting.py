@@ -198,6 +198,8 @@ class AlertBook:
             if alert is None or slot in just_opened or alert.opened_id in updated or not s.present[gpu]:
                 continue
             risk, ttf = float(s.risk[gpu]), float(s.ttf_s[gpu])
+            if risk < self.model.threshold:
+                continue  # only a score that would raise an alert may escalate one
             action = self.actions.action(PB_TO_MODE.get(alert.mode, "unknown"), risk, ttf)
             if _ACTION_RANK[action] <= _ACTION_RANK.get(alert.action, 0):
                 continue

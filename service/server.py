@@ -78,6 +78,7 @@ class Service:
         self.stopping = threading.Event()
         self._work = threading.Condition()
         self._ready = 0  # completed steps waiting to be scored
+        self.latest_event_s = 0.0  # event time of the newest sample taken (the demo's clock)
         self._thread: threading.Thread | None = None
         self._server: grpc.Server | None = None
         self._health = health.HealthServicer()
@@ -106,6 +107,7 @@ class Service:
 
     def _ingest(self, snapshot: NodeSnapshot) -> None:
         completed = self.scorer.add(snapshot, time.monotonic())
+        self.latest_event_s = max(self.latest_event_s, snapshot.time_unix_nano / 1e9)
         if completed:
             with self._work:
                 self._ready += completed
