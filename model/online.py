@@ -16,7 +16,7 @@ import numpy as np
 from faultcast.catalogue import Scope, index_of, metrics_for
 from faultcast.model.dataset import Step
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
-from faultcast.readings import NodeSnapshot
+from faultcast.readings import GpuReading, NodeSnapshot
 from faultcast.rollup import rollup_network
 
 _GPU_COLUMNS = np.array([index_of(Scope.GPU)[name] for name in GPU_INPUTS])
@@ -44,8 +44,10 @@ class OnlineFeatures:
         self.lateness = lateness_steps
         self.engine = FeatureEngine(config, len(self.nodes))
         self._g = config.gpus_per_node
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (gpu, node) arrays
-        self._uuids: dict[int, dict[int, str]] = {}  # step -> slot -> uuid seen in it
+        # step -> (slot -> the GPU's last reading in the step, node -> its last sample with devices).
+        # Kept as readings and turned into arrays once, when the step is complete: at 1 s samples
+        # and a 60 s grid, 59 of 60 samples are overwritten before they matter.
+        self._pending: dict[int, tuple[dict[int, GpuReading], dict[int, NodeSnapshot]]] = {}
         self._last_uuid: list[str | None] = [None] * self.engine.slots
         self._is_h100 = np.zeros(self.engine.slots)
         self.next_step = first_step  # the first step not yet handed to the engine
@@ -63,17 +65,12 @@ class OnlineFeatures:
             raise LateSample(
                 f"sample of {snapshot.node} for step {step} arrived after step {self.next_step - 1} was scored"
             )
-        if step not in self._pending:
-            self._pending[step] = self._empty()
-        gpu, net = self._pending[step]
+        gpus, nets = self._pending.setdefault(step, ({}, {}))
         base = node * self._g
         for reading in snapshot.gpus:
-            slot = base + reading.index
-            gpu[slot] = np.asarray(reading.values)[_GPU_COLUMNS]
-            self._uuids.setdefault(step, {})[slot] = reading.uuid
-            self._is_h100[slot] = 1.0 if "H100" in reading.model_name else 0.0
+            gpus[base + reading.index] = reading
         if snapshot.devices:
-            net[node] = self._node_values(snapshot)
+            nets[node] = snapshot
         return self._advance(step - self.lateness)
 
     def flush(self) -> list[Step]:
@@ -84,12 +81,17 @@ class OnlineFeatures:
         out = []
         while self.next_step <= through:
             step = self.next_step
-            gpu, net = self._pending.pop(step) if step in self._pending else self._empty()
+            gpus, nets = self._pending.pop(step, ({}, {}))
+            gpu, net = self._empty()
             changed = []
-            for slot, uuid in sorted(self._uuids.pop(step, {}).items()):
-                if self._last_uuid[slot] is not None and self._last_uuid[slot] != uuid:
+            for slot, reading in sorted(gpus.items()):
+                gpu[slot] = np.asarray(reading.values)[_GPU_COLUMNS]
+                self._is_h100[slot] = 1.0 if "H100" in reading.model_name else 0.0
+                if self._last_uuid[slot] is not None and self._last_uuid[slot] != reading.uuid:
                     changed.append(slot)
-                self._last_uuid[slot] = uuid
+                self._last_uuid[slot] = reading.uuid
+            for node, snapshot in nets.items():
+                net[node] = self._node_values(snapshot)
             self.engine.reset_slots(np.array(changed, dtype=np.int64))
             features = self.engine.update(step, gpu, net, self._is_h100)
             present = ~np.isnan(gpu[:, 0]) | ~np.isnan(gpu[:, 2])

@@ -40,15 +40,18 @@ _COUNTERS = {scope: tuple(m.kind is Kind.COUNTER for m in metrics_for(scope)) fo
 
 def _clean(values: tuple[float, ...], scope: Scope, issues: Counter[str]) -> tuple[float, ...]:
     counters = _COUNTERS[scope]
-    out = list(values)
+    out: list[float] | None = None  # copied on the first bad value: most samples have none
     for i, v in enumerate(values):
         if math.isinf(v):
-            out[i] = math.nan
             issues["non_finite_value"] += 1
         elif counters[i] and v < 0:
-            out[i] = math.nan
             issues["negative_counter"] += 1
-    return tuple(out)
+        else:
+            continue
+        if out is None:
+            out = list(values)
+        out[i] = math.nan
+    return values if out is None else tuple(out)
 
 
 def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSnapshot, Counter[str]]:
@@ -79,10 +82,17 @@ def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSna
             issues["duplicate_gpu_index"] += 1
             continue
         seen.add(gpu.index)
-        gpus.append(replace(gpu, values=_clean(gpu.values, Scope.GPU, issues)))
-    devices = [replace(d, values=_clean(d.values, d.scope, issues)) for d in snapshot.devices]
+        values = _clean(gpu.values, Scope.GPU, issues)
+        gpus.append(gpu if values is gpu.values else replace(gpu, values=values))
+    devices = []
+    for d in snapshot.devices:
+        values = _clean(d.values, d.scope, issues)
+        devices.append(d if values is d.values else replace(d, values=values))
+    devices = _dedupe(devices, issues)
     host = _clean(snapshot.host, Scope.HOST, issues)
-    cleaned = replace(snapshot, gpus=tuple(gpus), devices=tuple(_dedupe(devices, issues)), host=host)
+    if not issues:
+        return snapshot, issues
+    cleaned = replace(snapshot, gpus=tuple(gpus), devices=tuple(devices), host=host)
     return cleaned, issues
 
 
