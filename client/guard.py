@@ -1,0 +1,239 @@
+"""The trainer's side of faultcast: a `Guard` watches the service's alerts for this job's nodes and
+tells the training loop when to snapshot, then acknowledges the snapshot so the service can move
+the job off the doomed node.
+
+It subscribes on a background thread, reconnects with backoff and resumes after the last alert id it
+saw, and never raises into the training loop: while the service is unreachable, training goes on,
+and a warning (log line, `faultcast_client_connected` 0) says so.
+
+    guard = Guard("faultcast:50051", job_id=os.environ["SLURM_JOB_ID"]).start()
+    for step in range(start, steps):
+        train_step()
+        if guard.should_snapshot():
+            uri = save_snapshot(step)
+            guard.snapshot_done(step, uri)
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+
+log = logging.getLogger(__name__)
+
+# Alerts whose recommended action asks the trainer for a snapshot.
+_SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+
+
+class Guard:
+    def __init__(
+        self,
+        target: str,
+        job_id: str,
+        nodes: Sequence[str] | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        register: bool = True,
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+        rpc_timeout_s: float = 5.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        """`nodes`: the nodes this process watches (default: this host); `register`: tell the service
+        the job runs there (one process per node does). No I/O here: `start()` connects."""
+        self.target, self.job_id = target, job_id
+        self.nodes = list(nodes) if nodes is not None else [socket.gethostname()]
+        self.credentials, self.register, self.backoff_s, self.rpc_timeout_s = (
+            credentials,
+            register,
+            backoff_s,
+            rpc_timeout_s,
+        )
+        self.last_id = 0  # the resume cursor: the newest alert event seen
+        self.connected = False
+        self.last_error = ""
+        self._pending: apb.Alert | None = None  # the newest snapshot request not yet acted on
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._channel: grpc.Channel | None = None
+        self._call: grpc.Call | None = None
+        registry = registry or CollectorRegistry()
+        self.metric_connected = Gauge(
+            "faultcast_client_connected", "1 while the trainer's guard is subscribed to the faultcast service.",
+            registry=registry,
+        )  # fmt: skip
+        self.metric_alerts = Counter(
+            "faultcast_client_alerts", "Alert events the trainer's guard received, by state.", ["state"],
+            registry=registry,
+        )  # fmt: skip
+
+    # -- the training loop's side: cheap, never raises ------------------------------------------
+
+    def should_snapshot(self) -> bool:
+        """True when an alert on this job's nodes asks for a snapshot that has not been taken."""
+        return self._pending is not None
+
+    def pending(self) -> apb.Alert | None:
+        with self._lock:
+            return self._pending
+
+    def snapshot_done(self, step: int, uri: str) -> str:
+        """Acknowledge the pending alert with SNAPSHOT_DONE; returns what the service will do (or
+        why nothing was sent). Clears the request either way: the state is safe."""
+        with self._lock:
+            alert, self._pending = self._pending, None
+        if alert is None:
+            return "no alert pending"
+        return self._acknowledge(alert, apb.ACK_ACTION_SNAPSHOT_DONE, step, uri)
+
+    def decline(self, step: int) -> str:
+        """Refuse the pending alert (the operator decides what happens to the node)."""
+        with self._lock:
+            alert, self._pending = self._pending, None
+        if alert is None:
+            return "no alert pending"
+        return self._acknowledge(alert, apb.ACK_ACTION_DECLINED, step, "")
+
+    def _acknowledge(self, alert: apb.Alert, action: apb.AckAction.ValueType, step: int, uri: str) -> str:
+        channel = self._channel
+        if channel is None:
+            return "not connected: acknowledgement not sent"
+        request = apb.AcknowledgeRequest(
+            alert_id=alert.id, job_id=self.job_id, action=action, step=step, checkpoint_uri=uri
+        )
+        try:
+            reply = apb_grpc.AlertsStub(channel).Acknowledge(request, timeout=self.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            log.warning("faultcast: acknowledging alert %d failed: %s", alert.id, _describe(exc))
+            return f"acknowledgement failed: {_describe(exc)}"
+        return reply.remediation
+
+    # -- the background subscription ------------------------------------------------------------
+
+    def start(self) -> Guard:
+        self._thread = threading.Thread(target=self._run, name="faultcast-guard", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_connected(self, timeout_s: float, *, connected: bool = True) -> bool:
+        """Block until the guard is (or is no longer) subscribed; for tests and startup scripts."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.connected == connected, timeout_s)
+
+    def wait_for_alert(self, timeout_s: float) -> apb.Alert | None:
+        """Block until a snapshot request is pending; None on timeout."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._pending is not None, timeout_s)
+            return self._pending
+
+    def close(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._channel is not None:
+            self._channel.close()
+
+    def __enter__(self) -> Guard:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        delay = self.backoff_s[0]
+        while not self._stop.is_set():
+            try:
+                self._subscribe()
+                delay = self.backoff_s[0]  # the stream ended cleanly (service shutdown): retry soon
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    break
+                self._set_connected(False, _describe(exc))
+            except Exception as exc:  # never let the guard die silently, never raise into training
+                log.exception("faultcast: guard error")
+                self._set_connected(False, f"{type(exc).__name__}: {exc}")
+            self._set_connected(False, self.last_error)
+            if self._stop.wait(delay):  # a retry delay, not synchronisation
+                break
+            delay = min(delay * 2, self.backoff_s[1])
+
+    def _subscribe(self) -> None:
+        if self._channel is None:
+            self._channel = (
+                grpc.secure_channel(self.target, self.credentials)
+                if self.credentials is not None
+                else grpc.insecure_channel(self.target)
+            )
+        stub = apb_grpc.AlertsStub(self._channel)
+        if self.register:
+            stub.RegisterJob(
+                apb.RegisterJobRequest(job_id=self.job_id, nodes=self.nodes), timeout=self.rpc_timeout_s
+            )
+        call = stub.Subscribe(
+            apb.SubscribeRequest(job_id=self.job_id, nodes=self.nodes, resume_after=self.last_id)
+        )
+        self._call = call
+        self._set_connected(True, "")
+        for alert in call:
+            self._take(alert)
+
+    def _take(self, alert: apb.Alert) -> None:
+        self.metric_alerts.labels(apb.AlertState.Name(alert.state)).inc()
+        with self._changed:
+            self.last_id = max(self.last_id, alert.id)
+            pending = self._pending
+            if alert.state == apb.ALERT_STATE_OPEN and alert.action in _SNAPSHOT_ACTIONS:
+                self._pending = alert  # an update of the same alert replaces it (escalated action)
+                log.warning(
+                    "faultcast: alert %d on %s gpu %d (%s, risk %.2f): snapshot requested",
+                    alert.id, alert.node, alert.gpu, apb.RecommendedAction.Name(alert.action), alert.risk,
+                )  # fmt: skip
+            elif (
+                alert.state == apb.ALERT_STATE_CLEARED
+                and pending is not None
+                and pending.opened_id == alert.opened_id
+                and alert.cleared_reason == "risk below threshold"
+            ):
+                self._pending = None  # the risk fell back before the snapshot: nothing to do
+            self._changed.notify_all()
+
+    def _set_connected(self, connected: bool, error: str) -> None:
+        with self._changed:
+            if connected != self.connected:
+                if connected:
+                    log.info(
+                        "faultcast: subscribed to %s for job %s (nodes %s)",
+                        self.target,
+                        self.job_id,
+                        self.nodes,
+                    )
+                else:
+                    log.warning(
+                        "faultcast: service %s unreachable, training goes on unguarded: %s",
+                        self.target,
+                        error,
+                    )
+            self.connected, self.last_error = connected, error
+            self.metric_connected.set(1.0 if connected else 0.0)
+            self._changed.notify_all()
+
+
+def _describe(exc: grpc.RpcError) -> str:
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    return f"{code.name if code else 'error'}: {details}"

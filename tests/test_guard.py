@@ -1,0 +1,65 @@
+"""The trainer's Guard against a real service: a snapshot request arrives, the acknowledgement drains
+the node; an absent service never stops training and the guard connects once the service is up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from faultcast.client import Guard
+from faultcast.service.feed import push, twin_snapshots
+from faultcast.service.remediation import NoopActuator
+from faultcast.service.server import Service
+from faultcast.service.validation import Limits
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.live import TwinSource
+from faultcast.sim.schedule import Scenario
+from faultcast.v1 import alerts_pb2 as apb
+from tests.conftest import free_port
+
+FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
+NODE, GPU, FAIL_S = 2, 3, 10 * 3600.0
+NAME = FLEET.node_name(NODE)
+WAIT_S = 30.0
+
+
+def test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node(
+    service_model: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    guard = Guard(f"127.0.0.1:{port}", "job-g", [NAME], backoff_s=(0.05, 0.2)).start()
+    try:
+        # No service yet: training goes on, nothing to snapshot, acknowledgements are not sent.
+        assert not guard.should_snapshot()
+        assert guard.snapshot_done(0, "file:///x") == "no alert pending"
+        assert not guard.connected
+        actuator = NoopActuator()
+        service = Service(
+            service_model, tmp_path, actuator=actuator, limits=Limits(max_future_s=0, max_age_s=0)
+        )
+        service.start(f"127.0.0.1:{port}")
+        try:
+            assert guard.wait_connected(WAIT_S), guard.last_error
+            assert service.store.jobs() == {"job-g": [NAME]}  # the guard registered its job
+            source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                push(channel, NAME, twin_snapshots(source, NAME, int((FAIL_S - 5 * 60) / 60)))
+            alert = guard.wait_for_alert(WAIT_S)
+            assert alert is not None
+            assert (alert.node, alert.gpu) == (NAME, GPU)
+            assert guard.should_snapshot()
+            if alert.action != apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE:
+                raise AssertionError(f"5 min before the failure the alert says {alert.action}")
+            reply = guard.snapshot_done(1234, "file:///ckpt/1234")
+            assert f"drain {NAME}" in reply
+            assert not guard.should_snapshot()
+            assert service.remediator.wait_done(1, WAIT_S)
+            assert actuator.seen[0].checkpoint_uri == "file:///ckpt/1234"
+            assert guard.last_id >= alert.id
+        finally:
+            service.stop(0)
+        assert guard.wait_connected(WAIT_S, connected=False)
+        assert guard.last_error
+    finally:
+        guard.close()
