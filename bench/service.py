@@ -1,29 +1,35 @@
-"""Prediction service: sustained ingest over gRPC Push streams, sample-to-score latency, and the
+"""Prediction service: sustained ingest over gRPC Push streams, sample-to-alert latency, and the
 LightGBM ceiling, in one run.
 
-    .venv/bin/python bench/service.py                  # 10,000 GPUs (1,250 nodes x 8), 90 s per phase
-    .venv/bin/python bench/service.py --quick          # smoke run: 100 nodes, a few seconds per phase
+    .venv/bin/python bench/service.py            # 10,000 GPUs (1,250 nodes x 8), 90 s per phase
+    .venv/bin/python bench/service.py --quick    # smoke run: 100 nodes, 6 s per phase
 
-The service (`faultcast.service.server.Service`, the model of `--model`, a temporary state folder,
-`Limits(max_future_s=0, max_age_s=0)` because event time is synthetic) runs in this process on
-127.0.0.1; the load generator runs in other processes (`--generators`, spawned), each an asyncio
-gRPC client owning a share of the nodes, one Push stream per node as a collector has, spread over
-a few HTTP/2 connections. The samples are real twin readings: a pool of `--pool-nodes` nodes x
-`--pool-steps` 1 s steps is generated once and serialized; every simulated node replays one pool
-node with its own name, event time and sequence (three protobuf field assignments per sample).
+The service (`faultcast.service.server.Service` with the model of `--model`, a temporary state
+folder and `Limits(max_future_s=0, max_age_s=0)`, event time being synthetic) runs in this process
+on 127.0.0.1, with one gRPC worker thread per node and some to spare (`--rpc-workers`): a Push
+stream holds a worker thread for as long as it is open, and `Service.start`'s default of 64 would
+leave every collector past the 64th waiting. The load generator runs in other processes
+(`--generators`, spawned): asyncio gRPC clients, one Push stream per node as a collector keeps,
+over `--channels` HTTP/2 connections each. The samples are real twin readings: a pool of
+`--pool-nodes` healthy nodes x `--pool-steps` readings 1 s apart is generated and serialized once;
+every simulated node replays one pool node under its own name, event time and sequence (three
+protobuf field assignments and a serialization per sample).
 
-Phase a (paced): every node sends one sample per second, at its own sub-second phase, event time
-advancing 1 s per sample: the fleet's offered load. Event time is aligned to the model's grid so
-that every node completes a grid step in the same second, as NTP-synchronised collectors do.
-Phase b (unpaced): every node sends as fast as the service acknowledges, with at most `--window`
-samples unacknowledged per stream, event time advancing 1 s per sample: the maximum sustained rate.
+Phase a (paced): every node sends one sample a second at its own sub-second phase, event time
+advancing 1 s per sample: the fleet's offered load. Event time is aligned to the model's grid, so
+every node completes a grid step in the same second, as NTP-synchronised collectors do.
+Phase b (unpaced): every node sends as fast as the service acknowledges, at most `--window`
+samples unacknowledged per stream, event time advancing 1 s per sample; the nodes' event times
+are spread over the grid's cadence, so one sample in 60 completes a step, from the start.
 
-Rates are counted by the service (`faultcast_ingest_gpu_samples_total`) over the phase less its
+Rates are counted by the service (`faultcast_ingest_gpu_samples_total`) over each phase less its
 first `--warmup` seconds. Latency is the service's own `faultcast_scoring_latency_seconds` (arrival
-of the sample completing a grid step -> its scores and alerts done): quantiles interpolated from
-the histogram's buckets as Prometheus does, and exact ones from every observation (recorded by
-wrapping the histogram's `observe` in this process). The generator times each sample's ack.
-The ceiling is `model.risk` on a batch of real feature rows, captured from the service's scoring.
+of the sample completing a grid step, at the scorer, to its scores and alerts done), over every
+step scored from the end of the warm-up until the phase's backlog is done: quantiles interpolated
+from the histogram's buckets as Prometheus does, and exact ones from every observation (recorded
+by wrapping the histogram's `observe` in this process). The generator times each sample's ack.
+Then the same ingest without gRPC: a second service's Push servicers driven from one thread.
+The ceiling is `model.risk` on a batch of real feature rows captured from the service's scoring.
 The machine's cores are shared by the service and the generator: both CPU times are reported.
 """
 
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import multiprocessing as mp
 import os
@@ -42,20 +49,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
 import numpy as np
-from prometheus_client.utils import floatToGoString
+from prometheus_client.metrics import MetricWrapperBase
 
 from faultcast import wire
 from faultcast.model.artifact import FaultModel
 from faultcast.service.feed import twin_snapshots
 from faultcast.service.metrics import LATENCY_BUCKETS_S
-from faultcast.service.scoring import ScoredStep
+from faultcast.service.scoring import ScoredStep, estimated_ttf_s
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import DEFAULT_START_UNIX_S, FleetConfig
@@ -67,6 +75,8 @@ TARGET_P99_S = 0.100  # sample-to-alert latency
 PUSH_METHOD = "/faultcast.v1.Telemetry/Push"
 DEFAULT_MODEL = Path("out/bench-model")
 DRAIN_S = 30.0  # how long a stream may take to ack its last samples after a phase
+OPEN_BATCH, OPEN_PAUSE_S = 50, 0.05  # streams are opened 1,000 a second
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # (grpc-stubs lags grpc.aio)
 
 
 # -- the model and the sample pool -------------------------------------------------------------
@@ -91,8 +101,15 @@ def ensure_model(path: Path) -> Path:
 
 def make_pool(nodes: int, steps: int, gpus_per_node: int, seed: int) -> list[list[bytes]]:
     """Serialized NodeSample messages: `nodes` healthy twin nodes x `steps` readings 1 s apart."""
-    config = FleetConfig(nodes=nodes, gpus_per_node=gpus_per_node, days=1.0, interval_s=1.0, seed=seed,
-                         chunk_steps=steps, failures=False)  # fmt: skip
+    config = FleetConfig(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        days=1.0,
+        interval_s=1.0,
+        seed=seed,
+        chunk_steps=steps,
+        failures=False,
+    )
     pool = []
     for n in range(nodes):
         snapshots = twin_snapshots(TwinSource(config, n), config.node_name(n), steps)
@@ -109,11 +126,13 @@ class PhaseSpec:
     paced: bool
     duration_s: float
     warmup_s: float
-    first_time_s: float  # event time of every node's first sample, before its sub-second phase
+    first_time_s: float  # event time of the nodes' first samples, before their offsets
+    spread_s: float  # nodes' event-time offsets spread evenly over this many whole seconds
     window: int  # unacknowledged samples per stream (unpaced)
     channels: int  # HTTP/2 connections per generator process
     seed: int
     gpus_per_node: int
+    cadence_s: float  # the model's grid
 
 
 @dataclass
@@ -124,6 +143,8 @@ class GenResult:
     rejected: int = 0
     unacked_at_end: int = 0
     stream_errors: int = 0
+    drain_timeouts: int = 0
+    reopened: int = 0  # streams refused at opening and opened again
     first_error: str = ""
     connect_s: float = 0.0
     cpu_s: float = 0.0
@@ -152,7 +173,9 @@ async def _phase(
     rng = random.Random(spec.seed)
     options = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel, not one shared
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(spec.channels)]
-    calls = [
+    # Any: grpc-stubs types grpc.aio's stream calls as always taking a request iterator; these
+    # are driven with write() and read() instead, and send bytes serialized here.
+    calls: list[Any] = [
         ch.stream_stream(PUSH_METHOD, request_serializer=None, response_deserializer=tpb.PushAck.FromString)
         for ch in channels
     ]
@@ -162,31 +185,58 @@ async def _phase(
     async def node(i: int, position: int) -> None:
         name = f"bench-{spec.name}-{i:05d}"
         phase = rng.random()  # the collector's scrape phase within the second
+        # Sample k's event time is first_time_s + k + offset.
+        offset = int(position * spec.spread_s / len(nodes)) + phase
         samples = pool[i % len(pool)]
-        call = calls[position % len(calls)]()
         sent_at: deque[float] = deque()
         window = asyncio.Semaphore(spec.window)
 
+        def failed(exc: grpc.aio.AioRpcError, stage: str) -> None:
+            result.stream_errors += 1
+            if not result.first_error:
+                at = loop.time() - timing.get("start", loop.time())
+                result.first_error = (
+                    f"{exc.code().name}: {exc.details()} ({stage}, {at:.1f} s into the phase)"
+                )
+
         async def acks() -> None:
             while True:
-                ack = await call.read()
-                if ack is grpc.aio.EOF:
+                try:
+                    ack: Any = await call.read()
+                except grpc.aio.AioRpcError as exc:
+                    failed(exc, "reading acks")
+                    return
+                if ack is _EOF:
                     return
                 now = loop.time()
                 sent = sent_at.popleft()
                 result.acked += 1
-                if timing["from"] <= sent < timing["to"]:
+                if timing["from"] <= now < timing["to"]:
                     result.acked_in_window += 1
+                if timing["from"] <= sent < timing["to"]:
                     result.ack_latency_s.append(now - sent)
-                result.rejected += len(ack.rejections)  # type: ignore[union-attr]
+                result.rejected += len(ack.rejections)
                 window.release()
 
+        stage = "hello"
+        hello = wire.hello(name, 1).SerializeToString()
+        for attempt in range(1, 4):  # as a collector does: a refused stream is opened again
+            call = calls[position % len(calls)]()
+            try:
+                await call.write(hello)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if attempt == 3:
+                    failed(exc, stage)
+                    return
+                result.reopened += 1
+                await asyncio.sleep(0.5 * attempt)
         try:
-            await call.write(wire.hello(name, 1).SerializeToString())
             reader = asyncio.create_task(acks())
+            stage = "waiting for the start"
             await ready.wait()
             start, end = timing["start"], timing["end"]
-            k = 0
+            stage, k = "sending", 0
             while True:
                 if spec.paced:
                     due = start + phase + k
@@ -200,26 +250,32 @@ async def _phase(
                 request = samples[k % len(samples)]
                 sample = request.sample
                 sample.node, sample.sequence = name, k + 1
-                sample.time_unix_nano = round((spec.first_time_s + k + phase) * 1e9)
+                sample.time_unix_nano = round((spec.first_time_s + k + offset) * 1e9)
                 data = request.SerializeToString()
                 sent_at.append(loop.time())
                 await call.write(data)
                 result.sent += 1
                 k += 1
+            stage = "closing"
             await call.done_writing()
             try:
                 await asyncio.wait_for(reader, DRAIN_S)
             except TimeoutError:
+                result.drain_timeouts += 1
                 call.cancel()
-                result.unacked_at_end += len(sent_at)
         except grpc.aio.AioRpcError as exc:
-            result.stream_errors += 1
-            result.first_error = result.first_error or f"{exc.code().name}: {exc.details()}"
-            result.unacked_at_end += len(sent_at)
+            failed(exc, stage)
+        result.unacked_at_end += len(sent_at)
 
+    # Streams are opened in batches: gRPC core refuses (CANCELLED) part of a burst of new calls
+    # that the server has not yet picked up past its pending-call limit (1,000 by default).
     connect = time.monotonic()
-    tasks = [asyncio.create_task(node(i, p)) for p, i in enumerate(nodes)]
-    await asyncio.sleep(0)  # every stream opened and its hello queued
+    tasks = []
+    for p, i in enumerate(nodes):
+        tasks.append(asyncio.create_task(node(i, p)))
+        if p % OPEN_BATCH == OPEN_BATCH - 1:
+            await asyncio.sleep(OPEN_PAUSE_S)
+    await asyncio.sleep(OPEN_PAUSE_S)
     result.connect_s = time.monotonic() - connect
     conn.send("ready")
     start: float = await loop.run_in_executor(None, conn.recv)
@@ -228,7 +284,7 @@ async def _phase(
     ready.set()
     await asyncio.gather(*tasks)
     for ch in channels:
-        await ch.close()
+        await ch.close(None)
     return result
 
 
@@ -266,21 +322,21 @@ class Probe:
 
         setattr(service.scorer, "score_pending", score_and_keep)  # noqa: B010
 
-    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        v = self.service.metrics.registry.get_sample_value(name, labels or {})
-        return 0.0 if v is None else v
+    # Read through each metric's own collect(): the samples the registry exposes, without
+    # collecting the per-GPU risk gauge's 10,000 children on every look.
+    def total(self, metric: MetricWrapperBase) -> float:
+        """A counter's value, summed over its labels."""
+        return sum(s.value for f in metric.collect() for s in f.samples if s.name.endswith("_total"))
 
     def buckets(self) -> list[float]:
         """Cumulative counts of the scoring-latency histogram, one per bound and +Inf."""
-        name = "faultcast_scoring_latency_seconds_bucket"
-        return [self.value(name, {"le": floatToGoString(b)}) for b in (*LATENCY_BUCKETS_S, float("inf"))]
-
-    def rejects(self) -> float:
-        total = 0.0
-        for family in self.service.metrics.registry.collect():
-            if family.name == "faultcast_ingest_rejects":
-                total += sum(s.value for s in family.samples if s.name.endswith("_total"))
-        return total
+        counts = {
+            s.labels["le"]: s.value
+            for f in self.service.metrics.scoring_latency.collect()
+            for s in f.samples
+            if s.name.endswith("_bucket")
+        }
+        return [counts[repr(float(b))] for b in LATENCY_BUCKETS_S] + [counts["+Inf"]]
 
 
 def bucket_quantile(q: float, cumulative: list[float]) -> str:
@@ -305,7 +361,9 @@ def exact_quantiles(values: list[float]) -> str:
     if not values:
         return "n/a (no observations)"
     p50, p99 = np.quantile(np.asarray(values), [0.5, 0.99])
-    return f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {max(values) * 1e3:.1f} ms (n={len(values):,})"
+    return (
+        f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {max(values) * 1e3:.1f} ms (n={len(values):,})"
+    )
 
 
 @dataclass
@@ -333,14 +391,14 @@ def _wait_quiet(probe: Probe, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     last = (-1.0, -1.0)
     while time.monotonic() < deadline:
-        now = (probe.value("faultcast_ingest_node_samples_total"), float(len(probe.latency)))
+        now = (probe.total(probe.service.metrics.node_samples), float(len(probe.latency)))
         if now == last:
             return
         last = now
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
-def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec, node_count: int) -> PhaseOutcome:
+def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec) -> PhaseOutcome:
     for pipe in pipes:
         pipe.send(spec)
     for pipe in pipes:
@@ -357,16 +415,16 @@ def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec, node_count
         next_at = window_from
         while not stop.is_set() and next_at <= window_to + 1e-6:
             time.sleep(max(0.0, next_at - time.monotonic()))
-            series.append((time.monotonic(), probe.value("faultcast_ingest_gpu_samples_total")))
+            series.append((time.monotonic(), probe.total(probe.service.metrics.samples)))
             next_at += 10.0
 
     sampler = threading.Thread(target=sample_rate, daemon=True)
     time.sleep(max(0.0, window_from - time.monotonic()))
     at_from = {
-        "gpu": probe.value("faultcast_ingest_gpu_samples_total"),
-        "node": probe.value("faultcast_ingest_node_samples_total"),
-        "rejects": probe.rejects(),
-        "dup": probe.value("faultcast_ingest_duplicates_total"),
+        "gpu": probe.total(probe.service.metrics.samples),
+        "node": probe.total(probe.service.metrics.node_samples),
+        "rejects": probe.total(probe.service.metrics.rejects),
+        "dup": probe.total(probe.service.metrics.duplicates),
         "cpu": time.process_time(),
         "t": time.monotonic(),
     }
@@ -374,27 +432,22 @@ def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec, node_count
     sampler.start()
     time.sleep(max(0.0, window_to - time.monotonic()))
     at_to = {
-        "gpu": probe.value("faultcast_ingest_gpu_samples_total"),
-        "node": probe.value("faultcast_ingest_node_samples_total"),
-        "rejects": probe.rejects(),
-        "dup": probe.value("faultcast_ingest_duplicates_total"),
+        "gpu": probe.total(probe.service.metrics.samples),
+        "node": probe.total(probe.service.metrics.node_samples),
+        "rejects": probe.total(probe.service.metrics.rejects),
+        "dup": probe.total(probe.service.metrics.duplicates),
         "cpu": time.process_time(),
         "t": time.monotonic(),
     }
-    buckets_to = probe.buckets()
     stop.set()
     sampler.join()
     results: list[GenResult] = [pipe.recv() for pipe in pipes]
     _wait_quiet(probe)
-    alerts = sum(
-        s.value
-        for family in probe.service.metrics.registry.collect()
-        if family.name == "faultcast_alerts"
-        for s in family.samples
-        if s.name.endswith("_total")
-    )
-    latency = [v for t, v in probe.latency if window_from <= t <= window_to + DRAIN_S]
-    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(series, series[1:], strict=False)]
+    # Latency: every grid step scored from the end of the warm-up until the phase's backlog is done.
+    buckets_to = probe.buckets()
+    alerts = probe.total(probe.service.metrics.alerts)
+    latency = [v for t, v in probe.latency if t >= window_from]
+    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(series)]
     return PhaseOutcome(
         spec,
         window_s=at_to["t"] - at_from["t"],
@@ -411,6 +464,78 @@ def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec, node_count
     )
 
 
+# -- the same ingest without gRPC ----------------------------------------------------------------
+
+
+class _Feed:
+    """A Push stream's request iterator, fed by hand one request ahead of the servicer."""
+
+    def __init__(self) -> None:
+        self.queue: deque[tpb.PushRequest] = deque()
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> tpb.PushRequest:
+        if not self.queue:
+            raise StopIteration
+        return self.queue.popleft()
+
+
+@dataclass
+class InProcess:
+    seconds: float
+    node_samples: int
+    gpu_samples: float
+    cpu_s: float
+    latency: list[float]
+    rows: list[np.ndarray]
+
+
+def ingest_in_process(
+    model_dir: Path,
+    pool: list[list[bytes]],
+    nodes: int,
+    seconds: float,
+    first_time_s: float,
+    cadence: float,
+    keep_rows: int,
+) -> InProcess:
+    """Drive a second, started service's `TelemetryServicer.Push` directly from one thread, round
+    robin over every node's stream (hello, then one sample per turn): the ingest path without
+    gRPC, its threads and the load generator. Its scoring thread runs as usual."""
+    requests = [[tpb.PushRequest(sample=tpb.NodeSample.FromString(b)) for b in steps] for steps in pool]
+    with tempfile.TemporaryDirectory() as state:
+        service = Service(model_dir, Path(state), limits=Limits(max_future_s=0, max_age_s=0))
+        probe = Probe(service, keep_rows)
+        service.start("127.0.0.1:0", max_streams=4)
+        context: Any = None  # Push only touches the context to abort a bad hello
+        feeds, streams = [], []
+        for i in range(nodes):
+            feed = _Feed()
+            feed.queue.append(wire.hello(f"inproc-{i:05d}", 1))
+            feeds.append(feed)
+            streams.append(service.telemetry.Push(feed, context))
+        offsets = [int(i * cadence / nodes) for i in range(nodes)]
+        gpu_before = probe.total(probe.service.metrics.samples)
+        cpu, start = time.process_time(), time.monotonic()
+        sent, k = 0, 0
+        while time.monotonic() - start < seconds:
+            for i in range(nodes):
+                request = requests[i % len(requests)][k % len(requests[0])]
+                sample = request.sample
+                sample.node, sample.sequence = f"inproc-{i:05d}", k + 1
+                sample.time_unix_nano = round((first_time_s + k + offsets[i]) * 1e9)
+                feeds[i].queue.append(tpb.PushRequest.FromString(request.SerializeToString()))
+                next(streams[i])
+                sent += 1
+            k += 1
+        elapsed, cpu = time.monotonic() - start, time.process_time() - cpu
+        gpu = probe.total(probe.service.metrics.samples) - gpu_before
+        service.stop()
+    return InProcess(elapsed, sent, gpu, cpu, [v for _, v in probe.latency], probe.rows)
+
+
 # -- the ceiling -------------------------------------------------------------------------------
 
 
@@ -425,10 +550,12 @@ def rows_per_second(fn: Callable[[np.ndarray], object], x: np.ndarray, rounds: i
 
 
 def all_heads(model: FaultModel) -> Callable[[np.ndarray], object]:
-    """What the service's `score_pending` computes per batch: risk, risk within 5/15/30 min, mode."""
+    """What the service's `score_pending` computes per batch: the risk, the risk within 5/15/30
+    minutes (which computes the risk again), the mode and the estimated time to failure."""
 
     def heads(x: np.ndarray) -> object:
-        return model.risk(x), model.risk_within(x), model.mode_probabilities(x)
+        risk = model.risk(x)
+        return estimated_ttf_s(risk, model.risk_within(x)), model.mode_probabilities(x)
 
     return heads
 
@@ -442,7 +569,9 @@ def report_phase(out: PhaseOutcome, offered: float | None, cores: int) -> None:
     acked_window = sum(g.acked_in_window for g in gens)
     ack = [v for g in gens for v in g.ack_latency_s]
     title = "paced, 1 sample/s per node" if spec.paced else f"unpaced, window {spec.window} per stream"
-    print(f"\nphase {spec.name} ({title}): {spec.duration_s:g} s, measured over the last {out.window_s:.1f} s")
+    print(
+        f"\nphase {spec.name} ({title}): {spec.duration_s:g} s, measured over the last {out.window_s:.1f} s"
+    )
     if offered is not None:
         print(f"  offered:                          {offered:,.0f} GPU-samples/s")
     print(f"  achieved ingest:                  {out.rate:,.0f} GPU-samples/s")
@@ -450,28 +579,50 @@ def report_phase(out: PhaseOutcome, offered: float | None, cores: int) -> None:
     if out.rates_10s:
         rates = ", ".join(f"{r:,.0f}" for r in out.rates_10s)
         print(f"  ingest per 10 s window:           {rates} GPU-samples/s")
-    print(f"  acked by the generator in window: {acked_window / out.window_s * spec.gpus_per_node:,.0f} GPU-samples/s")
-    print(f"  scored rows (GPU grid steps):     {out.rate / 60:,.0f} rows/s at the model's 60 s cadence")
-    print(f"  sample-to-alert latency, service histogram buckets: p50 {bucket_quantile(0.5, out.buckets)}, "
-          f"p99 {bucket_quantile(0.99, out.buckets)} ({out.buckets[-1]:,.0f} grid steps)")  # fmt: skip
+    print(
+        f"  acked by the generator in window: {acked_window / out.window_s * spec.gpus_per_node:,.0f} GPU-samples/s"
+    )
+    print(
+        f"  scored rows (GPU grid steps):     {out.rate / spec.cadence_s:,.0f} rows/s at the model's "
+        f"{spec.cadence_s:g} s cadence"
+    )
+    print(
+        f"  sample-to-alert latency, service histogram buckets: p50 {bucket_quantile(0.5, out.buckets)}, "
+        f"p99 {bucket_quantile(0.99, out.buckets)} ({out.buckets[-1]:,.0f} grid steps)"
+    )
     print(f"  sample-to-alert latency, exact:   {exact_quantiles(out.latency)}")
     if ack:
         p50, p99 = np.quantile(np.asarray(ack), [0.5, 0.99])
-        print(f"  ack round trip (generator):       p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms "
-              f"(n={len(ack):,})")  # fmt: skip
+        print(
+            f"  ack round trip (generator):       p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms "
+            f"(n={len(ack):,})"
+        )
     else:
         print("  ack round trip (generator):       n/a (no acks)")
     sent = sum(g.sent for g in gens)
     acked = sum(g.acked for g in gens)
-    print(f"  samples sent / acked (whole phase): {sent:,} / {acked:,}; unacked at the end: "
-          f"{sum(g.unacked_at_end for g in gens):,}; stream errors: {sum(g.stream_errors for g in gens)}"
-          + (f" ({gens[0].first_error or next(g.first_error for g in gens if g.first_error)})"
-             if any(g.first_error for g in gens) else ""))  # fmt: skip
-    print(f"  rejects / duplicates in window:   {out.rejects:,.0f} / {out.duplicates:,.0f}; alerts raised so far: "
-          f"{out.alerts:,.0f}")  # fmt: skip
-    print(f"  CPU in window: service {out.service_cpu_s:.1f} s ({out.service_cpu_s / out.window_s:.0%} of a core), "
-          f"load generator {gen_cpu:.1f} s over the whole phase ({gen_cpu / spec.duration_s:.0%} of a core); "
-          f"{cores} cores in all")  # fmt: skip
+    errors = [g.first_error for g in gens if g.first_error]
+    print(
+        f"  samples sent / acked (whole phase): {sent:,} / {acked:,}; unacked at the end: "
+        f"{sum(g.unacked_at_end for g in gens):,}"
+    )
+    print(
+        f"  streams refused at opening and opened again: {sum(g.reopened for g in gens)}; "
+        f"opening them all took {max(g.connect_s for g in gens):.1f} s"
+    )
+    print(
+        f"  streams not closed within {DRAIN_S:.0f} s of the end: {sum(g.drain_timeouts for g in gens)}; "
+        f"stream errors: {sum(g.stream_errors for g in gens)}" + (f" (first: {errors[0]})" if errors else "")
+    )
+    print(
+        f"  rejects / duplicates in window:   {out.rejects:,.0f} / {out.duplicates:,.0f}; alerts raised so far: "
+        f"{out.alerts:,.0f}"
+    )
+    print(
+        f"  CPU in window: service {out.service_cpu_s:.1f} s ({out.service_cpu_s / out.window_s:.0%} of a core), "
+        f"load generator {gen_cpu:.1f} s over the whole phase ({gen_cpu / spec.duration_s:.0%} of a core); "
+        f"{cores} cores in all"
+    )
     if out.gpu_samples:
         print(f"  service CPU per 1,000 GPU-samples: {out.service_cpu_s / out.gpu_samples * 1e6:.1f} ms")
 
@@ -483,24 +634,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--duration", type=float, default=90.0, help="seconds per phase (default 90)")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of each phase not measured")
-    p.add_argument("--first-step-s", type=float, default=20.0,
-                   help="paced phase: seconds in until every node completes its first grid step")  # fmt: skip
-    p.add_argument("--window", type=int, default=16, help="unpaced: unacknowledged samples per stream")
+    p.add_argument(
+        "--first-step-s",
+        type=float,
+        default=20.0,
+        help="paced phase: seconds in until every node completes its first grid step",
+    )
+    p.add_argument("--window", type=int, default=4, help="unpaced: unacknowledged samples per stream")
     p.add_argument("--generators", type=int, default=1, help="load generator processes")
     p.add_argument("--channels", type=int, default=16, help="HTTP/2 connections per generator")
-    p.add_argument("--rpc-workers", type=int, default=0,
-                   help="the service's gRPC worker threads (default: nodes + 32; Service.start's default "
-                        "is 64, and every open Push stream holds one)")  # fmt: skip
+    p.add_argument(
+        "--rpc-workers",
+        type=int,
+        default=0,
+        help="the service's gRPC worker threads (default: nodes + 32; Service.start's default "
+        "is 64, and every open Push stream holds one)",
+    )
     p.add_argument("--pool-nodes", type=int, default=8)
     p.add_argument("--pool-steps", type=int, default=600)
+    p.add_argument(
+        "--inproc", type=float, default=20.0, help="seconds of the same ingest without gRPC (0: skip)"
+    )
     p.add_argument("--rows", type=int, default=10_000, help="batch size for the LightGBM ceiling")
     p.add_argument("--phases", default="ab", help="which phases to run: a (paced), b (unpaced)")
     p.add_argument("--seed", type=int, default=11)
-    p.add_argument("--quick", action="store_true", help="smoke run: 100 nodes, 8 s per phase")
+    p.add_argument("--quick", action="store_true", help="smoke run: 100 nodes, 6 s per phase")
+    if p.parse_args(argv).quick:  # smaller defaults; options given still win
+        p.set_defaults(nodes=100, duration=6.0, warmup=1.5, first_step_s=3.0, pool_nodes=2, pool_steps=120,
+                       rows=2_000, channels=4, inproc=2.0)  # fmt: skip
     args = p.parse_args(argv)
-    if args.quick:
-        args.nodes, args.duration, args.warmup, args.first_step_s = 100, 8.0, 2.0, 4.0
-        args.pool_nodes, args.pool_steps, args.rows, args.channels = 2, 120, 2_000, 4
     logging.basicConfig(level=logging.ERROR)
 
     model_dir = args.model or ensure_model(DEFAULT_MODEL)
@@ -518,16 +680,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpus_per_node > config.gpus_per_node:
             p.error(f"the model serves {config.gpus_per_node} GPUs per node")
         probe = Probe(service, args.rows)
-        port = service.start("127.0.0.1:0", max_workers=workers)
-        print(f"service bench: {gpus:,} GPUs ({args.nodes:,} nodes x {args.gpus_per_node}) pushing to "
-              f"127.0.0.1:{port}; model {model_dir} ({model.booster.num_trees()} trees, "
-              f"{len(model.feature_names)} features, cadence {config.cadence_s:g} s)")  # fmt: skip
-        print(f"machine: {cores} CPU cores, shared by the service (this process, {workers} gRPC worker "
-              f"threads) and {args.generators} load generator process(es) ({args.channels} connections "
-              f"each, asyncio): the generator's CPU is taken from the service's")  # fmt: skip
-        print(f"sample pool: {args.pool_nodes} twin nodes x {args.pool_steps} steps at 1 s, "
-              f"{sum(len(b) for s in pool for b in s) / sum(len(s) for s in pool) / 1024:.1f} KiB per "
-              f"node sample, generated in {pool_s:.1f} s")  # fmt: skip
+        port = service.start("127.0.0.1:0", max_streams=workers - 32)
+        print(
+            f"service bench: {gpus:,} GPUs ({args.nodes:,} nodes x {args.gpus_per_node}) pushing to "
+            f"127.0.0.1:{port}; model {model_dir} ({model.booster.num_trees()} trees, "
+            f"{len(model.feature_names)} features, cadence {config.cadence_s:g} s)"
+        )
+        print(
+            f"machine: {cores} CPU cores, shared by the service (this process, {workers} gRPC worker "
+            f"threads) and {args.generators} load generator process(es) ({args.channels} connections "
+            f"each, asyncio): the generator's CPU is taken from the service's"
+        )
+        print(
+            f"sample pool: {args.pool_nodes} twin nodes x {args.pool_steps} steps at 1 s, "
+            f"{sum(len(b) for s in pool for b in s) / sum(len(s) for s in pool) / 1024:.1f} KiB per "
+            f"node sample, generated in {pool_s:.1f} s"
+        )
         ctx = mp.get_context("spawn")
         pipes: list[Connection] = []
         procs = []
@@ -543,14 +711,32 @@ def main(argv: list[str] | None = None) -> int:
         grid = DEFAULT_START_UNIX_S // int(cadence) * int(cadence)
         outcomes: list[tuple[PhaseOutcome, float | None]] = []
         try:
+            spec_a = PhaseSpec(
+                name="a",
+                paced=True,
+                duration_s=args.duration,
+                warmup_s=args.warmup,
+                first_time_s=grid + cadence - args.first_step_s,  # every node completes a step then
+                spread_s=0.0,
+                window=args.window,
+                channels=args.channels,
+                seed=args.seed,
+                gpus_per_node=args.gpus_per_node,
+                cadence_s=cadence,
+            )
             if "a" in args.phases:
-                spec = PhaseSpec("a", True, args.duration, args.warmup, grid + cadence - args.first_step_s,
-                                 args.window, args.channels, args.seed, args.gpus_per_node)  # fmt: skip
-                outcomes.append((run_phase(probe, pipes, spec, args.nodes), float(gpus)))
+                outcomes.append((run_phase(probe, pipes, spec_a), float(gpus)))
             if "b" in args.phases:
-                spec = PhaseSpec("b", False, args.duration, args.warmup, grid + 86_400.0, args.window,
-                                 args.channels, args.seed + 1, args.gpus_per_node)  # fmt: skip
-                outcomes.append((run_phase(probe, pipes, spec, args.nodes), None))
+                # New nodes a day on, their event times spread over the grid.
+                spec_b = replace(
+                    spec_a,
+                    name="b",
+                    paced=False,
+                    first_time_s=grid + 86_400.0,
+                    spread_s=cadence,
+                    seed=args.seed + 1,
+                )
+                outcomes.append((run_phase(probe, pipes, spec_b), None))
         finally:
             for pipe in pipes:
                 with contextlib.suppress(OSError):
@@ -562,34 +748,79 @@ def main(argv: list[str] | None = None) -> int:
     for outcome, offered in outcomes:
         report_phase(outcome, offered, cores)
 
-    rows = np.concatenate(probe.rows) if probe.rows else np.zeros((0, len(model.feature_names)))
+    captured = list(probe.rows)
+    if args.inproc > 0:
+        inproc = ingest_in_process(
+            model_dir, pool, args.nodes, args.inproc, grid + 2 * 86_400.0, cadence, args.rows
+        )
+        print(
+            f"\nthe same ingest without gRPC: {args.nodes:,} nodes' Push servicers driven round robin from one "
+            f"thread, {inproc.seconds:.1f} s, scoring thread running"
+        )
+        print(
+            f"  ingest without gRPC:              {inproc.gpu_samples / inproc.seconds:,.0f} GPU-samples/s "
+            f"({inproc.node_samples / inproc.seconds:,.0f} node-samples/s)"
+        )
+        print(
+            f"  service CPU per 1,000 GPU-samples: {inproc.cpu_s / max(inproc.gpu_samples, 1) * 1e6:.1f} ms "
+            f"({inproc.cpu_s / inproc.seconds:.0%} of a core)"
+        )
+        print(f"  sample-to-alert latency, exact:   {exact_quantiles(inproc.latency)}")
+        captured += inproc.rows
+
+    rows = np.concatenate(captured) if captured else np.zeros((0, len(model.feature_names)))
     if not len(rows):
         print("\nno grid step was scored: no feature rows for the ceiling (run longer)")
         return 1
     x = np.resize(rows, (args.rows, rows.shape[1])).astype(rows.dtype)
     risk_rate = rows_per_second(model.risk, x, 7)
     heads_rate = rows_per_second(all_heads(model), x, 5)
-    print(f"\nLightGBM ceiling: {args.rows:,} real feature rows ({len(rows):,} distinct, captured from the "
-          f"service's scoring), {model.booster.num_trees()} trees, service stopped")  # fmt: skip
+    print(
+        f"\nLightGBM ceiling: a batch of {args.rows:,} real feature rows (from {len(rows):,} captured from the "
+        f"services' scoring), {model.booster.num_trees()} trees, services stopped, median of rounds"
+    )
     print(f"  model.risk batch prediction:      {risk_rate:,.0f} rows/s")
-    print(f"  every head the service computes:  {heads_rate:,.0f} rows/s (risk, risk_within, mode)")
+    within_rate = rows_per_second(model.risk_within, x, 5)
+    mode_rate = rows_per_second(model.mode_probabilities, x, 5)
+    risk, within = model.risk(x), model.risk_within(x)
+    ttf_rate = rows_per_second(lambda _: estimated_ttf_s(risk, within), x, 5)
+    print(
+        f"  model.risk_within (time heads):   {within_rate:,.0f} rows/s "
+        f"({model.ttf_booster.num_trees() if model.ttf_booster else 0} trees, with the risk again)"
+    )
+    print(
+        f"  model.mode_probabilities:         {mode_rate:,.0f} rows/s "
+        f"({model.mode_booster.num_trees() if model.mode_booster else 0} trees)"
+    )
+    print(f"  estimated_ttf_s (a Python loop):  {ttf_rate:,.0f} rows/s")
+    print(f"  all of score_pending's heads:     {heads_rate:,.0f} rows/s")
+    if not outcomes:
+        return 0
     best = max(outcomes, key=lambda o: o[0].rate)[0]
     ratio = best.rate / risk_rate
-    print(f"  ingest / raw predict:             {best.rate:,.0f} / {risk_rate:,.0f} = {ratio:.3f} "
-          f"(phase {best.spec.name}; GPU-samples/s over rows/s)")  # fmt: skip
-    print(f"  scored rows / raw predict:        {best.rate / 60:,.0f} / {risk_rate:,.0f} = "
-          f"{best.rate / 60 / risk_rate:.5f} (one row per GPU per {cadence:g} s grid step)")  # fmt: skip
+    print(
+        f"  ingest / raw predict:             {best.rate:,.0f} / {risk_rate:,.0f} = {ratio:.3f} "
+        f"(phase {best.spec.name}; GPU-samples/s over rows/s)"
+    )
+    print(
+        f"  scored rows / raw predict:        {best.rate / cadence:,.0f} / {risk_rate:,.0f} = "
+        f"{best.rate / cadence / risk_rate:.5f} (one row per GPU per {cadence:g} s grid step)"
+    )
 
     print("\ntargets:")
     top = max(o.rate for o, _ in outcomes)
-    print(f"  sustained >= {TARGET_RATE:,.0f} GPU-samples/s: {'met' if top >= TARGET_RATE else 'NOT met'} "
-          f"({top:,.0f})")  # fmt: skip
+    print(
+        f"  sustained >= {TARGET_RATE:,.0f} GPU-samples/s: {'met' if top >= TARGET_RATE else 'NOT met'} "
+        f"({top:,.0f})"
+    )
     paced = [o for o, offered in outcomes if offered is not None]
     if paced and paced[0].latency:
         p99 = float(np.quantile(np.asarray(paced[0].latency), 0.99))
         verdict = "met" if p99 <= TARGET_P99_S else "NOT met"
-        print(f"  p99 sample-to-alert <= {TARGET_P99_S * 1e3:.0f} ms at the offered load: {verdict} "
-              f"({p99 * 1e3:.1f} ms)")  # fmt: skip
+        print(
+            f"  p99 sample-to-alert <= {TARGET_P99_S * 1e3:.0f} ms at the offered load: {verdict} "
+            f"({p99 * 1e3:.1f} ms)"
+        )
     return 0
 
 

@@ -86,9 +86,10 @@ class FaultModel:
             return np.full((len(features), len(self.modes)), 1.0 / max(len(self.modes), 1))
         return np.asarray(self.mode_booster.predict(features), dtype=np.float64).reshape(len(features), -1)
 
-    def risk_within(self, features: np.ndarray) -> np.ndarray:
-        """(rows, 3): risk of failing within 5, 15 and 30 minutes."""
-        risk = self.risk(features)
+    def risk_within(self, features: np.ndarray, risk: np.ndarray | None = None) -> np.ndarray:
+        """(rows, 3): risk of failing within 5, 15 and 30 minutes (`risk`: the rows' risk, when
+        already known)."""
+        risk = self.risk(features) if risk is None else risk
         if self.ttf_booster is None:
             return np.repeat(risk[:, None], len(TTF_BUCKETS_S), axis=1)
         buckets = np.asarray(self.ttf_booster.predict(features), dtype=np.float64).reshape(len(features), -1)

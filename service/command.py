@@ -23,6 +23,10 @@ def add_parser(commands: Any) -> None:
     serve.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (HOST:PORT)")
     serve.add_argument("--prometheus-port", type=int, default=9401, help="metrics port (0: none)")
     serve.add_argument("--state-dir", type=Path, required=True, help="the durable alert log and cursors")
+    serve.add_argument(
+        "--max-streams", type=int, default=2048,
+        help="open streams served at once: one per collector and one per subscriber (a thread each)",
+    )  # fmt: skip
     serve.add_argument("--port-file", type=Path, help="write the bound gRPC port here once serving")
     serve.add_argument(
         "--actuator", choices=["noop", "slurm", "kubernetes", "webhook"], default="noop",
@@ -82,23 +86,29 @@ def run_serve(args: argparse.Namespace) -> int:
     except ModelError as exc:
         log.error("%s", exc)
         return 2
-    port = service.start(args.listen)
+    port = service.start(args.listen, max_streams=args.max_streams)
     if args.prometheus_port:
         start_http_server(args.prometheus_port, registry=service.metrics.registry)
-    if args.port_file:
-        args.port_file.write_text(f"{port}\n")
     done = threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         done.set()
 
+    def reload() -> None:
+        try:
+            service.reload()
+        except Exception:  # a reload bug must not take the service down; the old model serves on
+            log.exception("model reload failed")
+
     def on_hup(signum: int, frame: FrameType | None) -> None:
         # Not in the handler itself: loading a model takes a while and may log.
-        threading.Thread(target=service.reload, name="faultcast-reload", daemon=True).start()
+        threading.Thread(target=reload, name="faultcast-reload", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, on_hup)
+    if args.port_file:  # last: whoever waits for it may signal at once
+        args.port_file.write_text(f"{port}\n")
     log.info("serving on port %d (model %s, state in %s)", port, args.model, args.state_dir)
     done.wait()
     log.info("stopping")

@@ -19,6 +19,9 @@ from faultcast.model.online import LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
 from faultcast.service.validation import SampleRejected
 
+# Rows scored at least this share of the threshold get the mode and time-to-failure heads too.
+NEAR_THRESHOLD = 0.5
+
 
 def model_version(model: FaultModel) -> str:
     """What names the model in alerts and metrics: its creation time and the code's revision."""
@@ -31,16 +34,14 @@ def estimated_ttf_s(risk: np.ndarray, within: np.ndarray) -> np.ndarray:
     """Median time to failure given that one comes within the horizon, from the risks within 5/15/30
     minutes (rows, 3): interpolated inside the first bucket that holds half the probability."""
     edges = np.concatenate([[0.0], np.asarray(TTF_BUCKETS_S)])
-    cond = within / np.maximum(risk, 1e-12)[:, None]
-    cond = np.concatenate([np.zeros((len(risk), 1)), np.clip(cond, 0.0, 1.0)], axis=1)
+    cond = np.clip(within / np.maximum(risk, 1e-12)[:, None], 0.0, 1.0)
+    cond = np.concatenate([np.zeros((len(risk), 1)), cond], axis=1)
     cond[:, -1] = 1.0  # given a failure within the horizon, it is certain by its end
-    out = np.empty(len(risk))
-    for row in range(len(risk)):
-        i = int(np.argmax(cond[row] >= 0.5))
-        lo, hi = cond[row, i - 1], cond[row, i]
-        frac = (0.5 - lo) / (hi - lo) if hi > lo else 1.0
-        out[row] = edges[i - 1] + frac * (edges[i] - edges[i - 1])
-    return out
+    i = np.argmax(cond >= 0.5, axis=1)
+    rows = np.arange(len(risk))
+    lo, hi = cond[rows, i - 1], cond[rows, i]
+    frac = np.where(hi > lo, (0.5 - lo) / np.where(hi > lo, hi - lo, 1.0), 1.0)
+    return np.asarray(edges[i - 1] + frac * (edges[i] - edges[i - 1]))
 
 
 @dataclass
@@ -63,6 +64,7 @@ class ScoredStep:
 class _Node:
     online: OnlineFeatures
     uuids: list[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Scorer:
@@ -134,11 +136,18 @@ class Scorer:
         if len(x):
             r = model.risk(x)
             risk[present] = r
-            ttf[present] = estimated_ttf_s(r, model.risk_within(x))
-            if model.modes:
-                modes[present] = np.asarray(model.modes, dtype=object)[
-                    np.argmax(model.mode_probabilities(x), axis=1)
-                ]
+            # The mode and time heads are many more trees than the risk: they run only for rows
+            # near an alert (half the threshold and up); the others are labelled "none".
+            near = r >= NEAR_THRESHOLD * model.threshold
+            rows = np.nonzero(present)[0]
+            modes[rows] = "none"
+            if near.any():
+                xs = x[near]
+                ttf[rows[near]] = estimated_ttf_s(r[near], model.risk_within(xs, r[near]))
+                if model.modes:
+                    modes[rows[near]] = np.asarray(model.modes, dtype=object)[
+                        np.argmax(model.mode_probabilities(xs), axis=1)
+                    ]
         g = model.feature_config.gpus_per_node
         for i, s in enumerate(batch):
             s.risk, s.ttf_s, s.mode = (

@@ -168,10 +168,14 @@ class Service:
 
     # -- the server ---------------------------------------------------------------------------
 
-    def start(self, address: str = "127.0.0.1:0", *, max_workers: int = 64) -> int:
-        """Start scoring, remediation and the gRPC server; returns the bound port."""
+    def start(self, address: str = "127.0.0.1:0", *, max_streams: int = 2048) -> int:
+        """Start scoring, remediation and the gRPC server; returns the bound port.
+
+        The synchronous gRPC server holds one thread per open stream, and every collector and
+        subscriber keeps one open: `max_streams` must cover them all (a stream past it waits until
+        another closes), plus a few for the short calls."""
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="faultcast-rpc"),
+            futures.ThreadPoolExecutor(max_workers=max_streams + 32, thread_name_prefix="faultcast-rpc"),
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         tpb_grpc.add_TelemetryServicer_to_server(self.telemetry, server)

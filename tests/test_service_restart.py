@@ -82,7 +82,8 @@ def _until(
             tail = log.read_text()[-3000:] if log is not None else ""
             raise AssertionError(f"faultcast serve exited with {process.returncode}:\n{tail}")
         time.sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s")
+    tail = log.read_text()[-3000:] if log is not None else ""
+    raise AssertionError(f"not within {WAIT_S} s\n{tail}")
 
 
 def _cursor(state: Path) -> int:
@@ -166,7 +167,11 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     assert _get(from_start).id == opened.id  # the log survived the kill
 
     second.process.send_signal(signal.SIGHUP)
-    _until(lambda: second.metric('faultcast_model_reloads_total{outcome="ok"}') == 1.0)
+    _until(
+        lambda: second.metric('faultcast_model_reloads_total{outcome="ok"}') == 1.0,
+        second.process,
+        tmp_path / "serve.log",
+    )
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=WAIT_S) == 0
     if os.environ.get("FAULTCAST_KEEP_LOGS"):
