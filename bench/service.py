@@ -420,25 +420,19 @@ def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec) -> PhaseOu
 
     sampler = threading.Thread(target=sample_rate, daemon=True)
     time.sleep(max(0.0, window_from - time.monotonic()))
-    at_from = {
-        "gpu": probe.total(probe.service.metrics.samples),
-        "node": probe.total(probe.service.metrics.node_samples),
-        "rejects": probe.total(probe.service.metrics.rejects),
-        "dup": probe.total(probe.service.metrics.duplicates),
-        "cpu": time.process_time(),
-        "t": time.monotonic(),
-    }
+
+    def counters() -> dict[str, float]:
+        m = probe.service.metrics
+        return {
+            "gpu": probe.total(m.samples), "node": probe.total(m.node_samples), "rejects": probe.total(m.rejects),
+            "dup": probe.total(m.duplicates), "cpu": time.process_time(), "t": time.monotonic(),
+        }  # fmt: skip
+
+    at_from = counters()
     buckets_from = probe.buckets()
     sampler.start()
     time.sleep(max(0.0, window_to - time.monotonic()))
-    at_to = {
-        "gpu": probe.total(probe.service.metrics.samples),
-        "node": probe.total(probe.service.metrics.node_samples),
-        "rejects": probe.total(probe.service.metrics.rejects),
-        "dup": probe.total(probe.service.metrics.duplicates),
-        "cpu": time.process_time(),
-        "t": time.monotonic(),
-    }
+    at_to = counters()
     stop.set()
     sampler.join()
     results: list[GenResult] = [pipe.recv() for pipe in pipes]

@@ -115,11 +115,17 @@ class AlertBook:
         with self._lock:
             old = self.tracker
             self._use(model)
+            n = len(old.opened)
+            self.tracker._grow(n)
             if carried_over:
-                n = len(old.opened)
-                self.tracker._grow(n)
                 self.tracker.opened[:n] = old.opened
                 self.tracker.above_run[:n], self.tracker.below_run[:n] = old.above_run, old.below_run
+            else:
+                # Opened at step 0: each open alert expires (CLEARED, "horizon passed") the next time
+                # its GPU is scored, and the new model raises it again if it agrees.
+                self.tracker.opened[list(self._open)] = 0
+                for _, slots in self._node_open.values():
+                    self.tracker.opened[list(slots)] = 0
 
     def _slot_base(self, node: str, step: int) -> int:
         base = self._slots.get(node)

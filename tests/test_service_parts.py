@@ -283,3 +283,17 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     broken.run_once()
     assert broken.done[0][1:] == ("failed", "RuntimeError: scheduler exploded")
     store.close()
+
+
+def test_a_reload_that_restarts_the_features_expires_open_alerts(model: FaultModel, tmp_path: Path) -> None:
+    store = StateStore.in_dir(tmp_path)
+    book = AlertBook(model, store, ServiceMetrics())
+    g = model.feature_config.gpus_per_node
+    for t in range(3):
+        book.observe([_step(model, "n4", 70 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
+    opened = book.active()
+    book.swap_model(model, carried_over=False)
+    events = book.observe([_step(model, "n4", 73, [0.0] * g, "hbm_wear")])
+    assert [(e.opened_id, e.cleared_reason) for e in events] == [(opened[0].id, "horizon passed")]
+    assert book.active() == []
+    store.close()
