@@ -6,9 +6,8 @@ LightGBM ceiling, in one run.
 
 The service (`faultcast.service.server.Service` with the model of `--model`, a temporary state
 folder and `Limits(max_future_s=0, max_age_s=0)`, event time being synthetic) runs in this process
-on 127.0.0.1, with one gRPC worker thread per node and some to spare (`--rpc-workers`): a Push
-stream holds a worker thread for as long as it is open, and `Service.start`'s default of 64 would
-leave every collector past the 64th waiting. The load generator runs in other processes
+on 127.0.0.1: a `grpc.aio` server whose event loop carries every Push stream, and `--rpc-workers`
+threads for the other calls. The load generator runs in other processes
 (`--generators`, spawned): asyncio gRPC clients, one Push stream per node as a collector keeps,
 over `--channels` HTTP/2 connections each. The samples are real twin readings: a pool of
 `--pool-nodes` healthy nodes x `--pool-steps` readings 1 s apart is generated and serialized once;
@@ -502,7 +501,7 @@ def ingest_in_process(
     with tempfile.TemporaryDirectory() as state:
         service = Service(model_dir, Path(state), limits=Limits(max_future_s=0, max_age_s=0))
         probe = Probe(service, keep_rows)
-        service.start("127.0.0.1:0", max_streams=4)
+        service.start("127.0.0.1:0", max_threads=8)
         context: Any = None  # Push only touches the context to abort a bad hello
         feeds, streams = [], []
         for i in range(nodes):
@@ -641,8 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rpc-workers",
         type=int,
         default=0,
-        help="the service's gRPC worker threads (default: nodes + 32; Service.start's default "
-        "is 64, and every open Push stream holds one)",
+        help="the service's threads for calls other than Push (default 64; Push streams share one asyncio loop)",
     )
     p.add_argument("--pool-nodes", type=int, default=8)
     p.add_argument("--pool-steps", type=int, default=600)
@@ -664,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     pool = make_pool(args.pool_nodes, args.pool_steps, args.gpus_per_node, args.seed)
     pool_s = time.perf_counter() - t
-    workers = args.rpc_workers or args.nodes + 32
+    workers = args.rpc_workers or 64
     gpus = args.nodes * args.gpus_per_node
 
     with tempfile.TemporaryDirectory() as state:
@@ -674,16 +672,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpus_per_node > config.gpus_per_node:
             p.error(f"the model serves {config.gpus_per_node} GPUs per node")
         probe = Probe(service, args.rows)
-        port = service.start("127.0.0.1:0", max_streams=workers - 32)
+        port = service.start("127.0.0.1:0", max_threads=workers)
         print(
             f"service bench: {gpus:,} GPUs ({args.nodes:,} nodes x {args.gpus_per_node}) pushing to "
             f"127.0.0.1:{port}; model {model_dir} ({model.booster.num_trees()} trees, "
             f"{len(model.feature_names)} features, cadence {config.cadence_s:g} s)"
         )
         print(
-            f"machine: {cores} CPU cores, shared by the service (this process, {workers} gRPC worker "
-            f"threads) and {args.generators} load generator process(es) ({args.channels} connections "
-            f"each, asyncio): the generator's CPU is taken from the service's"
+            f"machine: {cores} CPU cores, shared by the service (this process: Push on one asyncio loop, "
+            f"{workers} threads for the other calls) and {args.generators} load generator process(es) "
+            f"({args.channels} connections each, asyncio): the generator's CPU is taken from the service's"
         )
         print(
             f"sample pool: {args.pool_nodes} twin nodes x {args.pool_steps} steps at 1 s, "

@@ -7,9 +7,10 @@ Delivery is at-least-once: a subscriber dedupes by id.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import grpc
 
@@ -38,27 +39,39 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         self.store, self.book, self.remediator, self.stopping = store, book, remediator, stopping
         self.on_subscribers = on_subscribers
 
-    def _nodes(self, job_id: str, nodes: list[str], context: grpc.ServicerContext) -> list[str]:
+    def _resolve(self, job_id: str, nodes: list[str]) -> tuple[list[str], tuple[grpc.StatusCode, str] | None]:
+        """The nodes a request names, or those of its registered job; else the status refusing it."""
         if nodes:
-            return nodes
+            return nodes, None
         if not job_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the nodes or a registered job id")
+            return [], (grpc.StatusCode.INVALID_ARGUMENT, "name the nodes or a registered job id")
         registered = self.store.jobs().get(job_id)
         if registered is None:
-            context.abort(
+            return [], (
                 grpc.StatusCode.NOT_FOUND,
                 f"job {job_id!r} is not registered (RegisterJob) and no nodes were named",
             )
-        return registered
+        return registered, None
 
-    def Subscribe(  # noqa: N802 (gRPC method name)
-        self, request: apb.SubscribeRequest, context: grpc.ServicerContext
-    ) -> Iterator[apb.Alert]:
-        nodes = self._nodes(request.job_id, list(request.nodes), context)
+    def _nodes(self, job_id: str, nodes: list[str], context: grpc.ServicerContext) -> list[str]:
+        resolved, refusal = self._resolve(job_id, nodes)
+        if refusal is not None:
+            context.abort(*refusal)
+        return resolved
+
+    async def Subscribe(  # noqa: N802 (gRPC method name)
+        self, request: apb.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[apb.Alert]:
+        """A coroutine on the server's event loop (a thread each would cap subscribers); waiting for
+        new events happens on the loop's executor, half a second at a time."""
+        nodes, refusal = self._resolve(request.job_id, list(request.nodes))
+        if refusal is not None:
+            await context.abort(*refusal)
         cursor = request.resume_after
+        loop = asyncio.get_running_loop()
         self.on_subscribers(1)
         try:
-            while context.is_active() and not self.stopping.is_set():
+            while not self.stopping.is_set():
                 seen = self.store.last_id
                 batch = self.store.read_after(cursor, nodes)
                 for alert in batch:
@@ -67,7 +80,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 if len(batch) == 0:
                     # Nothing for these nodes up to `seen`: skip past it, then wait for more.
                     cursor = max(cursor, seen)
-                    self.store.wait_beyond(seen, _POLL_S)
+                    await loop.run_in_executor(None, self.store.wait_beyond, seen, _POLL_S)
         finally:
             self.on_subscribers(-1)
 

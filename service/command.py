@@ -24,8 +24,8 @@ def add_parser(commands: Any) -> None:
     serve.add_argument("--prometheus-port", type=int, default=9401, help="metrics port (0: none)")
     serve.add_argument("--state-dir", type=Path, required=True, help="the durable alert log and cursors")
     serve.add_argument(
-        "--max-streams", type=int, default=2048,
-        help="open streams served at once: one per collector and one per subscriber (a thread each)",
+        "--max-threads", type=int, default=256,
+        help="threads for the alert and admin calls; each open Subscribe holds one (collectors' streams do not)",
     )  # fmt: skip
     serve.add_argument("--port-file", type=Path, help="write the bound gRPC port here once serving")
     serve.add_argument(
@@ -86,7 +86,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ModelError as exc:
         log.error("%s", exc)
         return 2
-    port = service.start(args.listen, max_streams=args.max_streams)
+    port = service.start(args.listen, max_threads=args.max_threads)
     if args.prometheus_port:
         start_http_server(args.prometheus_port, registry=service.metrics.registry)
     done = threading.Event()

@@ -7,6 +7,7 @@ the edges: arrival times (ingest lag, latency) and grace timers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
 from faultcast.service.state import StateStore
-from faultcast.service.telemetry import MAX_MESSAGE_BYTES, TelemetryServicer
+from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.validation import Limits
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -80,7 +81,10 @@ class Service:
         self._ready = 0  # completed steps waiting to be scored
         self.latest_event_s = 0.0  # event time of the newest sample taken (the demo's clock)
         self._thread: threading.Thread | None = None
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
+        self._aio_loop: asyncio.AbstractEventLoop | None = None
+        self._aio_thread: threading.Thread | None = None
+        self._pool: futures.ThreadPoolExecutor | None = None
         self._health = health.HealthServicer()
         self._reload_lock = threading.Lock()
         self._describe(model)
@@ -168,17 +172,33 @@ class Service:
 
     # -- the server ---------------------------------------------------------------------------
 
-    def start(self, address: str = "127.0.0.1:0", *, max_streams: int = 2048) -> int:
+    def start(self, address: str = "127.0.0.1:0", *, max_threads: int = 256) -> int:
         """Start scoring, remediation and the gRPC server; returns the bound port.
 
-        The synchronous gRPC server holds one thread per open stream, and every collector and
-        subscriber keeps one open: `max_streams` must cover them all (a stream past it waits until
-        another closes), plus a few for the short calls."""
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_streams + 32, thread_name_prefix="faultcast-rpc"),
+        The server is `grpc.aio` on its own event loop: every collector keeps a Push stream open,
+        and one loop carries them all (a sync server needs a thread per open stream). The other
+        services are plain methods run on `max_threads` threads; each Subscribe holds one while
+        it is open, so that many subscribers at most."""
+        self._thread = threading.Thread(target=self._loop, name="faultcast-scoring", daemon=True)
+        self._thread.start()
+        self.remediator.start()
+        self._aio_loop = asyncio.new_event_loop()
+        self._aio_thread = threading.Thread(
+            target=self._aio_loop.run_forever, name="faultcast-grpc", daemon=True
+        )
+        self._aio_thread.start()
+        port = asyncio.run_coroutine_threadsafe(self._serve(address, max_threads), self._aio_loop).result()
+        for name in ("", *SERVICE_NAMES):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    async def _serve(self, address: str, max_threads: int) -> int:
+        self._pool = futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="faultcast-rpc")
+        server = grpc.aio.server(
+            migration_thread_pool=self._pool,
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
-        tpb_grpc.add_TelemetryServicer_to_server(self.telemetry, server)
+        tpb_grpc.add_TelemetryServicer_to_server(AsyncTelemetryServicer(self.telemetry), server)
         alerts = AlertsServicer(
             self.store, self.book, self.remediator, self.stopping, self.metrics.subscribers.inc
         )
@@ -196,14 +216,16 @@ class Service:
         port = server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"could not bind the service to {address}")
-        self._thread = threading.Thread(target=self._loop, name="faultcast-scoring", daemon=True)
-        self._thread.start()
-        self.remediator.start()
-        server.start()
-        for name in ("", *SERVICE_NAMES):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await server.start()
         self._server = server
         return port
+
+    async def _shutdown(self, server: grpc.aio.Server, grace_s: float) -> None:
+        await server.stop(grace_s)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        # Subscribers wait on the loop's executor (half a second at most): let them finish first.
+        await asyncio.get_running_loop().shutdown_default_executor()
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Stop taking requests, finish the waiting scores, save the cursors, close the state."""
@@ -211,8 +233,11 @@ class Service:
         self.stopping.set()
         with self._work:
             self._work.notify_all()
-        if self._server is not None:
-            self._server.stop(grace_s).wait()
+        if self._server is not None and self._aio_loop is not None:
+            asyncio.run_coroutine_threadsafe(self._shutdown(self._server, grace_s), self._aio_loop).result()
+            self._aio_loop.call_soon_threadsafe(self._aio_loop.stop)
+            if self._aio_thread is not None:
+                self._aio_thread.join(timeout=10)
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.score_now()
@@ -221,5 +246,5 @@ class Service:
         self.store.close()
 
     def wait(self) -> None:
-        if self._server is not None:
-            self._server.wait_for_termination()
+        if self._server is not None and self._aio_loop is not None:
+            asyncio.run_coroutine_threadsafe(self._server.wait_for_termination(), self._aio_loop).result()

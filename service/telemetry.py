@@ -11,8 +11,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -58,26 +59,37 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         first = next(request_iterator, None)
         if first is None:
             return
+        key, refusal = self.open_stream(first)
+        if refusal is not None:
+            context.abort(*refusal)
+        for request in request_iterator:
+            yield self.take(key, request)
+
+    def open_stream(
+        self, first: pb.PushRequest
+    ) -> tuple[tuple[str, int], tuple[grpc.StatusCode, str] | None]:
+        """The stream's (node, spool id) from its first message, or the status that refuses it."""
         if not first.HasField("hello"):
             self._reject("no_hello")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a push stream must start with a PushHello")
+            return ("", 0), (grpc.StatusCode.INVALID_ARGUMENT, "a push stream must start with a PushHello")
         hello = first.hello
         if hello.schema.schema_hash != SCHEMA_HASH:
             self._reject("schema_mismatch")
-            context.abort(
+            return ("", 0), (
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"collector schema {hello.schema.schema_hash:#018x} "
                 f"(catalogue {hello.schema.catalogue_version!r}) differs from the service's "
                 f"{SCHEMA_HASH:#018x}; upgrade one side",
             )
-        key = (hello.node, hello.spool_id)
-        for request in request_iterator:
-            if not request.HasField("sample"):
-                self._reject("repeated_hello")
-                continue
-            rejection = self._accept(key, request.sample)
-            acked = self._last.get(key, 0)
-            yield pb.PushAck(acked_through=acked, rejections=[rejection] if rejection else [])
+        return (hello.node, hello.spool_id), None
+
+    def take(self, key: tuple[str, int], request: pb.PushRequest) -> pb.PushAck:
+        """One message of an open stream: the sample taken (or refused, or a duplicate) and acked."""
+        if not request.HasField("sample"):
+            self._reject("repeated_hello")
+            return pb.PushAck(acked_through=self._last.get(key, 0))
+        rejection = self._accept(key, request.sample)
+        return pb.PushAck(acked_through=self._last.get(key, 0), rejections=[rejection] if rejection else [])
 
     def cursors(self) -> dict[tuple[str, int], int]:
         """The highest sequence taken per (node, spool id): what a restart must remember."""
@@ -138,6 +150,26 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
             self.metrics.node_samples.inc()
             self.metrics.samples.inc(len(snapshot.gpus))
             self.metrics.ingest_lag.labels(snapshot.node).set(now - snapshot.time_unix_nano / 1e9)
+
+
+class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
+    """The same servicer for a `grpc.aio` server: one event loop carries every collector's stream,
+    where the sync server needs a thread per open stream (and its wake-ups) for each."""
+
+    def __init__(self, core: TelemetryServicer) -> None:
+        self.core = core
+
+    async def Push(  # noqa: N802 (the aio form of the same method)
+        self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.PushAck]:
+        key: tuple[str, int] | None = None
+        async for request in request_iterator:
+            if key is None:
+                key, refusal = self.core.open_stream(request)
+                if refusal is not None:
+                    await context.abort(*refusal)
+                continue
+            yield self.core.take(key, request)
 
 
 # A node sample is a few kB; anything near this is not from a collector.
