@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from prometheus_client import Gauge
 
 from faultcast.model.alerting import AlertTracker
 from faultcast.model.artifact import FaultModel
@@ -84,7 +85,8 @@ class AlertBook:
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._slots: dict[str, int] = {}  # node -> its first slot
-        self._risk_mode: dict[tuple[str, int], str] = {}  # the mode label each risk series has now
+        # Each GPU's risk series now: its mode label and the gauge child.
+        self._risk_child: dict[tuple[str, int], tuple[str, Gauge]] = {}
         self._open: dict[int, apb.Alert] = {}  # slot -> the OPEN event it belongs to
         self._node_open: dict[str, tuple[apb.Alert, set[int]]] = {}  # node-level alert, its slots
         self._restored = {(a.node, a.gpu): a for a in store.open_alerts()}
@@ -233,17 +235,21 @@ class AlertBook:
     def _publish_risk(self, s: ScoredStep) -> None:
         for gpu in range(self.g):
             key = (s.node, gpu)
+            held = self._risk_child.get(key)
             if not s.present[gpu]:
-                old = self._risk_mode.pop(key, None)
-                if old is not None:
-                    self.metrics.failure_risk.remove(s.node, str(gpu), old)
+                if held is not None:
+                    del self._risk_child[key]
+                    self.metrics.failure_risk.remove(s.node, str(gpu), held[0])
                 continue
             mode = s.mode[gpu] or "unknown"
-            old = self._risk_mode.get(key)
-            if old is not None and old != mode:
-                self.metrics.failure_risk.remove(s.node, str(gpu), old)
-            self._risk_mode[key] = mode
-            self.metrics.failure_risk.labels(s.node, str(gpu), mode).set(float(s.risk[gpu]))
+            if held is None or held[0] != mode:
+                if held is not None:
+                    self.metrics.failure_risk.remove(s.node, str(gpu), held[0])
+                # The labelled child is kept: at 10,000 GPUs, looking it up by labels on every
+                # score is a measurable share of the scoring thread.
+                held = (mode, self.metrics.failure_risk.labels(s.node, str(gpu), mode))
+                self._risk_child[key] = held
+            held[1].set(float(s.risk[gpu]))
 
     def _close(self, s: ScoredStep, slot: int, reason: str) -> list[apb.Alert]:
         alert = self._open.pop(slot, None)

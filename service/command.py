@@ -110,7 +110,10 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.port_file:  # last: whoever waits for it may signal at once
         args.port_file.write_text(f"{port}\n")
     log.info("serving on port %d (model %s, state in %s)", port, args.model, args.state_dir)
-    done.wait()
+    # Wake up now and then: a signal delivered to one of gRPC's threads only sets a flag, which
+    # the main thread acts on when it runs Python again, and a wait without timeout never does.
+    while not done.wait(0.5):
+        pass
     log.info("stopping")
     service.stop()
     return 0

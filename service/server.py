@@ -85,6 +85,7 @@ class Service:
         self._aio_loop: asyncio.AbstractEventLoop | None = None
         self._aio_thread: threading.Thread | None = None
         self._pool: futures.ThreadPoolExecutor | None = None
+        self._cursor_thread: threading.Thread | None = None
         self._health = health.HealthServicer()
         self._reload_lock = threading.Lock()
         self._describe(model)
@@ -128,8 +129,12 @@ class Service:
             self.metrics.scoring_latency.observe(done - s.arrival_s)
         return alerts
 
+    def _save_cursors(self) -> None:
+        """Every second, off the scoring thread: the write waits for the disk (synchronous=FULL)."""
+        while not self.stopping.wait(_CURSOR_SAVE_S):
+            self.store.save_cursors(self.telemetry.cursors())
+
     def _loop(self) -> None:
-        saved_at = time.monotonic()
         while not self.stopping.is_set():
             with self._work:
                 self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set(), timeout=_CURSOR_SAVE_S)
@@ -139,9 +144,6 @@ class Service:
             except Exception:  # a scoring bug must not stop ingest; it is logged and counted
                 log.exception("scoring failed; the samples of this tick are lost, the service goes on")
                 self.metrics.rejects.labels("scoring_error").inc()
-            if time.monotonic() - saved_at >= _CURSOR_SAVE_S:
-                self.store.save_cursors(self.telemetry.cursors())
-                saved_at = time.monotonic()
 
     # -- model reload -------------------------------------------------------------------------
 
@@ -181,6 +183,10 @@ class Service:
         it is open, so that many subscribers at most."""
         self._thread = threading.Thread(target=self._loop, name="faultcast-scoring", daemon=True)
         self._thread.start()
+        self._cursor_thread = threading.Thread(
+            target=self._save_cursors, name="faultcast-cursors", daemon=True
+        )
+        self._cursor_thread.start()
         self.remediator.start()
         self._aio_loop = asyncio.new_event_loop()
         self._aio_thread = threading.Thread(
@@ -238,8 +244,9 @@ class Service:
             self._aio_loop.call_soon_threadsafe(self._aio_loop.stop)
             if self._aio_thread is not None:
                 self._aio_thread.join(timeout=10)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        for thread in (self._thread, self._cursor_thread):
+            if thread is not None:
+                thread.join(timeout=10)
         self.score_now()
         self.remediator.stop()
         self.store.save_cursors(self.telemetry.cursors())
