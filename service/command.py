@@ -48,6 +48,11 @@ def add_parser(commands: Any) -> None:
     serve.add_argument(
         "--max-sample-age", type=parse_limit, default=6 * 3600.0, help="refuse older samples (0: no check)"
     )
+    serve.add_argument(
+        "--nodes-file",
+        type=Path,
+        help="the fleet's node names, one per line: samples from others are refused",
+    )
     serve.set_defaults(handler=run_serve)
 
 
@@ -71,6 +76,17 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
     return NoopActuator()
 
 
+def _inventory(path: Path | None) -> frozenset[str]:
+    if path is None:
+        return frozenset()
+    names = frozenset(
+        line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")
+    )
+    if not names:
+        raise SystemExit(f"{path} names no nodes")
+    return names
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
@@ -80,7 +96,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         service = Service(
             args.model, args.state_dir, actuator=make_actuator(args),
-            limits=Limits(max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age),
+            limits=Limits(
+                max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)
+            ),
             grace_s=args.grace, breaker=CircuitBreaker(args.max_drains, args.drain_window),
         )  # fmt: skip
     except ModelError as exc:

@@ -71,7 +71,11 @@ class Service:
         self.book.listen(self.remediator.on_alerts)
         limits = limits or Limits()
         self.limits = Limits(
-            model.feature_config.gpus_per_node, limits.max_future_s, limits.max_age_s, limits.max_node_name
+            model.feature_config.gpus_per_node,
+            limits.max_future_s,
+            limits.max_age_s,
+            limits.max_node_name,
+            limits.nodes,
         )
         self.telemetry = TelemetryServicer(
             self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.load_cursors()

@@ -33,6 +33,9 @@ class Limits:
     # Samples older than this are history, not telemetry: refused (0: no limit).
     max_age_s: float = 6 * 3600.0
     max_node_name: int = 253  # a DNS name
+    # The fleet's inventory: samples from any other node are refused ("unknown_node"). Empty: any
+    # well-formed name is taken (up to the service's --max-nodes).
+    nodes: frozenset[str] = frozenset()
 
 
 _COUNTERS = {scope: tuple(m.kind is Kind.COUNTER for m in metrics_for(scope)) for scope in Scope}
@@ -60,6 +63,10 @@ def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSna
     node = snapshot.node
     if not node or len(node) > limits.max_node_name or not node.isprintable() or " " in node:
         raise SampleRejected("bad_node_name", f"node name {node[:80]!r} is not a host name")
+    if limits.nodes and node not in limits.nodes:
+        raise SampleRejected(
+            "unknown_node", f"node {node!r} is not in the service's node inventory (--nodes-file)"
+        )
     t = snapshot.time_unix_nano / 1e9
     if limits.max_future_s > 0 and t > now_s + limits.max_future_s:
         raise SampleRejected(

@@ -182,6 +182,14 @@ def test_the_clock_checks_refuse_samples_from_the_future_and_the_distant_past() 
     check(_snapshot(now + 10**6), now, Limits(max_future_s=0, max_age_s=0))  # the checks can be off
 
 
+def test_with_an_inventory_only_its_nodes_are_taken() -> None:
+    inventory = Limits(max_future_s=0, max_age_s=0, nodes=frozenset({"node-a", "node-b"}))
+    check(_snapshot(1e9), 1e9, inventory)
+    with pytest.raises(SampleRejected, match="inventory") as unknown:
+        check(replace(_snapshot(1e9), node="node-z"), 1e9, inventory)
+    assert unknown.value.reason == "unknown_node"
+
+
 def test_bad_values_and_gpus_are_dropped_one_by_one() -> None:
     snapshot = _snapshot(1e9)
     temp, sbe = index_of(Scope.GPU)["gpu_temp"], index_of(Scope.GPU)["ecc_sbe_volatile"]
