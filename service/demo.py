@@ -167,7 +167,7 @@ def run_demo(args: argparse.Namespace) -> int:
         stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
         channel.close()
         service.stop()
-        print(_summary(failures, seen, model.horizon_s, sim_start, args.speed, end_s, args.nodes))
+        print(_summary(failures, seen, model.horizon_s, sim_start, end_s, args.nodes))
     return 0
 
 
@@ -281,7 +281,6 @@ def _summary(
     seen: Seen,
     horizon_s: float,
     sim_start: int,
-    speed: float,
     end_s: float,
     nodes: int,
 ) -> str:

@@ -64,7 +64,6 @@ class ScoredStep:
 class _Node:
     online: OnlineFeatures
     uuids: list[str]
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Scorer:
@@ -75,10 +74,6 @@ class Scorer:
         self._nodes: dict[str, _Node] = {}
         self._queue: list[ScoredStep] = []
         self._lock = threading.Lock()
-
-    @property
-    def cadence_s(self) -> float:
-        return self.model.feature_config.cadence_s
 
     def nodes(self) -> list[str]:
         with self._lock:

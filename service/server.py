@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -69,14 +70,7 @@ class Service:
             self.store, actuator or NoopActuator(), self.metrics, grace_s=grace_s, breaker=breaker
         )
         self.book.listen(self.remediator.on_alerts)
-        limits = limits or Limits()
-        self.limits = Limits(
-            model.feature_config.gpus_per_node,
-            limits.max_future_s,
-            limits.max_age_s,
-            limits.max_node_name,
-            limits.nodes,
-        )
+        self.limits = replace(limits or Limits(), gpus_per_node=model.feature_config.gpus_per_node)
         self.telemetry = TelemetryServicer(
             self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.load_cursors()
         )
@@ -134,14 +128,20 @@ class Service:
         return alerts
 
     def _save_cursors(self) -> None:
-        """Every second, off the scoring thread: the write waits for the disk (synchronous=FULL)."""
+        """Every second, off the scoring thread (the write waits for the disk, synchronous=FULL),
+        only the cursors that moved since the last save."""
+        saved: dict[tuple[str, int], int] = {}
         while not self.stopping.wait(_CURSOR_SAVE_S):
-            self.store.save_cursors(self.telemetry.cursors())
+            now = self.telemetry.cursors()
+            moved = {key: seq for key, seq in now.items() if saved.get(key) != seq}
+            if moved:
+                self.store.save_cursors(moved)
+            saved = now
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
             with self._work:
-                self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set(), timeout=_CURSOR_SAVE_S)
+                self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set())
                 self._ready = 0
             try:
                 self.score_now()
