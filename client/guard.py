@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -43,14 +44,17 @@ class Guard:
         *,
         credentials: grpc.ChannelCredentials | None = None,
         register: bool = True,
+        job_nodes: Sequence[str] | None = None,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         rpc_timeout_s: float = 5.0,
         registry: CollectorRegistry | None = None,
     ) -> None:
         """`nodes`: the nodes this process watches (default: this host); `register`: tell the service
-        the job runs there (one process per node does). No I/O here: `start()` connects."""
+        the job runs on `job_nodes` (default: `nodes`; a multi-node job names all of its nodes, since
+        each registration replaces the last). No I/O here: `start()` connects."""
         self.target, self.job_id = target, job_id
         self.nodes = list(nodes) if nodes is not None else [socket.gethostname()]
+        self.job_nodes = list(job_nodes) if job_nodes is not None else self.nodes
         self.credentials, self.register, self.backoff_s, self.rpc_timeout_s = (
             credentials,
             register,
@@ -61,6 +65,7 @@ class Guard:
         self.connected = False
         self.last_error = ""
         self._pending: apb.Alert | None = None  # the newest snapshot request not yet acted on
+        self.pending_since = 0.0  # time.monotonic() when the pending request first arrived
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -182,7 +187,7 @@ class Guard:
         stub = apb_grpc.AlertsStub(self._channel)
         if self.register:
             stub.RegisterJob(
-                apb.RegisterJobRequest(job_id=self.job_id, nodes=self.nodes), timeout=self.rpc_timeout_s
+                apb.RegisterJobRequest(job_id=self.job_id, nodes=self.job_nodes), timeout=self.rpc_timeout_s
             )
         call = stub.Subscribe(
             apb.SubscribeRequest(job_id=self.job_id, nodes=self.nodes, resume_after=self.last_id)
@@ -198,6 +203,8 @@ class Guard:
             self.last_id = max(self.last_id, alert.id)
             pending = self._pending
             if alert.state == apb.ALERT_STATE_OPEN and alert.action in _SNAPSHOT_ACTIONS:
+                if pending is None:
+                    self.pending_since = time.monotonic()
                 self._pending = alert  # an update of the same alert replaces it (escalated action)
                 log.warning(
                     "faultcast: alert %d on %s gpu %d (%s, risk %.2f): snapshot requested",

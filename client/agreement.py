@@ -1,0 +1,46 @@
+"""Every rank snapshots the same step: at agreement steps each rank puts in what its node's guard
+knows (snapshot requested? migration coming?) and one all-reduce (MAX over two int64s) tells all.
+
+Only one process per node holds a Guard; the others vote zero. A job without torch.distributed (one
+process) agrees with itself.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Vote:
+    snapshot: bool = False
+    migrate: bool = False  # the alert asks for snapshot-and-migrate: the node is about to be drained
+
+
+class Agreement:
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.calls = 0
+        self.seconds = 0.0  # time spent agreeing, for the overhead figure
+        self._device = _collective_device(group)
+
+    def agree(self, mine: Vote) -> Vote:
+        if not dist.is_initialized():
+            return mine
+        start = time.perf_counter()
+        flags = torch.tensor([int(mine.snapshot), int(mine.migrate)], dtype=torch.int64, device=self._device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        snapshot, migrate = (bool(v) for v in flags.tolist())
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        return Vote(snapshot, migrate)
+
+
+def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
+    """NCCL reduces only CUDA tensors; gloo and the rest take CPU ones."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

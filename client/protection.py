@@ -1,0 +1,245 @@
+"""The generic training-loop hook: resume from the newest whole snapshot, agree at step boundaries
+whether faultcast asked for a snapshot, take it on every rank at the same step, acknowledge it, and
+hold still while the service drains the node and requeues the job.
+
+    protection = protect("faultcast:50051", "/ckpt/my-job", model=model, optimizer=optimizer)
+    for step in range(protection.resume(), total_steps):
+        train_step(step)
+        protection.step_end(step + 1)
+    protection.close()
+
+`step_end(n)` takes the number of steps completed. Every `agree_every` steps the ranks agree (one
+all-reduce of two integers); every `checkpoint_every` steps (when set) a periodic checkpoint is
+written in the background with `async_save`. Nothing here raises into training because the service
+is away: without a connection there is simply nothing to snapshot for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from faultcast.client.agreement import Agreement, Vote
+from faultcast.client.guard import Guard
+from faultcast.client.snapshots import Snapshot, SnapshotStore
+from faultcast.client.train_state import Stateful, TrainState
+from faultcast.v1 import alerts_pb2 as apb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProtectionStats:
+    """What the hook did, for logs, tests and the overhead benchmark."""
+
+    resumed_from: int | None = None
+    snapshots: list[int] = field(default_factory=list)  # steps of predictive snapshots
+    checkpoints: list[int] = field(default_factory=list)  # steps of finished periodic checkpoints
+    acknowledgements: list[str] = field(default_factory=list)  # the service's replies
+    alert_to_snapshot_s: list[float] = field(default_factory=list)  # guard ranks: alert seen -> save begins
+    held_s: float = 0.0
+
+
+class Protection:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        state: TrainState,
+        *,
+        target: str | None = None,
+        job_id: str | None = None,
+        node: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        agree_every: int = 10,
+        checkpoint_every: int = 0,
+        keep: int = 2,
+        migration_wait_s: float = 300.0,
+    ) -> None:
+        """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
+        Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
+        host name. Collective: every rank constructs it at the same point."""
+        if agree_every < 1:
+            raise ValueError("agree_every must be at least 1")
+        self.state, self.agree_every, self.checkpoint_every = state, agree_every, checkpoint_every
+        self.migration_wait_s = migration_wait_s
+        self.store = SnapshotStore(directory, keep=keep)
+        self.stats = ProtectionStats()
+        distributed = dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        # Checkpoint I/O gets its own gloo group: async_save's background thread must not interleave
+        # its collectives with the training loop's on the default group.
+        self._io_group = dist.new_group(backend="gloo") if distributed else None
+        self.agreement = Agreement()
+        self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        nodes = _all_gather(self.node) if distributed else [self.node]
+        self.job_id = job_id or _job_id_from_environment()
+        self.guard: Guard | None = None
+        if target is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            self.guard = Guard(
+                target, self.job_id, [self.node], credentials=credentials, job_nodes=sorted(set(nodes))
+            ).start()
+        self._inflight: tuple[int, Future[Any]] | None = None
+        self._released = threading.Event()
+
+    # -- the loop's calls -----------------------------------------------------------------------
+
+    def resume(self) -> int:
+        """Load the newest whole snapshot (or periodic checkpoint); returns the step to continue from
+        (0 when there is none). Rank 0 chooses, so every rank loads the same one."""
+        chosen = [self.store.latest() if self.rank == 0 else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(chosen, src=0, group=self._io_group)
+        snapshot = chosen[0]
+        if snapshot is None:
+            return 0
+        same_world = snapshot.world_size == self.world_size
+        if not same_world:
+            log.warning(
+                "faultcast: snapshot %s was taken by %d ranks, this job has %d: model and optimizer "
+                "restored, RNG and data position start afresh (the result will not be bit-identical)",
+                snapshot.path, snapshot.world_size, self.world_size,
+            )  # fmt: skip
+        rank = self.rank if same_world else None
+        loaded = self.state.to_load(rank)
+        dcp.load(loaded, checkpoint_id=snapshot.path, process_group=self._io_group)
+        step = self.state.restore(loaded, rank)
+        self.stats.resumed_from = snapshot.step if step is None else step
+        log.info("faultcast: resumed from %s (%s) at step %d", snapshot.path, snapshot.reason, snapshot.step)
+        return self.stats.resumed_from
+
+    def step_end(self, step: int) -> None:
+        """Call after each optimizer step with the number of steps completed."""
+        self._poll_inflight()
+        if step % self.agree_every == 0:
+            alert = self.guard.pending() if self.guard is not None else None
+            migrate = alert is not None and alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
+            vote = self.agreement.agree(Vote(snapshot=alert is not None, migrate=migrate))
+            if vote.snapshot:
+                self._snapshot_for_alert(step, alert)
+                return
+        if self.checkpoint_every and step % self.checkpoint_every == 0:
+            self._start_checkpoint(step)
+
+    def close(self) -> None:
+        """Finish a checkpoint under way and stop the guard."""
+        self._released.set()
+        self._wait_inflight()
+        if self.guard is not None:
+            self.guard.close()
+
+    def __enter__(self) -> Protection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- predictive snapshots -------------------------------------------------------------------
+
+    def _snapshot_for_alert(self, step: int, alert: apb.Alert | None) -> None:
+        if alert is not None and self.guard is not None:
+            self.stats.alert_to_snapshot_s.append(time.monotonic() - self.guard.pending_since)
+        self._wait_inflight()
+        reason = f"alert {alert.id} on {alert.node} gpu {alert.gpu}" if alert is not None else "alert"
+        self.store.save(self.state.to_save(step, self.rank), step, self.rank, self._io_group, wait=True)
+        snapshot = self.store.finish(step, self.rank, reason, self.world_size)
+        if dist.is_initialized():
+            dist.barrier(group=self._io_group)  # the marker is down: every rank's data is safe
+        self.stats.snapshots.append(step)
+        uri = self.store.path(step).resolve().as_uri() if snapshot is None else snapshot.uri
+        expect_migration = False
+        if self.guard is not None and alert is not None:
+            reply = self.guard.snapshot_done(step, uri)
+            self.stats.acknowledgements.append(reply)
+            log.warning("faultcast: snapshot of step %d at %s acknowledged: %s", step, uri, reply)
+            expect_migration = reply.split(": ", 1)[-1].startswith("drain ")
+        if self.agreement.agree(Vote(migrate=expect_migration)).migrate:
+            self._hold(step)
+
+    def _hold(self, step: int) -> None:
+        """The service drains this node and requeues the job: training on would only be redone. Wait
+        (the scheduler ends the job); if nothing comes within `migration_wait_s`, go on."""
+        log.warning(
+            "faultcast: holding at step %d for up to %.0f s while the job is moved", step, self.migration_wait_s
+        )
+        start = time.monotonic()
+        self._released.wait(self.migration_wait_s)
+        if dist.is_initialized():
+            dist.barrier(group=self._io_group)
+        self.stats.held_s += time.monotonic() - start
+        log.warning("faultcast: no migration came within %.0f s; training goes on", self.migration_wait_s)
+
+    # -- periodic checkpoints -------------------------------------------------------------------
+
+    def _start_checkpoint(self, step: int) -> None:
+        self._wait_inflight()
+        state = self.state.to_save(step, self.rank)
+        future = self.store.save(state, step, self.rank, self._io_group, wait=not dist.is_initialized())
+        if future is None:
+            self._finish_checkpoint(step)
+        else:
+            self._inflight = (step, future)
+
+    def _poll_inflight(self) -> None:
+        if self._inflight is not None and self._inflight[1].done():
+            self._wait_inflight()
+
+    def _wait_inflight(self) -> None:
+        if self._inflight is None:
+            return
+        step, future = self._inflight
+        self._inflight = None
+        try:
+            future.result()
+        except Exception:  # a failed periodic checkpoint is reported, never fatal to training
+            log.exception("faultcast: periodic checkpoint of step %d failed; it is not used", step)
+            return
+        self._finish_checkpoint(step)
+
+    def _finish_checkpoint(self, step: int) -> None:
+        self.store.finish(step, self.rank, "periodic", self.world_size)
+        self.stats.checkpoints.append(step)
+
+
+def protect(
+    target: str | None,
+    directory: str | os.PathLike[str],
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Stateful | None = None,
+    data: Stateful | None = None,
+    **options: Any,
+) -> Protection:
+    """The one-line setup: `Protection` over a `TrainState` of these parts."""
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=data)
+    return Protection(Path(directory), state, target=target, **options)
+
+
+def latest_snapshot(directory: str | os.PathLike[str]) -> Snapshot | None:
+    return SnapshotStore(directory).latest()
+
+
+def _all_gather(value: str) -> list[str]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return [str(v) for v in out]
+
+
+def _job_id_from_environment() -> str:
+    for name in ("SLURM_JOB_ID", "FAULTCAST_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return f"{socket.gethostname()}-{os.getpid()}"

@@ -1,0 +1,147 @@
+"""Snapshots on disk: one directory per step, written by `torch.distributed.checkpoint`, complete only
+once rank 0 has put a `COMPLETE.json` marker in it.
+
+    <root>/step-000001200/.metadata, __0_0.distcp, ...   what torch.distributed.checkpoint writes
+    <root>/step-000001200/COMPLETE.json                  {"step", "reason", "world_size", ...}
+
+Rank 0 writes the marker (to a temporary name, fsync, rename) only after its save returned, and the
+checkpoint's `.metadata` is written only after every rank reported its data written, so a directory
+with the marker is whole. A job killed mid-write leaves a directory without it, which `latest()` never
+picks and the next save of the same step clears first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE.json"
+_NAME = re.compile(r"^step-(\d{9})$")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    step: int
+    path: Path
+    reason: str
+    world_size: int
+
+    @property
+    def uri(self) -> str:
+        return self.path.resolve().as_uri()
+
+
+class SnapshotStore:
+    """The snapshot directory of one job. Every rank holds one; only rank 0 writes markers and prunes."""
+
+    def __init__(self, root: str | os.PathLike[str], *, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError("keep at least one snapshot")
+        self.root, self.keep = Path(root), keep
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step-{step:09d}"
+
+    def complete(self) -> list[Snapshot]:
+        """Whole snapshots, oldest first. A marker that does not parse or names another step is a
+        damaged snapshot: logged and passed over."""
+        found: list[Snapshot] = []
+        if not self.root.is_dir():
+            return found
+        for child in self.root.iterdir():
+            match = _NAME.match(child.name)
+            if match is None or not (child / MARKER).is_file():
+                continue
+            try:
+                marker = json.loads((child / MARKER).read_text())
+                snapshot = Snapshot(int(marker["step"]), child, str(marker["reason"]), int(marker["world_size"]))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("faultcast: snapshot %s has an unreadable marker, skipped: %s", child, exc)
+                continue
+            if snapshot.step != int(match.group(1)) or not (child / ".metadata").is_file():
+                log.warning("faultcast: snapshot %s does not match its marker, skipped", child)
+                continue
+            found.append(snapshot)
+        return sorted(found, key=lambda s: s.step)
+
+    def latest(self) -> Snapshot | None:
+        whole = self.complete()
+        return whole[-1] if whole else None
+
+    # -- writing (every rank calls these, in the same order) ---------------------------------------
+
+    def prepare(self, step: int, rank: int, group: dist.ProcessGroup | None) -> Path:
+        """Clear what a killed earlier attempt left at this step; all ranks leave together."""
+        path = self.path(step)
+        if rank == 0:
+            if path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+        if dist.is_initialized():
+            dist.barrier(group=group)
+        return path
+
+    def save(
+        self, state: dict[str, Any], step: int, rank: int, group: dist.ProcessGroup | None, *, wait: bool
+    ) -> Future[Any] | None:
+        """Write `state` for `step`: to completion when `wait`, else in the background (the
+        returned future); `finish()` marks it complete once the write is done."""
+        path = self.prepare(step, rank, group)
+        if wait:
+            dcp.save(state, checkpoint_id=path, process_group=group)
+            return None
+        response = dcp.async_save(state, checkpoint_id=path, process_group=group)
+        # Newer torch returns an AsyncSaveResponse that carries the upload future.
+        future: Future[Any] = getattr(response, "upload_completion", response)
+        return future
+
+    def finish(self, step: int, rank: int, reason: str, world_size: int) -> Snapshot | None:
+        """Rank 0: mark the snapshot of `step` complete and prune; other ranks: nothing."""
+        if rank != 0:
+            return None
+        path = self.path(step)
+        marker = {"step": step, "reason": reason, "world_size": world_size, "saved_unix": time.time()}
+        tmp = path / (MARKER + ".tmp")
+        with tmp.open("w") as handle:
+            json.dump(marker, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.rename(path / MARKER)
+        _fsync_dir(path)
+        self._prune()
+        return Snapshot(step, path, reason, world_size)
+
+    def _prune(self) -> None:
+        """Keep the newest `keep` whole snapshots; drop older whole ones and any partial one older
+        than the newest whole one (a partial newer one may be a save still under way)."""
+        whole = self.complete()
+        for old in whole[: -self.keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
+        if not whole:
+            return
+        newest = whole[-1].step
+        for child in self.root.iterdir():
+            match = _NAME.match(child.name)
+            if match and int(match.group(1)) < newest and not (child / MARKER).exists():
+                shutil.rmtree(child, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
