@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_loader import load
 
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
@@ -114,7 +114,7 @@ class Protection:
             )  # fmt: skip
         rank = self.rank if same_world else None
         loaded = self.state.to_load(rank)
-        dcp.load(loaded, checkpoint_id=snapshot.path, process_group=self._io_group)
+        load(loaded, checkpoint_id=snapshot.path, process_group=self._io_group)
         step = self.state.restore(loaded, rank)
         self.stats.resumed_from = snapshot.step if step is None else step
         log.info("faultcast: resumed from %s (%s) at step %d", snapshot.path, snapshot.reason, snapshot.step)
@@ -172,7 +172,9 @@ class Protection:
         """The service drains this node and requeues the job: training on would only be redone. Wait
         (the scheduler ends the job); if nothing comes within `migration_wait_s`, go on."""
         log.warning(
-            "faultcast: holding at step %d for up to %.0f s while the job is moved", step, self.migration_wait_s
+            "faultcast: holding at step %d for up to %.0f s while the job is moved",
+            step,
+            self.migration_wait_s,
         )
         start = time.monotonic()
         self._released.wait(self.migration_wait_s)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import async_save, save
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ class SnapshotStore:
                 continue
             try:
                 marker = json.loads((child / MARKER).read_text())
-                snapshot = Snapshot(int(marker["step"]), child, str(marker["reason"]), int(marker["world_size"]))
+                snapshot = Snapshot(
+                    int(marker["step"]), child, str(marker["reason"]), int(marker["world_size"])
+                )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("faultcast: snapshot %s has an unreadable marker, skipped: %s", child, exc)
                 continue
@@ -101,12 +103,12 @@ class SnapshotStore:
         returned future); `finish()` marks it complete once the write is done."""
         path = self.prepare(step, rank, group)
         if wait:
-            dcp.save(state, checkpoint_id=path, process_group=group)
+            save(state, checkpoint_id=path, process_group=group)
             return None
-        response = dcp.async_save(state, checkpoint_id=path, process_group=group)
-        # Newer torch returns an AsyncSaveResponse that carries the upload future.
-        future: Future[Any] = getattr(response, "upload_completion", response)
-        return future
+        response = async_save(state, checkpoint_id=path, process_group=group)
+        if isinstance(response, Future):
+            return response
+        return response.upload_completion  # an AsyncSaveResponse (with a staging future of its own)
 
     def finish(self, step: int, rank: int, reason: str, world_size: int) -> Snapshot | None:
         """Rank 0: mark the snapshot of `step` complete and prune; other ranks: nothing."""
