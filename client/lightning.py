@@ -164,7 +164,8 @@ class FaultcastCallback(pl.Callback):
                 shutil.rmtree(path)
             path.mkdir(parents=True)
         trainer.strategy.barrier("faultcast-prepare")
-        trainer.save_checkpoint(path / CHECKPOINT_NAME)  # ends with a barrier: every rank's part is written
+        # Ends with a barrier: every rank's part is written when it returns.
+        trainer.save_checkpoint(path / CHECKPOINT_NAME, weights_only=False)
         if trainer.is_global_zero:
             _write_marker(path, step, reason, trainer.world_size)
             _prune(self.directory, self.keep)

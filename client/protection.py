@@ -49,6 +49,7 @@ class ProtectionStats:
     checkpoints: list[int] = field(default_factory=list)  # steps of finished periodic checkpoints
     acknowledgements: list[str] = field(default_factory=list)  # the service's replies
     alert_to_snapshot_s: list[float] = field(default_factory=list)  # guard ranks: alert seen -> save begins
+    snapshot_started_unix: list[float] = field(default_factory=list)  # wall clock as each snapshot began
     held_s: float = 0.0
 
 
@@ -149,6 +150,7 @@ class Protection:
     # -- predictive snapshots -------------------------------------------------------------------
 
     def _snapshot_for_alert(self, step: int, alert: apb.Alert | None) -> None:
+        self.stats.snapshot_started_unix.append(time.time())
         if alert is not None and self.guard is not None:
             self.stats.alert_to_snapshot_s.append(time.monotonic() - self.guard.pending_since)
         self._wait_inflight()
