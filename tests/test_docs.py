@@ -12,3 +12,30 @@ def test_the_metric_page_matches_the_catalogue() -> None:
     table = subprocess.run([faultcast, "metrics"], capture_output=True, text=True, check=True).stdout
     page = (ROOT / "docs" / "metrics.md").read_text()
     assert table.strip() in page, "docs/metrics.md is stale: regenerate it with `make docs`"
+
+
+def test_the_readme_five_line_integration_runs_and_survives_an_absent_service(tmp_path: Path) -> None:
+    """The README's loop, as written, on a real model; the service it names does not exist here."""
+    import torch
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- five-line integration", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in block.splitlines() if line.strip()]) == 5
+    code = block.replace('"faultcast:50051"', '"127.0.0.1:1"').replace("/checkpoints/my-job", str(tmp_path))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    done: list[int] = []
+
+    def train_step(step: int) -> None:
+        optimizer.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        done.append(step)
+
+    names = {"model": model, "optimizer": optimizer, "train_step": train_step, "total_steps": 30}
+    exec(compile(code, "README.md", "exec"), names)  # noqa: S102  # the README's own code
+    protection = names["protection"]
+    protection.close()
+    assert done == list(range(30))
+    assert protection.guard is not None
+    assert not protection.guard.connected  # nothing there: training went on unguarded
