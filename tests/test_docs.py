@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,6 +19,8 @@ def test_the_readme_five_line_integration_runs_and_survives_an_absent_service(tm
     """The README's loop, as written, on a real model; the service it names does not exist here."""
     import torch
 
+    from faultcast.client.protection import Protection
+
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- five-line integration", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len([line for line in block.splitlines() if line.strip()]) == 5
@@ -28,13 +31,18 @@ def test_the_readme_five_line_integration_runs_and_survives_an_absent_service(tm
 
     def train_step(step: int) -> None:
         optimizer.zero_grad()
-        model(torch.ones(2, 4)).sum().backward()  # type: ignore[no-untyped-call]
+        model(torch.ones(2, 4)).sum().backward()
         optimizer.step()
         done.append(step)
 
-    names = {"model": model, "optimizer": optimizer, "train_step": train_step, "total_steps": 30}
+    names: dict[str, Any] = {
+        "model": model,
+        "optimizer": optimizer,
+        "train_step": train_step,
+        "total_steps": 30,
+    }
     exec(compile(code, "README.md", "exec"), names)  # noqa: S102  # the README's own code
-    protection = names["protection"]
+    protection: Protection = names["protection"]
     protection.close()
     assert done == list(range(30))
     assert protection.guard is not None
