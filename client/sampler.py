@@ -26,7 +26,7 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self._resume_at = 0
+            self._resume_at = self.offset = 0
         super().set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
@@ -41,7 +41,8 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         return {"epoch": self.epoch, "offset": self.offset}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
-        if not 0 <= self.offset <= self.num_samples:
-            raise ValueError(f"sampler offset {self.offset} outside this epoch's {self.num_samples} samples")
-        self._resume_at = self.offset
+        epoch, offset = int(state["epoch"]), int(state["offset"])
+        if not 0 <= offset <= self.num_samples:
+            raise ValueError(f"sampler offset {offset} outside this epoch's {self.num_samples} samples")
+        self.epoch = epoch
+        self._resume_at = self.offset = offset
