@@ -20,8 +20,6 @@ Needs `transformers` and `accelerate` (`pip install faultcast[huggingface]`).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from faultcast.client import identity
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.v1 import alerts_pb2 as apb
@@ -77,10 +76,10 @@ class FaultcastTrainerCallback(TrainerCallback):
         if self.target is None:
             return
         self.agreement = Agreement()
-        node = self.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        nodes = _all_gather(node)
+        node = identity.node_name(self.node)
+        nodes = identity.all_gather_strings(node)
         if state.is_local_process_zero:
-            job_id = self.job_id or _job_id_from_environment()
+            job_id = identity.job_id(self.job_id)
             self.guard = Guard(
                 self.target, job_id, [node], credentials=self.credentials, job_nodes=sorted(set(nodes))
             ).start()
@@ -142,18 +141,3 @@ class FaultcastTrainerCallback(TrainerCallback):
             dist.barrier()
         self.held_s += time.monotonic() - start
         log.warning("faultcast: no migration came within %.0f s; training goes on", self.migration_wait_s)
-
-
-def _all_gather(value: str) -> list[str]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return [str(v) for v in out]
-
-
-def _job_id_from_environment() -> str:
-    for name in ("SLURM_JOB_ID", "FAULTCAST_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        if os.environ.get(name):
-            return os.environ[name]
-    return f"{socket.gethostname()}-{os.getpid()}"

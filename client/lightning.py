@@ -11,7 +11,7 @@ the same layout as the generic hook's snapshots (`faultcast.client.snapshots`):
 
     <directory>/step-000001200/lightning.ckpt    what trainer.save_checkpoint wrote (a file, or a
                                                  directory for sharded strategies)
-    <directory>/step-000001200/COMPLETE.json     {"step", "reason", "world_size", "checkpoint", ...}
+    <directory>/step-000001200/COMPLETE.json     {"step", "reason", "world_size", "payload", ...}
 
 Global rank 0 writes the marker (temporary name, fsync, rename) only after `save_checkpoint` returned on
 every rank, so a directory with the marker is whole; then the guard acknowledges the snapshot and the
@@ -30,12 +30,9 @@ namespace whose Trainer does not run `lightning.pytorch` callbacks.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -43,16 +40,15 @@ from typing import Any
 
 import grpc
 import lightning.pytorch as pl
-import torch.distributed as dist
 
+from faultcast.client import identity
 from faultcast.client.guard import Guard
-from faultcast.client.snapshots import MARKER, SnapshotStore
+from faultcast.client.snapshots import SnapshotStore
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "lightning.ckpt"
-_STEP_DIR = re.compile(r"^step-(\d{9})$")  # SnapshotStore.path's naming
 
 
 class FaultcastCallback(pl.Callback):
@@ -101,10 +97,10 @@ class FaultcastCallback(pl.Callback):
         self._released.clear()
         if self.target is None:
             return
-        node = self.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        nodes = _all_gather(node)
+        node = identity.node_name(self.node)
+        nodes = identity.all_gather_strings(node)
         if trainer.local_rank == 0:
-            job_id = self.job_id or _job_id_from_environment()
+            job_id = identity.job_id(self.job_id)
             self.guard = Guard(
                 self.target, job_id, [node], credentials=self.credentials, job_nodes=sorted(set(nodes))
             ).start()
@@ -166,9 +162,7 @@ class FaultcastCallback(pl.Callback):
         trainer.strategy.barrier("faultcast-prepare")
         # Ends with a barrier: every rank's part is written when it returns.
         trainer.save_checkpoint(path / CHECKPOINT_NAME, weights_only=False)
-        if trainer.is_global_zero:
-            _write_marker(path, step, reason, trainer.world_size)
-            _prune(self.directory, self.keep)
+        self._store.finish(step, trainer.global_rank, reason, trainer.world_size, payload=CHECKPOINT_NAME)
         trainer.strategy.barrier("faultcast-complete")
         return path
 
@@ -191,79 +185,5 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> str | None:
     """The checkpoint of the newest whole snapshot under `directory`, for `trainer.fit(ckpt_path=...)`;
     None when there is none (a fresh start). Directories without a marker (a save cut off) and markers
     that do not parse are passed over."""
-    found = _complete(Path(directory))
-    return str(found[-1][1]) if found else None
-
-
-def _complete(root: Path) -> list[tuple[int, Path]]:
-    """(step, checkpoint path) of each whole Lightning snapshot, oldest first."""
-    found: list[tuple[int, Path]] = []
-    if not root.is_dir():
-        return found
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match is None or not (child / MARKER).is_file():
-            continue
-        try:
-            marker = json.loads((child / MARKER).read_text())
-            step, checkpoint = int(marker["step"]), child / str(marker["checkpoint"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("faultcast: snapshot %s has an unreadable marker, skipped: %s", child, exc)
-            continue
-        if step != int(match.group(1)) or not checkpoint.exists():
-            log.warning("faultcast: snapshot %s does not match its marker, skipped", child)
-            continue
-        found.append((step, checkpoint))
-    return sorted(found)
-
-
-def _write_marker(path: Path, step: int, reason: str, world_size: int) -> None:
-    marker = {
-        "step": step,
-        "reason": reason,
-        "world_size": world_size,
-        "saved_unix": time.time(),
-        "format": "lightning",
-        "checkpoint": CHECKPOINT_NAME,
-    }
-    tmp = path / (MARKER + ".tmp")
-    with tmp.open("w") as handle:
-        json.dump(marker, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.rename(path / MARKER)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` whole snapshots; drop older whole ones and any partial one older than
-    the newest whole one."""
-    whole = _complete(root)
-    for _, checkpoint in whole[:-keep]:
-        shutil.rmtree(checkpoint.parent, ignore_errors=True)
-    if not whole:
-        return
-    newest = whole[-1][0]
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and int(match.group(1)) < newest and not (child / MARKER).exists():
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def _all_gather(value: str) -> list[str]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return [str(v) for v in out]
-
-
-def _job_id_from_environment() -> str:
-    for name in ("SLURM_JOB_ID", "FAULTCAST_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        if os.environ.get(name):
-            return os.environ[name]
-    return f"{socket.gethostname()}-{os.getpid()}"
+    whole = [s for s in SnapshotStore(directory).complete() if s.payload == CHECKPOINT_NAME]
+    return str(whole[-1].path / CHECKPOINT_NAME) if whole else None

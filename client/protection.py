@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -31,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load
 
+from faultcast.client import identity
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.client.snapshots import Snapshot, SnapshotStore
@@ -84,9 +84,9 @@ class Protection:
         # its collectives with the training loop's on the default group.
         self._io_group = dist.new_group(backend="gloo") if distributed else None
         self.agreement = Agreement()
-        self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        nodes = _all_gather(self.node) if distributed else [self.node]
-        self.job_id = job_id or _job_id_from_environment()
+        self.node = identity.node_name(node)
+        nodes = identity.all_gather_strings(self.node)
+        self.job_id = identity.job_id(job_id)
         self.guard: Guard | None = None
         if target is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
             self.guard = Guard(
@@ -234,16 +234,3 @@ def protect(
 
 def latest_snapshot(directory: str | os.PathLike[str]) -> Snapshot | None:
     return SnapshotStore(directory).latest()
-
-
-def _all_gather(value: str) -> list[str]:
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return [str(v) for v in out]
-
-
-def _job_id_from_environment() -> str:
-    for name in ("SLURM_JOB_ID", "FAULTCAST_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        if os.environ.get(name):
-            return os.environ[name]
-    return f"{socket.gethostname()}-{os.getpid()}"

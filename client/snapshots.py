@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save, save
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE.json"
+DCP_PAYLOAD = ".metadata"  # torch.distributed.checkpoint writes it last, on rank 0
 _NAME = re.compile(r"^step-(\d{9})$")
 
 
@@ -38,6 +39,7 @@ class Snapshot:
     path: Path
     reason: str
     world_size: int
+    payload: str = DCP_PAYLOAD  # what in `path` holds the state: DCP's files, or a framework's checkpoint
 
     @property
     def uri(self) -> str:
@@ -68,12 +70,13 @@ class SnapshotStore:
             try:
                 marker = json.loads((child / MARKER).read_text())
                 snapshot = Snapshot(
-                    int(marker["step"]), child, str(marker["reason"]), int(marker["world_size"])
-                )
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                    int(marker["step"]), child, str(marker["reason"]), int(marker["world_size"]),
+                    str(marker.get("payload", DCP_PAYLOAD)),
+                )  # fmt: skip
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("faultcast: snapshot %s has an unreadable marker, skipped: %s", child, exc)
                 continue
-            if snapshot.step != int(match.group(1)) or not (child / ".metadata").is_file():
+            if snapshot.step != int(match.group(1)) or not (child / snapshot.payload).exists():
                 log.warning("faultcast: snapshot %s does not match its marker, skipped", child)
                 continue
             found.append(snapshot)
@@ -110,12 +113,17 @@ class SnapshotStore:
             return response
         return response.upload_completion  # an AsyncSaveResponse (with a staging future of its own)
 
-    def finish(self, step: int, rank: int, reason: str, world_size: int) -> Snapshot | None:
-        """Rank 0: mark the snapshot of `step` complete and prune; other ranks: nothing."""
+    def finish(
+        self, step: int, rank: int, reason: str, world_size: int, payload: str = DCP_PAYLOAD
+    ) -> Snapshot | None:
+        """Rank 0: mark the snapshot of `step` complete and prune; other ranks: nothing. `payload`
+        names what holds the state (a framework's own checkpoint, for the adapters)."""
         if rank != 0:
             return None
         path = self.path(step)
-        marker = {"step": step, "reason": reason, "world_size": world_size, "saved_unix": time.time()}
+        marker = {
+            "step": step, "reason": reason, "world_size": world_size, "saved_unix": time.time(), "payload": payload,
+        }  # fmt: skip
         tmp = path / (MARKER + ".tmp")
         with tmp.open("w") as handle:
             json.dump(marker, handle)
@@ -124,7 +132,7 @@ class SnapshotStore:
         tmp.rename(path / MARKER)
         _fsync_dir(path)
         self._prune()
-        return Snapshot(step, path, reason, world_size)
+        return Snapshot(step, path, reason, world_size, payload)
 
     def _prune(self) -> None:
         """Keep the newest `keep` whole snapshots; drop older whole ones and any partial one older
