@@ -115,7 +115,12 @@ class Protection:
             )  # fmt: skip
         rank = self.rank if same_world else None
         loaded = self.state.to_load(rank)
-        load(loaded, checkpoint_id=snapshot.path, process_group=self._io_group)
+        load(
+            loaded,
+            checkpoint_id=snapshot.path,
+            process_group=self._io_group,
+            no_dist=not dist.is_initialized(),
+        )
         step = self.state.restore(loaded, rank)
         self.stats.resumed_from = snapshot.step if step is None else step
         log.info("faultcast: resumed from %s (%s) at step %d", snapshot.path, snapshot.reason, snapshot.step)

@@ -106,7 +106,7 @@ class SnapshotStore:
         returned future); `finish()` marks it complete once the write is done."""
         path = self.prepare(step, rank, group)
         if wait:
-            save(state, checkpoint_id=path, process_group=group)
+            save(state, checkpoint_id=path, process_group=group, no_dist=not dist.is_initialized())
             return None
         response = async_save(state, checkpoint_id=path, process_group=group)
         if isinstance(response, Future):
