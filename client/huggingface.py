@@ -30,7 +30,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from faultcast.client import identity
+from faultcast.client import identity, migration
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.v1 import alerts_pb2 as apb
@@ -108,10 +108,9 @@ class FaultcastTrainerCallback(TrainerCallback):
         if self.guard is not None and alert is not None:
             path = Path(args.output_dir or ".") / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             uri = path.resolve().as_uri()
-            reply = self.guard.snapshot_done(state.global_step, uri)
-            self.acknowledgements.append(reply)
-            log.warning("faultcast: snapshot of step %d at %s acknowledged: %s", step, uri, reply)
-            expect_migration = reply.split(": ", 1)[-1].startswith("drain ")
+            expect_migration = migration.acknowledge(
+                self.guard, state.global_step, uri, self.acknowledgements
+            )
         if self.agreement.agree(Vote(migrate=expect_migration)).migrate:
             self._hold(step)
 
@@ -128,15 +127,9 @@ class FaultcastTrainerCallback(TrainerCallback):
             self.guard = None
 
     def _hold(self, step: int) -> None:
-        """The service drains this node and requeues the job: training on would only be redone. Wait
-        (the scheduler ends the job); if nothing comes within `migration_wait_s`, go on."""
-        log.warning(
-            "faultcast: holding at step %d for up to %.0f s while the job is moved",
-            step,
-            self.migration_wait_s,
-        )
+        """Hold while the job is moved; if nothing comes within `migration_wait_s`, go on."""
         start = time.monotonic()
-        self._released.wait(self.migration_wait_s)
+        migration.hold(self._released, step, self.migration_wait_s)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         self.held_s += time.monotonic() - start

@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 import lightning.pytorch as pl
 
-from faultcast.client import identity
+from faultcast.client import identity, migration
 from faultcast.client.guard import Guard
 from faultcast.client.snapshots import SnapshotStore
 from faultcast.v1 import alerts_pb2 as apb
@@ -144,10 +144,7 @@ class FaultcastCallback(pl.Callback):
         expect_migration = False
         if self.guard is not None and alert is not None:
             uri = path.resolve().as_uri()
-            reply = self.guard.snapshot_done(step, uri)
-            self.acknowledgements.append(reply)
-            log.warning("faultcast: snapshot of step %d at %s acknowledged: %s", step, uri, reply)
-            expect_migration = reply.split(": ", 1)[-1].startswith("drain ")
+            expect_migration = migration.acknowledge(self.guard, step, uri, self.acknowledgements)
         if trainer.strategy.reduce_boolean_decision(expect_migration, all=False):
             self._hold(trainer, step)
 
@@ -167,15 +164,9 @@ class FaultcastCallback(pl.Callback):
         return path
 
     def _hold(self, trainer: pl.Trainer, step: int) -> None:
-        """The service drains this node and requeues the job: training on would only be redone. Wait
-        (the scheduler ends the job); if nothing comes within `migration_wait_s`, go on."""
-        log.warning(
-            "faultcast: holding at step %d for up to %.0f s while the job is moved",
-            step,
-            self.migration_wait_s,
-        )
+        """Hold while the job is moved; if nothing comes within `migration_wait_s`, go on."""
         start = time.monotonic()
-        self._released.wait(self.migration_wait_s)
+        migration.hold(self._released, step, self.migration_wait_s)
         trainer.strategy.barrier("faultcast-hold")
         self.held_s += time.monotonic() - start
         log.warning("faultcast: no migration came within %.0f s; training goes on", self.migration_wait_s)

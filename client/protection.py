@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load
 
-from faultcast.client import identity
+from faultcast.client import identity, migration
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.client.snapshots import Snapshot, SnapshotStore
@@ -168,23 +168,14 @@ class Protection:
         uri = self.store.path(step).resolve().as_uri() if snapshot is None else snapshot.uri
         expect_migration = False
         if self.guard is not None and alert is not None:
-            reply = self.guard.snapshot_done(step, uri)
-            self.stats.acknowledgements.append(reply)
-            log.warning("faultcast: snapshot of step %d at %s acknowledged: %s", step, uri, reply)
-            expect_migration = reply.split(": ", 1)[-1].startswith("drain ")
+            expect_migration = migration.acknowledge(self.guard, step, uri, self.stats.acknowledgements)
         if self.agreement.agree(Vote(migrate=expect_migration)).migrate:
             self._hold(step)
 
     def _hold(self, step: int) -> None:
-        """The service drains this node and requeues the job: training on would only be redone. Wait
-        (the scheduler ends the job); if nothing comes within `migration_wait_s`, go on."""
-        log.warning(
-            "faultcast: holding at step %d for up to %.0f s while the job is moved",
-            step,
-            self.migration_wait_s,
-        )
+        """Hold while the job is moved; if nothing comes within `migration_wait_s`, go on."""
         start = time.monotonic()
-        self._released.wait(self.migration_wait_s)
+        migration.hold(self._released, step, self.migration_wait_s)
         if dist.is_initialized():
             dist.barrier(group=self._io_group)
         self.stats.held_s += time.monotonic() - start
