@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     from faultcast.sim import command as simulate_command
 
     simulate_command.add_parser(commands)
+    from faultcast.sim.goodput import command as goodput_command
+
+    goodput_command.add_parser(commands)
     from faultcast.model import command as model_command
 
     model_command.add_parsers(commands)

@@ -19,6 +19,7 @@ import numpy as np
 
 from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH
+from faultcast.model import threshold_file
 from faultcast.model.alerting import AlertPolicy
 from faultcast.model.features import FeatureConfig, FeatureEngine
 
@@ -222,6 +223,16 @@ def load(path: Path) -> FaultModel:
             f"{path}: the model takes {booster.num_feature()} features, the schema has {len(engine.names)}"
         )
     policy = manifest["alert_policy"]
+    threshold = float(manifest["threshold"])
+    try:
+        chosen = threshold_file.read(path, str(manifest["files"]["model.txt"]))
+    except threshold_file.ThresholdFileError as exc:
+        raise ModelError(str(exc)) from exc
+    if chosen is not None:
+        # The trained threshold stays in the manifest; what serves is recorded beside it.
+        threshold = float(chosen["threshold"])
+        manifest = {**manifest, "threshold_file": {"threshold": threshold, "trained_threshold": manifest["threshold"],
+                                                    "basis": chosen.get("basis", {})}}  # fmt: skip
     return FaultModel(
         booster=booster,
         calibration=(float(calibration["a"]), float(calibration["b"])),
@@ -231,7 +242,7 @@ def load(path: Path) -> FaultModel:
         feature_config=config,
         feature_names=engine.names,
         horizon_s=float(manifest["horizon_s"]),
-        threshold=float(manifest["threshold"]),
+        threshold=threshold,
         policy=AlertPolicy(int(policy["k"]), int(policy["clear_steps"]), float(manifest["horizon_s"])),
         logistic=logistic,
         logistic_threshold=float(manifest["logistic_threshold"]),

@@ -1,0 +1,63 @@
+"""An alert threshold chosen for a model after training, kept beside it as `threshold.json`.
+
+`faultcast goodput --apply MODELDIR` writes one (the threshold that maximises effective training
+time for a job size and checkpoint cost); `load` applies it, so the service takes it at start and on
+every reload. The file names the model it was chosen for: a threshold chosen for another model is
+refused, with the reason, rather than silently applied.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+FILE = "threshold.json"
+
+
+class ThresholdFileError(ValueError):
+    pass
+
+
+def write(model_dir: Path, threshold: float, model_sha256: str, basis: dict[str, Any]) -> Path:
+    """Write `threshold.json` atomically; `basis` records why (job size, costs, the figures)."""
+    _check_threshold(threshold, "threshold")
+    path = model_dir / FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"threshold": threshold, "model_sha256": model_sha256, "basis": basis}, indent=1)
+    )
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    return path
+
+
+def read(model_dir: Path, model_sha256: str) -> dict[str, Any] | None:
+    """The file's content when there is one for this model; raises ThresholdFileError saying what is
+    wrong with a file that is there."""
+    path = model_dir / FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ThresholdFileError(f"{path} is unreadable: {exc}") from exc
+    if not isinstance(data, dict) or "threshold" not in data or "model_sha256" not in data:
+        raise ThresholdFileError(f"{path}: expected an object with threshold and model_sha256")
+    if data["model_sha256"] != model_sha256:
+        raise ThresholdFileError(
+            f"{path} was chosen for model {str(data['model_sha256'])[:12]}, this model is {model_sha256[:12]}: "
+            "run faultcast goodput --apply again for this model, or remove the file"
+        )
+    _check_threshold(data["threshold"], str(path))
+    return data
+
+
+def _check_threshold(value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0.0 < float(value) < 1.0):
+        raise ThresholdFileError(f"{where}: the threshold must be a number in (0, 1), got {value!r}")
+    if not math.isfinite(float(value)):
+        raise ThresholdFileError(f"{where}: the threshold must be finite, got {value!r}")

@@ -1,0 +1,162 @@
+"""The model replayed on twin telemetry it never trained on: at each alert threshold, what each
+failure's alert was (lead or miss) and how often healthy nodes were alerted.
+
+An alert drains its whole node, so matching is by node: a failure is foreseen when an incident on
+its node opened within `drain_s` before it (the node was taken out and stayed out until the
+failure). Incidents on a node already out (drained, or failed and in repair) change nothing. An
+incident not followed by a failure of its node within `drain_s` is a false alarm: it took a healthy
+node out for inspection. The model's own alert policy (k consecutive scores, expiry, clearing)
+opens the incidents, exactly as in the service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from faultcast.model.alerting import AlertPolicy, ScoredPeriod, alert_starts, incidents
+from faultcast.model.artifact import FaultModel
+from faultcast.model.dataset import Dataset, FailureLog
+from faultcast.sim.goodput.process import AlertSample
+
+log = logging.getLogger(__name__)
+
+# Thresholds swept besides the model's own: calibrated risks from 1% to 95%.
+SWEEP = tuple(float(x) for x in np.geomspace(0.01, 0.95, 28))
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Alert samples at every swept threshold, and where they came from."""
+
+    samples: tuple[AlertSample, ...]  # ascending threshold
+    model_threshold: float
+    failures: int
+    failures_by_mode: dict[str, int]
+    gpu_days: float
+    source: dict[str, Any]  # the model's digest, the twin's configuration, drain_s
+
+    def at(self, threshold: float) -> AlertSample:
+        return min(self.samples, key=lambda s: abs(s.threshold - threshold))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples": [
+                {"threshold": s.threshold, "false_alarms_per_gpu_day": s.false_alarms_per_gpu_day,
+                 "leads_s": {m: list(v) for m, v in s.leads_s.items()}}
+                for s in self.samples
+            ],
+            "model_threshold": self.model_threshold, "failures": self.failures,
+            "failures_by_mode": self.failures_by_mode, "gpu_days": self.gpu_days, "source": self.source,
+        }  # fmt: skip
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Replay:
+        return Replay(
+            samples=tuple(
+                AlertSample(float(s["threshold"]), {m: tuple(v) for m, v in s["leads_s"].items()},
+                            float(s["false_alarms_per_gpu_day"]))
+                for s in data["samples"]
+            ),
+            model_threshold=float(data["model_threshold"]), failures=int(data["failures"]),
+            failures_by_mode={str(k): int(v) for k, v in data["failures_by_mode"].items()},
+            gpu_days=float(data["gpu_days"]), source=dict(data["source"]),
+        )  # fmt: skip
+
+
+def model_digest(model: FaultModel) -> str:
+    """The model's identity: the SHA-256 of its booster file, as its manifest records it."""
+    return str(model.manifest["files"]["model.txt"])
+
+
+def samples_at(
+    period: ScoredPeriod,
+    failures: FailureLog,
+    thresholds: Sequence[float],
+    policy: AlertPolicy,
+    cadence_s: float,
+    drain_s: float,
+) -> list[AlertSample]:
+    """One AlertSample per threshold, from a single pass of the alert policy over the scores."""
+    starts = alert_starts(period.scores["model"], period.present, thresholds, policy, cadence_s)
+    rows = failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
+    out = []
+    for threshold, start in zip(thresholds, starts, strict=True):
+        by_node: dict[int, list[float]] = {}
+        for step, node, _ in incidents(period, start):
+            by_node.setdefault(node, []).append(float(period.times_s[step]))
+        leads: dict[str, list[float | None]] = {}
+        for f in rows:
+            opened = [t for t in by_node.get(f.node, []) if f.time_s - drain_s <= t < f.time_s]
+            leads.setdefault(f.mode, []).append(f.time_s - min(opened) if opened else None)
+        false = 0
+        for node, times in by_node.items():
+            node_failures = sorted(f.time_s for f in rows if f.node == node)
+            out_until = -math.inf
+            for t in times:
+                if t < out_until:
+                    continue
+                coming = [ft for ft in node_failures if t < ft <= t + drain_s]
+                if coming:
+                    out_until = coming[0] + drain_s  # failed, then repaired at least this long
+                else:
+                    false += 1
+                    out_until = t + drain_s
+        out.append(AlertSample(float(threshold), leads, false / max(period.gpu_days, 1e-9)))
+    return out
+
+
+def replay(
+    model: FaultModel, dataset: Dataset, nodes: Sequence[int], start_s: float, drain_s: float,
+    source: dict[str, Any],
+) -> Replay:  # fmt: skip
+    """Score `nodes` of `dataset` from `start_s` with the model and sweep the thresholds."""
+    from faultcast.model.evaluate import score_period
+
+    period = score_period(dataset, model, nodes, start_s, dataset.end_s)
+    trained = trained_threshold(model)
+    thresholds = sorted({*SWEEP, trained})
+    samples = samples_at(
+        period, dataset.failures, thresholds, model.policy, model.feature_config.cadence_s, drain_s
+    )
+    rows = dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
+    by_mode: dict[str, int] = {}
+    for f in rows:
+        by_mode[f.mode] = by_mode.get(f.mode, 0) + 1
+    return Replay(tuple(samples), trained, len(rows), by_mode, period.gpu_days, source)
+
+
+def trained_threshold(model: FaultModel) -> float:
+    """The threshold training chose (a threshold file may serve another)."""
+    return float(model.manifest["threshold"])
+
+
+def cache_key(source: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_cached(path: Path, source: dict[str, Any]) -> Replay | None:
+    """A replay saved for exactly this source; None when absent or unreadable (said in the log)."""
+    if not path.is_file():
+        return None
+    try:
+        found = Replay.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the unreadable replay cache %s: %s", path, exc)
+        return None
+    return found if found.source == source else None
+
+
+def save(path: Path, result: Replay) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_json(), indent=1, sort_keys=True))
+    tmp.replace(path)
