@@ -113,19 +113,23 @@ def count_failures(period: ScoredPeriod, dataset: Dataset) -> int:
     return len(dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes))
 
 
+def held_out_part(dataset: Dataset, model: FaultModel) -> tuple[list[int], float, bool]:
+    """(nodes, start, is the model's training data): the part of `dataset` the model never trained
+    on. On its own training data, the split's test nodes and days; on other data, every node after
+    the features' warm-up."""
+    split = model.manifest.get("split", {})
+    trained_on = model.manifest.get("training_data", {}).get("manifest", {}).get("config")
+    if split and trained_on == dataset.manifest.get("config"):
+        return [dataset.node_index(n) for n in split["test_nodes"]], float(split["test_start_unix_s"]), True
+    return list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S, False
+
+
 def held_out_report(dataset: Dataset, model: FaultModel) -> tuple[dict[str, Any], ScoredPeriod]:
     """The report `faultcast evaluate --json` writes, and the scored held-out period behind it.
 
     The held-out nodes and days come from the model's manifest when `dataset` is its training data;
     on other data, all nodes after the first 6 hours (the features' warm-up)."""
-    split = model.manifest.get("split", {})
-    trained_on = model.manifest.get("training_data", {}).get("manifest", {}).get("config")
-    same_data = bool(split) and trained_on == dataset.manifest.get("config")
-    if same_data:
-        nodes = [dataset.node_index(n) for n in split["test_nodes"]]
-        start = float(split["test_start_unix_s"])
-    else:
-        nodes, start = list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S
+    nodes, start, same_data = held_out_part(dataset, model)
     predictable = {m.name for m in MODES if m.predictable}
     period = score_period(dataset, model, nodes, start, dataset.end_s)
     report: dict[str, Any] = {

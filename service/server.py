@@ -103,6 +103,8 @@ class Service:
                 "horizon_s": f"{model.horizon_s:.0f}",
                 "cadence_s": f"{model.feature_config.cadence_s:.0f}",
                 "threshold": f"{model.threshold:.6f}",
+                # threshold.json beside the model (faultcast goodput --apply), or training's choice
+                "threshold_source": "threshold.json" if "threshold_file" in model.manifest else "training",
             }
         )
 

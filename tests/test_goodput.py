@@ -19,6 +19,7 @@ from faultcast.model.artifact import ModelError, load
 from faultcast.model.dataset import Failure as LoggedFailure
 from faultcast.model.dataset import FailureLog
 from faultcast.model.threshold_file import write as write_threshold
+from faultcast.service.server import Service
 from faultcast.sim.goodput import study
 from faultcast.sim.goodput.engine import Failure, JobCosts, Outcome, Policy, Scenario, simulate
 from faultcast.sim.goodput.interval import daly_interval, young_interval
@@ -263,21 +264,31 @@ def test_a_threshold_file_beside_the_model_is_served_and_one_for_another_model_i
 def test_the_service_reload_takes_a_new_threshold_file_and_refuses_a_bad_one(
     service_model: Path, tmp_path: Path
 ) -> None:
-    from faultcast.service.server import Service
-
     model_dir = tmp_path / "model"
     shutil.copytree(service_model, model_dir)
     service = Service(model_dir, tmp_path / "state")
     trained = service.model.threshold
+    assert _model_info(service)["threshold_source"] == "training"
     write_threshold(model_dir, 0.3, model_digest(service.model), {})
     assert service.reload()[0]
     assert service.model.threshold == 0.3
+    info = _model_info(service)
+    assert info["threshold"] == "0.300000"
+    assert info["threshold_source"] == "threshold.json"
     (model_dir / "threshold.json").write_text("{not json")
     loaded, _, error = service.reload()
     assert not loaded
     assert "unreadable" in error
     assert service.model.threshold == 0.3  # the old model and its threshold keep serving
     assert trained != 0.3
+
+
+def _model_info(service: Service) -> dict[str, str]:
+    for metric in service.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "faultcast_model_info":
+                return dict(sample.labels)
+    raise AssertionError("the service exports no faultcast_model_info")
 
 
 def test_the_goodput_command_prints_the_three_policies_recommends_a_threshold_and_plots(

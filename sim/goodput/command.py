@@ -121,8 +121,8 @@ def run_goodput(args: argparse.Namespace) -> int:
     print(f"  costs: checkpoint {c.checkpoint_s:g} s, snapshot {c.snapshot_s:g} s, crash detection {c.detect_s:g} s, "
           f"restart {c.restart_s:g} s, migration {c.migrate_s:g} s, alert to snapshot {c.react_s:g} s, "
           f"drained healthy node out {c.drain_s / 3600:g} h")  # fmt: skip
-    print(f"  alerts: model {args.model} replayed on {result.gpu_days:,.0f} GPU-days it never trained on, "
-          f"{result.failures} failures ({_modes(result)}); {result.source.get('data')}")  # fmt: skip
+    print(f"  alerts: model {args.model} replayed on {result.gpu_days:,.0f} GPU-days of {_data(result)}, "
+          f"{result.failures} failures ({_modes(result)})")  # fmt: skip
     print()
     print(report.table(job, results))
     print()
@@ -165,7 +165,7 @@ def run_goodput(args: argparse.Namespace) -> int:
 def replayed(args: argparse.Namespace, model: Any) -> Replay:
     """The model's replay: from the cache when its inputs are the same, else computed and cached."""
     from faultcast.model.dataset import open_dataset
-    from faultcast.model.evaluate import WARMUP_S
+    from faultcast.model.evaluate import held_out_part
     from faultcast.sim.goodput import replay as rp
 
     if args.replay_data is not None:
@@ -189,9 +189,10 @@ def replayed(args: argparse.Namespace, model: Any) -> Replay:
         )
         simulate(FleetConfig(**twin), data_dir, [])
     dataset = open_dataset(data_dir)
-    print(f"replaying the model on {data_dir} (about a minute per 1,000 GPU-days)")
-    result = rp.replay(model, dataset, list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S, args.drain,
-                       source)  # fmt: skip
+    nodes, start, training_data = held_out_part(dataset, model)
+    part = "its held-out nodes and days" if training_data else f"{len(nodes)} nodes"
+    print(f"replaying the model on {data_dir}, {part} (about a minute per 1,000 GPU-days)")
+    result = rp.replay(model, dataset, nodes, start, args.drain, source)
     rp.save(cache, result)
     return result
 
@@ -212,6 +213,15 @@ def replay_twin(model: Any, nodes: int, days: float, acceleration: float) -> dic
 
 def _modes(result: Replay) -> str:
     return ", ".join(f"{n} {m}" for m, n in sorted(result.failures_by_mode.items(), key=lambda kv: -kv[1]))
+
+
+def _data(result: Replay) -> str:
+    data = result.source["data"]
+    if isinstance(data, dict):
+        t = data["twin"]
+        return (f"a twin it never saw ({t['nodes']} nodes x {t['days']:g} days, seed {t['seed']}, "
+                f"failure rates x{t['acceleration']:g})")  # fmt: skip
+    return f"{data} (held out from training where it is the model's training data)"
 
 
 def _met(ok: bool) -> str:
