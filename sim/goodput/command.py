@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from faultcast.durations import parse_duration
-from faultcast.sim.goodput.engine import JobCosts
+from faultcast.sim.goodput.engine import JobCosts, Outcome
 from faultcast.sim.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
 from faultcast.sim.goodput.replay import Replay
 
@@ -129,21 +129,21 @@ def run_goodput(args: argparse.Namespace) -> int:
     print(f"sweep ({args.sweep_replications} replications per threshold; the model's own threshold "
           f"{result.model_threshold:.3f} gives (b') {100 * own.ettr:.2f}%):")  # fmt: skip
     print(report.sweep_table(points, best, result.model_threshold))
-    a, b_tuned = results[0], results[2]
-    lost_a, lost_b = a.mean(study.lost_s), b_tuned.mean(study.lost_s)
-    recompute_a = a.mean(lambda o: o.recompute_s)
-    recompute_b = b_tuned.mean(lambda o: o.recompute_s)
+    by_key = {r.key: r for r in results}
     print()
     print(f"recommended threshold: {best.threshold:.3f} (effective training time {100 * best.ettr:.2f}% under "
           f"(b'); {100 * best.foreseen_share:.1f}% of failures foreseen in time, "
           f"{best.false_alarms_per_day:.2f} false alarms per day)")  # fmt: skip
     print("targets at this size:")
-    print(f"  (b') effective training time >= 95%: {_met(b_tuned.ettr >= 0.95)} ({100 * b_tuned.ettr:.2f}%)")
-    print(f"  (b') GPU-hours lost <= half of (a)'s: {_met(lost_b <= lost_a / 2)} "
-          f"({study.gpu_hours(job, lost_b):,.0f} vs {study.gpu_hours(job, lost_a):,.0f}, "
-          f"{100 * (1 - lost_b / lost_a):.0f}% less)")  # fmt: skip
-    print(f"  (b') GPU-hours lost to recompute <= half of (a)'s: {_met(recompute_b <= recompute_a / 2)} "
-          f"({study.gpu_hours(job, recompute_b):,.0f} vs {study.gpu_hours(job, recompute_a):,.0f})")  # fmt: skip
+    a = by_key["a"]
+    for key in ("b", "b_tuned"):
+        r = by_key[key]
+        name = r.label.split(" ")[0]
+        print(f"  {name} effective training time >= 95%: {_met(r.ettr >= 0.95)} ({100 * r.ettr:.2f}%)")
+        for what, value in (("GPU-hours lost", study.lost_s), ("GPU-hours lost to recompute", _recompute)):
+            mine, theirs = r.mean(value), a.mean(value)
+            print(f"  {name} {what} <= half of (a)'s: {_met(mine <= theirs / 2)} ({study.gpu_hours(job, mine):,.0f} "
+                  f"vs {study.gpu_hours(job, theirs):,.0f}, {100 * (1 - mine / theirs):.0f}% less)")  # fmt: skip
     report.plot(args.plot, job, results, points, best)
     print(f"plot: {args.plot}")
     basis = {
@@ -222,6 +222,10 @@ def _data(result: Replay) -> str:
         return (f"a twin it never saw ({t['nodes']} nodes x {t['days']:g} days, seed {t['seed']}, "
                 f"failure rates x{t['acceleration']:g})")  # fmt: skip
     return f"{data} (held out from training where it is the model's training data)"
+
+
+def _recompute(o: Outcome) -> float:
+    return o.recompute_s
 
 
 def _met(ok: bool) -> str:

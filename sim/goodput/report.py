@@ -104,9 +104,10 @@ def plot(
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     for i, r in enumerate(results):
         right.annotate(f"{100 * r.ettr:.1f}%", (i, bottom[i]), ha="center", va="bottom", fontsize=8)
+    right.set_ylim(0, max(bottom) * 1.45)  # room for the labels and the legend above the bars
     right.set_ylabel("GPU-hours lost (thousands)")
     right.set_title("where the lost time went (effective training time on top)")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper right", ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
