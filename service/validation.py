@@ -1,9 +1,10 @@
 """Checks on one decoded sample before it reaches the features.
 
 A sample is refused whole only when nothing in it can be trusted (its node or its time); a bad value
-inside it (an infinity, a negative counter, a GPU index the model has no slot for) is blanked, counted
-by reason, and the rest of the sample is kept. NaN is not an error: it is how collectors say a
-metric could not be read, and the model has features for exactly that.
+inside it (an infinity, a magnitude beyond any real reading, a negative counter, a GPU index the
+model has no slot for) is blanked, counted by reason, and the rest of the sample is kept. NaN is
+not an error: it is how collectors say a metric could not be read, and the model has features for
+exactly that.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class Limits:
     nodes: frozenset[str] = frozenset()
 
 
+# Above any reading NVML, sysfs or a 64-bit counter can produce (2**64 is 1.8e19): such a value is
+# garbage, and squaring it in a window's variance would overflow to infinity.
+MAX_MAGNITUDE = 1e20
+
 _COUNTERS = {scope: tuple(m.kind is Kind.COUNTER for m in metrics_for(scope)) for scope in Scope}
 
 
@@ -47,6 +52,8 @@ def _clean(values: tuple[float, ...], scope: Scope, issues: Counter[str]) -> tup
     for i, v in enumerate(values):
         if math.isinf(v):
             issues["non_finite_value"] += 1
+        elif abs(v) > MAX_MAGNITUDE:
+            issues["implausible_value"] += 1
         elif counters[i] and v < 0:
             issues["negative_counter"] += 1
         else:
@@ -92,10 +99,10 @@ def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSna
         values = _clean(gpu.values, Scope.GPU, issues)
         gpus.append(gpu if values is gpu.values else replace(gpu, values=values))
     devices = []
-    for d in snapshot.devices:
+    # Duplicates go first, so what is counted as blanked is only what is kept.
+    for d in _dedupe(list(snapshot.devices), issues):
         values = _clean(d.values, d.scope, issues)
         devices.append(d if values is d.values else replace(d, values=values))
-    devices = _dedupe(devices, issues)
     host = _clean(snapshot.host, Scope.HOST, issues)
     if not issues:
         return snapshot, issues
