@@ -31,7 +31,7 @@ VALUE_REASONS = {
     "duplicate_device",
 }  # fmt: skip
 COUNTERS = {scope: [m.kind is Kind.COUNTER for m in metrics_for(scope)] for scope in Scope}
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Values a collector might send: ordinary readings, the edges of float, NaN and infinities, and
 # huge or negative numbers where counters belong.
@@ -178,7 +178,7 @@ def test_a_sample_with_the_wrong_number_of_values_is_refused_and_a_right_one_rou
         from_proto(message)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(

@@ -28,7 +28,7 @@ def table(job: Job, results: Sequence[PolicyResult]) -> str:
     """The three-policy table as Markdown, means over replications (+- standard deviation)."""
     head = (
         "| policy | checkpoint interval | effective training time | GPU-hours lost | lost to recompute "
-        "| crashes | migrations | false-alarm migrations | false-alarm cost (GPU-h) |\n"
+        "| crash restarts | migrations | false-alarm migrations | false-alarm cost (GPU-h) |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     rows = [head]
