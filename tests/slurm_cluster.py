@@ -27,14 +27,26 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from tests.conftest import free_port
+from tests.conftest import free_port, require_binary
 
 CLIENT_TIMEOUT_S = 15.0
+
+
+# What a test cluster runs: fails in CI (skips elsewhere) when one is missing.
+SLURM_PARTS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo", "scancel")
+
+
+def running_cluster(nodes: Sequence[str]) -> Iterator[SlurmCluster]:
+    """For a module-scoped fixture: `yield from running_cluster(names)`."""
+    for part in SLURM_PARTS:
+        require_binary(part)
+    with SlurmCluster(nodes) as started:
+        yield started
 
 
 class SlurmClusterError(RuntimeError):

@@ -12,15 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_output import NUMBER, figures
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "client.py"
-NUMBER = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
 QUICK_STEPS, AGREE_EVERY = 40, 10  # --quick: 1 round, two guarded blocks of 20 steps
-
-
-def figures(output: str, label: str, unit: str) -> list[float]:
-    """Every value printed on a line that starts with `label`, as `NUMBER unit`, in order."""
-    found = re.findall(rf"^\s*{re.escape(label)}\s+{NUMBER} ?{re.escape(unit)}", output, re.MULTILINE)
-    return [float(v.replace(",", "")) for v in found]
 
 
 def test_quick_run_prints_every_figure(service_model: Path) -> None:

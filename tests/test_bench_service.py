@@ -8,14 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.bench_output import NUMBER, figures
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "service.py"
-NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
-
-
-def figure(output: str, label: str, unit: str) -> list[float]:
-    """Every value printed on a line that starts with `label`, as `NUMBER unit`, in order."""
-    found = re.findall(rf"^\s*{re.escape(label)}\s+{NUMBER} {re.escape(unit)}", output, re.MULTILINE)
-    return [float(v.replace(",", "")) for v in found]
 
 
 def test_quick_run_prints_every_figure(service_model: Path) -> None:
@@ -29,20 +24,20 @@ def test_quick_run_prints_every_figure(service_model: Path) -> None:
     out = run.stdout
     assert run.returncode == 0, out + run.stderr
 
-    achieved = figure(out, "achieved ingest:", "GPU-samples/s")
+    achieved = figures(out, "achieved ingest:", "GPU-samples/s")
     assert len(achieved) == 2  # the paced phase and the unpaced one
     assert all(rate > 0 for rate in achieved)
-    assert figure(out, "offered:", "GPU-samples/s") == [800.0]  # 100 nodes x 8 GPUs at 1 Hz
-    assert len(figure(out, "ack round trip (generator):       p50", "ms")) == 2
+    assert figures(out, "offered:", "GPU-samples/s") == [800.0]  # 100 nodes x 8 GPUs at 1 Hz
+    assert len(figures(out, "ack round trip (generator):       p50", "ms")) == 2
     assert "sample-to-alert latency, exact:   p50" in out
     assert "sample-to-alert latency, service histogram buckets: p50" in out
-    assert len(figure(out, "service CPU per 1,000 GPU-samples:", "ms")) == 3  # both phases, without gRPC
-    [inproc] = figure(out, "ingest without gRPC:", "GPU-samples/s")
+    assert len(figures(out, "service CPU per 1,000 GPU-samples:", "ms")) == 3  # both phases, without gRPC
+    [inproc] = figures(out, "ingest without gRPC:", "GPU-samples/s")
     assert inproc > 0
 
-    [predict] = figure(out, "model.risk batch prediction:", "rows/s")
+    [predict] = figures(out, "model.risk batch prediction:", "rows/s")
     assert predict > 0
-    [heads] = figure(out, "all of score_pending's heads:", "rows/s")
+    [heads] = figures(out, "all of score_pending's heads:", "rows/s")
     assert heads > 0
     ratio = re.search(rf"ingest / raw predict:\s+{NUMBER} / {NUMBER} = {NUMBER}", out)
     assert ratio is not None

@@ -34,9 +34,8 @@ from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.conftest import require_binary
-from tests.slurm_cluster import SlurmCluster
+from tests.slurm_cluster import SlurmCluster, running_cluster
 
-SLURM_PARTS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo", "scancel")
 JOB = Path(__file__).parent / "fixtures" / "guarded_job.py"
 STEPS, HOLD_AT, AGREE_EVERY = 120, 32, 5
 NEXT_AGREEMENT = 35  # the first agreement step after the hold: the snapshot step
@@ -48,10 +47,7 @@ WAIT_S = 180.0  # deadline for a job to reach a point (two torchrun starts and a
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    for part in SLURM_PARTS:
-        require_binary(part)
-    with SlurmCluster(("fc-node1", "fc-node2", "fc-node3")) as started:
-        yield started
+    yield from running_cluster(("fc-node1", "fc-node2", "fc-node3"))
 
 
 def _torchrun(out: Path, snapshots: Path, *options: str) -> list[str]:

@@ -11,9 +11,7 @@ import pytest
 from faultcast.service.remediation import Remediation
 from faultcast.service.slurm import SlurmActuator, SlurmError, parse_node_line
 from tests.conftest import require_binary
-from tests.slurm_cluster import SlurmCluster
-
-SLURM_PARTS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "sinfo", "scancel")
+from tests.slurm_cluster import SlurmCluster, running_cluster
 
 
 def _remediation(node: str, *, alert_id: int = 7, job_id: str = "", requeue: bool = False) -> Remediation:
@@ -24,10 +22,7 @@ def _remediation(node: str, *, alert_id: int = 7, job_id: str = "", requeue: boo
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    for part in SLURM_PARTS:
-        require_binary(part)
-    with SlurmCluster(("fc-node1", "fc-node2", "fc-node3")) as started:
-        yield started
+    yield from running_cluster(("fc-node1", "fc-node2", "fc-node3"))
 
 
 @pytest.fixture
