@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 NUMBER = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
+
+
+def quick_run(bench: str, model: Path, timeout_s: float) -> str:
+    """Run `bench/<bench>.py --quick --model MODEL`; its stdout, once it exited cleanly."""
+    run = subprocess.run(
+        [sys.executable, str(BENCH / f"{bench}.py"), "--quick", "--model", str(model)],
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-12000:]
+    return run.stdout
 
 
 def figures(output: str, label: str, unit: str) -> list[float]:

@@ -6,28 +6,17 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.bench_output import NUMBER, figures
+from tests.bench_output import NUMBER, figures, quick_run
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "client.py"
 QUICK_STEPS, AGREE_EVERY = 40, 10  # --quick: 1 round, two guarded blocks of 20 steps
 
 
 def test_quick_run_prints_every_figure(service_model: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--model", str(service_model)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
-    out = run.stdout
-    assert run.returncode == 0, out + run.stderr[-12000:]
+    out = quick_run("client", service_model, timeout_s=400)
 
     [plain] = figures(out, "mean step time, plain:", "ms")
     [guarded] = figures(out, "mean step time, guarded:", "ms")

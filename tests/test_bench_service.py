@@ -4,25 +4,13 @@ the figures themselves are recorded in docs/benchmarks.md from a full run."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.bench_output import NUMBER, figures
-
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "service.py"
+from tests.bench_output import NUMBER, figures, quick_run
 
 
 def test_quick_run_prints_every_figure(service_model: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--model", str(service_model)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = run.stdout
-    assert run.returncode == 0, out + run.stderr
+    out = quick_run("service", service_model, timeout_s=120)
 
     achieved = figures(out, "achieved ingest:", "GPU-samples/s")
     assert len(achieved) == 2  # the paced phase and the unpaced one

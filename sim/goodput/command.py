@@ -9,6 +9,7 @@ import logging
 import math
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     report.plot(args.plot, job, results, points, best)
     print(f"plot: {args.plot}")
     basis = {
-        "gpus": job.gpus, "days": job.days, "costs": _costs_json(job), "spares": spares,
+        "gpus": job.gpus, "days": job.days, "costs": asdict(job.costs), "spares": spares,
         "ettr": best.ettr, "replications": args.replications, "seed": args.seed,
     }  # fmt: skip
     if args.apply:
@@ -230,10 +231,6 @@ def _recompute(o: Outcome) -> float:
 
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
-
-
-def _costs_json(job: Any) -> dict[str, float]:
-    return {k: float(getattr(job.costs, k)) for k in job.costs.__slots__}
 
 
 def _json(

@@ -25,6 +25,7 @@ LLAMA3_DAYS = 54.0
 UNMODELLED = "unmodelled"
 GPUS_PER_NODE = 8
 _DAY_S = 86_400.0
+_PREDICTABLE = frozenset(m.name for m in MODES if m.predictable)
 
 
 def failure_rates() -> dict[str, float]:
@@ -56,9 +57,8 @@ class AlertSample:
         found = self.leads_s.get(mode)
         if found:
             return found
-        predictable = {m.name for m in MODES if m.predictable}
-        if mode in predictable:
-            return [lead for name, leads in self.leads_s.items() if name in predictable for lead in leads]
+        if mode in _PREDICTABLE:
+            return [lead for name, leads in self.leads_s.items() if name in _PREDICTABLE for lead in leads]
         return []
 
     def with_false_alarm_rate(self, per_gpu_day: float) -> AlertSample:

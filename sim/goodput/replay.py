@@ -88,6 +88,9 @@ def samples_at(
     """One AlertSample per threshold, from a single pass of the alert policy over the scores."""
     starts = alert_starts(period.scores["model"], period.present, thresholds, policy, cadence_s)
     rows = failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
+    failures_by_node: dict[int, list[float]] = {}
+    for f in sorted(rows, key=lambda f: f.time_s):
+        failures_by_node.setdefault(f.node, []).append(f.time_s)
     out = []
     for threshold, start in zip(thresholds, starts, strict=True):
         by_node: dict[int, list[float]] = {}
@@ -99,7 +102,7 @@ def samples_at(
             leads.setdefault(f.mode, []).append(f.time_s - min(opened) if opened else None)
         false = 0
         for node, times in by_node.items():
-            node_failures = sorted(f.time_s for f in rows if f.node == node)
+            node_failures = failures_by_node.get(node, [])
             out_until = -math.inf
             for t in times:
                 if t < out_until:

@@ -97,8 +97,8 @@ def compare(
     return [
         _run("a", "(a) periodic checkpoints, Young/Daly interval", Policy("a", tau_a, False), None, job, scenarios),
         _run("b", "(b) (a) + faultcast snapshot-and-migrate", Policy("b", tau_a, True), thr, job, scenarios),
-        _run("b_tuned", "(b') (b), interval re-tuned to unforeseen failures", tuned_policy(job, rates, alerts), thr,
-             job, scenarios),
+        _run("b_tuned", "(b') (b), interval re-tuned to unforeseen failures",
+             tuned_policy(job, rates, foreseen(job, rates, alerts)), thr, job, scenarios),
         _run("c", "(c) (a) + oracle, every failure 30 min ahead", Policy("c", tau_a, True), None, job, oracles),
         _run("c_tuned", "(c') (c), interval re-tuned (no periodic checkpoint)", Policy("c'", tau_c, True), None,
              job, oracles),
@@ -134,7 +134,8 @@ def pessimistic(
     worse = alerts.with_false_alarm_rate(bound)
     scenarios = [scenario(d, worse, job.gpus, job.days) for d in runs]
     label = f"(b'') (b') at the false-alarm rate's 95% upper bound, {1000 * bound:.2f} per 1,000 GPU-days"
-    return _run("b_bound", label, tuned_policy(job, rates, worse), alerts.threshold, job, scenarios)
+    return _run("b_bound", label, tuned_policy(job, rates, foreseen(job, rates, worse)), alerts.threshold, job,
+                scenarios)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -150,19 +151,23 @@ def sweep(job: Job, rates: Mapping[str, float], result: Replay, runs: Sequence[D
     """Policy (b') at every replayed threshold."""
     points = []
     for alerts in result.samples:
-        tuned = tuned_policy(job, rates, alerts)
+        share = foreseen(job, rates, alerts)
         scenarios = [scenario(d, alerts, job.gpus, job.days) for d in runs]
-        r = _run("b_tuned", "(b')", tuned, alerts.threshold, job, scenarios)
+        r = _run("b_tuned", "(b')", tuned_policy(job, rates, share), alerts.threshold, job, scenarios)
         points.append(SweepPoint(
-            alerts.threshold, r.ettr, r.sd(lambda o: o.ettr), alerts.caught_share(rates, min_lead_s(job.costs)),
-            alerts.false_alarms_per_gpu_day * job.gpus,
+            alerts.threshold, r.ettr, r.sd(lambda o: o.ettr), share, alerts.false_alarms_per_gpu_day * job.gpus
         ))  # fmt: skip
     return points
 
 
-def tuned_policy(job: Job, rates: Mapping[str, float], alerts: AlertSample) -> Policy:
+def foreseen(job: Job, rates: Mapping[str, float], alerts: AlertSample) -> float:
+    """The share of failures whose alert leaves time for the snapshot."""
+    return alerts.caught_share(rates, min_lead_s(job.costs))
+
+
+def tuned_policy(job: Job, rates: Mapping[str, float], foreseen_share: float) -> Policy:
     """(b'): act on alerts, checkpoint at Daly's interval for the failures the alerts miss."""
-    return Policy("b'", interval_for(job, rates, alerts.caught_share(rates, min_lead_s(job.costs))), True)
+    return Policy("b'", interval_for(job, rates, foreseen_share), True)
 
 
 def recommend(points: Sequence[SweepPoint]) -> SweepPoint:
