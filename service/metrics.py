@@ -61,8 +61,20 @@ class ServiceMetrics:
         self.subscribers = Gauge("faultcast_subscribers", "Open alert subscriptions.", registry=r)
         self.remediations = Counter(
             "faultcast_remediations",
-            "Remediations attempted, by actuator and outcome (ok, failed, refused by the circuit breaker).",
+            "Remediations finished, by actuator and outcome (ok, failed after every retry, refused by the "
+            "circuit breaker).",
             ["actuator", "outcome"],
+            registry=r,
+        )
+        # No actuator label (one actuator per service): faultcast_remediations_total names it.
+        self.remediation_retries = Counter(
+            "faultcast_remediation_retries",
+            "Remediation attempts after a failed one (an actuator error or a not-ok outcome).",
+            registry=r,
+        )
+        self.remediation_retries_pending = Gauge(
+            "faultcast_remediation_retries_pending",
+            "Remediations that failed and wait, in backoff, for their next attempt.",
             registry=r,
         )
         self.circuit_open = Gauge(
@@ -94,6 +106,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_scoring_latency_seconds_count",
     "faultcast_subscribers",
     "faultcast_remediations_total",
+    "faultcast_remediation_retries_total",
+    "faultcast_remediation_retries_pending",
     "faultcast_remediation_circuit_open",
     "faultcast_model_info",
     "faultcast_model_reloads_total",

@@ -2,9 +2,12 @@
 
 An actuator takes one `Remediation` (drain this node, requeue this job) and reports an `Outcome`;
 it never raises for an expected failure (a node the scheduler does not know, a refused request): the
-outcome says what went wrong. The circuit breaker in front of every actuator caps how many nodes
-may be taken out per window, so a model bug cannot drain a cluster. Only the service holds the
-privileges an actuator uses.
+outcome says what went wrong. A failed attempt (an outcome not ok, or an exception after all) is
+tried again after a backoff (`RetryPolicy`), so an actuator must be safe to repeat for one alert:
+draining a drained node or cordoning a cordoned one changes nothing, and a webhook receiver should
+dedupe on `alert_id`. The circuit breaker in front of every actuator caps how many nodes may be taken
+out per window, so a model bug cannot drain a cluster. Only the service holds the privileges an
+actuator uses.
 """
 
 from __future__ import annotations
@@ -89,6 +92,41 @@ class WebhookActuator:
             return Outcome(False, f"webhook {self.url}: HTTP {exc.code} {exc.reason}")
         except (urllib.error.URLError, OSError) as exc:
             return Outcome(False, f"webhook {self.url}: {exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """When a failed remediation is tried again: the wait after attempt n is
+    `initial_s * multiplier**(n-1)`, capped at `max_s`, then shortened by up to `jitter` of itself
+    at random (so that remediations failing together do not retry in lockstep against a scheduler
+    that just came back). After `max_attempts` attempts the remediation is recorded as failed.
+
+    The defaults give up about 2.5 minutes after the first attempt (waits of 5, 10, 20, 40, 80 s):
+    long enough to ride out a scheduler restart, short enough that an operator hears of it while
+    the predicted fault is still ahead."""
+
+    initial_s: float = 5.0
+    multiplier: float = 2.0
+    max_s: float = 300.0
+    max_attempts: int = 6
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("a retry policy needs max_attempts >= 1 (1: no retry)")
+        if not 0 < self.initial_s <= self.max_s or self.multiplier < 1 or not 0 <= self.jitter < 1:
+            raise ValueError(
+                "a retry policy needs 0 < initial_s <= max_s, multiplier >= 1 and 0 <= jitter < 1"
+            )
+
+    def delay_s(self, attempts: int, rand: float) -> float:
+        """The wait after `attempts` (>= 1) failed attempts; `rand` in [0, 1) picks the jitter."""
+        base = self.initial_s
+        for _ in range(attempts - 1):  # a loop, not a power: stops at the cap, never overflows
+            if base >= self.max_s:
+                break
+            base *= self.multiplier
+        return min(base, self.max_s) * (1.0 - self.jitter * rand)
 
 
 class CircuitBreaker:

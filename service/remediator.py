@@ -3,27 +3,51 @@ a registered job, is remediated once the job acknowledges it with SNAPSHOT_DONE 
 or once `grace_s` passes with no SNAPSHOT_DONE (the hardware must go anyway; the job restarts from
 its last checkpoint) unless the alert cleared because the risk fell. A DECLINED acknowledgement
 leaves the node to the operator; a SNAPSHOT_DONE for a snapshot-only alert is noted and the node
-stays. Each alert is remediated at most once, across restarts; the circuit breaker caps nodes per
-window; actuators run on a worker thread so a slow scheduler never holds up scoring.
+stays. Each alert is claimed once, across restarts; the circuit breaker caps nodes per window;
+actuators run on a worker thread so a slow scheduler never holds up scoring.
+
+A failed attempt (an exception or an outcome not ok) is tried again after a backoff (`RetryPolicy`),
+scheduled like the grace timers so other remediations go on meanwhile; the breaker counts the node
+once, when it first admits it. After the last attempt the remediation is "failed". The claim and
+each attempt are on disk first, so a service killed mid-remediation carries it on at the next
+start (`resume`), with the attempts it already made counted: the actuator may then see one alert
+twice (the kill came after it acted, before the outcome was stored), which actuators tolerate.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 
 from faultcast.service.alerting import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import Actuator, CircuitBreaker, Remediation
-from faultcast.service.state import Ack, StateStore
+from faultcast.service.remediation import Actuator, CircuitBreaker, Remediation, RetryPolicy
+from faultcast.service.state import Ack, PendingRemediation, StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    """One remediation to attempt; `claimed` once its store row exists (a retry, or one resumed
+    after a restart), `admitted` once this process's circuit breaker has counted its node."""
+
+    remediation: Remediation
+    claimed: bool = False
+    admitted: bool = False
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 class Remediator:
@@ -35,21 +59,29 @@ class Remediator:
         *,
         grace_s: float = 300.0,
         breaker: CircuitBreaker | None = None,
+        retry: RetryPolicy | None = None,
         clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.store, self.actuator, self.metrics = store, actuator, metrics
         self.grace_s, self.clock = grace_s, clock
         self.breaker = breaker or CircuitBreaker()
+        self.retry = retry or RetryPolicy()
+        self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self._deadlines: list[tuple[float, int]] = []  # (clock time, alert id): grace timers
-        self._work: list[Remediation] = []
+        self._retry_at: list[tuple[float, int]] = []  # (clock time, alert id): backoff timers
+        self._retrying: dict[int, _Task] = {}  # alert id -> the task its backoff timer runs
+        self._work: list[_Task] = []
         self._cv = threading.Condition()
         self._stopping = False
+        self._resumed = False
         self._thread: threading.Thread | None = None
         self.done: list[tuple[Remediation, str, str]] = []  # (what, outcome, detail), in order
         # Every outcome exists from the start, so the first failure shows in increase().
         for outcome in ("ok", "failed", "refused"):
             metrics.remediations.labels(actuator.name, outcome)
         metrics.circuit_open.set_function(lambda: 1.0 if self.breaker.is_open(self.clock()) else 0.0)
+        metrics.remediation_retries_pending.set_function(lambda: float(len(self._retrying)))
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -90,33 +122,81 @@ class Remediator:
         job = job_id or self._job_on(alert.node)
         if not job:
             return f"no registered job on {alert.node}: nothing to remediate"
-        if self.store.remediation(alert.opened_id) is not None:
-            return f"alert {alert.opened_id} is already remediated"
+        claimed = self.store.remediation(alert.opened_id)
+        if claimed is not None:
+            doing = "being remediated" if claimed[0] == "pending" else "already remediated"
+            return f"alert {alert.opened_id} is {doing}"
         remediation = Remediation(
             alert_id=alert.opened_id, node=alert.node, gpu=alert.gpu, mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk, job_id=job, requeue=True, checkpoint_uri=checkpoint_uri,
         )  # fmt: skip
         with self._cv:
-            self._work.append(remediation)
+            self._work.append(_Task(remediation))
             self._cv.notify_all()
         return f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
 
-    def _due(self) -> list[int]:
+    def resume(self) -> int:
+        """Queue the remediations an earlier run claimed and never finished (it was killed, or
+        stopped while they waited for a retry); returns how many. Once per Remediator: `start`
+        calls it, tests call it before `run_once`."""
+        with self._cv:
+            if self._resumed:
+                return 0
+            self._resumed = True
+        tasks = []
+        for pending in self.store.pending_remediations():
+            remediation = self._request(pending)
+            if remediation is None:
+                continue
+            if pending.attempts >= self.retry.max_attempts:
+                last = pending.detail or "no outcome stored"
+                self._finish(
+                    remediation, "failed",
+                    f"{last}; gave up after {_plural(pending.attempts, 'attempt')} (the last cut off by a restart)",
+                )  # fmt: skip
+                continue
+            log.warning(
+                "alert %d: remediation of %s left unfinished by an earlier run (%s begun); carrying on",
+                pending.alert_id, pending.node, _plural(pending.attempts, "attempt"),
+            )  # fmt: skip
+            tasks.append(_Task(remediation, claimed=True))
+        with self._cv:
+            self._work.extend(tasks)
+            self._cv.notify_all()
+        return len(tasks)
+
+    def _request(self, pending: PendingRemediation) -> Remediation | None:
+        """The stored request of a pending remediation; one that cannot be read is finished as
+        failed, so that an operator hears of the node instead of it waiting forever."""
+        try:
+            return Remediation(**json.loads(pending.request))
+        except (ValueError, TypeError) as exc:  # a row from a version that stored no request
+            stub = Remediation(pending.alert_id, pending.node, -1, "unknown", 0.0, "", requeue=False)
+            why = "no stored request" if not pending.request else f"unreadable request ({exc})"
+            self._finish(
+                stub, "failed", f"left unfinished by an earlier run with {why}: drain {pending.node} by hand"
+            )
+            return None
+
+    def _due(self, timers: list[tuple[float, int]]) -> list[int]:
         now = self.clock()
         due = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            due.append(heapq.heappop(self._deadlines)[1])
+        while timers and timers[0][0] <= now:
+            due.append(heapq.heappop(timers)[1])
         return due
 
     def run_once(self, wait_s: float = 0.0) -> int:
-        """Fire due grace timers and carry out queued remediations; returns how many ran."""
+        """Fire due grace and backoff timers and carry out queued remediations; returns how many
+        attempts were made."""
         with self._cv:
             if wait_s > 0 and not self._work and not self._stopping:
                 timeout = wait_s
-                if self._deadlines:
-                    timeout = min(wait_s, max(0.0, self._deadlines[0][0] - self.clock()))
+                for timers in (self._deadlines, self._retry_at):
+                    if timers:
+                        timeout = min(timeout, max(0.0, timers[0][0] - self.clock()))
                 self._cv.wait(timeout)
-            due = self._due()
+            due = self._due(self._deadlines)
+            retries = [self._retrying.pop(alert_id) for alert_id in self._due(self._retry_at)]
         for alert_id in due:
             alert = self.store.get(alert_id)
             acks = self.store.acks(alert_id)
@@ -127,34 +207,61 @@ class Remediator:
             log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
             self._queue(alert, "", "")
         with self._cv:
-            work, self._work = self._work, []
-        for r in work:
-            self._carry_out(r)
+            work, self._work = retries + self._work, []
+        for task in work:
+            self._attempt(task)
         return len(work)
 
-    def _carry_out(self, r: Remediation) -> None:
-        if not self.store.claim_remediation(r.alert_id, r.node, self.actuator.name):
+    def _attempt(self, task: _Task) -> None:
+        r = task.remediation
+        if not task.claimed and not self.store.claim_remediation(
+            r.alert_id, r.node, self.actuator.name, json.dumps(asdict(r))
+        ):
             return
-        if not self.breaker.allow(r.node, self.clock()):
+        # The breaker counts the node once, at its first attempt here: a retry takes out no more
+        # nodes, and must not be refused because the window moved on meanwhile.
+        if not task.admitted and not self.breaker.allow(r.node, self.clock()):
             detail = (
                 f"circuit breaker: {self.breaker.max_nodes} nodes already taken out in "
                 f"{self.breaker.window_s:.0f} s; {r.node} left in service"
             )
-            outcome = "refused"
+            self._finish(r, "refused", detail)
+            return
+        attempts = self.store.begin_attempt(r.alert_id, self.actuator.name)
+        if attempts > 1:
+            self.metrics.remediation_retries.inc()
+        try:
+            result = self.actuator.remediate(r)
+        except Exception as exc:  # an actuator bug must not stop remediation of others
+            log.warning("actuator %s raised on alert %d", self.actuator.name, r.alert_id, exc_info=True)
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
         else:
-            try:
-                result = self.actuator.remediate(r)
-            except Exception as exc:  # an actuator bug must not stop remediation of others
-                log.exception("actuator %s failed on alert %d", self.actuator.name, r.alert_id)
-                outcome, detail = "failed", f"{type(exc).__name__}: {exc}"
-            else:
-                outcome, detail = ("ok" if result.ok else "failed"), result.detail
+            ok, detail = result.ok, result.detail
+        if ok:
+            self._finish(r, "ok", detail if attempts == 1 else f"{detail} (on attempt {attempts})")
+        elif attempts >= self.retry.max_attempts:
+            self._finish(r, "failed", f"{detail}; gave up after {_plural(attempts, 'attempt')}")
+        else:
+            delay_s = self.retry.delay_s(attempts, self._rng.random())
+            self.store.note_failed_attempt(r.alert_id, detail)
+            with self._cv:
+                self._retrying[r.alert_id] = replace(task, claimed=True, admitted=True)
+                heapq.heappush(self._retry_at, (self.clock() + delay_s, r.alert_id))
+                self._cv.notify_all()
+            log.warning(
+                "remediation of alert %d on %s: attempt %d of %d failed (%s); retrying in %.1f s",
+                r.alert_id, r.node, attempts, self.retry.max_attempts, detail, delay_s,
+            )  # fmt: skip
+
+    def _finish(self, r: Remediation, outcome: str, detail: str) -> None:
         self.store.finish_remediation(r.alert_id, outcome, detail)
         self.metrics.remediations.labels(self.actuator.name, outcome).inc()
         with self._cv:
             self.done.append((r, outcome, detail))
             self._cv.notify_all()
-        log.warning("remediation of alert %d on %s: %s (%s)", r.alert_id, r.node, outcome, detail)
+        # A failure after every retry leaves a node predicted to fail in service: an operator must act.
+        level = logging.ERROR if outcome == "failed" else logging.WARNING
+        log.log(level, "remediation of alert %d on %s: %s (%s)", r.alert_id, r.node, outcome, detail)
 
     def wait_done(self, count: int, timeout_s: float) -> bool:
         """Block until `count` remediations have been carried out (True) or the timeout passes."""
@@ -164,6 +271,7 @@ class Remediator:
     # -- the worker -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.resume()
         self._thread = threading.Thread(target=self._loop, name="faultcast-remediator", daemon=True)
         self._thread.start()
 

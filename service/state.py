@@ -2,7 +2,9 @@
 
 - the alert log: every OPEN and CLEARED event, ids from SQLite's AUTOINCREMENT (never reused, so
   they increase across restarts); a subscriber resumes after the last id it saw with no gap;
-- registered jobs and their nodes, acknowledgements, remediations done (never twice for one alert);
+- registered jobs and their nodes, acknowledgements, remediations (one row per alert, never claimed
+  twice): a row stays `pending` with its request and attempt count until it is finished, so one that
+  a killed service left unfinished is found and carried on at the next start;
 - the ingest cursors: the highest sequence accepted per (node, spool id), so a collector's replay
   after a service restart is not taken twice.
 
@@ -51,7 +53,9 @@ CREATE TABLE IF NOT EXISTS remediations (
     actuator TEXT NOT NULL,
     outcome TEXT NOT NULL,
     detail TEXT NOT NULL,
-    at_unix REAL NOT NULL
+    at_unix REAL NOT NULL,
+    request TEXT NOT NULL DEFAULT '',
+    attempts INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS cursors (
     node TEXT NOT NULL,
@@ -60,6 +64,26 @@ CREATE TABLE IF NOT EXISTS cursors (
     PRIMARY KEY (node, spool_id)
 );
 """
+
+
+# Columns later versions added to a table, for databases an earlier version created.
+_ADDED_COLUMNS = {
+    "remediations": (
+        ("request", "TEXT NOT NULL DEFAULT ''"),
+        ("attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRemediation:
+    """A remediation claimed and not finished: retrying, or cut off by the service being killed."""
+
+    alert_id: int
+    node: str
+    request: str  # what the remediator stored at the claim ("" from a version that stored nothing)
+    attempts: int  # attempts begun, the last perhaps interrupted
+    detail: str  # why the last finished attempt failed ("" before any did)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +103,11 @@ class StateStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, declaration in columns:
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
         self._lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
         self._closed = False
@@ -207,15 +236,42 @@ class StateStore:
             ).fetchall()
         return [Ack(int(a), str(j), int(act), int(s), str(u)) for a, j, act, s, u in rows]
 
-    def claim_remediation(self, alert_id: int, node: str, actuator: str) -> bool:
-        """Mark the alert as being remediated; False when it already was (never drain twice)."""
+    def claim_remediation(self, alert_id: int, node: str, actuator: str, request: str = "") -> bool:
+        """Mark the alert as being remediated, keeping `request` (what to do, for a restart to carry
+        on); False when it already was (never drain twice)."""
         with self._lock:
             cursor = self._db.execute(
-                "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix) "
-                "VALUES (?, ?, ?, 'pending', '', ?)",
-                (alert_id, node, actuator, time.time()),
+                "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix, request) "
+                "VALUES (?, ?, ?, 'pending', '', ?, ?)",
+                (alert_id, node, actuator, time.time(), request),
             )
             return cursor.rowcount == 1
+
+    def begin_attempt(self, alert_id: int, actuator: str) -> int:
+        """Count one more attempt at a claimed remediation, before it is made; returns the count.
+
+        Counted first so that an attempt the service is killed in still counts: an actuator that
+        brings the service down cannot be retried forever across restarts."""
+        with self._lock:  # no RETURNING: SQLite before 3.35 lacks it
+            self._db.execute(
+                "UPDATE remediations SET attempts = attempts + 1, actuator = ? "
+                "WHERE alert_id = ? AND outcome = 'pending'",
+                (actuator, alert_id),
+            )
+            row = self._db.execute(
+                "SELECT attempts FROM remediations WHERE alert_id = ? AND outcome = 'pending'", (alert_id,)
+            ).fetchone()
+        if row is None:
+            raise KeyError(f"no pending remediation of alert {alert_id}")
+        return int(row[0])
+
+    def note_failed_attempt(self, alert_id: int, detail: str) -> None:
+        """Keep why the last attempt failed while the remediation waits for its next one."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE remediations SET detail = ?, at_unix = ? WHERE alert_id = ? AND outcome = 'pending'",
+                (detail, time.time(), alert_id),
+            )
 
     def finish_remediation(self, alert_id: int, outcome: str, detail: str) -> None:
         with self._lock:
@@ -224,8 +280,18 @@ class StateStore:
                 (outcome, detail, time.time(), alert_id),
             )
 
+    def pending_remediations(self) -> list[PendingRemediation]:
+        """Remediations claimed and never finished, oldest alert first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alert_id, node, request, attempts, detail FROM remediations "
+                "WHERE outcome = 'pending' ORDER BY alert_id"
+            ).fetchall()
+        return [PendingRemediation(int(a), str(n), str(r), int(k), str(d)) for a, n, r, k, d in rows]
+
     def remediation(self, alert_id: int) -> tuple[str, str] | None:
-        """(outcome, detail) of the alert's remediation, if one was attempted."""
+        """(outcome, detail) of the alert's remediation, if one was claimed; outcome "pending" while
+        it is being carried out or waits for a retry."""
         with self._lock:
             row = self._db.execute(
                 "SELECT outcome, detail FROM remediations WHERE alert_id = ?", (alert_id,)

@@ -16,7 +16,7 @@ from faultcast.model.artifact import FaultModel, load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.alerting import ActionPolicy, AlertBook
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import CircuitBreaker, NoopActuator, Outcome, Remediation
+from faultcast.service.remediation import CircuitBreaker, NoopActuator, Outcome, Remediation, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import ScoredStep, estimated_ttf_s
 from faultcast.service.state import Ack, StateStore
@@ -285,11 +285,12 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     assert remediator.breaker.is_open(clock.now)
     clock.now += 601
     assert not remediator.breaker.is_open(clock.now)
-    broken = Remediator(store, _Raising(), ServiceMetrics(), clock=clock)
+    # No retries here (tests/test_remediation_retry.py has them): the one failure is final.
+    broken = Remediator(store, _Raising(), ServiceMetrics(), clock=clock, retry=RetryPolicy(max_attempts=1))
     alert = _alert(store, "n0", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
     broken.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     broken.run_once()
-    assert broken.done[0][1:] == ("failed", "RuntimeError: scheduler exploded")
+    assert broken.done[0][1:] == ("failed", "RuntimeError: scheduler exploded; gave up after 1 attempt")
     store.close()
 
 

@@ -1,4 +1,5 @@
-"""The webhook actuator against a real HTTP server: what it posts, and failures as outcomes."""
+"""The webhook actuator against a real HTTP server: what it posts, failures as outcomes, and a
+remediator retrying through a receiver that refuses at first."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from faultcast.service.remediation import Remediation, WebhookActuator
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.remediation import Remediation, RetryPolicy, WebhookActuator
+from faultcast.service.remediator import Remediator
+from faultcast.service.state import Ack, StateStore
+from faultcast.v1 import alerts_pb2 as apb
 from tests.conftest import free_port
 
 REMEDIATION = Remediation(
@@ -22,11 +28,12 @@ REMEDIATION = Remediation(
 class _Receiver(BaseHTTPRequestHandler):
     received: ClassVar[list[tuple[str, dict[str, object], str]]] = []
     status: ClassVar[int] = 200
+    first: ClassVar[list[int]] = []  # statuses to answer, in turn, before `status`
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((self.path, json.loads(body), self.headers["Content-Type"]))
-        self.send_response(type(self).status)
+        self.send_response(type(self).first.pop(0) if type(self).first else type(self).status)
         self.end_headers()
 
     def log_message(self, format: str, *args: object) -> None:
@@ -35,7 +42,7 @@ class _Receiver(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    _Receiver.received, _Receiver.status = [], 200
+    _Receiver.received, _Receiver.status, _Receiver.first = [], 200, []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -67,3 +74,34 @@ def test_a_refusing_or_absent_webhook_is_an_outcome_not_an_exception(server: Thr
     assert "refused" in outcome.detail.lower()
     with pytest.raises(ValueError, match="http"):
         WebhookActuator("file:///etc/passwd")
+
+
+def test_a_remediation_through_a_webhook_that_answers_503_is_retried_until_ok(
+    server: ThreadingHTTPServer, tmp_path: Path
+) -> None:
+    _Receiver.first = [503, 503]
+    store, metrics = StateStore.in_dir(tmp_path), ServiceMetrics()
+    store.register_job("1234", ["gpu-17"])
+    opened = apb.Alert(
+        node="gpu-17", gpu=3, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.61, state=apb.ALERT_STATE_OPEN,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+    )  # fmt: skip
+    alert = store.append([opened])[0]
+    actuator = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/drain")
+    # Real time on the worker thread: waits small enough for a test, still doubling.
+    policy = RetryPolicy(initial_s=0.05, multiplier=2.0, max_s=1.0, max_attempts=4, jitter=0.0)
+    remediator = Remediator(store, actuator, metrics, retry=policy)
+    remediator.start()
+    try:
+        remediator.on_ack(Ack(alert.id, "1234", apb.ACK_ACTION_SNAPSHOT_DONE, 900, "s3://ckpt/step-900"))
+        assert remediator.wait_done(1, 30.0)
+    finally:
+        remediator.stop()
+    [(remediation, outcome, detail)] = remediator.done
+    assert (remediation.alert_id, outcome) == (alert.id, "ok")
+    assert detail.endswith("HTTP 200 (on attempt 3)")
+    assert [body["alert_id"] for _, body, _ in _Receiver.received] == [alert.id] * 3
+    assert metrics.registry.get_sample_value("faultcast_remediation_retries_total") == 2
+    assert metrics.registry.get_sample_value("faultcast_remediation_retries_pending") == 0
+    assert store.remediation(alert.id) == ("ok", detail)
+    store.close()
