@@ -126,6 +126,12 @@ class Guard:
     # -- the background subscription ------------------------------------------------------------
 
     def start(self) -> Guard:
+        if self.credentials is None:
+            log.warning(
+                "faultcast: the guard talks to %s in plaintext without identity; in production give "
+                "credentials=faultcast.tls.channel_credentials(ca, token=...) (or a client certificate)",
+                self.target,
+            )
         self._thread = threading.Thread(target=self._run, name="faultcast-guard", daemon=True)
         self._thread.start()
         return self

@@ -32,6 +32,7 @@ from faultcast.collector.table import render_table
 from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
 from faultcast.sim.command import parse_scenario
+from faultcast.tls import ChannelFactory, TLSConfigError, add_client_arguments, client_channel_factory
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument(
         "--table", type=parse_duration, metavar="EVERY", help="print a live table this often (for example 5s)"
     )
+    add_client_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -143,6 +145,13 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
 
 
 def run(args: argparse.Namespace) -> int:
+    channels: ChannelFactory | None = None
+    if args.service and not args.once:
+        try:
+            channels = client_channel_factory(args)
+        except TLSConfigError as exc:
+            print(f"faultcast: --service: {exc}", file=sys.stderr)
+            return 2
     try:
         gpus = gpu_source(args)
     except NvmlUnavailable as exc:
@@ -185,7 +194,11 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    shipper = Shipper(args.service, spool, args.node) if spool is not None else None
+    shipper = (
+        Shipper(args.service, spool, args.node, channel_factory=channels)
+        if spool is not None and channels is not None
+        else None
+    )
     if not args.no_prometheus:
         server, _ = start_http_server(args.prometheus_port, addr=args.prometheus_address, registry=registry)
         print(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the test suite runs for real: a Prometheus server and promtool, and a
+# Installs the Debian packages the test suite runs for real: a Prometheus server and promtool, openssl, and a
 # Slurm controller, node daemon and client tools with MUNGE (the Slurm actuator's tests start a private
 # throw-away cluster). As root it installs what is missing; otherwise it only says what is missing, and
 # the tests that need those parts fail in CI (CI=true) rather than skip.
@@ -13,6 +13,8 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1
   packages+=(slurm-wlm)
 fi
 command -v munged >/dev/null 2>&1 || packages+=(munge)
+# The security tests make their own CA and certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || packages+=(openssl)
 
 if [ ${#packages[@]} -eq 0 ]; then
   exit 0

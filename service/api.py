@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import grpc
 
 from faultcast.service.alerting import AlertBook
+from faultcast.service.auth import AuthError, Policy, current, refuse
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
 from faultcast.v1 import alerts_pb2 as apb
@@ -35,9 +36,21 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         remediator: Remediator,
         stopping: threading.Event,
         on_subscribers: Callable[[int], None] = lambda delta: None,
+        policy: Policy | None = None,
     ) -> None:
+        """`policy`: who may read and acknowledge what (None: no checks, a servicer under test)."""
         self.store, self.book, self.remediator, self.stopping = store, book, remediator, stopping
-        self.on_subscribers = on_subscribers
+        self.on_subscribers, self.policy = on_subscribers, policy
+
+    def _authorize(self, job_id: str, nodes: list[str], peer: str) -> tuple[grpc.StatusCode, str] | None:
+        """A trainer names its own job, and only nodes registered to it; else the refusal."""
+        if self.policy is None:
+            return None
+        try:
+            self.policy.check_nodes(current(), job_id, nodes, self.store.jobs().get(job_id, []))
+        except AuthError as denied:
+            return refuse(self.policy, denied, peer)
+        return None
 
     def _resolve(self, job_id: str, nodes: list[str]) -> tuple[list[str], tuple[grpc.StatusCode, str] | None]:
         """The nodes a request names, or those of its registered job; else the status refusing it."""
@@ -64,14 +77,25 @@ class AlertsServicer(apb_grpc.AlertsServicer):
     ) -> AsyncIterator[apb.Alert]:
         """A coroutine on the server's event loop (a thread each would cap subscribers); waiting for
         new events happens on the loop's executor, half a second at a time."""
-        nodes, refusal = self._resolve(request.job_id, list(request.nodes))
+        # Authorization first: whether another job exists is not a stranger's business.
+        refusal = self._authorize(request.job_id, list(request.nodes), context.peer())
+        nodes: list[str] = []
+        if refusal is None:
+            nodes, refusal = self._resolve(request.job_id, list(request.nodes))
         if refusal is not None:
             await context.abort(*refusal)
+        principal = current() if self.policy is not None else None
         cursor = request.resume_after
         loop = asyncio.get_running_loop()
         self.on_subscribers(1)
         try:
             while not self.stopping.is_set():
+                if (
+                    principal is not None
+                    and self.policy is not None
+                    and not self.policy.still_valid(principal)
+                ):
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
                 seen = self.store.last_id
                 batch = self.store.read_after(cursor, nodes)
                 for alert in batch:
@@ -95,6 +119,9 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"alert {request.alert_id} is a CLEARED event; acknowledge the OPEN alert {alert.opened_id}",
             )
+        refusal = self._authorize(request.job_id, [alert.node], context.peer())
+        if refusal is not None:
+            context.abort(*refusal)
         if request.action == apb.ACK_ACTION_UNSPECIFIED:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say what was done (action)")
         ack = Ack(request.alert_id, request.job_id, int(request.action), request.step, request.checkpoint_uri)
@@ -104,6 +131,9 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         self, request: apb.ListActiveAlertsRequest, context: grpc.ServicerContext
     ) -> apb.ListActiveAlertsResponse:
         alerts = self.book.active()
+        refusal = self._authorize(request.job_id, list(request.nodes), context.peer())
+        if refusal is not None:
+            context.abort(*refusal)
         if request.nodes or request.job_id:
             nodes = set(self._nodes(request.job_id, list(request.nodes), context))
             alerts = [a for a in alerts if a.node in nodes]
@@ -114,6 +144,11 @@ class AlertsServicer(apb_grpc.AlertsServicer):
     ) -> apb.RegisterJobResponse:
         if not request.job_id or not request.nodes:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
+        if self.policy is not None:
+            try:
+                self.policy.check_job(current(), request.job_id, registering=True)
+            except AuthError as denied:
+                context.abort(*refuse(self.policy, denied, context.peer()))
         self.store.register_job(request.job_id, list(request.nodes))
         return apb.RegisterJobResponse()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import secrets
 import signal
 import threading
 from pathlib import Path
@@ -11,8 +13,10 @@ from types import FrameType
 from typing import Any
 
 from faultcast.durations import parse_duration, parse_limit
-from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, WebhookActuator
+from faultcast.service.auth import Role, digest
+from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.validation import Limits
+from faultcast.tls import TLSConfigError, add_server_arguments, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,18 @@ def add_parser(commands: Any) -> None:
         "--grace", type=parse_duration, default=300.0,
         help="remediate this long after a snapshot-and-migrate alert without SNAPSHOT_DONE",
     )  # fmt: skip
+    serve.add_argument(
+        "--remediation-attempts", type=int, default=6,
+        help="tries per remediation before it is recorded as failed (1: no retry)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--remediation-backoff", type=parse_duration, default=5.0,
+        help="wait before the first retry of a failed remediation; each next wait doubles, with jitter",
+    )  # fmt: skip
+    serve.add_argument(
+        "--remediation-backoff-max", type=parse_duration, default=300.0,
+        help="the longest wait between two tries of a remediation",
+    )  # fmt: skip
     serve.add_argument("--max-drains", type=int, default=4, help="circuit breaker: nodes per window")
     serve.add_argument("--drain-window", type=parse_duration, default=3600.0, help="circuit breaker window")
     serve.add_argument(
@@ -53,7 +69,34 @@ def add_parser(commands: Any) -> None:
         type=Path,
         help="the fleet's node names, one per line: samples from others are refused",
     )
+    add_server_arguments(serve)
     serve.set_defaults(handler=run_serve)
+
+    token = commands.add_parser(
+        "token", help="make a bearer token: its digest goes to the service's tokens file, the token to stdout"
+    )
+    token.add_argument("--role", choices=[r.value for r in Role], required=True)
+    token.add_argument(
+        "--name", required=True, help="the node (collector), job id (trainer) or operator (admin)"
+    )
+    token.add_argument(
+        "--tokens-file", type=Path, required=True, help="append the digest here (created 0600)"
+    )
+    token.set_defaults(handler=run_token)
+
+
+def run_token(args: argparse.Namespace) -> int:
+    """The token is printed once and stored nowhere; the file keeps only its SHA-256."""
+    if not args.name or any(c.isspace() or c == "#" for c in args.name):
+        log.error("--name %r: no spaces or '#'", args.name)
+        return 2
+    token = secrets.token_urlsafe(32)
+    line = f"sha256:{digest(token)} {args.role} {args.name}\n"
+    fd = os.open(args.tokens_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as tokens:
+        tokens.write(line)
+    print(token)
+    return 0
 
 
 def make_actuator(args: argparse.Namespace) -> Actuator:
@@ -91,8 +134,23 @@ def run_serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from faultcast.model.artifact import ModelError
+    from faultcast.service.auth import Policy, TokenBook
+    from faultcast.service.metrics import ServiceMetrics
     from faultcast.service.server import Service
 
+    metrics = ServiceMetrics()
+    try:
+        retry = RetryPolicy(
+            initial_s=args.remediation_backoff, max_s=args.remediation_backoff_max,
+            max_attempts=args.remediation_attempts,
+        )  # fmt: skip
+        tls = server_tls(args)
+        if tls is not None:
+            tls.credentials()  # unreadable certificates fail here, before anything starts
+        tokens = TokenBook(args.tokens_file) if args.tokens_file is not None else None
+    except (TLSConfigError, OSError, ValueError) as exc:
+        log.error("%s", exc)
+        return 2
     try:
         service = Service(
             args.model, args.state_dir, actuator=make_actuator(args),
@@ -100,11 +158,16 @@ def run_serve(args: argparse.Namespace) -> int:
                 max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)
             ),
             grace_s=args.grace, breaker=CircuitBreaker(args.max_drains, args.drain_window),
+            metrics=metrics, retry=retry,
+            policy=None if tls is None else Policy(
+                tokens=tokens, trust_domain=args.trust_domain,
+                trainers_register=args.job_registration == "trainer", registry=metrics.registry,
+            ),
         )  # fmt: skip
     except ModelError as exc:
         log.error("%s", exc)
         return 2
-    port = service.start(args.listen, max_threads=args.max_threads)
+    port = service.start(args.listen, max_threads=args.max_threads, tls=tls)
     if args.prometheus_port:
         start_http_server(args.prometheus_port, registry=service.metrics.registry)
     done = threading.Event()
@@ -117,6 +180,11 @@ def run_serve(args: argparse.Namespace) -> int:
             service.reload()
         except Exception:  # a reload bug must not take the service down; the old model serves on
             log.exception("model reload failed")
+        if tokens is not None:
+            try:
+                log.info("tokens reloaded: %d accepted", tokens.reload())
+            except (OSError, ValueError) as exc:  # the tokens in force stay in force
+                log.error("tokens file refused, the previous tokens stay in force: %s", exc)
 
     def on_hup(signum: int, frame: FrameType | None) -> None:
         # Not in the handler itself: loading a model takes a while and may log.

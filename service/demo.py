@@ -188,7 +188,8 @@ def _collector(
     command = [
         FAULTCAST, "collect", "--source", "simulated", "--sim-node", str(i), "--node", node_name(i),
         "--interval", f"{interval * 1000:.0f}ms", "--speed", f"{args.speed:g}", "--sim-start", str(sim_start),
-        "--service", f"127.0.0.1:{port}", "--spool", str(args.out / f"spool-{i}.sqlite"), "--prometheus-port", "0",
+        "--service", f"127.0.0.1:{port}", "--insecure", "--spool", str(args.out / f"spool-{i}.sqlite"),
+        "--prometheus-port", "0",
     ]  # fmt: skip
     for f in failures:
         if f.node == i:

@@ -23,13 +23,15 @@ from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.alerting import ActionPolicy, AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
+from faultcast.service.auth import AuthInterceptor, Policy
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator
+from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
 from faultcast.service.state import StateStore
 from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.validation import Limits
+from faultcast.tls import ServerTLS
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2 as tpb
@@ -57,17 +59,27 @@ class Service:
         lateness_steps: int = 1,
         grace_s: float = 300.0,
         breaker: CircuitBreaker | None = None,
+        retry: RetryPolicy | None = None,
         actions: ActionPolicy | None = None,
         max_nodes: int = 100_000,
+        policy: Policy | None = None,
     ) -> None:
+        """`policy`: who may call what (faultcast.service.auth); None serves everyone as admin,
+        which `start` permits only without TLS and says so in the log."""
         self.model_dir = model_dir
         self.metrics = metrics or ServiceMetrics()
+        self.policy = policy or Policy(insecure=True, registry=self.metrics.registry)
         model = load(model_dir)  # a bad artifact at start is fatal: there is nothing to serve
         self.store = StateStore.in_dir(state_dir)
         self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
         self.book = AlertBook(model, self.store, self.metrics, actions=actions or ActionPolicy())
         self.remediator = Remediator(
-            self.store, actuator or NoopActuator(), self.metrics, grace_s=grace_s, breaker=breaker
+            self.store,
+            actuator or NoopActuator(),
+            self.metrics,
+            grace_s=grace_s,
+            breaker=breaker,
+            retry=retry,
         )
         self.book.listen(self.remediator.on_alerts)
         self.limits = replace(limits or Limits(), gpus_per_node=model.feature_config.gpus_per_node)
@@ -180,13 +192,29 @@ class Service:
 
     # -- the server ---------------------------------------------------------------------------
 
-    def start(self, address: str = "127.0.0.1:0", *, max_threads: int = 256) -> int:
-        """Start scoring, remediation and the gRPC server; returns the bound port.
+    def start(
+        self, address: str = "127.0.0.1:0", *, max_threads: int = 256, tls: ServerTLS | None = None
+    ) -> int:
+        """Start scoring, remediation and the gRPC server; returns the bound port. Without `tls`
+        the port is plaintext: only with an insecure policy, and a warning says so.
 
         The server is `grpc.aio` on its own event loop: every collector keeps a Push stream open,
         and one loop carries them all (a sync server needs a thread per open stream). The other
         services are plain methods run on `max_threads` threads; each Subscribe holds one while
         it is open, so that many subscribers at most."""
+        if tls is None and not self.policy.insecure:
+            raise ValueError(
+                "a policy that authenticates callers needs TLS (certificates and tokens travel in it)"
+            )
+        if tls is not None and self.policy.insecure:
+            raise ValueError("TLS with the insecure policy would admit every caller as admin; give a Policy")
+        credentials = tls.credentials() if tls is not None else None  # a bad file fails before any thread
+        if credentials is None:
+            log.warning(
+                "INSECURE: serving %s in plaintext without authentication; any caller may push samples, "
+                "read and acknowledge alerts, reload the model and set remediation",
+                address,
+            )
         self._thread = threading.Thread(target=self._loop, name="faultcast-scoring", daemon=True)
         self._thread.start()
         self._cursor_thread = threading.Thread(
@@ -199,20 +227,23 @@ class Service:
             target=self._aio_loop.run_forever, name="faultcast-grpc", daemon=True
         )
         self._aio_thread.start()
-        port = asyncio.run_coroutine_threadsafe(self._serve(address, max_threads), self._aio_loop).result()
+        port = asyncio.run_coroutine_threadsafe(
+            self._serve(address, max_threads, credentials), self._aio_loop
+        ).result()
         for name in ("", *SERVICE_NAMES):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return port
 
-    async def _serve(self, address: str, max_threads: int) -> int:
+    async def _serve(self, address: str, max_threads: int, credentials: grpc.ServerCredentials | None) -> int:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="faultcast-rpc")
         server = grpc.aio.server(
             migration_thread_pool=self._pool,
+            interceptors=[AuthInterceptor(self.policy)],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
-        tpb_grpc.add_TelemetryServicer_to_server(AsyncTelemetryServicer(self.telemetry), server)
+        tpb_grpc.add_TelemetryServicer_to_server(AsyncTelemetryServicer(self.telemetry, self.policy), server)
         alerts = AlertsServicer(
-            self.store, self.book, self.remediator, self.stopping, self.metrics.subscribers.inc
+            self.store, self.book, self.remediator, self.stopping, self.metrics.subscribers.inc, self.policy
         )
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
         apb_grpc.add_AdminServicer_to_server(AdminServicer(self), server)
@@ -225,7 +256,11 @@ class Service:
             ),
             server,
         )
-        port = server.add_insecure_port(address)
+        port = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
         if port == 0:
             raise OSError(f"could not bind the service to {address}")
         await server.start()

@@ -20,6 +20,7 @@ import grpc
 from faultcast import wire
 from faultcast.catalogue import SCHEMA_HASH
 from faultcast.readings import NodeSnapshot
+from faultcast.service.auth import AuthError, Policy, current, refuse
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.v1 import telemetry_pb2 as pb
@@ -156,8 +157,9 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
     """The same servicer for a `grpc.aio` server: one event loop carries every collector's stream,
     where the sync server needs a thread per open stream (and its wake-ups) for each."""
 
-    def __init__(self, core: TelemetryServicer) -> None:
-        self.core = core
+    def __init__(self, core: TelemetryServicer, policy: Policy | None = None) -> None:
+        """`policy`: a collector pushes only for its own node (None: no checks)."""
+        self.core, self.policy = core, policy
 
     async def Push(  # noqa: N802 (the aio form of the same method)
         self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext[Any, Any]
@@ -166,9 +168,16 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
         async for request in request_iterator:
             if key is None:
                 key, refusal = self.core.open_stream(request)
+                if refusal is None and self.policy is not None:
+                    try:
+                        self.policy.check_node(current(), key[0])
+                    except AuthError as denied:
+                        refusal = refuse(self.policy, denied, context.peer())
                 if refusal is not None:
                     await context.abort(*refusal)
                 continue
+            if self.policy is not None and not self.policy.still_valid(current()):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
             yield self.core.take(key, request)
 
 

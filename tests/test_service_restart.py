@@ -47,7 +47,7 @@ class Served:
         self.process = subprocess.Popen(
             [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", "127.0.0.1:0",
              "--port-file", str(self.port_file), "--prometheus-port", str(self.metrics_port),
-             "--max-clock-skew", "0", "--max-sample-age", "0"],
+             "--max-clock-skew", "0", "--max-sample-age", "0", "--insecure"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         _until(
@@ -131,6 +131,7 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     state.mkdir()
     first = Served(service_model, state, tmp_path / "serve.log")
     served.append(first)
+    assert "INSECURE" in (tmp_path / "serve.log").read_text()  # --insecure says so at start
     apb_grpc.AlertsStub(first.channel).RegisterJob(apb.RegisterJobRequest(job_id="job-r", nodes=[NAME]))
     alerts = _subscribe(first.channel, 0)
     source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])

@@ -1,0 +1,179 @@
+"""Transport security for faultcast's gRPC endpoints: credentials from PEM files and the
+command-line flags that choose them, for the service and for its clients.
+
+Who a caller is (the service decides what it may do: faultcast.service.auth):
+- a bearer token (`authorization: Bearer TOKEN`, sent only over TLS), whose SHA-256 the
+  service's tokens file maps to ROLE NAME (`faultcast token` makes one);
+- else the client certificate's SPIFFE ID (mTLS), a URI SAN `spiffe://TRUST-DOMAIN/ROLE/NAME`
+  (ROLE: collector, trainer or admin; NAME: the node, the job id, the operator).
+
+Plaintext only by `--insecure`, which says so in the log at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+ChannelFactory = Callable[[str], grpc.Channel]
+
+
+class TLSConfigError(ValueError):
+    """A certificate, key or token that cannot be used, with the file and the reason."""
+
+
+def read_pem(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TLSConfigError(f"{what} {path}: {exc.strerror or exc}") from exc
+    if b"-----BEGIN " not in data:
+        raise TLSConfigError(f"{what} {path}: not a PEM file (no -----BEGIN line)")
+    return data
+
+
+def read_token(path: Path) -> str:
+    """A bearer token from a file (never from the command line, where `ps` shows it)."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise TLSConfigError(f"token file {path}: {exc.strerror or exc}") from exc
+    if not token or any(c.isspace() for c in token):
+        raise TLSConfigError(f"token file {path}: expected one token on one line")
+    return token
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTLS:
+    cert: Path
+    key: Path
+    # Clients must present a certificate this CA signed (mTLS). gRPC Python cannot ask for an
+    # optional one, so with a CA every client needs a certificate; a bearer token, if it sends
+    # one too, names who it is (a fleet-wide certificate plus a per-node token works).
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        pair = (read_pem(self.key, "TLS key"), read_pem(self.cert, "TLS certificate"))
+        if self.client_ca is None:
+            return grpc.ssl_server_credentials([pair])
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=read_pem(self.client_ca, "client CA"), require_client_auth=True
+        )
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("transport security (TLS, mTLS, bearer tokens)")
+    group.add_argument("--tls-cert", type=Path, help="the service's certificate chain (PEM)")
+    group.add_argument("--tls-key", type=Path, help="the service's private key (PEM)")
+    group.add_argument(
+        "--tls-client-ca", type=Path,
+        help="verify client certificates against this CA (mTLS); identities are SPIFFE IDs "
+        "spiffe://DOMAIN/ROLE/NAME",
+    )  # fmt: skip
+    group.add_argument(
+        "--tokens-file", type=Path,
+        help="bearer tokens accepted: lines 'sha256:HEX ROLE NAME' (faultcast token); re-read on SIGHUP",
+    )  # fmt: skip
+    group.add_argument(
+        "--trust-domain", help="accept only SPIFFE IDs of this trust domain (default: any the CA signed)"
+    )
+    group.add_argument(
+        "--job-registration", choices=["trainer", "admin"], default="trainer",
+        help="who may register a job's nodes: the job's own trainer, or only admins (a scheduler prolog)",
+    )  # fmt: skip
+    group.add_argument(
+        "--insecure", action="store_true",
+        help="plaintext gRPC with no authentication: every caller may do everything (tests, a laptop)",
+    )  # fmt: skip
+
+
+def server_tls(args: argparse.Namespace) -> ServerTLS | None:
+    """The TLS settings the flags ask for; None with --insecure. Raises TLSConfigError on a
+    contradiction, so a typo never falls back to plaintext."""
+    wants_tls = any((args.tls_cert, args.tls_key, args.tls_client_ca, args.tokens_file))
+    if args.insecure:
+        if wants_tls:
+            raise TLSConfigError("--insecure contradicts the TLS flags given; choose one")
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise TLSConfigError(
+            "give --tls-cert and --tls-key (and --tls-client-ca and/or --tokens-file to know who calls), "
+            "or --insecure for plaintext without authentication"
+        )
+    if args.tls_client_ca is None and args.tokens_file is None:
+        raise TLSConfigError(
+            "TLS without --tls-client-ca or --tokens-file cannot tell collectors, trainers and admins "
+            "apart; give one or both"
+        )
+    return ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+# -- clients ----------------------------------------------------------------------------------
+
+
+def channel_credentials(
+    ca: Path | None = None, cert: Path | None = None, key: Path | None = None, token: str | None = None
+) -> grpc.ChannelCredentials:
+    """TLS to the service (its CA, or the system's roots), with a client certificate for mTLS
+    and/or a bearer token."""
+    if (cert is None) != (key is None):
+        raise TLSConfigError("a client certificate needs its key, and a key its certificate")
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read_pem(ca, "CA") if ca is not None else None,
+        private_key=read_pem(key, "TLS key") if key is not None else None,
+        certificate_chain=read_pem(cert, "TLS certificate") if cert is not None else None,
+    )
+    if token is None:
+        return credentials
+    return grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connecting to the service (TLS, mTLS, bearer token)")
+    group.add_argument("--tls-ca", type=Path, help="the CA that signed the service's certificate (PEM)")
+    group.add_argument("--tls-cert", type=Path, help="this client's certificate (PEM), for mTLS")
+    group.add_argument("--tls-key", type=Path, help="this client's private key (PEM), for mTLS")
+    group.add_argument(
+        "--token-file", type=Path, help="a bearer token (faultcast token); re-read at every reconnect"
+    )
+    group.add_argument(
+        "--tls-server-name", help="the name the service's certificate must carry, when not the target's host"
+    )
+    group.add_argument(
+        "--insecure", action="store_true", help="plaintext, unauthenticated (the service must run --insecure)"
+    )
+
+
+def client_channel_factory(args: argparse.Namespace) -> ChannelFactory:
+    """Channels as the flags ask; raises TLSConfigError when they contradict or name bad files.
+    The token file is re-read for every channel, so a rotated token is picked up on reconnect."""
+    if args.insecure:
+        if any((args.tls_ca, args.tls_cert, args.tls_key, args.token_file)):
+            raise TLSConfigError("--insecure contradicts the TLS flags given; choose one")
+        log.warning("connecting without TLS or authentication (--insecure)")
+        return grpc.insecure_channel
+    if args.tls_ca is None and args.token_file is None and args.tls_cert is None:
+        raise TLSConfigError(
+            "give --tls-ca (with --tls-cert/--tls-key or --token-file), or --insecure for plaintext"
+        )
+    channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)  # fail now, not at first connect
+    if args.token_file is not None:
+        read_token(args.token_file)
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+
+    def secure(target: str) -> grpc.Channel:
+        token = read_token(args.token_file) if args.token_file is not None else None
+        credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key, token)
+        return grpc.secure_channel(target, credentials, options=options)
+
+    return secure

@@ -1,0 +1,360 @@
+"""Who may call what: callers' identities and the service's authorization policy.
+
+Every call except health checks passes the `AuthInterceptor`: it identifies the caller (a bearer
+token from the tokens file, else a client certificate's SPIFFE ID), refuses a role the method does
+not admit, and leaves the principal where the servicers find it (`current()`), because only they
+see what a request names: a collector pushes only for the node it is, a trainer reads and
+acknowledges only its own job's alerts, an admin reloads models and sets remediation.
+
+A method this table does not name is refused (fail closed), except the reflection service, which
+any authenticated caller may use. `--insecure` admits every call as `INSECURE`, which may do all.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import hashlib
+import inspect
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+
+log = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    COLLECTOR = "collector"
+    TRAINER = "trainer"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    role: Role
+    name: str  # the node (collector), the job id (trainer), the operator (admin)
+    via: str  # "certificate", "token" or "insecure"
+    token_digest: str = ""  # for tokens: revoked when its line leaves the tokens file
+
+    def __str__(self) -> str:
+        return f"{self.role.value} {self.name!r} ({self.via})"
+
+
+INSECURE = Principal(Role.ADMIN, "insecure", "insecure")
+
+_TELEMETRY, _ALERTS, _ADMIN = "/faultcast.v1.Telemetry/", "/faultcast.v1.Alerts/", "/faultcast.v1.Admin/"
+_READERS = frozenset({Role.TRAINER, Role.ADMIN})
+METHOD_ROLES: Mapping[str, frozenset[Role]] = {
+    _TELEMETRY + "Push": frozenset({Role.COLLECTOR}),
+    _ALERTS + "Subscribe": _READERS,
+    _ALERTS + "Acknowledge": _READERS,
+    _ALERTS + "ListActiveAlerts": _READERS,
+    _ALERTS + "RegisterJob": _READERS,
+    _ADMIN + "ReloadModel": frozenset({Role.ADMIN}),
+    _ADMIN + "SetRemediation": frozenset({Role.ADMIN}),
+    _ADMIN + "GetRemediation": frozenset({Role.ADMIN}),
+}
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # load balancers and kubelets probe without identity
+ANY_IDENTITY_PREFIXES = ("/grpc.reflection.",)  # describes the API, reveals no data
+
+if TYPE_CHECKING:  # generic only in the stubs
+    Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
+_current: contextvars.ContextVar[Principal] = contextvars.ContextVar("faultcast_principal")
+
+
+def current() -> Principal:
+    """The caller of the RPC being served (set by the interceptor before the servicer runs)."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError("no principal: the servicer runs without the AuthInterceptor") from None
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenBook:
+    """Bearer tokens by SHA-256: the file holds digests, never tokens, so reading it grants
+    nothing. Lines: `sha256:HEX ROLE NAME`; `#` starts a comment."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._by_digest: dict[str, Principal] = {}
+        self._lock = threading.Lock()
+        self.reload()
+
+    @staticmethod
+    def parse(text: str, source: str) -> dict[str, Principal]:
+        book: dict[str, Principal] = {}
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            roles = ", ".join(r.value for r in Role)
+            if len(parts) != 3 or not parts[0].startswith("sha256:") or len(parts[0]) != 7 + 64:
+                raise ValueError(f"{source}:{number}: expected 'sha256:<64 hex digits> ROLE NAME'")
+            try:
+                role = Role(parts[1])
+            except ValueError:
+                raise ValueError(f"{source}:{number}: role {parts[1]!r} is not one of {roles}") from None
+            book[parts[0][7:].lower()] = Principal(role, parts[2], "token", parts[0][7:].lower())
+        return book
+
+    def reload(self) -> int:
+        """Read the file again (SIGHUP); a bad file raises and leaves the old tokens in force."""
+        book = self.parse(self.path.read_text(), str(self.path))
+        with self._lock:
+            self._by_digest = book
+        return len(book)
+
+    def lookup(self, token: str) -> Principal | None:
+        with self._lock:
+            return self._by_digest.get(digest(token))
+
+    def holds(self, principal: Principal) -> bool:
+        with self._lock:
+            return principal.token_digest in self._by_digest
+
+
+class AuthError(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason = code, reason
+
+
+class Policy:
+    """Identification and the rules on what each role may name; the servicers ask it."""
+
+    def __init__(
+        self,
+        *,
+        tokens: TokenBook | None = None,
+        trust_domain: str | None = None,
+        insecure: bool = False,
+        trainers_register: bool = True,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.tokens, self.trust_domain, self.insecure = tokens, trust_domain, insecure
+        self.trainers_register = trainers_register
+        self.denied = Counter(
+            "faultcast_auth_denied", "Calls refused by authentication or authorization, by reason.",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        self._warned: set[tuple[str, str]] = set()
+
+    # -- who -------------------------------------------------------------------------------
+
+    def identify(self, context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        if self.insecure:
+            return INSECURE
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                text = value.decode(errors="replace") if isinstance(value, bytes) else value
+                scheme, _, token = text.partition(" ")
+                if scheme.lower() != "bearer" or not token:
+                    raise AuthError(
+                        grpc.StatusCode.UNAUTHENTICATED, "bad_token", "authorization is not 'Bearer TOKEN'"
+                    )
+                found = self.tokens.lookup(token.strip()) if self.tokens is not None else None
+                if found is None:
+                    raise AuthError(
+                        grpc.StatusCode.UNAUTHENTICATED, "unknown_token", "the bearer token is not known"
+                    )
+                return found
+        spiffe: Any = context.auth_context().get("peer_spiffe_id")
+        if spiffe:
+            return self._from_spiffe(bytes(next(iter(spiffe))).decode(errors="replace"))
+        raise AuthError(
+            grpc.StatusCode.UNAUTHENTICATED, "no_identity", "present a client certificate or a bearer token"
+        )
+
+    def _from_spiffe(self, spiffe_id: str) -> Principal:
+        rest = spiffe_id.removeprefix("spiffe://")
+        domain, _, path = rest.partition("/")
+        role_name, _, name = path.partition("/")
+        if self.trust_domain is not None and domain != self.trust_domain:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED, "foreign_domain",
+                f"{spiffe_id}: trust domain {domain!r} is not {self.trust_domain!r}",
+            )  # fmt: skip
+        try:
+            role = Role(role_name)
+        except ValueError:
+            role = None
+        if role is None or not name or "/" in name:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED, "bad_identity",
+                f"{spiffe_id}: expected spiffe://DOMAIN/ROLE/NAME with ROLE one of "
+                f"{', '.join(r.value for r in Role)}",
+            )  # fmt: skip
+        return Principal(role, name, "certificate")
+
+    def still_valid(self, principal: Principal) -> bool:
+        """False once a token is revoked (its line removed, tokens reloaded): long streams end."""
+        if principal.via != "token" or self.tokens is None:
+            return True
+        return self.tokens.holds(principal)
+
+    # -- what ------------------------------------------------------------------------------
+
+    def admit(
+        self, context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any], method: str
+    ) -> Principal:
+        """The caller, if its role may call `method`; else raises AuthError."""
+        principal = self.identify(context)
+        if principal is INSECURE or method.startswith(ANY_IDENTITY_PREFIXES):
+            return principal
+        roles = METHOD_ROLES.get(method)
+        if roles is None or principal.role not in roles:
+            raise AuthError(grpc.StatusCode.PERMISSION_DENIED, "role", f"{principal} may not call {method}")
+        return principal
+
+    def check_node(self, principal: Principal, node: str) -> None:
+        """A collector pushes only for the node its identity names."""
+        if principal is INSECURE:
+            return
+        if principal.role is not Role.COLLECTOR or principal.name != node:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED, "wrong_node", f"{principal} may not push for node {node!r}"
+            )
+
+    def check_job(self, principal: Principal, job_id: str, *, registering: bool = False) -> None:
+        """A trainer names only its own job (and registers it only when trainers may)."""
+        if principal is INSECURE or principal.role is Role.ADMIN:
+            return
+        if registering and not self.trainers_register:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED, "registration",
+                "jobs are registered by admins here (--job-registration admin)",
+            )  # fmt: skip
+        if principal.role is not Role.TRAINER or principal.name != job_id:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED, "wrong_job", f"{principal} may not act for job {job_id!r}"
+            )
+
+    def check_nodes(
+        self, principal: Principal, job_id: str, nodes: Sequence[str], registered: Sequence[str]
+    ) -> None:
+        """A trainer reads (or acknowledges) only alerts of the nodes its job is registered on."""
+        self.check_job(principal, job_id)
+        if principal is INSECURE or principal.role is Role.ADMIN:
+            return
+        outside = sorted(set(nodes) - set(registered))
+        if outside:
+            raise AuthError(
+                grpc.StatusCode.PERMISSION_DENIED, "wrong_node",
+                f"{principal}: nodes {outside} are not registered to job {job_id!r}",
+            )  # fmt: skip
+
+    def count(self, denied: AuthError, context_peer: str) -> None:
+        self.denied.labels(denied.reason).inc()
+        # The first refusal per peer and reason at WARNING; a flood of them does not flood the log.
+        key = (context_peer.rsplit(":", 1)[0], denied.reason)
+        if key not in self._warned and len(self._warned) < 10_000:
+            self._warned.add(key)
+            log.warning("refused %s: %s", context_peer, denied)
+        else:
+            log.debug("refused %s: %s", context_peer, denied)
+
+
+# -- the interceptor --------------------------------------------------------------------------
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        return _guarded(handler, self.policy, method)
+
+
+def _admit_or_raise(policy: Policy, context: Any, method: str) -> Principal | AuthError:
+    try:
+        return policy.admit(context, method)
+    except AuthError as denied:
+        policy.count(denied, context.peer())
+        return denied
+
+
+def _wrap(behavior: Any, policy: Policy, method: str) -> Any:
+    """The same kind of callable as `behavior` (coroutine, async generator, generator, function):
+    the server runs each kind differently. It admits the caller, then runs the behaviour with
+    the principal in `current()`."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def async_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            admitted = _admit_or_raise(policy, context, method)
+            if isinstance(admitted, AuthError):
+                await context.abort(admitted.code, str(admitted))
+                return
+            _current.set(admitted)
+            async for response in behavior(request, context):
+                yield response
+
+        return async_stream
+    if inspect.iscoroutinefunction(behavior):
+
+        async def coroutine(request: Any, context: Any) -> Any:
+            admitted = _admit_or_raise(policy, context, method)
+            if isinstance(admitted, AuthError):
+                await context.abort(admitted.code, str(admitted))
+            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on AuthError
+            return await behavior(request, context)
+
+        return coroutine
+    if inspect.isgeneratorfunction(behavior):
+
+        def stream(request: Any, context: Any) -> Iterator[Any]:
+            admitted = _admit_or_raise(policy, context, method)
+            if isinstance(admitted, AuthError):
+                context.abort(admitted.code, str(admitted))
+            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on AuthError
+            yield from behavior(request, context)
+
+        return stream
+
+    def function(request: Any, context: Any) -> Any:
+        admitted = _admit_or_raise(policy, context, method)
+        if isinstance(admitted, AuthError):
+            context.abort(admitted.code, str(admitted))
+        _current.set(admitted)  # type: ignore[arg-type]  # abort raised on AuthError
+        return behavior(request, context)
+
+    return function
+
+
+def _guarded(handler: Handler, policy: Policy, method: str) -> Handler:
+    kinds = {
+        (False, False): (grpc.unary_unary_rpc_method_handler, handler.unary_unary),
+        (False, True): (grpc.unary_stream_rpc_method_handler, handler.unary_stream),
+        (True, False): (grpc.stream_unary_rpc_method_handler, handler.stream_unary),
+        (True, True): (grpc.stream_stream_rpc_method_handler, handler.stream_stream),
+    }
+    make, behavior = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        _wrap(behavior, policy, method),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def refuse(policy: Policy, denied: AuthError, peer: str) -> tuple[grpc.StatusCode, str]:
+    """Count a servicer's refusal; the (code, message) to abort with."""
+    policy.count(denied, peer)
+    return denied.code, str(denied)

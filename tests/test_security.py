@@ -1,0 +1,358 @@
+"""Transport security and authorization over real TLS: a CA and certificates made by openssl,
+a service that takes mTLS identities (SPIFFE IDs) and bearer tokens, and callers who try what
+their role does not allow: a rogue collector, a rogue trainer, a stolen or revoked token."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from faultcast import wire
+from faultcast.service.auth import AuthError, Policy, Role, TokenBook, digest
+from faultcast.service.feed import push, twin_snapshots
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.server import Service
+from faultcast.service.validation import Limits
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.live import TwinSource
+from faultcast.tls import ServerTLS, channel_credentials
+from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from faultcast.v1 import telemetry_pb2 as tpb
+from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+from tests.conftest import free_port
+from tests.pki import Authority, Pair
+
+FLEET = FleetConfig(nodes=2, days=1.0, seed=5, acceleration=1.0)
+FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
+WAIT_S = 30.0
+T = TypeVar("T")
+
+
+@dataclass
+class Secured:
+    service: Service
+    port: int
+    ca: Path
+    pki: Authority
+    certs: dict[str, Pair]
+    tokens: Path
+    token: dict[str, str]  # name -> the bearer token
+
+    def channel(self, who: str = "fleet", token: str | None = None) -> grpc.Channel:
+        pair = self.certs[who]
+        credentials = channel_credentials(self.ca, pair.cert, pair.key, token)
+        return grpc.secure_channel(f"localhost:{self.port}", credentials)
+
+    def denied(self, reason: str) -> float:
+        value = self.service.metrics.registry.get_sample_value(
+            "faultcast_auth_denied_total", {"reason": reason}
+        )
+        return value or 0.0
+
+
+def _token_line(token: str, role: str, name: str) -> str:
+    return f"sha256:{digest(token)} {role} {name}\n"
+
+
+@pytest.fixture(scope="module")
+def secured(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    directory = tmp_path_factory.mktemp("pki")
+    pki = Authority(directory, "fleet")
+    server = pki.server()
+    certs = {
+        "node-a": pki.client("collector", "node-a"),
+        "job-1": pki.client("trainer", "job-1"),
+        "alice": pki.client("admin", "alice"),
+        "stranger": pki.client("collector", "node-a", domain="elsewhere"),
+        # A fleet-wide certificate with no SPIFFE ID: it gets through the handshake, a token says who.
+        "fleet": pki.issue("fleet", "DNS:fleet.faultcast"),
+    }
+    tokens = directory / "tokens"
+    token = {"node-b": "collector-b-secret", "job-2": "trainer-2-secret"}
+    tokens.write_text(
+        "# faultcast tokens\n"
+        + _token_line(token["node-b"], "collector", "node-b")
+        + _token_line(token["job-2"], "trainer", "job-2")
+    )
+    model_dir = tmp_path_factory.mktemp("serving") / "model"
+    shutil.copytree(service_model, model_dir)
+    metrics = ServiceMetrics()  # the policy counts refusals on the service's registry, as `serve` does
+    service = Service(
+        model_dir, tmp_path_factory.mktemp("state"), limits=Limits(max_future_s=0, max_age_s=0),
+        metrics=metrics,
+        policy=Policy(tokens=TokenBook(tokens), trust_domain="faultcast", registry=metrics.registry),
+    )  # fmt: skip
+    tls = ServerTLS(server.cert, server.key, client_ca=pki.ca.cert)
+    port = service.start("127.0.0.1:0", tls=tls)
+    yield Secured(service, port, pki.ca.cert, pki, certs, tokens, token)
+    service.stop(0)
+
+
+def _first(stream: Iterable[T]) -> T:
+    return next(iter(stream))
+
+
+def _code(call: object) -> grpc.StatusCode:
+    """The status a refused call ended with."""
+    with pytest.raises(grpc.RpcError) as refused:
+        call()  # type: ignore[operator]
+    code: grpc.StatusCode = refused.value.code()
+    return code
+
+
+def test_plaintext_or_no_client_certificate_gets_no_answer_from_an_mtls_service(secured: Secured) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{secured.port}") as channel:
+        stub = apb_grpc.AlertsStub(channel)
+        plaintext = _code(lambda: stub.ListActiveAlerts(apb.ListActiveAlertsRequest(), timeout=5))
+    with grpc.secure_channel(f"localhost:{secured.port}", channel_credentials(secured.ca)) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        no_certificate = _code(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5))
+    assert plaintext == grpc.StatusCode.UNAVAILABLE
+    assert no_certificate == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_collector_pushes_for_its_own_node_and_no_other(secured: Secured) -> None:
+    before = secured.denied("wrong_node")
+    with secured.channel("node-a") as channel:
+        acks = push(channel, "node-a", twin_snapshots(TwinSource(FLEET, 0, []), "node-a", 3))
+        assert acks[-1].acked_through == 3
+        assert not any(a.rejections for a in acks)
+        code = _code(lambda: push(channel, "node-b", twin_snapshots(TwinSource(FLEET, 1, []), "node-b", 1)))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert secured.denied("wrong_node") == before + 1
+    assert ("node-b", 1) not in secured.service.telemetry.cursors()
+
+
+def test_a_collector_may_not_read_alerts_register_jobs_or_reload_the_model(secured: Secured) -> None:
+    before = secured.denied("role")
+    with secured.channel("node-a") as channel:
+        alerts = apb_grpc.AlertsStub(channel)
+        admin = apb_grpc.AdminStub(channel)
+        codes = {
+            _code(lambda: _first(alerts.Subscribe(apb.SubscribeRequest(nodes=["node-a"]), timeout=5))),
+            _code(lambda: alerts.RegisterJob(apb.RegisterJobRequest(job_id="x", nodes=["node-a"]))),
+            _code(lambda: admin.ReloadModel(apb.ReloadModelRequest())),
+        }
+    assert codes == {grpc.StatusCode.PERMISSION_DENIED}
+    assert secured.denied("role") == before + 3
+
+
+def test_a_trainer_reads_and_acknowledges_only_its_own_jobs_alerts(secured: Secured) -> None:
+    store = secured.service.store
+    mine, theirs = store.append(
+        [
+            apb.Alert(
+                node=node,
+                gpu=1,
+                state=apb.ALERT_STATE_OPEN,
+                risk=0.9,
+                action=apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY,
+            )
+            for node in ("node-a", "node-b")
+        ]
+    )
+    with secured.channel("job-1") as channel:
+        stub = apb_grpc.AlertsStub(channel)
+        stub.RegisterJob(apb.RegisterJobRequest(job_id="job-1", nodes=["node-a"]))
+        stream = stub.Subscribe(
+            apb.SubscribeRequest(job_id="job-1", resume_after=mine.id - 1), timeout=WAIT_S
+        )
+        assert _first(stream).id == mine.id  # the alert on its own node, not the one on node-b after it
+        stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
+        ack = stub.Acknowledge(
+            apb.AcknowledgeRequest(alert_id=mine.id, job_id="job-1", action=apb.ACK_ACTION_RECEIVED)
+        )
+        assert ack.accepted
+        refused = [
+            # another job's registration, reading or acknowledging
+            lambda: stub.RegisterJob(apb.RegisterJobRequest(job_id="job-2", nodes=["node-b"])),
+            lambda: _first(stub.Subscribe(apb.SubscribeRequest(job_id="job-2"), timeout=5)),
+            lambda: stub.ListActiveAlerts(apb.ListActiveAlertsRequest()),
+            # its own job, but a node the job is not registered on
+            lambda: _first(stub.Subscribe(apb.SubscribeRequest(job_id="job-1", nodes=["node-b"]), timeout=5)),
+            lambda: stub.Acknowledge(
+                apb.AcknowledgeRequest(
+                    alert_id=theirs.id, job_id="job-1", action=apb.ACK_ACTION_SNAPSHOT_DONE
+                )
+            ),
+            lambda: apb_grpc.AdminStub(channel).ReloadModel(apb.ReloadModelRequest()),
+        ]
+        codes = [_code(call) for call in refused]
+    assert codes == [grpc.StatusCode.PERMISSION_DENIED] * len(refused)
+    assert [a.job_id for a in store.acks(theirs.id)] == []  # the rogue acknowledgement left no trace
+    assert [a.job_id for a in store.acks(mine.id)] == ["job-1"]
+
+
+def test_only_admins_register_jobs_when_the_scheduler_does_it() -> None:
+    policy = Policy(trainers_register=False)
+    trainer = policy._from_spiffe("spiffe://faultcast/trainer/job-1")
+    with pytest.raises(AuthError) as refused:
+        policy.check_job(trainer, "job-1", registering=True)
+    assert refused.value.reason == "registration"
+    policy.check_job(trainer, "job-1")  # reading its own job stays allowed
+    policy.check_job(policy._from_spiffe("spiffe://faultcast/admin/slurm"), "job-1", registering=True)
+
+
+def test_an_admin_reloads_the_model_and_registers_any_job(secured: Secured) -> None:
+    with secured.channel("alice") as channel:
+        reply = apb_grpc.AdminStub(channel).ReloadModel(apb.ReloadModelRequest())
+        apb_grpc.AlertsStub(channel).RegisterJob(apb.RegisterJobRequest(job_id="job-9", nodes=["node-c"]))
+    assert reply.loaded
+    assert secured.service.store.jobs()["job-9"] == ["node-c"]
+
+
+def test_bearer_tokens_identify_callers_and_a_revoked_token_ends_its_open_stream(secured: Secured) -> None:
+    with secured.channel(token="not-a-token") as channel:  # noqa: S106 (a test's fake token)
+        stub = apb_grpc.AlertsStub(channel)
+        assert _code(lambda: stub.ListActiveAlerts(apb.ListActiveAlertsRequest(job_id="job-2"))) == (
+            grpc.StatusCode.UNAUTHENTICATED
+        )
+    with secured.channel(token=secured.token["job-2"]) as channel:
+        apb_grpc.AlertsStub(channel).RegisterJob(apb.RegisterJobRequest(job_id="job-2", nodes=["node-b"]))
+    requests: queue.Queue[tpb.PushRequest | None] = queue.Queue()
+
+    def stream() -> Iterator[tpb.PushRequest]:
+        while (request := requests.get()) is not None:
+            yield request
+
+    snapshots = list(twin_snapshots(TwinSource(FLEET, 1, []), "node-b", 2))
+    with secured.channel(token=secured.token["node-b"]) as channel:
+        acks = tpb_grpc.TelemetryStub(channel).Push(stream(), timeout=WAIT_S)
+        requests.put(wire.hello("node-b", 7))
+        requests.put(tpb.PushRequest(sample=wire.to_proto(snapshots[0])))
+        assert _first(acks).acked_through == 1
+        # The operator removes the stolen token's line and reloads (SIGHUP in `faultcast serve`).
+        secured.tokens.write_text(_token_line(secured.token["job-2"], "trainer", "job-2"))
+        secured.service.policy.tokens.reload()  # type: ignore[union-attr]
+        requests.put(tpb.PushRequest(sample=wire.to_proto(snapshots[1])))
+        code = _code(lambda: _first(acks))
+        requests.put(None)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert secured.service.telemetry.cursors()[("node-b", 7)] == 1  # nothing taken after revocation
+
+
+def test_certificates_of_another_ca_or_trust_domain_are_refused(secured: Secured, tmp_path: Path) -> None:
+    rogue = Authority(tmp_path, "rogue").client("collector", "node-a")
+    credentials = channel_credentials(secured.ca, rogue.cert, rogue.key)
+    with grpc.secure_channel(f"localhost:{secured.port}", credentials) as channel:
+        code = _code(lambda: push(channel, "node-a", twin_snapshots(TwinSource(FLEET, 0, []), "node-a", 1)))
+    assert code == grpc.StatusCode.UNAVAILABLE  # the handshake fails: no identity at all
+    before = secured.denied("foreign_domain")
+    with secured.channel("stranger") as channel:
+        code = _code(lambda: push(channel, "node-a", twin_snapshots(TwinSource(FLEET, 0, []), "node-a", 1)))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert secured.denied("foreign_domain") == before + 1
+
+
+def test_health_answers_anyone_and_reflection_needs_an_identity(secured: Secured) -> None:
+    with secured.channel("fleet") as channel:  # a certificate that names no one, and no token
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        code = _code(
+            lambda: _first(
+                reflection.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                )
+            )
+        )
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    with secured.channel("job-1") as channel:
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        reply = _first(
+            reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        )
+    assert "faultcast.v1.Telemetry" in {s.name for s in reply.list_services_response.service}
+
+
+def test_a_tokens_file_with_a_bad_line_is_refused_with_its_line_number(tmp_path: Path) -> None:
+    bad = tmp_path / "tokens"
+    bad.write_text(_token_line("t", "collector", "n1") + "sha256:abc collector n2\n")
+    with pytest.raises(ValueError, match=r"tokens:2: expected"):
+        TokenBook(bad)
+    bad.write_text(_token_line("t", "janitor", "n1"))
+    with pytest.raises(ValueError, match="role 'janitor'"):
+        TokenBook(bad)
+    assert Role("trainer") is Role.TRAINER
+
+
+# -- the commands, as the README's secure deployment runs them ---------------------------------
+
+
+def test_serve_refuses_to_start_without_tls_or_an_explicit_insecure(
+    service_model: Path, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [FAULTCAST, "serve", "--model", str(service_model), "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--insecure" in done.stderr
+    mixed = subprocess.run(
+        [FAULTCAST, "collect", "--source", "simulated", "--service", "localhost:1", "--insecure",
+         "--token-file", str(tmp_path / "t"), "--duration", "1s", "--no-prometheus"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert mixed.returncode == 2
+    assert "contradicts" in mixed.stderr
+
+
+def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
+    secured: Secured, service_model: Path, tmp_path: Path
+) -> None:
+    pki = secured.pki
+    server = pki.server()
+    tokens = tmp_path / "tokens"
+    made = subprocess.run(
+        [FAULTCAST, "token", "--role", "collector", "--name", "node-t", "--tokens-file", str(tokens)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    token_file = tmp_path / "node-t.token"
+    token_file.write_text(made.stdout)
+    assert made.stdout.strip() not in tokens.read_text()  # the file keeps the digest only
+    port, metrics_port = free_port(), free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        [FAULTCAST, "serve", "--model", str(service_model), "--state-dir", str(tmp_path / "state"),
+         "--listen", f"127.0.0.1:{port}", "--prometheus-port", str(metrics_port),
+         "--max-clock-skew", "0", "--max-sample-age", "0", "--port-file", str(tmp_path / "port"),
+         "--tls-cert", str(server.cert), "--tls-key", str(server.key),
+         "--tokens-file", str(tokens)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        collect = subprocess.run(
+            [FAULTCAST, "collect", "--source", "simulated", "--gpus", "2", "--node", "node-t",
+             "--no-prometheus", "--interval", "100ms", "--duration", "3s", "--spool", str(tmp_path / "spool"),
+             "--service", f"localhost:{port}", "--tls-ca", str(pki.ca.cert), "--token-file", str(token_file)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert collect.returncode == 0, collect.stderr
+    finally:
+        serve.terminate()  # a clean stop saves the ingest cursors
+        stopped = serve.wait(timeout=WAIT_S)
+        log.close()
+    assert stopped == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    scrapes = int(collect.stdout.split("scrapes ")[1].split()[0])
+    assert _cursor(tmp_path / "state", "node-t") == scrapes  # every scrape taken, over TLS with a token
+    assert "INSECURE" not in (tmp_path / "serve.log").read_text()
+
+
+def _cursor(state: Path, node: str) -> int:
+    with closing(sqlite3.connect(f"file:{state / 'faultcast-service.sqlite'}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT MAX(last_sequence) FROM cursors WHERE node = ?", (node,)).fetchone()
+    return int(row[0] or 0)
