@@ -9,16 +9,20 @@ raises AttributeError rather than reaching for a driver.
     fake = FakeNvml(gpus=8)
     fake.set_error(2, "nvmlDeviceGetFanSpeed", pynvml.NVML_ERROR_NOT_SUPPORTED)
     fake.inject_xid(3, 79)
+    hang = fake.hang(5, "nvmlDeviceGetPowerUsage")  # blocks until hang.release()
     source = NvmlSource(fake)
 
 Values are healthy H100 SXM figures and stay put until changed with `set_value`, `bump`,
-`advance`, `set_error`, `lose_gpu` or `inject_xid`. Each call is a couple of dict look-ups, so
-the bench can subtract the fake's own cost from a scrape.
+`advance`, `set_error`, `lose_gpu`, `inject_xid` or `hang`. Each call is a couple of dict
+look-ups, so the bench can subtract the fake's own cost from a scrape. Calls on different GPUs
+may come from different threads (NvmlSource reads each GPU on its own), so calls are counted
+per GPU and `calls` adds them up.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,8 +73,50 @@ class FakeEventSet:
     freed: bool = False
 
 
+class FakeHang:
+    """A call that blocks until the test releases it, as a wedged driver call would.
+
+    `entered` counts the calls that reached the hang (after release they pass straight through),
+    `blocked` the calls inside it now. No timeout: a test releases it (a fixture's teardown).
+    """
+
+    def __init__(self) -> None:
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self.entered = 0
+        self.blocked = 0
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def block(self) -> None:
+        with self._lock:
+            self.entered += 1
+            self.blocked += 1
+        try:
+            self._released.wait()
+        finally:
+            with self._lock:
+                self.blocked -= 1
+
+
 class _FakeGpu:
-    __slots__ = ("errors", "handle", "index", "lost", "name", "supported_events", "uuid", "values")
+    __slots__ = (
+        "calls",
+        "errors",
+        "handle",
+        "hangs",
+        "index",
+        "lost",
+        "name",
+        "supported_events",
+        "uuid",
+        "values",
+    )
 
     def __init__(self, index: int, name: str, links: int) -> None:
         self.index = index
@@ -79,8 +125,11 @@ class _FakeGpu:
         self.name = name
         self.lost = False
         self.supported_events: int = pynvml.nvmlEventTypeAll
+        # Only the thread reading this GPU counts here: no update is lost between threads.
+        self.calls: Counter[str] = Counter()
         # (function, args) -> error code; args None means every call of the function.
         self.errors: dict[tuple[str, tuple[Any, ...] | None], int] = {}
+        self.hangs: dict[tuple[str, tuple[Any, ...] | None], FakeHang] = {}
         self.values: dict[tuple[str, tuple[Any, ...]], Any] = _healthy_h100(index, links)
 
 
@@ -160,9 +209,10 @@ class FakeNvml:
     def __init__(self, gpus: int = 8, *, model_name: str = _DEFAULT_MODEL, nvlink_links: int = 18) -> None:
         self._gpus = [_FakeGpu(i, model_name, nvlink_links) for i in range(gpus)]
         self._global_errors: dict[str, int] = {}
+        self._global_hangs: dict[str, FakeHang] = {}
         self._init_count = 0
         self.event_sets: list[FakeEventSet] = []
-        self.calls: Counter[str] = Counter()
+        self._global_calls: Counter[str] = Counter()
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -176,6 +226,18 @@ class FakeNvml:
     @property
     def initialized(self) -> bool:
         return self._init_count > 0
+
+    @property
+    def calls(self) -> Counter[str]:
+        """Calls made so far by function name, all GPUs together (a fresh Counter each time)."""
+        total = Counter(dict(self._global_calls))
+        for gpu in self._gpus:
+            total.update(dict(gpu.calls))  # dict() copies in one step while a worker may add a name
+        return total
+
+    def gpu_calls(self, gpu: int) -> int:
+        """How many calls were made on one GPU so far."""
+        return sum(dict(self._gpus[gpu].calls).values())
 
     def handle(self, gpu: int) -> FakeHandle:
         return self._gpus[gpu].handle
@@ -215,6 +277,22 @@ class FakeNvml:
             table.pop(key, None)
         else:
             table[key] = code
+
+    def hang(self, gpu: int | None, function: str, *args: Any) -> FakeHang:
+        """Make `function` on `gpu` block until the returned hang is released.
+
+        gpu None: a global function such as nvmlEventSetWait. With args, only the call with those
+        arguments hangs (nvmlDeviceGetFieldValues hangs as a whole). The call is counted, then
+        blocks; once released it goes on as configured (value, error or loss).
+        """
+        if function not in _DEVICE_FUNCTIONS | _GLOBAL_FUNCTIONS:
+            raise KeyError(f"the fake does not implement {function}")
+        hang = FakeHang()
+        if gpu is None:
+            self._global_hangs[function] = hang
+        else:
+            self._gpus[gpu].hangs[function, args or None] = hang
+        return hang
 
     def lose_gpu(self, gpu: int) -> None:
         """From now on every call on `gpu` raises NVML_ERROR_GPU_IS_LOST."""
@@ -282,21 +360,29 @@ class FakeNvml:
     # -- the faked binding ------------------------------------------------------------------
 
     def _global(self, function: str) -> None:
-        self.calls[function] += 1
+        self._global_calls[function] += 1
+        hang = self._global_hangs.get(function)
+        if hang is not None:
+            hang.block()
         code = self._global_errors.get(function)
         if code is not None:
             raise _RAISE(code)
 
     def _device(self, function: str, handle: Any, args: tuple[Any, ...]) -> _FakeGpu:
         """Count the call and raise what a driver would; the GPU when the call may go on."""
-        self.calls[function] += 1
-        if self._init_count <= 0:
-            raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
         if not isinstance(handle, FakeHandle) or handle.index >= len(self._gpus):
+            self._global_calls[function] += 1
             raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self._gpus[handle.index]
+        gpu.calls[function] += 1
+        if self._init_count <= 0:
+            raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu.lost:
             raise _RAISE(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.hangs:
+            hang = gpu.hangs.get((function, None)) or gpu.hangs.get((function, args))
+            if hang is not None:
+                hang.block()
         if gpu.errors:
             code = gpu.errors.get((function, None))
             if code is None:
@@ -330,7 +416,7 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
         if not 0 <= index < len(self._gpus):
-            self.calls["nvmlDeviceGetHandleByIndex"] += 1
+            self._global_calls["nvmlDeviceGetHandleByIndex"] += 1
             raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._device("nvmlDeviceGetHandleByIndex", self._gpus[index].handle, ()).handle
 

@@ -6,17 +6,30 @@ NOT_SUPPORTED becomes NaN, other errors become NaN plus a failed-call count, and
 NVML_ERROR_GPU_IS_LOST marks that GPU lost for the scrape. A lost GPU is tried again on every
 later scrape (its first call fails fast), so a GPU that comes back is seen.
 
+A call that hangs (a wedged driver, a GPU falling off the bus) must not stall the scrape, and a C
+call cannot be interrupted. So each GPU is read on its own worker thread (a lane), the event
+drain on another, and the scrape waits for each lane only until the call in flight has run
+`timeout` seconds. Then it stops waiting: the values read so far are kept, the hung call and
+the rest of that GPU's plan are missing (NaN), the timeout is counted, one warning is logged,
+and the GPU is skipped on later scrapes until the hung call returns. A lane holds at most one
+stuck thread, so stuck threads never pile up. One hand-off per GPU per scrape, not per call:
+a per-call hand-off costs 15-30 us of CPU, 14-28 ms per 937-call scrape (docs/benchmarks.md).
+
 The hot path is a flat list of (function, arguments, stats) steps built once per GPU at open
-time; each step costs one call, one perf_counter pair and a few attribute updates.
+time; each step costs one call, one clock pair and a few attribute updates.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
+import queue
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -30,6 +43,8 @@ NAN = math.nan
 _MIB = float(2**20)
 # A storm of events must not turn one scrape into an endless loop; the rest waits for the next.
 _MAX_EVENTS_PER_SCRAPE = 10_000
+# NVML answers in micro- to milliseconds; a call still out after this long is treated as hung.
+DEFAULT_TIMEOUT_S = 2.0
 
 _IDX = index_of(Scope.GPU)
 _N_VALUES = len(metrics_for(Scope.GPU))
@@ -53,6 +68,7 @@ class CallStats:
     count: int
     total_seconds: float
     max_seconds: float
+    timeouts: int = 0  # calls the scrape stopped waiting for (counted in `count` once they return)
 
     @property
     def mean_seconds(self) -> float:
@@ -62,13 +78,121 @@ class CallStats:
 class _Stat:
     """Mutable accumulator behind CallStats; slots keep the per-call update cheap."""
 
-    __slots__ = ("count", "max", "name", "total")
+    __slots__ = ("count", "max", "name", "timeouts", "total")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.count = 0
         self.total = 0.0
         self.max = 0.0
+        self.timeouts = 0  # written by the scrape thread only; the rest by the lane's worker
+
+
+def _stat_in(stats: dict[str, _Stat], name: str) -> _Stat:
+    stat = stats.get(name)
+    if stat is None:
+        stat = stats[name] = _Stat(name)
+    return stat
+
+
+_Job = Callable[[], object]
+
+
+class _Lane:
+    """A worker thread for one GPU's calls (or the event drain), so the scrape can stop waiting.
+
+    `busy` is held from `submit` until the job is over. The worker stamps `started` before each
+    call; the scrape thread waits for `busy` until the call in flight passes the timeout, then
+    sets `abandoned` and moves on. The worker stays in the call (C cannot be interrupted), stops
+    at its next check of `abandoned`, and the lane takes no new job until `busy` is free: at most
+    one stuck thread per lane. Without a timeout the job runs on the calling thread, through the
+    same code. A bare lock, not an Event: its acquire and release are single C calls, which
+    makes the hand-off several times cheaper (docs/benchmarks.md).
+    """
+
+    __slots__ = (
+        "abandoned",
+        "busy",
+        "jobs",
+        "name",
+        "raw",
+        "result",
+        "returned_after",
+        "started",
+        "stuck_call",
+        "submitted",
+        "thread",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.busy = threading.Lock()  # released by the worker, whichever thread took it
+        self.thread: threading.Thread | None = None  # started on the first job
+        self.result: object = None
+        self.submitted = 0.0  # when the job was handed over (the source's clock)
+        self.started = 0.0  # when the call in flight began
+        self.abandoned = False
+        self.raw: list[Any] | None = None  # the job's results so far, for a partial reading
+        self.stuck_call = ""
+        self.returned_after = NAN  # how long the abandoned call took, once it returned
+
+    @property
+    def stuck(self) -> bool:
+        return self.abandoned and self.busy.locked()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Whether the job is over within `timeout` seconds (0: right now; None: no limit)."""
+        limit = -1.0 if timeout is None else min(max(timeout, 0.0), threading.TIMEOUT_MAX)
+        if self.busy.acquire(timeout=limit):
+            self.busy.release()
+            return True
+        return False
+
+    def submit(self, job: _Job, now: float, *, threaded: bool) -> None:
+        self.result = self.raw = None
+        self.abandoned = False
+        self.returned_after = NAN
+        self.submitted = self.started = now
+        if not self.busy.acquire(blocking=False):
+            raise RuntimeError(f"NVML lane {self.name} got a job while busy")
+        if not threaded:
+            self._run(job)
+            return
+        if self.thread is None:
+            self.thread = threading.Thread(
+                target=self._serve, name=f"faultcast-nvml-{self.name}", daemon=True
+            )
+            self.thread.start()
+        self.jobs.put(job)
+
+    def _serve(self) -> None:
+        jobs = self.jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            self._run(job)
+            job = None  # hold no reference to the source between scrapes (it is finalised by GC)
+
+    def _run(self, job: _Job) -> None:
+        try:
+            self.result = job()
+        except Exception:  # jobs catch their own; this keeps the worker alive whatever happens
+            logger.exception("NVML worker %s failed unexpectedly", self.name)
+        finally:
+            self.busy.release()
+
+    def stop(self) -> None:
+        """Let the worker end once its job (a stuck call included) is over."""
+        if self.thread is not None:
+            self.jobs.put(None)
+            self.thread = None
+
+
+def _stop_lanes(lanes: Iterable[_Lane]) -> None:
+    for lane in lanes:
+        lane.stop()
 
 
 # One NVML call of a scrape: the bound function, its arguments, where its latency goes.
@@ -82,9 +206,13 @@ class _Gpu:
         "failed_calls",
         "handle",
         "index",
+        "lane",
         "links",
         "name",
+        "skipped",
+        "stats",
         "steps",
+        "timed_out",
         "uuid",
         "xid_counts",
         "xid_last",
@@ -98,7 +226,14 @@ class _Gpu:
         self.name = ""
         self.links: tuple[int, ...] = ()
         self.steps: tuple[_Step, ...] = ()
+        self.lane = _Lane(f"gpu{index}")
+        # Per GPU, so that lanes running side by side never update one accumulator.
+        self.stats: dict[str, _Stat] = {}
+        # Written by the lane's worker: failed_calls. By the scrape thread: timed_out, skipped
+        # (one writer each, so no update is lost while an abandoned worker is still running).
         self.failed_calls = 0
+        self.timed_out = 0
+        self.skipped = 0
         self.xid_counts = [0] * (len(TRACKED_XIDS) + 1)
         self.xid_last = 0
         self.xid_registered = False
@@ -201,6 +336,7 @@ _I_XID_LAST = _IDX["xid_last"]
 _I_CALL_SECONDS = _IDX["nvml_call_seconds"]
 _I_SLOWEST = _IDX["nvml_slowest_call_seconds"]
 _I_FAILED = _IDX["nvml_failed_calls"]
+_I_TIMED_OUT = _IDX["nvml_timed_out_calls"]
 _I_UNSUPPORTED = _IDX["nvml_unsupported_fields"]
 _I_LOST = _IDX["gpu_lost"]
 
@@ -282,29 +418,51 @@ def _as_text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _set_self_counts(gpu: _Gpu, values: list[float]) -> None:
+    """The cumulative failure counters: a timed-out call and a skipped scrape are failures too."""
+    values[_I_FAILED] = float(gpu.failed_calls + gpu.timed_out + gpu.skipped)
+    values[_I_TIMED_OUT] = float(gpu.timed_out)
+
+
 class NvmlSource:
     """Reads every GPU metric of the catalogue through NVML.
 
     The constructor starts NVML and discovers the GPUs, their NVLink links and the Xid event
     set; it raises NvmlUnavailable when NVML cannot be used. `close()` releases it all.
     Not thread-safe: one collector thread calls `read()`.
+
+    `timeout` bounds each NVML call of a scrape (seconds; None runs every call on the calling
+    thread, unbounded, as before timeouts existed). `clock` gives monotonic seconds: it times
+    each call and measures the timeout from the call's start.
     """
 
     name = "nvml"
 
     def __init__(
-        self, nvml: ModuleType | Any = None, *, clock: Callable[[], float] = time.perf_counter
+        self,
+        nvml: ModuleType | Any = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"the NVML call timeout must be positive seconds or None, not {timeout!r}")
         lib = _load(nvml)
         self._nvml: Any = lib
         self._clock = clock
+        self._timeout = timeout
+        self._threaded = timeout is not None
+        self._drain_lane = _Lane("events")
+        self._lanes: list[_Lane] = [self._drain_lane]
+        # An unclosed source that is garbage collected still ends its idle worker threads.
+        self._stop_workers = weakref.finalize(self, _stop_lanes, self._lanes)
         self._error: Any = lib.NVMLError  # the binding's exception root; its .value is the code
         # Permanent absences: the GPU lacks the field, or an older driver lacks the function.
         self._unsupported: frozenset[int] = frozenset(
             {lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_FUNCTION_NOT_FOUND}
         )
         self._gpu_is_lost: int = lib.NVML_ERROR_GPU_IS_LOST
-        self._timeout: int = lib.NVML_ERROR_TIMEOUT
+        self._nvml_timeout: int = lib.NVML_ERROR_TIMEOUT
         self._xid_event: int = lib.nvmlEventTypeXidCriticalError
         self._stats: dict[str, _Stat] = {}
         self._warned: set[tuple[int, str, int]] = set()
@@ -322,6 +480,7 @@ class NvmlSource:
                 raise NvmlUnavailable("cannot use NVML: NVML started but found no GPU")
             self._open_event_set()
             self._gpus = tuple(_Gpu(i) for i in range(count))
+            self._lanes.extend(gpu.lane for gpu in self._gpus)
             for gpu in self._gpus:
                 self._open_gpu(gpu)
         except BaseException as err:
@@ -343,12 +502,23 @@ class NvmlSource:
 
     @property
     def call_stats(self) -> dict[str, CallStats]:
-        """Latency per NVML function over every scrape so far, by function name."""
-        return {
-            name: CallStats(stat.count, stat.total, stat.max)
-            for name, stat in sorted(self._stats.items())
-            if stat.count
-        }
+        """Latency (and timeouts) per NVML function over every scrape so far, by function name."""
+        merged: dict[str, CallStats] = {}
+        for stats in (self._stats, *(gpu.stats for gpu in self._gpus)):
+            for stat in tuple(stats.values()):  # one C-level copy: a hung GPU's worker may add a name
+                if not (stat.count or stat.timeouts):
+                    continue
+                seen = merged.get(stat.name)
+                if seen is None:
+                    merged[stat.name] = CallStats(stat.count, stat.total, stat.max, stat.timeouts)
+                else:
+                    merged[stat.name] = CallStats(
+                        seen.count + stat.count,
+                        seen.total_seconds + stat.total,
+                        max(seen.max_seconds, stat.max),
+                        seen.timeouts + stat.timeouts,
+                    )
+        return dict(sorted(merged.items()))
 
     def call_stats_json(self) -> dict[str, dict[str, float]]:
         """`call_stats` as plain numbers (count, total, max and mean seconds) for JSON output."""
@@ -358,6 +528,7 @@ class NvmlSource:
                 "total_seconds": stats.total_seconds,
                 "max_seconds": stats.max_seconds,
                 "mean_seconds": stats.mean_seconds,
+                "timeouts": stats.timeouts,
             }
             for name, stats in self.call_stats.items()
         }
@@ -365,24 +536,60 @@ class NvmlSource:
     def read(self) -> Reading:
         if self._closed:
             raise RuntimeError("NvmlSource.read() after close()")
-        self._drain_events()
-        readings = []
+        self._drain()
+        clock, threaded = self._clock, self._threaded
+        readings: list[GpuReading | None] = [None] * len(self._gpus)
+        running: list[_Gpu] = []
+        # Hand every GPU to its lane first, so the GPUs are read side by side...
         for gpu in self._gpus:
-            try:
-                if gpu.handle is None and not self._reopen(gpu):
-                    readings.append(self._lost_reading(gpu, 0.0, 0.0, 0))
+            lane = gpu.lane
+            if lane.abandoned:
+                if lane.busy.locked():
+                    readings[gpu.index] = self._skipped_reading(gpu, lane)
                     continue
-                readings.append(self._read_gpu(gpu))
-            except Exception:  # a binding surprise on one GPU must not sink the scrape
-                logger.exception("reading GPU %s failed unexpectedly", gpu.index)
-                gpu.failed_calls += 1
-                readings.append(self._blank_reading(gpu))
-        return Reading(gpus=tuple(readings))
+                logger.info(
+                    "GPU %s: %s returned after %.3g s; reading the GPU again",
+                    gpu.index,
+                    lane.stuck_call,
+                    lane.returned_after,
+                )
+            lane.submit(functools.partial(self._gpu_job, gpu, lane), clock(), threaded=threaded)
+            running.append(gpu)
+        # ...then collect them, each only until its call in flight overruns. Last lane first: it
+        # usually finishes last, so this thread wakes once instead of once per GPU (each lane's
+        # deadline is its own, so the order changes no outcome).
+        for gpu in reversed(running):
+            lane = gpu.lane
+            result = lane.result if self._wait(lane) else self._abandon(gpu, lane)
+            readings[gpu.index] = result if isinstance(result, GpuReading) else self._blank_reading(gpu)
+        return Reading(gpus=tuple(r for r in readings if r is not None))
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds for hung NVML calls to return; whether none is left.
+
+        A scrape never waits for them; this is for an orderly exit and for tests.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for lane in self._lanes:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not lane.wait_idle(left):
+                return False
+        return True
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._shutdown()
+        """Release NVML; does not wait for a hung call (see `join`)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_workers()
+        stuck = [lane.name for lane in self._lanes if lane.stuck]
+        if stuck:
+            # nvmlShutdown would queue behind the hung call in the driver; the exit frees NVML anyway.
+            logger.warning(
+                "closing with NVML calls still hung (%s): NVML is left initialised", ", ".join(stuck)
+            )
+            return
+        self._shutdown()
 
     def __enter__(self) -> NvmlSource:
         return self
@@ -393,10 +600,7 @@ class NvmlSource:
     # -- opening ----------------------------------------------------------------------------
 
     def _stat(self, name: str) -> _Stat:
-        stat = self._stats.get(name)
-        if stat is None:
-            stat = self._stats[name] = _Stat(name)
-        return stat
+        return _stat_in(self._stats, name)
 
     def _open_event_set(self) -> None:
         try:
@@ -423,7 +627,7 @@ class NvmlSource:
                 self._note("GPU %s did not open, reported lost until it does: %s", gpu.index, err)
             return
         self._register_xid(gpu, handle)
-        gpu.steps = self._plan(handle, gpu.links)
+        gpu.steps = self._plan(handle, gpu.links, gpu.stats)
         gpu.handle = handle
         self._by_handle[_handle_key(handle)] = gpu
 
@@ -465,21 +669,21 @@ class NvmlSource:
             return
         gpu.xid_registered = True
 
-    def _plan(self, handle: Any, links: tuple[int, ...]) -> tuple[_Step, ...]:
+    def _plan(self, handle: Any, links: tuple[int, ...], stats: dict[str, _Stat]) -> tuple[_Step, ...]:
         """The calls of one scrape of one GPU, in the order of the _S_* positions."""
         lib = self._nvml
         corrected, uncorrected = lib.NVML_MEMORY_ERROR_TYPE_CORRECTED, lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         volatile, aggregate = lib.NVML_VOLATILE_ECC, lib.NVML_AGGREGATE_ECC
 
         def step(name: str, *args: Any) -> _Step:
-            return (getattr(lib, name), (handle, *args), self._stat(name))
+            return (getattr(lib, name), (handle, *args), _stat_in(stats, name))
 
         steps = [
             step("nvmlDeviceGetTemperature", lib.NVML_TEMPERATURE_GPU),
             (
                 self._field_reader(handle, lib.NVML_FI_DEV_MEMORY_TEMP),
                 (),
-                self._stat("nvmlDeviceGetFieldValues"),
+                _stat_in(stats, "nvmlDeviceGetFieldValues"),
             ),
             step("nvmlDeviceGetPowerUsage"),
             step("nvmlDeviceGetEnforcedPowerLimit"),
@@ -534,31 +738,68 @@ class NvmlSource:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _drain_events(self) -> None:
-        """Take every queued event without waiting; Xids count on the GPU that raised them."""
+    def _wait(self, lane: _Lane) -> bool:
+        """Whether the lane's job finished before its call in flight ran `timeout` seconds."""
+        clock, timeout = self._clock, self._timeout
+        if timeout is None:
+            return True  # the job ran on this thread
+        while True:
+            # The worker restamps `started` per call, so the deadline moves on with the calls.
+            remaining = lane.started + timeout - clock()
+            if lane.wait_idle(remaining):
+                return True
+            if remaining <= 0.0:
+                return False
+
+    def _drain(self) -> None:
+        """The event drain on its lane, bounded like any call; the GPUs are read after it."""
         if self._event_set is None:
             return
+        lane = self._drain_lane
+        if lane.abandoned:
+            if lane.busy.locked():
+                return  # still hung: Xid events stay queued in NVML until it returns
+            logger.info("nvmlEventSetWait returned after %.3g s; draining events again", lane.returned_after)
+        lane.submit(functools.partial(self._drain_events, lane), self._clock(), threaded=self._threaded)
+        if not self._wait(lane):
+            lane.abandoned = True
+            lane.stuck_call = "nvmlEventSetWait"
+            self._stat("nvmlEventSetWait").timeouts += 1
+            logger.warning(
+                "nvmlEventSetWait did not return within %s s: Xid events are not counted until it does",
+                self._timeout,
+            )
+
+    def _drain_events(self, lane: _Lane) -> None:
+        """Take every queued event without waiting; Xids count on the GPU that raised them."""
         wait, event_set, clock = self._nvml.nvmlEventSetWait, self._event_set, self._clock
         stat = self._stat("nvmlEventSetWait")
         for _ in range(_MAX_EVENTS_PER_SCRAPE):
-            start = clock()
+            start = lane.started = clock()
             try:
                 event = wait(event_set, 0)
             except self._error as err:
-                self._time(stat, clock() - start)
-                if getattr(err, "value", None) != self._timeout:  # timeout = queue empty
+                lane.returned_after = clock() - start
+                self._time(stat, lane.returned_after)
+                if getattr(err, "value", None) != self._nvml_timeout:  # NVML's timeout = queue empty
                     logger.warning("nvmlEventSetWait failed, events wait for the next scrape: %s", err)
                 return
-            self._time(stat, clock() - start)
-            if not int(event.eventType) & self._xid_event:
-                continue
-            gpu = self._by_handle.get(_handle_key(event.device))
-            if gpu is None:
-                logger.warning("Xid %s from a device this source did not open", event.eventData)
-                continue
-            code = int(event.eventData)
-            gpu.xid_counts[_XID_SLOT.get(code, _XID_OTHER_SLOT)] += 1
-            gpu.xid_last = code
+            lane.returned_after = clock() - start
+            self._time(stat, lane.returned_after)
+            self._count_event(event)
+            if lane.abandoned:  # the scrape went on without this drain; the event above still counts
+                return
+
+    def _count_event(self, event: Any) -> None:
+        if not int(event.eventType) & self._xid_event:
+            return
+        gpu = self._by_handle.get(_handle_key(event.device))
+        if gpu is None:
+            logger.warning("Xid %s from a device this source did not open", event.eventData)
+            return
+        code = int(event.eventData)
+        gpu.xid_counts[_XID_SLOT.get(code, _XID_OTHER_SLOT)] += 1
+        gpu.xid_last = code
 
     @staticmethod
     def _time(stat: _Stat, seconds: float) -> None:
@@ -567,15 +808,27 @@ class NvmlSource:
         if seconds > stat.max:
             stat.max = seconds
 
-    def _read_gpu(self, gpu: _Gpu) -> GpuReading:
+    def _gpu_job(self, gpu: _Gpu, lane: _Lane) -> GpuReading | None:
+        """One GPU's part of a scrape, run on its lane; None once the scrape stopped waiting."""
+        try:
+            if gpu.handle is None and not self._reopen(gpu):
+                return self._lost_reading(gpu, 0.0, 0.0, 0)
+            return self._read_gpu(gpu, lane)
+        except Exception:  # a binding surprise on one GPU must not sink the scrape
+            logger.exception("reading GPU %s failed unexpectedly", gpu.index)
+            gpu.failed_calls += 1
+            return self._blank_reading(gpu)
+
+    def _read_gpu(self, gpu: _Gpu, lane: _Lane) -> GpuReading | None:
         clock, error = self._clock, self._error
         raw: list[Any] = []
+        lane.raw = raw  # what the scrape keeps if it stops waiting
         append = raw.append
         spent = slowest = 0.0
         unsupported = 0
         for fn, args, stat in gpu.steps:
             failure = None
-            start = clock()
+            start = lane.started = clock()
             try:
                 value = fn(*args)
             except error as err:
@@ -585,6 +838,11 @@ class NvmlSource:
             stat.total += seconds
             if seconds > stat.max:
                 stat.max = seconds
+            if lane.abandoned:
+                # The scrape reported this call missing and went on; the GPU's next scrape
+                # starts afresh, so nothing more is called on it now.
+                lane.returned_after = seconds
+                return None
             spent += seconds
             if seconds > slowest:
                 slowest = seconds
@@ -602,8 +860,58 @@ class NvmlSource:
         values = self._decode(gpu, raw)
         values[_I_CALL_SECONDS] = spent
         values[_I_SLOWEST] = slowest
-        values[_I_FAILED] = float(gpu.failed_calls)
+        _set_self_counts(gpu, values)
         values[_I_UNSUPPORTED] = float(unsupported)
+        values[_I_LOST] = 0.0
+        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
+
+    def _abandon(self, gpu: _Gpu, lane: _Lane) -> GpuReading:
+        """Stop waiting for a GPU whose call overran: keep what it read, count it, warn once."""
+        lane.abandoned = True  # first, so the worker calls nothing more on this GPU
+        now = self._clock()
+        raw = lane.raw
+        answered = None if raw is None else raw[:]  # one C-level copy while the worker may append
+        if answered is None:  # a GPU being opened again, or a worker that never got to run
+            lane.stuck_call = "opening the GPU" if gpu.handle is None else "the start of its scrape"
+        elif len(answered) < len(gpu.steps):
+            stat = gpu.steps[len(answered)][2]
+            stat.timeouts += 1
+            lane.stuck_call = stat.name
+        else:
+            lane.stuck_call = "the end of its scrape"  # every call answered, just at the deadline
+        gpu.timed_out += 1
+        logger.warning(
+            "GPU %s: %s did not return within %s s: reported missing, and the GPU is skipped "
+            "until the call returns",
+            gpu.index,
+            lane.stuck_call,
+            self._timeout,
+        )
+        if answered:
+            # Values read before the hang stand; the hung call and the rest are missing.
+            values = self._decode(gpu, answered + [None] * (len(gpu.steps) - len(answered)))
+        else:
+            values = [NAN] * _N_VALUES
+            _fill_xids(gpu, values)
+        values[_I_CALL_SECONDS] = now - lane.submitted
+        values[_I_SLOWEST] = now - lane.started
+        _set_self_counts(gpu, values)
+        values[_I_UNSUPPORTED] = NAN  # not known for the calls that were not made
+        values[_I_LOST] = 0.0
+        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
+
+    def _skipped_reading(self, gpu: _Gpu, lane: _Lane) -> GpuReading:
+        """A GPU whose hung call has not returned: nothing is called, the skip counts as a failure.
+
+        The slowest call is the hung one, still in flight: its age so far.
+        """
+        gpu.skipped += 1
+        logger.debug("GPU %s: %s still hung, GPU skipped", gpu.index, lane.stuck_call)
+        values = [NAN] * _N_VALUES
+        _fill_xids(gpu, values)
+        values[_I_CALL_SECONDS] = 0.0
+        values[_I_SLOWEST] = self._clock() - lane.started
+        _set_self_counts(gpu, values)
         values[_I_LOST] = 0.0
         return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
 
@@ -673,7 +981,7 @@ class NvmlSource:
         _fill_xids(gpu, values)
         values[_I_CALL_SECONDS] = spent
         values[_I_SLOWEST] = slowest
-        values[_I_FAILED] = float(gpu.failed_calls)
+        _set_self_counts(gpu, values)
         values[_I_UNSUPPORTED] = float(unsupported)
         values[_I_LOST] = 1.0
         return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values), lost=True)
@@ -681,7 +989,7 @@ class NvmlSource:
     @staticmethod
     def _blank_reading(gpu: _Gpu) -> GpuReading:
         values = [NAN] * _N_VALUES
-        values[_I_FAILED] = float(gpu.failed_calls)
+        _set_self_counts(gpu, values)
         values[_I_LOST] = 0.0
         return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
+import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pynvml
 import pytest
 
 from faultcast.catalogue import TRACKED_XIDS, Scope, metrics_for
-from faultcast.collector.fake_nvml import FakeNvml
+from faultcast.collector.fake_nvml import FakeHang, FakeNvml
 from faultcast.collector.nvml import NvmlSource, NvmlUnavailable, _handle_key, nvml_available
 from faultcast.collector.source import Source
 from faultcast.readings import GpuReading, Reading
@@ -21,8 +25,13 @@ SELF_HEALTH = {
     "nvml_call_seconds",
     "nvml_slowest_call_seconds",
     "nvml_failed_calls",
+    "nvml_timed_out_calls",
     "nvml_unsupported_fields",
 }
+# Short enough for a quick test, long enough that a healthy call on a busy machine never hits it.
+TIMEOUT_S = 0.5
+# Only a bound on a read that must not wait for a hung call; nothing waits this long when it works.
+GENEROUS_S = 60.0
 XID_METRICS = {m.name for m in metrics_for(Scope.GPU) if m.name.startswith("xid_")}
 NVLINK_COUNTER_METRICS = {
     m.name for m in metrics_for(Scope.GPU) if m.name.startswith("nvlink_") and m.name != "nvlink_links_active"
@@ -37,15 +46,19 @@ UNTRACKED_XID = next(code for code in range(1, 1000) if code not in TRACKED_XIDS
 
 
 class TickClock:
-    """Advances a fixed step on every reading, so each NVML call appears to take exactly `step`."""
+    """Advances a fixed step on every reading, so each NVML call appears to take exactly `step`.
+
+    One count per thread: the source reads each GPU on its own worker thread.
+    """
 
     def __init__(self, step: float) -> None:
         self.step = step
-        self.now = 0.0
+        self._local = threading.local()
 
     def __call__(self) -> float:
-        self.now += self.step
-        return self.now
+        now: float = getattr(self._local, "now", 0.0) + self.step
+        self._local.now = now
+        return now
 
 
 @pytest.fixture
@@ -58,8 +71,49 @@ def source(fake: FakeNvml) -> NvmlSource:
     return NvmlSource(fake)
 
 
+@pytest.fixture
+def hang(fake: FakeNvml) -> Iterator[Callable[..., FakeHang]]:
+    """fake.hang, with every hang released at the end so no worker thread outlives the test."""
+    made: list[FakeHang] = []
+
+    def make(gpu: int | None, function: str, *args: object) -> FakeHang:
+        made.append(fake.hang(gpu, function, *args))
+        return made[-1]
+
+    yield make
+    for hung in made:
+        hung.release()
+
+
 def nan_names(gpu: GpuReading) -> set[str]:
     return {name for name in GPU_NAMES if math.isnan(gpu.get(name))}
+
+
+T = TypeVar("T")
+
+
+def within(fn: Callable[[], T], seconds: float = GENEROUS_S) -> T:
+    """fn() on a helper thread: a call that waits for a hung NVML call fails here instead of hanging."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as err:  # handed to the test thread below
+            error.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if error:
+        raise error[0]
+    assert result, f"did not return within {seconds} s: it waited for the hung call"
+    return result[0]
+
+
+def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(1 for r in caplog.records if r.levelno >= logging.WARNING and text in r.getMessage())
 
 
 def test_is_a_source(source: NvmlSource) -> None:
@@ -477,3 +531,176 @@ def test_fake_raises_the_real_binding_errors(fake: FakeNvml) -> None:
     assert fake.NVML_ERROR_GPU_IS_LOST == pynvml.NVML_ERROR_GPU_IS_LOST  # constants delegate
     with pytest.raises(AttributeError):
         _ = fake.nvmlDeviceGetBoardId  # unimplemented functions never reach a real driver
+
+
+# -- hung calls ---------------------------------------------------------------------------------
+
+
+def test_a_hung_call_is_abandoned_at_the_timeout_and_the_scrape_goes_on(
+    fake: FakeNvml, hang: Callable[..., FakeHang], caplog: pytest.LogCaptureFixture
+) -> None:
+    g = 3
+    hung = hang(g, "nvmlDeviceGetPowerUsage")
+    source = NvmlSource(fake, timeout=TIMEOUT_S)
+
+    reading = within(source.read)
+
+    # The scrape came back while the call is still inside NVML: it did not wait for it.
+    assert hung.blocked == 1
+    assert not hung.released
+    gpu = reading.gpus[g]
+    assert math.isnan(gpu.get("power_usage"))
+    # Read before the hang (the plan's first calls): kept.
+    assert {"gpu_temp", "memory_temp"}.isdisjoint(nan_names(gpu))
+    assert gpu.get("gpu_temp") == fake.get_value(g, "nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU)
+    assert gpu.get("nvml_timed_out_calls") == 1
+    assert gpu.get("nvml_failed_calls") == 1  # counted like an NVML error
+    assert gpu.get("nvml_slowest_call_seconds") >= TIMEOUT_S
+    assert not gpu.lost
+    assert gpu.get("gpu_lost") == 0.0
+    for other in reading.gpus:
+        if other.index != g:
+            assert nan_names(other) == set()
+            assert other.get("nvml_timed_out_calls") == 0
+    assert source.call_stats["nvmlDeviceGetPowerUsage"].timeouts == 1
+    assert source.call_stats_json()["nvmlDeviceGetPowerUsage"]["timeouts"] == 1
+    assert source.call_stats["nvmlDeviceGetTemperature"].timeouts == 0
+    assert warnings_about(caplog, "nvmlDeviceGetPowerUsage") == 1
+
+
+def test_a_gpu_with_a_hung_call_is_skipped_until_the_call_returns(
+    fake: FakeNvml, hang: Callable[..., FakeHang], caplog: pytest.LogCaptureFixture
+) -> None:
+    g = 5
+    corrected, volatile = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC
+    hung = hang(g, "nvmlDeviceGetTotalEccErrors", corrected, volatile)
+    source = NvmlSource(fake, timeout=TIMEOUT_S)
+    within(source.read)
+    calls_on_g = fake.gpu_calls(g)
+    calls_on_others = [fake.gpu_calls(i) for i in range(8) if i != g]
+
+    second = within(source.read)  # still hung
+
+    assert fake.gpu_calls(g) == calls_on_g  # no call at all on that GPU, so no second stuck thread
+    assert hung.entered == 1
+    assert hung.blocked == 1
+    assert [fake.gpu_calls(i) for i in range(8) if i != g] != calls_on_others  # the others were read
+    gpu = second.gpus[g]
+    # Nothing read: only the collector's bookkeeping (timing, failure counts, Xids) is there.
+    assert nan_names(gpu) == set(GPU_NAMES) - (SELF_HEALTH - {"nvml_unsupported_fields"}) - XID_METRICS - {
+        "gpu_lost"
+    }
+    assert gpu.get("nvml_timed_out_calls") == 1  # the same hung call, counted once
+    assert gpu.get("nvml_failed_calls") == 2  # the timeout, then one skipped scrape
+    assert gpu.get("nvml_call_seconds") == 0.0
+    assert not gpu.lost
+    for other in second.gpus:
+        if other.index != g:
+            assert nan_names(other) == set()
+    assert warnings_about(caplog, "nvmlDeviceGetTotalEccErrors") == 1  # once per hung call, not per scrape
+
+    hung.release()
+    assert source.join(GENEROUS_S)
+    third = within(source.read)
+
+    back = third.gpus[g]
+    assert nan_names(back) == set()
+    assert back.get("ecc_sbe_volatile") == 0.0
+    assert back.get("nvml_timed_out_calls") == 1  # cumulative
+    assert back.get("nvml_failed_calls") == 2
+    assert hung.entered == 2  # called again once it had returned
+    assert source.call_stats["nvmlDeviceGetTotalEccErrors"].timeouts == 1
+    assert warnings_about(caplog, "nvmlDeviceGetTotalEccErrors") == 1
+
+
+def test_a_hung_event_drain_does_not_stop_the_gpu_reads_and_loses_no_xid(
+    fake: FakeNvml, hang: Callable[..., FakeHang]
+) -> None:
+    hung = hang(None, "nvmlEventSetWait")
+    source = NvmlSource(fake, timeout=TIMEOUT_S)
+    fake.inject_xid(2, 79)
+
+    first = within(source.read)
+    second = within(source.read)  # the drain is still hung: not called again
+
+    assert hung.blocked == 1
+    assert hung.entered == 1
+    for reading in (first, second):
+        for gpu in reading.gpus:
+            assert nan_names(gpu) == set()
+        assert reading.gpus[2].get("xid_79_events") == 0.0  # not drained yet
+    assert source.call_stats["nvmlEventSetWait"].timeouts == 1
+
+    hung.release()  # the hung wait returns the queued Xid: it still counts
+    assert source.join(GENEROUS_S)
+    third = within(source.read)
+    assert third.gpus[2].get("xid_79_events") == 1.0
+    assert third.gpus[2].get("xid_last") == 79.0
+
+
+def test_a_gpu_hung_while_opening_is_reported_missing_and_opened_later(
+    fake: FakeNvml, hang: Callable[..., FakeHang]
+) -> None:
+    g = 6
+    fake.lose_gpu(g)
+    source = NvmlSource(fake, timeout=TIMEOUT_S)  # GPU 6 does not open: tried again on each scrape
+    fake.restore_gpu(g)
+    hung = hang(g, "nvmlDeviceGetHandleByIndex")
+
+    first = within(source.read)
+
+    assert hung.blocked == 1
+    gpu = first.gpus[g]
+    assert nan_names(gpu) == set(GPU_NAMES) - {
+        "nvml_call_seconds",
+        "nvml_slowest_call_seconds",
+        "nvml_failed_calls",
+        "nvml_timed_out_calls",
+        "gpu_lost",
+    }
+    assert gpu.get("nvml_timed_out_calls") == 1
+    assert not gpu.lost
+    for other in first.gpus:
+        if other.index != g:
+            assert nan_names(other) == set()
+
+    hung.release()
+    assert source.join(GENEROUS_S)
+    back = within(source.read).gpus[g]
+    assert nan_names(back) == set()
+    assert back.uuid == pynvml_uuid(fake, g)
+
+
+def test_close_does_not_wait_for_a_hung_call(fake: FakeNvml, hang: Callable[..., FakeHang]) -> None:
+    hung = hang(1, "nvmlDeviceGetMemoryInfo")
+    source = NvmlSource(fake, timeout=TIMEOUT_S)
+    within(source.read)
+
+    within(source.close)
+
+    assert hung.blocked == 1
+    assert not source.join(0.0)
+    with pytest.raises(RuntimeError, match="close"):
+        source.read()
+
+
+def test_without_a_timeout_every_call_runs_on_the_calling_thread(fake: FakeNvml) -> None:
+    seen: set[str] = set()
+    get = fake.nvmlDeviceGetPowerUsage
+
+    def power(handle: object) -> object:
+        seen.add(threading.current_thread().name)
+        return get(handle)
+
+    fake.nvmlDeviceGetPowerUsage = power  # type: ignore[method-assign]  # spy on the thread only
+    reading = NvmlSource(fake, timeout=None).read()
+
+    assert seen == {threading.current_thread().name}
+    for gpu in reading.gpus:
+        assert nan_names(gpu) == set()
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0, math.nan])
+def test_a_timeout_must_be_positive(fake: FakeNvml, timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        NvmlSource(fake, timeout=timeout)
