@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,9 @@ log = logging.getLogger(__name__)
 class NodeCollector:
     """Scrapes its sources; keeps the latest snapshot for the exporter; spools it for shipping.
 
-    A source that raises is counted and skipped for that scrape: the others still report.
+    A source that raises is counted and skipped for that scrape: the others still report. A spool
+    that cannot store the snapshot (lack of space never raises: the spool drops and counts; this is
+    any other storage error) is counted too; the snapshot is still exported, unsequenced.
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class NodeCollector:
         self.cpu_clock = cpu_clock
         self.scrapes = 0
         self.source_errors = 0
+        self.spool_errors = 0
         self.scrape_seconds_total = 0.0
         self.scrape_seconds_max = 0.0
         self._latest: NodeSnapshot | None = None
@@ -71,12 +75,18 @@ class NodeCollector:
             health |= {
                 "spool_depth": float(self.spool.depth),
                 "spool_dropped": float(self.spool.dropped),
+                "spool_dropped_no_space": float(self.spool.dropped_no_space),
+                "spool_errors": float(self.spool_errors),
                 "samples_acked": float(self.spool.acked_through),
             }
         snapshot = NodeSnapshot.merge(self.node, now_ns, readings, health, notes)
         if self.spool is not None:
             sample = wire.to_proto(snapshot)
-            snapshot = dataclasses.replace(snapshot, sequence=self.spool.append(sample))
+            try:
+                snapshot = dataclasses.replace(snapshot, sequence=self.spool.append(sample))
+            except sqlite3.Error as exc:  # a failing spool must not stop the scrapes or /metrics
+                self.spool_errors += 1
+                log.warning("spool %s failed, the sample is not spooled: %s", self.spool.path, exc)
         self.scrapes += 1
         self.scrape_seconds_total += elapsed
         self.scrape_seconds_max = max(self.scrape_seconds_max, elapsed)

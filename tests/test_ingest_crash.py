@@ -1,0 +1,189 @@
+"""Fault injection: `faultcast serve` is killed with SIGKILL in the middle of ingest and restarted on
+the same state directory and address. A real collector-side spool and shipper keep appending and
+shipping throughout; after the restart the spool drains, and no sample is lost or taken twice."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from faultcast import wire
+from faultcast.collector.shipper import Backoff, Shipper
+from faultcast.collector.spool import Spool
+from faultcast.service.feed import twin_snapshots
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.live import TwinSource
+from tests.conftest import free_port
+
+FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
+FLEET = FleetConfig(nodes=4, days=1.0, seed=78, acceleration=1.0)
+NODE = 1
+NAME = FLEET.node_name(NODE)
+WAIT_S = 60.0
+# Samples appended: until the service has persisted an ingest cursor, in a burst the kill cuts
+# short, while the service is frozen just before the kill (so some are surely in flight), during
+# the outage, and while the restarted service drains the spool.
+BEFORE, BURST, FROZEN, OUTAGE, DRAINING = 60, 100, 10, 50, 20
+WINDOW = 32
+
+
+class Service:
+    """One `faultcast serve` process on a fixed address, so the shipper's target stays valid."""
+
+    def __init__(self, model: Path, state: Path, port: int, log: Path) -> None:
+        self.log_path = log
+        self.port_file = state / "port"
+        self.port_file.unlink(missing_ok=True)
+        self.metrics_port = free_port()
+        self.log = log.open("ab")
+        self.process = subprocess.Popen(
+            [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", f"127.0.0.1:{port}",
+             "--port-file", str(self.port_file), "--prometheus-port", str(self.metrics_port),
+             "--max-clock-skew", "0", "--max-sample-age", "0", "--insecure"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.until(lambda: self.port_file.is_file() and self.port_file.read_text().strip() != "")
+
+    def until(self, ready: Callable[[], bool]) -> None:
+        """Wait for a condition this process brings about (polling is the only way to see it)."""
+        end = time.monotonic() + WAIT_S
+        while not ready():
+            if self.process.poll() is not None:
+                raise AssertionError(f"faultcast serve exited with {self.process.returncode}:\n{self.tail()}")
+            if time.monotonic() > end:
+                raise AssertionError(f"not within {WAIT_S} s\n{self.tail()}")
+            time.sleep(0.02)
+
+    def metric(self, name: str) -> float:
+        """The value of an unlabelled series; 0 when the service has not exported it (yet)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def exposition(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
+            text: str = reply.read().decode()
+        return text
+
+    def tail(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()[-3000:]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def _cursor(state: Path, spool_id: int) -> int:
+    """The ingest cursor the service persisted for this collector's spool (0 when none yet)."""
+    with closing(sqlite3.connect(f"file:{state / 'faultcast-service.sqlite'}?mode=ro", uri=True)) as db:
+        row = db.execute(
+            "SELECT last_sequence FROM cursors WHERE node = ? AND spool_id = ?", (NAME, spool_id)
+        ).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def _wait(spool: Spool, predicate: Callable[[], bool], what: str) -> None:
+    """Wait on the spool's own condition (notified on every append, ack and stream end)."""
+    if not spool.wait(predicate, WAIT_S):
+        raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+@pytest.fixture
+def services() -> Iterator[list[Service]]:
+    started: list[Service] = []
+    yield started
+    for service in started:
+        service.close()
+
+
+def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
+    service_model: Path, tmp_path: Path, services: list[Service]
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    log = tmp_path / "serve.log"
+    port = free_port()
+    # Samples as the collector spools them: twin snapshots through the wire format; the spool numbers them.
+    snapshots = iter(
+        twin_snapshots(TwinSource(FLEET, NODE), NAME, BEFORE + BURST + FROZEN + OUTAGE + DRAINING)
+    )
+    spool = Spool(tmp_path / "spool.sqlite", reserve_bytes=0)
+
+    def append(count: int) -> None:
+        for snapshot in [next(snapshots) for _ in range(count)]:
+            assert spool.append(wire.to_proto(snapshot)) == spool.last_sequence
+
+    shipper = Shipper(
+        f"127.0.0.1:{port}", spool, NAME, window=WINDOW, backoff=Backoff(initial=0.05, maximum=0.2), seed=1
+    )
+    first = Service(service_model, state, port, log)
+    services.append(first)
+    shipper.start()
+    try:
+        append(BEFORE)
+        first.until(lambda: _cursor(state, spool.spool_id) > 0)  # the restart has a cursor to load
+        append(BURST)
+        _wait(
+            spool,
+            lambda: spool.acked_through >= BEFORE + BURST // 3,
+            "the first service acks some of the burst",
+        )
+        # Freeze the service so that what follows cannot be acked, and let the shipper hand some of
+        # it to the transport: those samples are in flight when the kill comes.
+        first.process.send_signal(signal.SIGSTOP)
+        append(FROZEN)
+        first.until(lambda: shipper.stats.samples_sent > spool.acked_through)
+        failures = shipper.stats.stream_failures
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+        _wait(spool, lambda: shipper.stats.stream_failures > failures, "the shipper sees the stream break")
+        acked_at_kill = spool.acked_through
+        persisted_at_kill = _cursor(state, spool.spool_id)
+        assert 0 < acked_at_kill < spool.last_sequence
+        assert 0 < persisted_at_kill <= spool.last_sequence
+
+        append(OUTAGE)  # nobody to ship to: the spool grows
+        assert spool.depth == spool.last_sequence - acked_at_kill
+        assert spool.acked_through == acked_at_kill
+
+        second = Service(service_model, state, port, log)
+        services.append(second)
+        append(DRAINING)
+        last = spool.last_sequence
+        _wait(spool, lambda: spool.acked_through == last, "the spool drains into the second service")
+    finally:
+        shipper.close(flush=0)
+
+    assert last == BEFORE + BURST + FROZEN + OUTAGE + DRAINING
+    assert spool.depth == 0
+    assert spool.dropped == 0
+    assert spool.dropped_no_space == 0
+    assert shipper.stats.rejected == 0
+    taken = second.metric("faultcast_ingest_node_samples_total")
+    duplicates = second.metric("faultcast_ingest_duplicates_total")
+    # The shipper resends everything after acked_at_kill. The restarted service refuses as duplicates
+    # exactly the samples its predecessor had persisted as taken (its cursor is saved every second,
+    # so it may trail the acks, or, by a hair, lead them), and takes the rest once each.
+    assert taken + duplicates == last - acked_at_kill
+    assert duplicates == max(0, persisted_at_kill - acked_at_kill)
+    assert taken == last - max(acked_at_kill, persisted_at_kill)
+    assert "faultcast_ingest_rejects_total{" not in second.exposition()
+
+    second.process.send_signal(signal.SIGTERM)
+    assert second.process.wait(timeout=WAIT_S) == 0
+    assert _cursor(state, spool.spool_id) == last
+    spool.close()
