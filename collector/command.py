@@ -22,7 +22,7 @@ from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotCollector
 from faultcast.collector.network import NetworkSource
-from faultcast.collector.nvml import NvmlSource, NvmlUnavailable, nvml_available
+from faultcast.collector.nvml import DEFAULT_TIMEOUT_S, NvmlSource, NvmlUnavailable, nvml_available
 from faultcast.collector.probes import PeerProber, parse_peer
 from faultcast.collector.shipper import Shipper
 from faultcast.collector.simulated import SimulatedSource
@@ -54,6 +54,11 @@ def add_parser(commands: Any) -> None:
         help="where GPU readings come from; auto uses NVML when a GPU is present",
     )
     p.add_argument("--interval", type=parse_duration, default=1.0, help="scrape interval (default 1s)")
+    p.add_argument(
+        "--nvml-timeout", type=parse_duration, default=DEFAULT_TIMEOUT_S,
+        help="give up on an NVML call after this long (default 2s): its value is reported missing and that "
+        "GPU is skipped until the call returns",
+    )  # fmt: skip
     p.add_argument("--prometheus-port", type=int, default=9400, help="/metrics port; 0 picks a free one")
     p.add_argument("--prometheus-address", default="0.0.0.0", help="/metrics bind address")
     p.add_argument("--no-prometheus", action="store_true", help="do not serve /metrics")
@@ -67,6 +72,11 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_MAX_SAMPLES,
         help="past this many unacknowledged samples the oldest are dropped (default: 24 h at 1 s)",
     )
+    p.add_argument(
+        "--spool-max-bytes", type=int, default=None,
+        help="bound the spool file to this many bytes (at least 65536); past it, or when the disk fills, "
+        "the oldest unacknowledged samples are dropped and counted (default: no byte bound)",
+    )  # fmt: skip
     p.add_argument("--node", default=socket.gethostname(), help="this node's name (default: the hostname)")
     p.add_argument(
         "--peer",
@@ -122,10 +132,10 @@ def gpu_source(args: argparse.Namespace) -> Source:
     if args.source == "simulated":
         return _simulated(args)
     if args.source == "nvml":
-        return NvmlSource()  # raises NvmlUnavailable with the reason
+        return NvmlSource(timeout=args.nvml_timeout)  # raises NvmlUnavailable with the reason
     available, why = nvml_available()
     if available:
-        return NvmlSource()
+        return NvmlSource(timeout=args.nvml_timeout)
     print(f"faultcast: no usable NVIDIA GPU ({why}); using the simulated source", file=sys.stderr)
     return _simulated(args)
 
@@ -145,6 +155,9 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.spool_max_bytes is not None and args.spool_max_bytes < 65536:
+        print("faultcast: --spool-max-bytes must be at least 65536", file=sys.stderr)
+        return 2
     channels: ChannelFactory | None = None
     if args.service and not args.once:
         try:
@@ -175,7 +188,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     spool = (
-        Spool(args.spool or default_spool_path(args.node), max_samples=args.spool_max_samples)
+        Spool(
+            args.spool or default_spool_path(args.node),
+            max_samples=args.spool_max_samples,
+            max_bytes=args.spool_max_bytes,
+        )
         if args.service and not args.once
         else None
     )

@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 
-CATALOGUE_VERSION = "1"
+CATALOGUE_VERSION = "2"
 
 
 class Scope(enum.Enum):
@@ -206,8 +206,11 @@ _GPU_METRICS: tuple[Metric, ...] = (
          "Time spent in NVML calls for this GPU in the last scrape.", source=Source.SELF),
     _gpu("nvml_slowest_call_seconds", G, "seconds", "max NVML call latency for this GPU in the scrape",
          "Slowest NVML call for this GPU in the last scrape.", source=Source.SELF),
-    _gpu("nvml_failed_calls", C, "calls", "NVML calls that returned an error other than NOT_SUPPORTED",
-         "Failed NVML calls for this GPU.", source=Source.SELF),
+    _gpu("nvml_failed_calls", C, "calls",
+         "NVML calls that returned an error other than NOT_SUPPORTED or timed out, "
+         "plus one per scrape skipped while a call hangs", "Failed NVML calls for this GPU.", source=Source.SELF),
+    _gpu("nvml_timed_out_calls", C, "calls", "NVML calls not returned within the per-call timeout",
+         "NVML calls for this GPU that hung past the timeout (reported as missing).", source=Source.SELF),
     _gpu("nvml_unsupported_fields", G, "fields", "NVML calls that returned NOT_SUPPORTED in the scrape",
          "Fields this GPU does not support (reported as missing).", source=Source.SELF),
     _gpu("gpu_lost", G, "bool", "NVML_ERROR_GPU_IS_LOST or the handle vanished",
@@ -285,6 +288,10 @@ _COLLECTOR_METRICS: tuple[Metric, ...] = tuple(
         ("source_errors", C, "errors", "sources that raised during a scrape", "Scrapes in which a source failed."),
         ("spool_depth", G, "samples", "samples in the spool not yet acknowledged", "Samples waiting to ship."),
         ("spool_dropped", C, "samples", "oldest samples dropped past the spool bound", "Samples lost to the bound."),
+        ("spool_dropped_no_space", C, "samples", "samples dropped for lack of space, oldest first",
+         "Samples lost to a full disk or the spool's byte bound."),
+        ("spool_errors", C, "errors", "spool writes failed for another reason than space (I/O error, read-only disk)",
+         "Samples not spooled because the spool failed."),
         ("samples_acked", C, "samples", "samples acknowledged by the service", "Samples the service confirmed."),
     )
 )

@@ -53,7 +53,8 @@ _NVLINK_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
 _LOST_REPORTED_S = 600.0
 _KEPT_WHEN_LOST = np.array(
     [m.name.startswith("xid_") or m.name in ("nvml_call_seconds", "nvml_slowest_call_seconds", "nvml_failed_calls",
-                                             "nvml_unsupported_fields", "gpu_lost") for m in metrics_for(Scope.GPU)]
+                                             "nvml_timed_out_calls", "nvml_unsupported_fields", "gpu_lost")
+     for m in metrics_for(Scope.GPU)]
 )  # fmt: skip
 
 # Healthy-noise knobs.
@@ -486,6 +487,7 @@ def generate_chunk(
         _poisson(rs("nvml_failed"), fx.nvml_fail_per_min, dt_min) + lost
     )  # a lost GPU fails its first call
     counter("nvml_failed_calls", failed, reboot, reporting)
+    counter("nvml_timed_out_calls", np.zeros_like(failed), reboot, reporting)  # the twin's NVML never hangs
 
     # Xid events: at most one per GPU per step; the hardware's own win over application codes.
     xr = rs(_Key.XID)
