@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import grpc
 
 from faultcast.service.alerting import AlertBook
-from faultcast.service.auth import AuthError, Policy, current, refuse
+from faultcast.service.auth import AccessPolicy, AuthError, current, refuse
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
 from faultcast.v1 import alerts_pb2 as apb
@@ -36,7 +36,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         remediator: Remediator,
         stopping: threading.Event,
         on_subscribers: Callable[[int], None] = lambda delta: None,
-        policy: Policy | None = None,
+        policy: AccessPolicy | None = None,
     ) -> None:
         """`policy`: who may read and acknowledge what (None: no checks, a servicer under test)."""
         self.store, self.book, self.remediator, self.stopping = store, book, remediator, stopping
@@ -85,6 +85,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         if refusal is not None:
             await context.abort(*refusal)
         principal = current() if self.policy is not None else None
+        await context.send_initial_metadata(())  # the subscriber sees the subscription is open
         cursor = request.resume_after
         loop = asyncio.get_running_loop()
         self.on_subscribers(1)

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter
+
+from faultcast.service.limits import CallerLimits, CallLimiter, OpenCount
+from faultcast.service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class AuthError(Exception):
         self.code, self.reason = code, reason
 
 
-class Policy:
+class AccessPolicy:
     """Identification and the rules on what each role may name; the servicers ask it."""
 
     def __init__(
@@ -140,14 +142,12 @@ class Policy:
         trust_domain: str | None = None,
         insecure: bool = False,
         trainers_register: bool = True,
-        registry: CollectorRegistry | None = None,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
+        """`metrics`: where refusals are counted (faultcast_auth_denied_total), by reason."""
         self.tokens, self.trust_domain, self.insecure = tokens, trust_domain, insecure
         self.trainers_register = trainers_register
-        self.denied = Counter(
-            "faultcast_auth_denied", "Calls refused by authentication or authorization, by reason.",
-            ["reason"], registry=registry,
-        )  # fmt: skip
+        self.metrics = metrics
         self._warned: set[tuple[str, str]] = set()
 
     # -- who -------------------------------------------------------------------------------
@@ -255,7 +255,8 @@ class Policy:
             )  # fmt: skip
 
     def count(self, denied: AuthError, context_peer: str) -> None:
-        self.denied.labels(denied.reason).inc()
+        if self.metrics is not None:
+            self.metrics.auth_denied.labels(denied.reason).inc()
         # The first refusal per peer and reason at WARNING; a flood of them does not flood the log.
         key = (context_peer.rsplit(":", 1)[0], denied.reason)
         if key not in self._warned and len(self._warned) < 10_000:
@@ -269,8 +270,19 @@ class Policy:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
+    """Admits each call (identity and role), then holds the caller to its share: unary calls
+    through a token bucket per caller, Subscribe streams under a cap per caller."""
+
+    def __init__(
+        self,
+        policy: AccessPolicy,
+        limits: CallerLimits | None = None,
+        on_throttle: Callable[[str], None] = lambda what: None,
+    ) -> None:
+        self.policy, self.on_throttle = policy, on_throttle
+        limits = limits or CallerLimits()
+        self.calls = CallLimiter(limits.calls_per_s, limits.call_burst)
+        self.subscribers = OpenCount(limits.subscribers_per_caller)
 
     async def intercept_service(
         self,
@@ -281,65 +293,89 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
-        return _guarded(handler, self.policy, method)
+        return _guarded(handler, self, method)
+
+    def admit(self, context: Any, method: str, *, unary: bool) -> Principal | tuple[grpc.StatusCode, str]:
+        """The caller, or the status refusing it."""
+        try:
+            principal = self.policy.admit(context, method)
+        except AuthError as denied:
+            return refuse(self.policy, denied, context.peer())
+        if unary and not self.calls.allow(self.caller(principal, context)):
+            self.on_throttle("calls")
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{principal}: too many calls; back off and retry"
+        return principal
+
+    @staticmethod
+    def caller(principal: Principal, context: Any) -> str:
+        """Whose share a call counts against: the identity, or without one (--insecure) the host."""
+        if principal is INSECURE:
+            return str(context.peer()).rsplit(":", 1)[0]
+        return f"{principal.role.value}/{principal.name}"
 
 
-def _admit_or_raise(policy: Policy, context: Any, method: str) -> Principal | AuthError:
-    try:
-        return policy.admit(context, method)
-    except AuthError as denied:
-        policy.count(denied, context.peer())
-        return denied
-
-
-def _wrap(behavior: Any, policy: Policy, method: str) -> Any:
+def _wrap(behavior: Any, gate: AuthInterceptor, method: str, *, unary: bool, subscription: bool) -> Any:
     """The same kind of callable as `behavior` (coroutine, async generator, generator, function):
     the server runs each kind differently. It admits the caller, then runs the behaviour with
     the principal in `current()`."""
     if inspect.isasyncgenfunction(behavior):
 
         async def async_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            admitted = _admit_or_raise(policy, context, method)
-            if isinstance(admitted, AuthError):
-                await context.abort(admitted.code, str(admitted))
+            admitted = gate.admit(context, method, unary=False)
+            if isinstance(admitted, tuple):
+                await context.abort(*admitted)
                 return
             _current.set(admitted)
-            async for response in behavior(request, context):
-                yield response
+            # A request answered with a stream (Subscribe) is capped per caller; Push streams are
+            # capped per node by the telemetry servicer.
+            caller = gate.caller(admitted, context) if subscription else ""
+            if caller and not gate.subscribers.enter(caller):
+                gate.on_throttle("subscribers")
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{admitted}: {gate.subscribers.cap} subscriptions open already",
+                )
+                return
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            finally:
+                if caller:
+                    gate.subscribers.leave(caller)
 
         return async_stream
     if inspect.iscoroutinefunction(behavior):
 
         async def coroutine(request: Any, context: Any) -> Any:
-            admitted = _admit_or_raise(policy, context, method)
-            if isinstance(admitted, AuthError):
-                await context.abort(admitted.code, str(admitted))
-            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on AuthError
+            admitted = gate.admit(context, method, unary=unary)
+            if isinstance(admitted, tuple):
+                await context.abort(*admitted)
+            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
             return await behavior(request, context)
 
         return coroutine
     if inspect.isgeneratorfunction(behavior):
 
         def stream(request: Any, context: Any) -> Iterator[Any]:
-            admitted = _admit_or_raise(policy, context, method)
-            if isinstance(admitted, AuthError):
-                context.abort(admitted.code, str(admitted))
-            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on AuthError
+            admitted = gate.admit(context, method, unary=False)
+            if isinstance(admitted, tuple):
+                context.abort(*admitted)
+            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
             yield from behavior(request, context)
 
         return stream
 
     def function(request: Any, context: Any) -> Any:
-        admitted = _admit_or_raise(policy, context, method)
-        if isinstance(admitted, AuthError):
-            context.abort(admitted.code, str(admitted))
-        _current.set(admitted)  # type: ignore[arg-type]  # abort raised on AuthError
+        admitted = gate.admit(context, method, unary=unary)
+        if isinstance(admitted, tuple):
+            context.abort(*admitted)
+        _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
         return behavior(request, context)
 
     return function
 
 
-def _guarded(handler: Handler, policy: Policy, method: str) -> Handler:
+def _guarded(handler: Handler, gate: AuthInterceptor, method: str) -> Handler:
     kinds = {
         (False, False): (grpc.unary_unary_rpc_method_handler, handler.unary_unary),
         (False, True): (grpc.unary_stream_rpc_method_handler, handler.unary_stream),
@@ -347,14 +383,16 @@ def _guarded(handler: Handler, policy: Policy, method: str) -> Handler:
         (True, True): (grpc.stream_stream_rpc_method_handler, handler.stream_stream),
     }
     make, behavior = kinds[(handler.request_streaming, handler.response_streaming)]
+    unary = not handler.request_streaming and not handler.response_streaming
+    subscription = not handler.request_streaming and handler.response_streaming
     return make(
-        _wrap(behavior, policy, method),
+        _wrap(behavior, gate, method, unary=unary, subscription=subscription),
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
 
 
-def refuse(policy: Policy, denied: AuthError, peer: str) -> tuple[grpc.StatusCode, str]:
+def refuse(policy: AccessPolicy, denied: AuthError, peer: str) -> tuple[grpc.StatusCode, str]:
     """Count a servicer's refusal; the (code, message) to abort with."""
     policy.count(denied, peer)
     return denied.code, str(denied)

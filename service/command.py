@@ -134,7 +134,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from faultcast.model.artifact import ModelError
-    from faultcast.service.auth import Policy, TokenBook
+    from faultcast.service.auth import AccessPolicy, TokenBook
     from faultcast.service.metrics import ServiceMetrics
     from faultcast.service.server import Service
 
@@ -159,9 +159,9 @@ def run_serve(args: argparse.Namespace) -> int:
             ),
             grace_s=args.grace, breaker=CircuitBreaker(args.max_drains, args.drain_window),
             metrics=metrics, retry=retry,
-            policy=None if tls is None else Policy(
+            policy=None if tls is None else AccessPolicy(
                 tokens=tokens, trust_domain=args.trust_domain,
-                trainers_register=args.job_registration == "trainer", registry=metrics.registry,
+                trainers_register=args.job_registration == "trainer", metrics=metrics,
             ),
         )  # fmt: skip
     except ModelError as exc:

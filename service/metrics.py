@@ -88,6 +88,23 @@ class ServiceMetrics:
         self.model_reloads = Counter(
             "faultcast_model_reloads", "Model reloads, by outcome (ok, rejected).", ["outcome"], registry=r
         )
+        self.auth_denied = Counter(
+            "faultcast_auth_denied",
+            "Calls refused by authentication or authorization, by reason (no_identity, unknown_token, "
+            "role, wrong_node, wrong_job, ...).",
+            ["reason"],
+            registry=r,
+        )
+        self.throttled = Counter(
+            "faultcast_throttled",
+            "Times a caller was held back: push_rate and push_backlog (a Push stream waited), streams, "
+            "calls and subscribers (a call refused with RESOURCE_EXHAUSTED).",
+            ["what"],
+            registry=r,
+        )
+        self.backlog = Gauge(
+            "faultcast_scoring_backlog", "Completed steps waiting for the scorer.", registry=r
+        )
 
 
 # Every metric family name as Prometheus exposes it: what rules and dashboards may use.
@@ -111,4 +128,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_remediation_circuit_open",
     "faultcast_model_info",
     "faultcast_model_reloads_total",
+    "faultcast_auth_denied_total",
+    "faultcast_throttled_total",
+    "faultcast_scoring_backlog",
 )

@@ -75,6 +75,10 @@ class Scorer:
         self._queue: list[ScoredStep] = []
         self._lock = threading.Lock()
 
+    def backlog(self) -> int:
+        """Completed steps waiting to be scored (ingest holds collectors back past a bound)."""
+        return len(self._queue)
+
     def nodes(self) -> list[str]:
         with self._lock:
             return list(self._nodes)

@@ -23,7 +23,8 @@ from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.alerting import ActionPolicy, AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
-from faultcast.service.auth import AuthInterceptor, Policy
+from faultcast.service.auth import AccessPolicy, AuthInterceptor
+from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
 from faultcast.service.remediator import Remediator
@@ -62,13 +63,15 @@ class Service:
         retry: RetryPolicy | None = None,
         actions: ActionPolicy | None = None,
         max_nodes: int = 100_000,
-        policy: Policy | None = None,
+        policy: AccessPolicy | None = None,
+        caller_limits: CallerLimits | None = None,
     ) -> None:
         """`policy`: who may call what (faultcast.service.auth); None serves everyone as admin,
         which `start` permits only without TLS and says so in the log."""
         self.model_dir = model_dir
         self.metrics = metrics or ServiceMetrics()
-        self.policy = policy or Policy(insecure=True, registry=self.metrics.registry)
+        self.policy = policy or AccessPolicy(insecure=True, metrics=self.metrics)
+        self.caller_limits = caller_limits or CallerLimits()
         model = load(model_dir)  # a bad artifact at start is fatal: there is nothing to serve
         self.store = StateStore.in_dir(state_dir)
         self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
@@ -99,8 +102,12 @@ class Service:
         self._health = health.HealthServicer()
         self._reload_lock = threading.Lock()
         self._describe(model)
+        self.metrics.backlog.set_function(lambda: float(self.scorer.backlog()))
         for outcome in ("ok", "rejected"):
             self.metrics.model_reloads.labels(outcome)
+
+    def _throttled(self, what: str) -> None:
+        self.metrics.throttled.labels(what).inc()
 
     @property
     def model(self) -> FaultModel:
@@ -207,7 +214,9 @@ class Service:
                 "a policy that authenticates callers needs TLS (certificates and tokens travel in it)"
             )
         if tls is not None and self.policy.insecure:
-            raise ValueError("TLS with the insecure policy would admit every caller as admin; give a Policy")
+            raise ValueError(
+                "TLS with the insecure policy would admit every caller as admin; give a AccessPolicy"
+            )
         credentials = tls.credentials() if tls is not None else None  # a bad file fails before any thread
         if credentials is None:
             log.warning(
@@ -238,10 +247,14 @@ class Service:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="faultcast-rpc")
         server = grpc.aio.server(
             migration_thread_pool=self._pool,
-            interceptors=[AuthInterceptor(self.policy)],
+            interceptors=[AuthInterceptor(self.policy, self.caller_limits, self._throttled)],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
-        tpb_grpc.add_TelemetryServicer_to_server(AsyncTelemetryServicer(self.telemetry, self.policy), server)
+        telemetry = AsyncTelemetryServicer(
+            self.telemetry, self.policy, limits=self.caller_limits, backlog=self.scorer.backlog,
+            on_throttle=self._throttled,
+        )  # fmt: skip
+        tpb_grpc.add_TelemetryServicer_to_server(telemetry, server)
         alerts = AlertsServicer(
             self.store, self.book, self.remediator, self.stopping, self.metrics.subscribers.inc, self.policy
         )

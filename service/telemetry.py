@@ -7,6 +7,7 @@ a sample by raising `SampleRejected`; that is counted by reason and acked like a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -20,7 +21,8 @@ import grpc
 from faultcast import wire
 from faultcast.catalogue import SCHEMA_HASH
 from faultcast.readings import NodeSnapshot
-from faultcast.service.auth import AuthError, Policy, current, refuse
+from faultcast.service.auth import AccessPolicy, AuthError, current, refuse
+from faultcast.service.limits import CallerLimits, OpenCount, TokenBucket
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.v1 import telemetry_pb2 as pb
@@ -157,30 +159,70 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
     """The same servicer for a `grpc.aio` server: one event loop carries every collector's stream,
     where the sync server needs a thread per open stream (and its wake-ups) for each."""
 
-    def __init__(self, core: TelemetryServicer, policy: Policy | None = None) -> None:
-        """`policy`: a collector pushes only for its own node (None: no checks)."""
-        self.core, self.policy = core, policy
+    def __init__(
+        self,
+        core: TelemetryServicer,
+        policy: AccessPolicy | None = None,
+        *,
+        limits: CallerLimits | None = None,
+        backlog: Callable[[], int] = lambda: 0,
+        on_throttle: Callable[[str], None] = lambda what: None,
+    ) -> None:
+        """`policy`: a collector pushes only for its own node (None: no checks); `limits`: each
+        stream's pace, streams per node, and `backlog()` (steps waiting to be scored) held under
+        `limits.max_backlog` by making every stream wait."""
+        self.core, self.policy, self.backlog, self.on_throttle = core, policy, backlog, on_throttle
+        self.limits = limits or CallerLimits()
+        self.streams = OpenCount(self.limits.streams_per_node)
 
     async def Push(  # noqa: N802 (the aio form of the same method)
         self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.PushAck]:
         key: tuple[str, int] | None = None
-        async for request in request_iterator:
-            if key is None:
-                key, refusal = self.core.open_stream(request)
-                if refusal is None and self.policy is not None:
-                    try:
-                        self.policy.check_node(current(), key[0])
-                    except AuthError as denied:
-                        refusal = refuse(self.policy, denied, context.peer())
-                if refusal is not None:
-                    await context.abort(*refusal)
-                continue
-            if self.policy is not None and not self.policy.still_valid(current()):
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
-            yield self.core.take(key, request)
+        bucket = TokenBucket(self.limits.push_samples_per_s, self.limits.push_burst)
+        counted = ""  # the node whose open-stream count this stream holds
+        try:
+            async for request in request_iterator:
+                if key is None:
+                    key, refusal = self.core.open_stream(request)
+                    if refusal is None and self.policy is not None:
+                        try:
+                            self.policy.check_node(current(), key[0])
+                        except AuthError as denied:
+                            refusal = refuse(self.policy, denied, context.peer())
+                    if refusal is None:
+                        if self.streams.enter(key[0]):
+                            counted = key[0]
+                        else:
+                            self.on_throttle("streams")
+                            refusal = (
+                                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"node {key[0]!r} has {self.limits.streams_per_node} push streams open already",
+                            )
+                    if refusal is not None:
+                        await context.abort(*refusal)
+                    continue
+                if self.policy is not None and not self.policy.still_valid(current()):
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
+                await self._pace(bucket)
+                yield self.core.take(key, request)
+        finally:
+            if counted:
+                self.streams.leave(counted)
+
+    async def _pace(self, bucket: TokenBucket) -> None:
+        """Wait for this stream's turn (its rate) and for the scorer (the backlog); while the
+        servicer waits it reads nothing, so HTTP/2 flow control holds the sender back."""
+        wait = bucket.reserve()
+        if wait > 0:
+            self.on_throttle("push_rate")
+            await asyncio.sleep(wait)
+        while self.backlog() > self.limits.max_backlog:
+            self.on_throttle("push_backlog")
+            await asyncio.sleep(_BACKLOG_POLL_S)  # the scorer runs on another thread: poll its queue
 
 
+_BACKLOG_POLL_S = 0.05
 # A node sample is a few kB; anything near this is not from a collector.
 MAX_MESSAGE_BYTES = 1 << 20
 

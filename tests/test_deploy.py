@@ -204,6 +204,8 @@ def test_exported_names_match_what_the_service_exposes() -> None:
     metrics.ingest_lag.labels(node="node-a").set(0.5)
     metrics.remediations.labels(actuator="noop", outcome="ok").inc()
     metrics.model_reloads.labels(outcome="ok").inc()
+    metrics.auth_denied.labels(reason="role").inc()
+    metrics.throttled.labels(what="calls").inc()
     metrics.model_info.info({"version": "test"})
     metrics.scoring_latency.observe(0.01)
 

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from faultcast import wire
-from faultcast.service.auth import AuthError, Policy, Role, TokenBook, digest
+from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, digest
 from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
@@ -94,7 +94,7 @@ def secured(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     service = Service(
         model_dir, tmp_path_factory.mktemp("state"), limits=Limits(max_future_s=0, max_age_s=0),
         metrics=metrics,
-        policy=Policy(tokens=TokenBook(tokens), trust_domain="faultcast", registry=metrics.registry),
+        policy=AccessPolicy(tokens=TokenBook(tokens), trust_domain="faultcast", metrics=metrics),
     )  # fmt: skip
     tls = ServerTLS(server.cert, server.key, client_ca=pki.ca.cert)
     port = service.start("127.0.0.1:0", tls=tls)
@@ -198,7 +198,7 @@ def test_a_trainer_reads_and_acknowledges_only_its_own_jobs_alerts(secured: Secu
 
 
 def test_only_admins_register_jobs_when_the_scheduler_does_it() -> None:
-    policy = Policy(trainers_register=False)
+    policy = AccessPolicy(trainers_register=False)
     trainer = policy._from_spiffe("spiffe://faultcast/trainer/job-1")
     with pytest.raises(AuthError) as refused:
         policy.check_job(trainer, "job-1", registering=True)

@@ -1,0 +1,118 @@
+"""What one caller may take of the service, so a flood from one does not starve the others.
+
+- Push streams: a token bucket per stream; an empty bucket makes the servicer wait before reading
+  the next message, and HTTP/2 flow control passes the wait back to the sender (backpressure,
+  nothing dropped). Past `max_backlog` steps waiting to be scored, every stream waits the same way:
+  the scoring queue stays bounded and collectors keep their samples in their spools meanwhile.
+- At most `streams_per_node` open Push streams per node (a reconnecting collector needs two).
+- Unary calls: a token bucket per caller, RESOURCE_EXHAUSTED when empty (the client backs off).
+- At most `subscribers_per_caller` open Subscribe streams per caller.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CallerLimits:
+    push_samples_per_s: float = 1000.0  # per stream: a collector at 1 Hz replays a day in ~90 s
+    push_burst: int = 10_000
+    streams_per_node: int = 4
+    max_backlog: int = 10_000  # completed steps waiting for the scorer (~6 kB each for 8 GPUs)
+    calls_per_s: float = 100.0  # unary calls per caller (a job's ranks share one identity)
+    call_burst: int = 2_000
+    subscribers_per_caller: int = 1_024
+
+    def __post_init__(self) -> None:
+        for name in ("push_samples_per_s", "push_burst", "streams_per_node", "max_backlog", "calls_per_s",
+                     "call_burst", "subscribers_per_caller"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class TokenBucket:
+    """`rate` tokens a second, holding at most `burst`."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._tokens = float(burst)
+        self._at = clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate)
+        self._at = now
+
+    def reserve(self) -> float:
+        """Take a token, borrowing if need be; returns how long to wait before using it (0: now)."""
+        self._refill()
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0.0 else -self._tokens / self.rate
+
+    def try_take(self) -> bool:
+        """Take a token if one is there."""
+        self._refill()
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+class CallLimiter:
+    """A bucket per caller, for the most recent `max_callers` callers (an idle one's bucket is
+    full anyway, so forgetting it loses nothing); thread-safe."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        *,
+        max_callers: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate, self.burst, self.max_callers, self.clock = rate, burst, max_callers, clock
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def allow(self, caller: str) -> bool:
+        with self._lock:
+            bucket = self._buckets.get(caller)
+            if bucket is None:
+                bucket = self._buckets[caller] = TokenBucket(self.rate, self.burst, self.clock)
+                if len(self._buckets) > self.max_callers:
+                    self._buckets.popitem(last=False)
+            self._buckets.move_to_end(caller)
+            return bucket.try_take()
+
+
+class OpenCount:
+    """Open streams per key, capped; `enter` is False when the key is at its cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, key: str) -> bool:
+        with self._lock:
+            if self._open.get(key, 0) >= self.cap:
+                return False
+            self._open[key] = self._open.get(key, 0) + 1
+            return True
+
+    def leave(self, key: str) -> None:
+        with self._lock:
+            left = self._open.get(key, 0) - 1
+            if left > 0:
+                self._open[key] = left
+            else:
+                self._open.pop(key, None)
+
+    def open(self, key: str) -> int:
+        with self._lock:
+            return self._open.get(key, 0)
