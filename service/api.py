@@ -24,8 +24,14 @@ from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 _POLL_S = 0.5  # how often a quiet stream checks that its subscriber is still there
 
 
-class Reloader(Protocol):
+class Operations(Protocol):
+    """What admins may do to a running service."""
+
     def reload(self, path: str | None) -> tuple[bool, str, str]: ...
+
+    def remediation_settings(self) -> apb.RemediationSettings: ...
+
+    def set_remediation(self, request: apb.SetRemediationRequest, by: str) -> apb.RemediationSettings: ...
 
 
 class AlertsServicer(apb_grpc.AlertsServicer):
@@ -155,11 +161,25 @@ class AlertsServicer(apb_grpc.AlertsServicer):
 
 
 class AdminServicer(apb_grpc.AdminServicer):
-    def __init__(self, reloader: Reloader) -> None:
-        self.reloader = reloader
+    def __init__(self, operations: Operations) -> None:
+        self.operations = operations
 
     def ReloadModel(  # noqa: N802
         self, request: apb.ReloadModelRequest, context: grpc.ServicerContext
     ) -> apb.ReloadModelResponse:
-        loaded, version, error = self.reloader.reload(request.path or None)
+        loaded, version, error = self.operations.reload(request.path or None)
         return apb.ReloadModelResponse(loaded=loaded, model_version=version, error=error)
+
+    def GetRemediation(  # noqa: N802
+        self, request: apb.GetRemediationRequest, context: grpc.ServicerContext
+    ) -> apb.RemediationSettings:
+        return self.operations.remediation_settings()
+
+    def SetRemediation(  # noqa: N802
+        self, request: apb.SetRemediationRequest, context: grpc.ServicerContext
+    ) -> apb.RemediationSettings:
+        try:
+            return self.operations.set_remediation(request, str(current()))
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # abort raised already; for the type checker

@@ -140,6 +140,13 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self.tripped = 0  # remediations refused
 
+    def resize(self, max_nodes: int, window_s: float) -> None:
+        """New limits from now on (an admin's SetRemediation); the nodes taken so far still count."""
+        if max_nodes < 1 or window_s <= 0:
+            raise ValueError("the circuit breaker needs max_drains >= 1 and a positive window")
+        with self._lock:
+            self.max_nodes, self.window_s = max_nodes, window_s
+
     def allow(self, node: str, now_s: float) -> bool:
         with self._lock:
             while self._taken and self._taken[0][0] <= now_s - self.window_s:

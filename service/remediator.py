@@ -66,6 +66,8 @@ class Remediator:
         self.store, self.actuator, self.metrics = store, actuator, metrics
         self.grace_s, self.clock = grace_s, clock
         self.breaker = breaker or CircuitBreaker()
+        # Who paused remediation (SetRemediation), None while it runs; kept across restarts.
+        self.paused_by: str | None = store.setting("remediation_paused_by")
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self._deadlines: list[tuple[float, int]] = []  # (clock time, alert id): grace timers
@@ -217,6 +219,9 @@ class Remediator:
         if not task.claimed and not self.store.claim_remediation(
             r.alert_id, r.node, self.actuator.name, json.dumps(asdict(r))
         ):
+            return
+        if not task.admitted and self.paused_by is not None:
+            self._finish(r, "refused", f"remediation paused by {self.paused_by}; {r.node} left in service")
             return
         # The breaker counts the node once, at its first attempt here: a retry takes out no more
         # nodes, and must not be refused because the window moved on meanwhile.

@@ -101,6 +101,7 @@ class Service:
         self._cursor_thread: threading.Thread | None = None
         self._health = health.HealthServicer()
         self._reload_lock = threading.Lock()
+        self._settings_changed_by = ""
         self._describe(model)
         self.metrics.backlog.set_function(lambda: float(self.scorer.backlog()))
         for outcome in ("ok", "rejected"):
@@ -196,6 +197,34 @@ class Service:
             log.info("serving model %s from %s (feature state %s)", model_version(model), target,
                      "kept" if carried else "restarted")  # fmt: skip
             return True, model_version(model), ""
+
+    # -- remediation settings (Admin/GetRemediation, SetRemediation) ---------------------------
+
+    def remediation_settings(self) -> apb.RemediationSettings:
+        breaker = self.remediator.breaker
+        return apb.RemediationSettings(
+            paused=self.remediator.paused_by is not None, max_drains=breaker.max_nodes,
+            drain_window_seconds=breaker.window_s, changed_by=self._settings_changed_by,
+        )  # fmt: skip
+
+    def set_remediation(self, request: apb.SetRemediationRequest, by: str) -> apb.RemediationSettings:
+        """Pause or resume remediation (kept across restarts) and resize the circuit breaker
+        (until the next start, which takes the command line's); raises ValueError on bad values."""
+        breaker = self.remediator.breaker
+        max_drains = request.max_drains if request.HasField("max_drains") else breaker.max_nodes
+        window = (
+            request.drain_window_seconds if request.HasField("drain_window_seconds") else breaker.window_s
+        )
+        breaker.resize(max_drains, window)
+        if request.HasField("paused"):
+            self.remediator.paused_by = by if request.paused else None
+            self.store.save_setting("remediation_paused_by", self.remediator.paused_by)
+        self._settings_changed_by = by
+        log.warning(
+            "remediation settings changed by %s: paused %s, at most %d nodes per %.0f s",
+            by, self.remediator.paused_by is not None, breaker.max_nodes, breaker.window_s,
+        )  # fmt: skip
+        return self.remediation_settings()
 
     # -- the server ---------------------------------------------------------------------------
 

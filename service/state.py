@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS cursors (
     last_sequence INTEGER NOT NULL,
     PRIMARY KEY (node, spool_id)
 );
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -297,6 +298,20 @@ class StateStore:
                 "SELECT outcome, detail FROM remediations WHERE alert_id = ?", (alert_id,)
             ).fetchone()
         return (str(row[0]), str(row[1])) if row else None
+
+    # -- settings an admin changed at run time (they outlive a restart) -------------------
+
+    def save_setting(self, key: str, value: str | None) -> None:
+        with self._lock:
+            if value is None:
+                self._db.execute("DELETE FROM settings WHERE key = ?", (key,))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
+
+    def setting(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
 
     # -- ingest cursors ---------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, dig
 from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
+from faultcast.service.state import Ack
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
@@ -213,6 +214,43 @@ def test_an_admin_reloads_the_model_and_registers_any_job(secured: Secured) -> N
         apb_grpc.AlertsStub(channel).RegisterJob(apb.RegisterJobRequest(job_id="job-9", nodes=["node-c"]))
     assert reply.loaded
     assert secured.service.store.jobs()["job-9"] == ["node-c"]
+
+
+def test_an_admin_pauses_remediation_and_resizes_the_breaker_and_a_trainer_may_not(secured: Secured) -> None:
+    with secured.channel("job-1") as channel:
+        code = _code(
+            lambda: apb_grpc.AdminStub(channel).SetRemediation(apb.SetRemediationRequest(paused=False))
+        )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    remediator, store = secured.service.remediator, secured.service.store
+    with secured.channel("alice") as channel:
+        admin = apb_grpc.AdminStub(channel)
+        paused = admin.SetRemediation(apb.SetRemediationRequest(paused=True, max_drains=2))
+        store.register_job("job-p", ["node-p"])
+        (alert,) = store.append(
+            [
+                apb.Alert(
+                    node="node-p",
+                    gpu=0,
+                    state=apb.ALERT_STATE_OPEN,
+                    risk=0.9,
+                    action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+                )
+            ]
+        )
+        done = len(remediator.done)
+        remediator.on_ack(Ack(alert.id, "job-p", apb.ACK_ACTION_SNAPSHOT_DONE, 10, "file:///ckpt"))
+        assert remediator.wait_done(done + 1, WAIT_S)
+        bad = _code(lambda: admin.SetRemediation(apb.SetRemediationRequest(drain_window_seconds=-1)))
+        resumed = admin.SetRemediation(apb.SetRemediationRequest(paused=False))
+    assert (paused.paused, paused.max_drains) == (True, 2)
+    assert "alice" in paused.changed_by
+    _, outcome, detail = remediator.done[done]
+    assert outcome == "refused"
+    assert "paused by admin 'alice'" in detail
+    assert bad == grpc.StatusCode.INVALID_ARGUMENT
+    assert (resumed.paused, resumed.max_drains) == (False, 2)  # unset fields keep their value
+    assert store.setting("remediation_paused_by") is None
 
 
 def test_bearer_tokens_identify_callers_and_a_revoked_token_ends_its_open_stream(secured: Secured) -> None:

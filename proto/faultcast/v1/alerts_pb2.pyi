@@ -409,3 +409,89 @@ class ReloadModelResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReloadModelResponse: _TypeAlias = ReloadModelResponse  # noqa: Y015
+
+@_typing.final
+class RemediationSettings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    MAX_DRAINS_FIELD_NUMBER: _builtins.int
+    DRAIN_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    CHANGED_BY_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    """While paused, every remediation is refused (recorded, counted) and its node stays in service:
+    the kill switch for a model that raises alarms it should not.
+    """
+    max_drains: _builtins.int
+    """The circuit breaker: at most max_drains distinct nodes taken out per drain_window_seconds."""
+    drain_window_seconds: _builtins.float
+    changed_by: _builtins.str
+    """Who changed the settings last (the admin's identity), empty for the command line's."""
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool = ...,
+        max_drains: _builtins.int = ...,
+        drain_window_seconds: _builtins.float = ...,
+        changed_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed_by", b"changed_by", "drain_window_seconds", b"drain_window_seconds", "max_drains", b"max_drains", "paused", b"paused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemediationSettings: _TypeAlias = RemediationSettings  # noqa: Y015
+
+@_typing.final
+class SetRemediationRequest(_message.Message):
+    """Fields left unset keep their value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAUSED_FIELD_NUMBER: _builtins.int
+    MAX_DRAINS_FIELD_NUMBER: _builtins.int
+    DRAIN_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    paused: _builtins.bool
+    max_drains: _builtins.int
+    drain_window_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        paused: _builtins.bool | None = ...,
+        max_drains: _builtins.int | None = ...,
+        drain_window_seconds: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_drain_window_seconds", b"_drain_window_seconds", "_max_drains", b"_max_drains", "_paused", b"_paused", "drain_window_seconds", b"drain_window_seconds", "max_drains", b"max_drains", "paused", b"paused"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_drain_window_seconds", b"_drain_window_seconds", "_max_drains", b"_max_drains", "_paused", b"_paused", "drain_window_seconds", b"drain_window_seconds", "max_drains", b"max_drains", "paused", b"paused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__drain_window_seconds: _TypeAlias = _typing.Literal["drain_window_seconds"]  # noqa: Y015
+    _WhichOneofArgType__drain_window_seconds: _TypeAlias = _typing.Literal["_drain_window_seconds", b"_drain_window_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__max_drains: _TypeAlias = _typing.Literal["max_drains"]  # noqa: Y015
+    _WhichOneofArgType__max_drains: _TypeAlias = _typing.Literal["_max_drains", b"_max_drains"]  # noqa: Y015
+    _WhichOneofReturnType__paused: _TypeAlias = _typing.Literal["paused"]  # noqa: Y015
+    _WhichOneofArgType__paused: _TypeAlias = _typing.Literal["_paused", b"_paused"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__drain_window_seconds) -> _WhichOneofReturnType__drain_window_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_drains) -> _WhichOneofReturnType__max_drains | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__paused) -> _WhichOneofReturnType__paused | None: ...
+
+Global___SetRemediationRequest: _TypeAlias = SetRemediationRequest  # noqa: Y015
+
+@_typing.final
+class GetRemediationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRemediationRequest: _TypeAlias = GetRemediationRequest  # noqa: Y015

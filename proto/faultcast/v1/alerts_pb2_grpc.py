@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class AdminStub:
-    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving.
+    """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
+    serving); pauses remediation or changes its circuit breaker.
     """
 
     def __init__(self, channel):
@@ -40,13 +41,36 @@ class AdminStub:
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelResponse.FromString,
                 _registered_method=True)
+        self.GetRemediation = channel.unary_unary(
+                '/faultcast.v1.Admin/GetRemediation',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.GetRemediationRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.FromString,
+                _registered_method=True)
+        self.SetRemediation = channel.unary_unary(
+                '/faultcast.v1.Admin/SetRemediation',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.SetRemediationRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
-    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving.
+    """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
+    serving); pauses remediation or changes its circuit breaker.
     """
 
     def ReloadModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRemediation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRemediation(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -60,6 +84,16 @@ def add_AdminServicer_to_server(servicer, server):
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_alerts__pb2.ReloadModelResponse.SerializeToString,
             ),
+            'GetRemediation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRemediation,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.GetRemediationRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.SerializeToString,
+            ),
+            'SetRemediation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRemediation,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.SetRemediationRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'faultcast.v1.Admin', rpc_method_handlers)
@@ -69,7 +103,8 @@ def add_AdminServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Admin:
-    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving.
+    """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
+    serving); pauses remediation or changes its circuit breaker.
     """
 
     @staticmethod
@@ -89,6 +124,60 @@ class Admin:
             '/faultcast.v1.Admin/ReloadModel',
             faultcast_dot_v1_dot_alerts__pb2.ReloadModelRequest.SerializeToString,
             faultcast_dot_v1_dot_alerts__pb2.ReloadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRemediation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/GetRemediation',
+            faultcast_dot_v1_dot_alerts__pb2.GetRemediationRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRemediation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/SetRemediation',
+            faultcast_dot_v1_dot_alerts__pb2.SetRemediationRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,23 +27,33 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class AdminStub:
-    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving."""
+    """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
+    serving); pauses remediation or changes its circuit breaker.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AdminAsyncStub: ...
     ReloadModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ReloadModelRequest, _alerts_pb2.ReloadModelResponse]
+    GetRemediation: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.GetRemediationRequest, _alerts_pb2.RemediationSettings]
+    SetRemediation: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.SetRemediationRequest, _alerts_pb2.RemediationSettings]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
-    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving."""
+    """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
+    serving); pauses remediation or changes its circuit breaker.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ReloadModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ReloadModelRequest, _alerts_pb2.ReloadModelResponse]  # type: ignore[assignment]
+    GetRemediation: _aio.UnaryUnaryMultiCallable[_alerts_pb2.GetRemediationRequest, _alerts_pb2.RemediationSettings]  # type: ignore[assignment]
+    SetRemediation: _aio.UnaryUnaryMultiCallable[_alerts_pb2.SetRemediationRequest, _alerts_pb2.RemediationSettings]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
-    """Operators only: swaps the model after validating the new artifact; a bad one leaves the old serving."""
+    """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
+    serving); pauses remediation or changes its circuit breaker.
+    """
 
     @_abc_1.abstractmethod
     def ReloadModel(
@@ -51,6 +61,20 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _alerts_pb2.ReloadModelRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_alerts_pb2.ReloadModelResponse, _abc.Awaitable[_alerts_pb2.ReloadModelResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetRemediation(
+        self,
+        request: _alerts_pb2.GetRemediationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.RemediationSettings, _abc.Awaitable[_alerts_pb2.RemediationSettings]]: ...
+
+    @_abc_1.abstractmethod
+    def SetRemediation(
+        self,
+        request: _alerts_pb2.SetRemediationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.RemediationSettings, _abc.Awaitable[_alerts_pb2.RemediationSettings]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
