@@ -283,6 +283,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         limits = limits or CallerLimits()
         self.calls = CallLimiter(limits.calls_per_s, limits.call_burst)
         self.subscribers = OpenCount(limits.subscribers_per_caller)
+        # Each method's guarded handler, made once: the server asks for a handler on every call.
+        self._guarded: dict[str, Handler] = {}
 
     async def intercept_service(
         self,
@@ -293,7 +295,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
-        return _guarded(handler, self, method)
+        guarded = self._guarded.get(method)
+        if guarded is None:
+            guarded = self._guarded[method] = _guarded(handler, self, method)
+        return guarded
 
     def admit(self, context: Any, method: str, *, unary: bool) -> Principal | tuple[grpc.StatusCode, str]:
         """The caller, or the status refusing it."""

@@ -112,7 +112,3 @@ class OpenCount:
                 self._open[key] = left
             else:
                 self._open.pop(key, None)
-
-    def open(self, key: str) -> int:
-        with self._lock:
-            return self._open.get(key, 0)

@@ -181,13 +181,14 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
         key: tuple[str, int] | None = None
         bucket = TokenBucket(self.limits.push_samples_per_s, self.limits.push_burst)
         counted = ""  # the node whose open-stream count this stream holds
+        principal = current() if self.policy is not None else None  # one caller per stream
         try:
             async for request in request_iterator:
                 if key is None:
                     key, refusal = self.core.open_stream(request)
                     if refusal is None and self.policy is not None:
                         try:
-                            self.policy.check_node(current(), key[0])
+                            self.policy.check_node(principal, key[0])  # type: ignore[arg-type]
                         except AuthError as denied:
                             refusal = refuse(self.policy, denied, context.peer())
                     if refusal is None:
@@ -202,7 +203,11 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
                     if refusal is not None:
                         await context.abort(*refusal)
                     continue
-                if self.policy is not None and not self.policy.still_valid(current()):
+                if (
+                    principal is not None
+                    and self.policy is not None
+                    and not self.policy.still_valid(principal)
+                ):
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
                 await self._pace(bucket)
                 yield self.core.take(key, request)
