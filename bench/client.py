@@ -161,8 +161,10 @@ class AlertLog:
 
     def follow(self, call: Any) -> None:
         try:
-            for alert in call:
-                now = time.time()
+            for event in call:
+                if not event.HasField("alert"):
+                    continue  # the caught-up marker
+                alert, now = event.alert, time.time()
                 with self.changed:
                     if alert.state == apb.ALERT_STATE_OPEN:
                         self.received.setdefault(alert.opened_id, now)

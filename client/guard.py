@@ -200,8 +200,9 @@ class Guard:
         )
         self._call = call
         self._set_connected(True, "")
-        for alert in call:
-            self._take(alert)
+        for event in call:
+            if event.HasField("alert"):
+                self._take(event.alert)
 
     def _take(self, alert: apb.Alert) -> None:
         self.metric_alerts.labels(apb.AlertState.Name(alert.state)).inc()

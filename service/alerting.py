@@ -85,8 +85,9 @@ class AlertBook:
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._slots: dict[str, int] = {}  # node -> its first slot
-        # Each GPU's risk series now: its mode label and the gauge child.
-        self._risk_child: dict[tuple[str, int], tuple[str, Gauge]] = {}
+        # Each GPU's risk series (the gauge child) and the likely mode shown for it.
+        self._risk_child: dict[tuple[str, int], Gauge] = {}
+        self._mode_shown: dict[tuple[str, int], str] = {}
         self._open: dict[int, apb.Alert] = {}  # slot -> the OPEN event it belongs to
         self._node_open: dict[str, tuple[apb.Alert, set[int]]] = {}  # node-level alert, its slots
         self._restored = {(a.node, a.gpu): a for a in store.open_alerts()}
@@ -233,23 +234,40 @@ class AlertBook:
                     self._node_open[node] = (update, slots)
 
     def _publish_risk(self, s: ScoredStep) -> None:
+        """Each present GPU's risk on its own series (node, gpu); the likely mode, where the scorer
+        named one (rows near the threshold), on a series of its own so that a change of mode never
+        breaks the risk series. A GPU that went dark loses both."""
         for gpu in range(self.g):
             key = (s.node, gpu)
             held = self._risk_child.get(key)
             if not s.present[gpu]:
                 if held is not None:
-                    del self._risk_child[key]
-                    self.metrics.failure_risk.remove(s.node, str(gpu), held[0])
+                    self._forget_risk(key)
                 continue
-            mode = s.mode[gpu] or "unknown"
-            if held is None or held[0] != mode:
-                if held is not None:
-                    self.metrics.failure_risk.remove(s.node, str(gpu), held[0])
+            if held is None:
                 # The labelled child is kept: at 10,000 GPUs, looking it up by labels on every
                 # score is a measurable share of the scoring thread.
-                held = (mode, self.metrics.failure_risk.labels(s.node, str(gpu), mode))
+                held = self.metrics.failure_risk.labels(s.node, str(gpu))
                 self._risk_child[key] = held
-            held[1].set(float(s.risk[gpu]))
+            held.set(float(s.risk[gpu]))
+            mode = s.mode[gpu] if s.mode[gpu] not in ("", "none") else None
+            shown = self._mode_shown.get(key)
+            if mode != shown:
+                if shown is not None:
+                    self.metrics.likely_mode.remove(s.node, str(gpu), shown)
+                if mode is not None:
+                    self.metrics.likely_mode.labels(s.node, str(gpu), mode).set(1.0)
+                    self._mode_shown[key] = mode
+                else:
+                    self._mode_shown.pop(key, None)
+
+    def _forget_risk(self, key: tuple[str, int]) -> None:
+        node, gpu = key
+        if self._risk_child.pop(key, None) is not None:
+            self.metrics.failure_risk.remove(node, str(gpu))
+        shown = self._mode_shown.pop(key, None)
+        if shown is not None:
+            self.metrics.likely_mode.remove(node, str(gpu), shown)
 
     def _close(self, s: ScoredStep, slot: int, reason: str) -> list[apb.Alert]:
         alert = self._open.pop(slot, None)

@@ -80,7 +80,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
 
     async def Subscribe(  # noqa: N802 (gRPC method name)
         self, request: apb.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[apb.Alert]:
+    ) -> AsyncIterator[apb.SubscribeResponse]:
         """A coroutine on the server's event loop (a thread each would cap subscribers); waiting for
         new events happens on the loop's executor, half a second at a time."""
         # Authorization first: whether another job exists is not a stranger's business.
@@ -106,7 +106,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 seen = self.store.last_id
                 batch = self.store.read_after(cursor, nodes)
                 for alert in batch:
-                    yield alert
+                    yield apb.SubscribeResponse(alert=alert)
                     cursor = alert.id
                 if len(batch) == 0:
                     # Nothing for these nodes up to `seen`: skip past it, then wait for more.

@@ -54,6 +54,7 @@ _TELEMETRY, _ALERTS, _ADMIN = "/faultcast.v1.Telemetry/", "/faultcast.v1.Alerts/
 _READERS = frozenset({Role.TRAINER, Role.ADMIN})
 METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _TELEMETRY + "Push": frozenset({Role.COLLECTOR}),
+    _TELEMETRY + "GetSchema": frozenset(Role),  # the schema is public knowledge
     _ALERTS + "Subscribe": _READERS,
     _ALERTS + "Acknowledge": _READERS,
     _ALERTS + "ListActiveAlerts": _READERS,

@@ -240,7 +240,10 @@ def _listen(
     seen: Seen,
 ) -> None:
     try:
-        for alert in stream:
+        for event in stream:
+            if not event.HasField("alert"):
+                continue  # the caught-up marker
+            alert = event.alert
             t = alert.time_unix_nano / 1e9 - sim_start
             mode = PB_TO_MODE.get(alert.mode, "unknown")
             action = apb.RecommendedAction.Name(alert.action).removeprefix("RECOMMENDED_ACTION_")

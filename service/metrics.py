@@ -15,12 +15,40 @@ class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # Keyed by node and GPU only: a label that changes (the likely mode) would start a new series
+        # and reset every `for:` timer of a rule on it. The mode is its own series, below.
         self.failure_risk = Gauge(
             "faultcast_failure_risk",
-            "Calibrated probability that the GPU fails within the model's horizon; mode is the most likely "
-            "failure mode.",
+            "Calibrated probability that the GPU fails within the model's horizon (latest score).",
+            ["node", "gpu"],
+            registry=r,
+        )
+        self.likely_mode = Gauge(
+            "faultcast_failure_likely_mode",
+            "1 for the most likely failure mode of a GPU whose risk is near the alert threshold (join on "
+            "node and gpu with faultcast_failure_risk); absent for the others.",
             ["node", "gpu", "mode"],
             registry=r,
+        )
+        self.alert_threshold = Gauge(
+            "faultcast_alert_threshold",
+            "The risk at which the serving model opens an alert (what rules compare faultcast_failure_risk with).",
+            registry=r,
+        )
+        self.alert_hold_threshold = Gauge(
+            "faultcast_alert_hold_threshold",
+            "The risk an open alert must stay at or above to stay open (hysteresis, below the threshold).",
+            registry=r,
+        )
+        self.node_silent = Gauge(
+            "faultcast_node_silent",
+            "1 while a node that sent samples has sent none for the silence limit; during_incident says "
+            "whether an alert was open on it when it fell silent (it may be the failure itself).",
+            ["node", "during_incident"],
+            registry=r,
+        )
+        self.silent_nodes = Gauge(
+            "faultcast_silent_nodes", "Nodes silent now (no sample for the silence limit).", registry=r
         )
         self.active_alerts = Gauge(
             "faultcast_active_alerts", "Alerts open now, by failure mode.", ["mode"], registry=r
@@ -48,7 +76,15 @@ class ServiceMetrics:
         )
         self.ingest_lag = Gauge(
             "faultcast_ingest_lag_seconds",
-            "Arrival time minus event time of the latest accepted sample, by node.",
+            "Arrival time minus event time of the latest accepted sample, by node; never negative (a sample "
+            "stamped ahead of the service's clock counts 0 here and shows in faultcast_ingest_clock_ahead_seconds).",
+            ["node"],
+            registry=r,
+        )
+        self.clock_ahead = Gauge(
+            "faultcast_ingest_clock_ahead_seconds",
+            "How far the event time of the latest accepted sample was ahead of the service's clock, by node "
+            "(0 when not ahead): the node's clock runs fast.",
             ["node"],
             registry=r,
         )
@@ -110,6 +146,11 @@ class ServiceMetrics:
 # Every metric family name as Prometheus exposes it: what rules and dashboards may use.
 EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_failure_risk",
+    "faultcast_failure_likely_mode",
+    "faultcast_alert_threshold",
+    "faultcast_alert_hold_threshold",
+    "faultcast_node_silent",
+    "faultcast_silent_nodes",
     "faultcast_active_alerts",
     "faultcast_alerts_total",
     "faultcast_ingest_gpu_samples_total",
@@ -118,6 +159,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_ingest_values_blanked_total",
     "faultcast_ingest_duplicates_total",
     "faultcast_ingest_lag_seconds",
+    "faultcast_ingest_clock_ahead_seconds",
     "faultcast_scoring_latency_seconds_bucket",
     "faultcast_scoring_latency_seconds_sum",
     "faultcast_scoring_latency_seconds_count",

@@ -115,6 +115,7 @@ class Service:
         return self.scorer.model
 
     def _describe(self, model: FaultModel) -> None:
+        self.metrics.alert_threshold.set(model.threshold)
         self.metrics.model_info.info(
             {
                 "version": model_version(model),

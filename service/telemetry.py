@@ -68,6 +68,11 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         for request in request_iterator:
             yield self.take(key, request)
 
+    def GetSchema(  # noqa: N802 (gRPC method name)
+        self, request: pb.GetSchemaRequest, context: grpc.ServicerContext
+    ) -> pb.MetricSchema:
+        return wire.schema()
+
     def open_stream(
         self, first: pb.PushRequest
     ) -> tuple[tuple[str, int], tuple[grpc.StatusCode, str] | None]:
@@ -214,6 +219,11 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
         finally:
             if counted:
                 self.streams.leave(counted)
+
+    async def GetSchema(  # noqa: N802 (the aio form of the same method)
+        self, request: pb.GetSchemaRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.MetricSchema:
+        return wire.schema()
 
     async def _pace(self, bucket: TokenBucket) -> None:
         """Wait for this stream's turn (its rate) and for the scorer (the backlog); while the

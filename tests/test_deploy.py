@@ -196,12 +196,15 @@ def test_the_dashboard_uses_only_exported_metrics() -> None:
 def test_exported_names_match_what_the_service_exposes() -> None:
     metrics = ServiceMetrics()
     # Labelled metrics expose no sample until a child exists.
-    metrics.failure_risk.labels(node="node-a", gpu="0", mode="hbm_wear").set(0.1)
+    metrics.failure_risk.labels(node="node-a", gpu="0").set(0.1)
     metrics.active_alerts.labels(mode="hbm_wear").set(1)
     metrics.alerts.labels(mode="hbm_wear").inc()
     metrics.rejects.labels(reason="schema_mismatch").inc()
     metrics.blanked.labels(reason="negative_counter").inc()
     metrics.ingest_lag.labels(node="node-a").set(0.5)
+    metrics.clock_ahead.labels(node="node-a").set(0.0)
+    metrics.likely_mode.labels(node="node-a", gpu="0", mode="hbm_wear").set(1)
+    metrics.node_silent.labels(node="node-b", during_incident="false").set(1)
     metrics.remediations.labels(actuator="noop", outcome="ok").inc()
     metrics.model_reloads.labels(outcome="ok").inc()
     metrics.auth_denied.labels(reason="role").inc()

@@ -172,7 +172,7 @@ def test_a_trainer_reads_and_acknowledges_only_its_own_jobs_alerts(secured: Secu
         stream = stub.Subscribe(
             apb.SubscribeRequest(job_id="job-1", resume_after=mine.id - 1), timeout=WAIT_S
         )
-        assert _first(stream).id == mine.id  # the alert on its own node, not the one on node-b after it
+        assert _first(stream).alert.id == mine.id  # the alert on its own node, not the one on node-b after it
         stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
         ack = stub.Acknowledge(
             apb.AcknowledgeRequest(alert_id=mine.id, job_id="job-1", action=apb.ACK_ACTION_RECEIVED)

@@ -74,8 +74,9 @@ def running(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
     def listen() -> None:
         try:
-            for alert in stream:
-                received.put(alert)
+            for event in stream:
+                if event.HasField("alert"):
+                    received.put(event.alert)
         except grpc.RpcError:
             pass  # cancelled at teardown
 
@@ -190,7 +191,10 @@ def _read_log(stub: apb_grpc.AlertsStub, after: int, last: int) -> list[apb.Aler
     """Every stored event after `after`, read through Subscribe up to the log's end."""
     out: list[apb.Alert] = []
     stream = stub.Subscribe(apb.SubscribeRequest(nodes=[NAME], resume_after=after), timeout=WAIT_S)
-    for alert in stream:
+    for event in stream:
+        if not event.HasField("alert"):
+            continue
+        alert = event.alert
         out.append(alert)
         if alert.id >= last:
             stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped

@@ -100,8 +100,9 @@ def _subscribe(channel: grpc.Channel, resume_after: int) -> queue.Queue[apb.Aler
 
     def listen() -> None:
         try:
-            for alert in stream:
-                out.put(alert)
+            for event in stream:
+                if event.HasField("alert"):
+                    out.put(event.alert)
         except grpc.RpcError:
             pass  # cancelled, or the service was killed
 

@@ -1,1 +1,2 @@
-"""Generated protobuf and gRPC code for the faultcast.v1 API (see the .proto files beside it)."""
+"""Generated protobuf and gRPC code for the faultcast.v1 API, from proto/faultcast_api/v1/*.proto
+(proto/generate.py)."""

@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in faultcast/v1/alerts_pb2_grpc.py depends on'
+        + ' but the generated code in faultcast_api/v1/alerts_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -190,7 +190,8 @@ class Admin:
 
 
 class AlertsStub:
-    """Missing associated documentation comment in .proto file."""
+    """Trainers (role trainer) and operators (role admin).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -201,7 +202,7 @@ class AlertsStub:
         self.Subscribe = channel.unary_stream(
                 '/faultcast.v1.Alerts/Subscribe',
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.Alert.FromString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
         self.Acknowledge = channel.unary_unary(
                 '/faultcast.v1.Alerts/Acknowledge',
@@ -221,28 +222,36 @@ class AlertsStub:
 
 
 class AlertsServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Trainers (role trainer) and operators (role admin).
+    """
 
     def Subscribe(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A long-lived stream of alert events for some nodes: the replay chosen by resume_after/start,
+        one CaughtUp, then live events as they are stored. At-least-once: after a reconnect with the
+        last id processed nothing is missed, and a subscriber may see an event twice (dedupe by id).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Acknowledge(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A trainer says what it did about an alert; the reply says what the service will do.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListActiveAlerts(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The alerts open now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RegisterJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Tells the service which nodes a job runs on (replacing an earlier registration of the job), so
+        its alerts reach the job and remediation can requeue it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -253,7 +262,7 @@ def add_AlertsServicer_to_server(servicer, server):
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.SubscribeRequest.FromString,
-                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.Alert.SerializeToString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.SubscribeResponse.SerializeToString,
             ),
             'Acknowledge': grpc.unary_unary_rpc_method_handler(
                     servicer.Acknowledge,
@@ -279,7 +288,8 @@ def add_AlertsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Alerts:
-    """Missing associated documentation comment in .proto file."""
+    """Trainers (role trainer) and operators (role admin).
+    """
 
     @staticmethod
     def Subscribe(request,
@@ -297,7 +307,7 @@ class Alerts:
             target,
             '/faultcast.v1.Alerts/Subscribe',
             faultcast_dot_v1_dot_alerts__pb2.SubscribeRequest.SerializeToString,
-            faultcast_dot_v1_dot_alerts__pb2.Alert.FromString,
+            faultcast_dot_v1_dot_alerts__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,11 @@ Telemetry from collectors to the service.
 Values travel as packed arrays of doubles aligned with a metric schema (one name list per
 scope, from faultcast.catalogue) instead of maps of strings: a node's sample with 8 GPUs is
 a few kilobytes. NaN means missing (NOT_SUPPORTED, unreadable, not applicable).
+
+A collector in another language: call Telemetry/GetSchema (or read docs/metrics.md) for every
+scope's metric names in wire order with their units and kinds, send that schema in the PushHello,
+and pack each sample's values in that order. proto/README.md says how the schema hash is computed
+and shows a whole exchange.
 """
 
 from collections import abc as _abc
@@ -50,6 +55,60 @@ SCOPE_HOST: Scope.ValueType  # 5
 SCOPE_COLLECTOR: Scope.ValueType  # 6
 Global___Scope: _TypeAlias = Scope  # noqa: Y015
 
+class _MetricKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MetricKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MetricKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    METRIC_KIND_UNSPECIFIED: _MetricKind.ValueType  # 0
+    METRIC_KIND_GAUGE: _MetricKind.ValueType  # 1
+    """A value that goes up and down (a temperature, a clock, a link width)."""
+    METRIC_KIND_COUNTER: _MetricKind.ValueType  # 2
+    """A monotonic count since some start (errors, bytes); a decrease is read as a counter reset.
+    Negative counter values are blanked by the service.
+    """
+
+class MetricKind(_MetricKind, metaclass=_MetricKindEnumTypeWrapper): ...
+
+METRIC_KIND_UNSPECIFIED: MetricKind.ValueType  # 0
+METRIC_KIND_GAUGE: MetricKind.ValueType  # 1
+"""A value that goes up and down (a temperature, a clock, a link width)."""
+METRIC_KIND_COUNTER: MetricKind.ValueType  # 2
+"""A monotonic count since some start (errors, bytes); a decrease is read as a counter reset.
+Negative counter values are blanked by the service.
+"""
+Global___MetricKind: _TypeAlias = MetricKind  # noqa: Y015
+
+@_typing.final
+class MetricDescription(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    HELP_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    unit: _builtins.str
+    """The unit of the value as sent ("celsius", "watts", "bytes", "seconds", "ratio", "count", ...)."""
+    kind: Global___MetricKind.ValueType
+    help: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        unit: _builtins.str = ...,
+        kind: Global___MetricKind.ValueType = ...,
+        help: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["help", b"help", "kind", b"kind", "name", b"name", "unit", b"unit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetricDescription: _TypeAlias = MetricDescription  # noqa: Y015
+
 @_typing.final
 class ScopeSchema(_message.Message):
     """The metric names of one scope, in the order of its packed arrays."""
@@ -58,18 +117,24 @@ class ScopeSchema(_message.Message):
 
     SCOPE_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    DESCRIPTIONS_FIELD_NUMBER: _builtins.int
     scope: Global___Scope.ValueType
     @_builtins.property
     def metrics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def descriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricDescription]:
+        """The same metrics, described (filled by GetSchema; a PushHello may leave it empty)."""
+
     def __init__(
         self,
         *,
         scope: Global___Scope.ValueType = ...,
         metrics: _abc.Iterable[_builtins.str] | None = ...,
+        descriptions: _abc.Iterable[Global___MetricDescription] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["descriptions", b"descriptions", "metrics", b"metrics", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -84,9 +149,18 @@ class MetricSchema(_message.Message):
     SCOPES_FIELD_NUMBER: _builtins.int
     catalogue_version: _builtins.str
     schema_hash: _builtins.int
-    """Fingerprint of every scope's name order; each sample carries it so a mismatch is caught."""
+    """Fingerprint of every scope's metric order: the first 8 bytes (big-endian) of the SHA-256 of the
+    lines "SCOPE:NAME:KIND" (scope and kind in lower case, e.g. "gpu:gpu_temp:gauge"), one per metric
+    in catalogue order (scopes in the order gpu, interface, ib_port, peer, host, collector), joined by
+    "\\n" without a trailing newline. Each sample carries it so a mismatch is caught.
+    """
     @_builtins.property
-    def scopes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScopeSchema]: ...
+    def scopes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScopeSchema]:
+        """Every scope, with its metrics in wire order. A PushHello must send all of them exactly as
+        GetSchema returns them (names and order); a hello whose scopes differ is refused even when its
+        hash matches.
+        """
+
     def __init__(
         self,
         *,
@@ -101,6 +175,21 @@ class MetricSchema(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MetricSchema: _TypeAlias = MetricSchema  # noqa: Y015
+
+@_typing.final
+class GetSchemaRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSchemaRequest: _TypeAlias = GetSchemaRequest  # noqa: Y015
 
 @_typing.final
 class GpuSample(_message.Message):
@@ -178,11 +267,14 @@ class NodeSample(_message.Message):
     HOST_VALUES_FIELD_NUMBER: _builtins.int
     COLLECTOR_VALUES_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
-    """Assigned by the collector, strictly increasing per node from 1; survives collector restarts
-    through the spool, so the service can drop duplicates after a replay.
+    """Assigned by the collector, strictly increasing per spool from 1 (and below 2^63); survives
+    collector restarts through the spool, so the service can drop duplicates after a replay.
     """
     time_unix_nano: _builtins.int
-    """Event time of the scrape."""
+    """Event time of the scrape, nanoseconds since the Unix epoch on the node's clock. The service
+    refuses samples too far ahead of its own clock (clock skew, --max-clock-skew) or too old
+    (--max-sample-age).
+    """
     node: _builtins.str
     schema_hash: _builtins.int
     @_builtins.property

@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in faultcast/v1/telemetry_pb2_grpc.py depends on'
+        + ' but the generated code in faultcast_api/v1/telemetry_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class TelemetryStub:
-    """Missing associated documentation comment in .proto file."""
+    """Collectors (role collector) push; anyone authenticated may read the schema.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -39,13 +40,27 @@ class TelemetryStub:
                 request_serializer=faultcast_dot_v1_dot_telemetry__pb2.PushRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_telemetry__pb2.PushAck.FromString,
                 _registered_method=True)
+        self.GetSchema = channel.unary_unary(
+                '/faultcast.v1.Telemetry/GetSchema',
+                request_serializer=faultcast_dot_v1_dot_telemetry__pb2.GetSchemaRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_telemetry__pb2.MetricSchema.FromString,
+                _registered_method=True)
 
 
 class TelemetryServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Collectors (role collector) push; anyone authenticated may read the schema.
+    """
 
     def Push(self, request_iterator, context):
-        """A collector's long-lived stream: hello, then samples in sequence order; acks flow back.
+        """A collector's long-lived stream: hello, then samples in sequence order; acks flow back. A hello
+        with another schema is refused with FAILED_PRECONDITION, the stream closed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchema(self, request, context):
+        """The metric schema this service expects, described.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,6 +74,11 @@ def add_TelemetryServicer_to_server(servicer, server):
                     request_deserializer=faultcast_dot_v1_dot_telemetry__pb2.PushRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_telemetry__pb2.PushAck.SerializeToString,
             ),
+            'GetSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchema,
+                    request_deserializer=faultcast_dot_v1_dot_telemetry__pb2.GetSchemaRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_telemetry__pb2.MetricSchema.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'faultcast.v1.Telemetry', rpc_method_handlers)
@@ -68,7 +88,8 @@ def add_TelemetryServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Telemetry:
-    """Missing associated documentation comment in .proto file."""
+    """Collectors (role collector) push; anyone authenticated may read the schema.
+    """
 
     @staticmethod
     def Push(request_iterator,
@@ -87,6 +108,33 @@ class Telemetry:
             '/faultcast.v1.Telemetry/Push',
             faultcast_dot_v1_dot_telemetry__pb2.PushRequest.SerializeToString,
             faultcast_dot_v1_dot_telemetry__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Telemetry/GetSchema',
+            faultcast_dot_v1_dot_telemetry__pb2.GetSchemaRequest.SerializeToString,
+            faultcast_dot_v1_dot_telemetry__pb2.MetricSchema.FromString,
             options,
             channel_credentials,
             insecure,

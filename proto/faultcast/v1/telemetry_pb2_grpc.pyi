@@ -6,6 +6,11 @@ Telemetry from collectors to the service.
 Values travel as packed arrays of doubles aligned with a metric schema (one name list per
 scope, from faultcast.catalogue) instead of maps of strings: a node's sample with 8 GPUs is
 a few kilobytes. NaN means missing (NOT_SUPPORTED, unreadable, not applicable).
+
+A collector in another language: call Telemetry/GetSchema (or read docs/metrics.md) for every
+scope's metric names in wire order with their units and kinds, send that schema in the PushHello,
+and pack each sample's values in that order. proto/README.md says how the schema hash is computed
+and shows a whole exchange.
 """
 
 from collections import abc as _abc
@@ -32,26 +37,50 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class TelemetryStub:
+    """Collectors (role collector) push; anyone authenticated may read the schema."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TelemetryAsyncStub: ...
     Push: _grpc.StreamStreamMultiCallable[_telemetry_pb2.PushRequest, _telemetry_pb2.PushAck]
-    """A collector's long-lived stream: hello, then samples in sequence order; acks flow back."""
+    """A collector's long-lived stream: hello, then samples in sequence order; acks flow back. A hello
+    with another schema is refused with FAILED_PRECONDITION, the stream closed.
+    """
+    GetSchema: _grpc.UnaryUnaryMultiCallable[_telemetry_pb2.GetSchemaRequest, _telemetry_pb2.MetricSchema]
+    """The metric schema this service expects, described."""
 
 @_typing.type_check_only
 class TelemetryAsyncStub(TelemetryStub):
+    """Collectors (role collector) push; anyone authenticated may read the schema."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Push: _aio.StreamStreamMultiCallable[_telemetry_pb2.PushRequest, _telemetry_pb2.PushAck]  # type: ignore[assignment]
-    """A collector's long-lived stream: hello, then samples in sequence order; acks flow back."""
+    """A collector's long-lived stream: hello, then samples in sequence order; acks flow back. A hello
+    with another schema is refused with FAILED_PRECONDITION, the stream closed.
+    """
+    GetSchema: _aio.UnaryUnaryMultiCallable[_telemetry_pb2.GetSchemaRequest, _telemetry_pb2.MetricSchema]  # type: ignore[assignment]
+    """The metric schema this service expects, described."""
 
 class TelemetryServicer(metaclass=_abc_1.ABCMeta):
+    """Collectors (role collector) push; anyone authenticated may read the schema."""
+
     @_abc_1.abstractmethod
     def Push(
         self,
         request_iterator: _MaybeAsyncIterator[_telemetry_pb2.PushRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_telemetry_pb2.PushAck], _abc.AsyncIterator[_telemetry_pb2.PushAck]]:
-        """A collector's long-lived stream: hello, then samples in sequence order; acks flow back."""
+        """A collector's long-lived stream: hello, then samples in sequence order; acks flow back. A hello
+        with another schema is refused with FAILED_PRECONDITION, the stream closed.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSchema(
+        self,
+        request: _telemetry_pb2.GetSchemaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_telemetry_pb2.MetricSchema, _abc.Awaitable[_telemetry_pb2.MetricSchema]]:
+        """The metric schema this service expects, described."""
 
 def add_TelemetryServicer_to_server(servicer: TelemetryServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
