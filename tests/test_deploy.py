@@ -27,8 +27,9 @@ RULE_TESTS = ROOT / "deploy" / "prometheus" / "faultcast-rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "faultcast-dashboard.json"
 METRICS_PAGE = ROOT / "docs" / "metrics.md"
 
-# Series Prometheus itself attaches to every target.
-BUILTIN_NAMES = frozenset({"up"})
+# Series Prometheus itself makes: `up` for every target, ALERTS for every pending or firing alert
+# (the risk rule reads its own to hold a firing alert, as the service holds its alert).
+BUILTIN_NAMES = frozenset({"up", "ALERTS"})
 
 # --- metric names in a PromQL expression -------------------------------------------------------------
 
@@ -144,6 +145,17 @@ def test_every_alert_has_unit_tests_both_firing_and_not() -> None:
     assert (firing | quiet) - alerts == set(), "tests for alerts the rules do not define"
 
 
+def test_the_risk_rule_follows_the_served_threshold_not_a_constant() -> None:
+    """A constant copied from one model (0.5 once, while the model served 0.098) never fires for
+    another; the rule reads faultcast_alert_threshold, and nothing compares risk with a number."""
+    (rule,) = [r for r in _rules() if r.get("alert") == "FaultcastGpuFailureRiskHigh"]
+    expr = " ".join(str(rule["expr"]).split())
+    assert "faultcast_failure_risk >= on (job, instance) group_left faultcast_alert_threshold" in expr
+    assert not re.search(r"faultcast_failure_risk\s*(?:>=?|<=?|==)\s*[0-9.]", expr), expr
+    # The likely mode stays out of the labels: a label that changes would restart `for:`.
+    assert "faultcast_failure_likely_mode" not in expr
+
+
 def test_every_alert_has_a_severity_summary_and_description() -> None:
     for rule in _rules():
         if "alert" in rule:
@@ -176,8 +188,13 @@ def test_the_rules_use_only_service_metrics() -> None:
     used: dict[str, set[str]] = {}
     for rule in _rules():
         used[str(rule.get("alert") or rule.get("record"))] = metric_names(str(rule["expr"]))
-    assert "faultcast_failure_risk" in used["FaultcastGpuFailureRiskHigh"]
+    assert {"faultcast_failure_risk", "faultcast_alert_threshold", "faultcast_alert_hold_threshold"} <= used[
+        "FaultcastGpuFailureRiskHigh"
+    ]
     assert "faultcast_scoring_latency_seconds_bucket" in used["FaultcastScoringSlow"]
+    assert "faultcast_node_silent" in used["FaultcastNodeSilent"]
+    assert "faultcast_node_silent" in used["FaultcastNodeSilentDuringIncident"]
+    assert "faultcast_ingest_clock_ahead_seconds" in used["FaultcastNodeClockAhead"]
     known = set(EXPORTED_NAMES) | BUILTIN_NAMES | recorded
     unknown = {name: names - known for name, names in used.items() if names - known}
     assert unknown == {}
