@@ -5,8 +5,56 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from faultcast.sim.modes import MODES
+
 # Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+# Every label value a labelled counter can take, each series exported at 0 from the start: a series
+# that appears only with its first event shows "No data" on a healthy system, and rate() or
+# increase() miss that first event. tests/test_metric_labels.py scans the service's source for the
+# values it passes and fails on one missing here.
+REJECT_REASONS: tuple[str, ...] = (
+    # the stream (service/telemetry.py)
+    "no_hello",
+    "schema_mismatch",
+    "repeated_hello",
+    "no_sequence",
+    "wrong_node",
+    "malformed",
+    # the sample (service/validation.py)
+    "bad_node_name",
+    "unknown_node",
+    "future_timestamp",
+    "stale_timestamp",
+    # scoring (service/scoring.py, service/server.py)
+    "too_many_nodes",
+    "late",
+    "scoring_error",
+)
+BLANK_REASONS: tuple[str, ...] = (
+    "non_finite_value",
+    "implausible_value",
+    "negative_counter",
+    "gpu_index_out_of_range",
+    "duplicate_gpu_index",
+    "duplicate_device",
+)
+AUTH_DENIED_REASONS: tuple[str, ...] = (
+    "bad_token",
+    "unknown_token",
+    "no_identity",
+    "foreign_domain",
+    "bad_identity",
+    "role",
+    "wrong_node",
+    "registration",
+    "wrong_job",
+)
+THROTTLED_WHAT: tuple[str, ...] = ("push_rate", "push_backlog", "streams", "calls", "subscribers")
+# The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
+ALERT_MODES: tuple[str, ...] = (*(m.name for m in MODES), "unknown")
+MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
 
 
 class ServiceMetrics:
@@ -141,6 +189,19 @@ class ServiceMetrics:
         self.backlog = Gauge(
             "faultcast_scoring_backlog", "Completed steps waiting for the scorer.", registry=r
         )
+        # Series per node or GPU (risk, lag, silence) and per actuator (remediations, made by the
+        # remediator that knows its actuator) come with their first value; the rest start at 0.
+        for values, metric in (
+            (REJECT_REASONS, self.rejects),
+            (BLANK_REASONS, self.blanked),
+            (AUTH_DENIED_REASONS, self.auth_denied),
+            (THROTTLED_WHAT, self.throttled),
+            (ALERT_MODES, self.alerts),
+            (ALERT_MODES, self.active_alerts),
+            (MODEL_RELOAD_OUTCOMES, self.model_reloads),
+        ):
+            for value in values:
+                metric.labels(value)
 
 
 # Every metric family name as Prometheus exposes it: what rules and dashboards may use.

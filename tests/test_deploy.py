@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import METRICS
-from faultcast.service.metrics import EXPORTED_NAMES, ServiceMetrics
+from faultcast.service.metrics import EXPORTED_NAMES, REJECT_REASONS, ServiceMetrics
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +156,13 @@ def test_the_risk_rule_follows_the_served_threshold_not_a_constant() -> None:
     assert "faultcast_failure_likely_mode" not in expr
 
 
+def test_the_rejects_rule_advises_on_every_reason_the_service_counts() -> None:
+    (rule,) = [r for r in _rules() if r.get("alert") == "FaultcastIngestRejects"]
+    description = str(rule["annotations"]["description"])
+    unadvised = {reason for reason in REJECT_REASONS if f'"{reason}"' not in description}
+    assert unadvised == set(), "reasons FaultcastIngestRejects gives no advice for"
+
+
 def test_every_alert_has_a_severity_summary_and_description() -> None:
     for rule in _rules():
         if "alert" in rule:
@@ -212,22 +219,16 @@ def test_the_dashboard_uses_only_exported_metrics() -> None:
 
 def test_exported_names_match_what_the_service_exposes() -> None:
     metrics = ServiceMetrics()
-    # Labelled metrics expose no sample until a child exists.
+    # Labelled metrics expose no sample until a child exists. Those with a known set of values
+    # (reasons, modes, outcomes) start every child at construction; these are per node, GPU or
+    # actuator, and come with their first value.
     metrics.failure_risk.labels(node="node-a", gpu="0").set(0.1)
-    metrics.active_alerts.labels(mode="hbm_wear").set(1)
-    metrics.alerts.labels(mode="hbm_wear").inc()
-    metrics.rejects.labels(reason="schema_mismatch").inc()
-    metrics.blanked.labels(reason="negative_counter").inc()
     metrics.ingest_lag.labels(node="node-a").set(0.5)
     metrics.clock_ahead.labels(node="node-a").set(0.0)
     metrics.likely_mode.labels(node="node-a", gpu="0", mode="hbm_wear").set(1)
     metrics.node_silent.labels(node="node-b", during_incident="false").set(1)
     metrics.remediations.labels(actuator="noop", outcome="ok").inc()
-    metrics.model_reloads.labels(outcome="ok").inc()
-    metrics.auth_denied.labels(reason="role").inc()
-    metrics.throttled.labels(what="calls").inc()
     metrics.model_info.info({"version": "test"})
-    metrics.scoring_latency.observe(0.01)
 
     families = list(text_string_to_metric_families(generate_latest(metrics.registry).decode()))
     untouched = {family.name for family in families if not family.samples}
