@@ -30,6 +30,7 @@ from typing import Any
 import pynvml
 
 _DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+_DEFAULT_DRIVER = "550.127.08"
 _MIB = 2**20
 _H100_TOTAL_MIB = 81_559
 
@@ -133,6 +134,15 @@ class _FakeGpu:
         self.values: dict[tuple[str, tuple[Any, ...]], Any] = _healthy_h100(index, links)
 
 
+def _pci_info(index: int) -> Any:
+    """PCI identity as the binding returns it (bytes in a ctypes structure); buses 0x18, 0x28, ..."""
+    bus = 0x18 + 0x10 * index
+    return pynvml.nvmlPciInfo_t(
+        busIdLegacy=f"0000:{bus:02X}:00.0".encode(), domain=0, bus=bus, device=0,
+        pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE, busId=f"00000000:{bus:02X}:00.0".encode(),
+    )  # fmt: skip
+
+
 def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[Any, ...]], Any]:
     """Values of a busy, healthy H100 SXM; small per-GPU offsets tell the GPUs apart."""
     n = pynvml
@@ -161,6 +171,7 @@ def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[Any, ...]], A
         ("nvmlDeviceGetMaxPcieLinkWidth", ()): 16,
         ("nvmlDeviceGetPcieThroughput", (n.NVML_PCIE_UTIL_TX_BYTES,)): 12_000,  # KB/s
         ("nvmlDeviceGetPcieThroughput", (n.NVML_PCIE_UTIL_RX_BYTES,)): 15_000,
+        ("nvmlDeviceGetPciInfo", ()): _pci_info(index),
     }
     for error_type in (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
         for counter_type in (n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC):
@@ -196,6 +207,7 @@ _GLOBAL_FUNCTIONS = frozenset(
         "nvmlEventSetCreate",
         "nvmlEventSetWait",
         "nvmlEventSetFree",
+        "nvmlSystemGetDriverVersion",
     }
 )
 
@@ -206,8 +218,16 @@ _RAISE = pynvml.NVMLError
 class FakeNvml:
     """A configurable fake of the `pynvml` module (see the module docstring)."""
 
-    def __init__(self, gpus: int = 8, *, model_name: str = _DEFAULT_MODEL, nvlink_links: int = 18) -> None:
+    def __init__(
+        self,
+        gpus: int = 8,
+        *,
+        model_name: str = _DEFAULT_MODEL,
+        nvlink_links: int = 18,
+        driver_version: str = _DEFAULT_DRIVER,
+    ) -> None:
         self._gpus = [_FakeGpu(i, model_name, nvlink_links) for i in range(gpus)]
+        self.driver_version = driver_version
         self._global_errors: dict[str, int] = {}
         self._global_hangs: dict[str, FakeHang] = {}
         self._init_count = 0
@@ -425,6 +445,15 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
         return self._device("nvmlDeviceGetName", handle, ()).name
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
+        self._global("nvmlSystemGetDriverVersion")
+        if self._init_count <= 0:
+            raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.driver_version.encode()  # the binding hands back the C string's bytes
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
+        return self._value("nvmlDeviceGetPciInfo", handle)
 
     def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
         self._global("nvmlEventSetCreate")

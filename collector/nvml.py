@@ -203,12 +203,14 @@ class _Gpu:
     """Per-GPU state: identity, the precomputed call plan, and the cumulative counters."""
 
     __slots__ = (
+        "driver_version",
         "failed_calls",
         "handle",
         "index",
         "lane",
         "links",
         "name",
+        "pci_bus_id",
         "skipped",
         "stats",
         "steps",
@@ -224,6 +226,8 @@ class _Gpu:
         self.handle: Any = None  # None until opened; re-opened on later scrapes if that failed
         self.uuid = ""
         self.name = ""
+        self.pci_bus_id = ""  # labels only: empty when NVML cannot tell
+        self.driver_version = ""
         self.links: tuple[int, ...] = ()
         self.steps: tuple[_Step, ...] = ()
         self.lane = _Lane(f"gpu{index}")
@@ -424,6 +428,13 @@ def _set_self_counts(gpu: _Gpu, values: list[float]) -> None:
     values[_I_TIMED_OUT] = float(gpu.timed_out)
 
 
+def _reading(gpu: _Gpu, values: list[float], *, lost: bool = False) -> GpuReading:
+    return GpuReading(
+        gpu.index, gpu.uuid, gpu.name, tuple(values), lost=lost,
+        pci_bus_id=gpu.pci_bus_id, driver_version=gpu.driver_version,
+    )  # fmt: skip
+
+
 class NvmlSource:
     """Reads every GPU metric of the catalogue through NVML.
 
@@ -479,9 +490,11 @@ class NvmlSource:
             if count == 0:
                 raise NvmlUnavailable("cannot use NVML: NVML started but found no GPU")
             self._open_event_set()
+            self._driver_version = self._read_driver_version()
             self._gpus = tuple(_Gpu(i) for i in range(count))
             self._lanes.extend(gpu.lane for gpu in self._gpus)
             for gpu in self._gpus:
+                gpu.driver_version = self._driver_version
                 self._open_gpu(gpu)
         except BaseException as err:
             self._shutdown()
@@ -608,6 +621,22 @@ class NvmlSource:
         except self._nvml.NVMLError as err:
             self._note("no NVML event set, Xid events will not be counted: %s", err)
 
+    def _read_driver_version(self) -> str:
+        """The driver version, a label on every GPU series (dcgm-exporter's DCGM_FI_DRIVER_VERSION)."""
+        try:
+            return _as_text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError as err:
+            self._note("no driver version from NVML, the label is left out: %s", err)
+            return ""
+
+    def _read_pci_bus_id(self, gpu: _Gpu, handle: Any) -> str:
+        """The GPU's PCI bus id (dcgm-exporter's pci_bus_id label); a label, so a failure costs nothing else."""
+        try:
+            return _as_text(self._nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except self._nvml.NVMLError as err:
+            logger.debug("GPU %s: no PCI bus id: %s", gpu.index, err)
+            return ""
+
     def _open_gpu(self, gpu: _Gpu, *, quiet: bool = False) -> None:
         """Identity, NVLink links, Xid registration and the call plan of one GPU.
 
@@ -620,6 +649,7 @@ class NvmlSource:
             gpu.uuid = _as_text(lib.nvmlDeviceGetUUID(handle))
             gpu.name = _as_text(lib.nvmlDeviceGetName(handle))
             gpu.links = self._discover_links(handle)
+            gpu.pci_bus_id = self._read_pci_bus_id(gpu, handle)
         except lib.NVMLError as err:
             if quiet:
                 logger.debug("GPU %s still does not open: %s", gpu.index, err)
@@ -863,7 +893,7 @@ class NvmlSource:
         _set_self_counts(gpu, values)
         values[_I_UNSUPPORTED] = float(unsupported)
         values[_I_LOST] = 0.0
-        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
+        return _reading(gpu, values)
 
     def _abandon(self, gpu: _Gpu, lane: _Lane) -> GpuReading:
         """Stop waiting for a GPU whose call overran: keep what it read, count it, warn once."""
@@ -898,7 +928,7 @@ class NvmlSource:
         _set_self_counts(gpu, values)
         values[_I_UNSUPPORTED] = NAN  # not known for the calls that were not made
         values[_I_LOST] = 0.0
-        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
+        return _reading(gpu, values)
 
     def _skipped_reading(self, gpu: _Gpu, lane: _Lane) -> GpuReading:
         """A GPU whose hung call has not returned: nothing is called, the skip counts as a failure.
@@ -913,7 +943,7 @@ class NvmlSource:
         values[_I_SLOWEST] = self._clock() - lane.started
         _set_self_counts(gpu, values)
         values[_I_LOST] = 0.0
-        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
+        return _reading(gpu, values)
 
     def _warn_once(self, gpu: _Gpu, name: str, err: Any) -> None:
         key = (gpu.index, name, getattr(err, "value", -1))
@@ -984,14 +1014,14 @@ class NvmlSource:
         _set_self_counts(gpu, values)
         values[_I_UNSUPPORTED] = float(unsupported)
         values[_I_LOST] = 1.0
-        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values), lost=True)
+        return _reading(gpu, values, lost=True)
 
     @staticmethod
     def _blank_reading(gpu: _Gpu) -> GpuReading:
         values = [NAN] * _N_VALUES
         _set_self_counts(gpu, values)
         values[_I_LOST] = 0.0
-        return GpuReading(gpu.index, gpu.uuid, gpu.name, tuple(values))
+        return _reading(gpu, values)
 
     # -- closing ----------------------------------------------------------------------------
 

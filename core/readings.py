@@ -37,11 +37,17 @@ def unpack(scope: Scope, values: Sequence[float]) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
+    """What one scrape read of one GPU, with the identity its series are labelled with."""
+
     index: int
     uuid: str
     model_name: str
     values: tuple[float, ...]  # aligned with metrics_for(Scope.GPU)
     lost: bool = False
+    # Identity labels of the exporter (dcgm-exporter's pci_bus_id and DCGM_FI_DRIVER_VERSION); empty
+    # when unknown. Not on the wire: the service keys GPUs by node and index, and needs neither.
+    pci_bus_id: str = ""  # NVML's form, "00000000:18:00.0"
+    driver_version: str = ""  # "550.127.08"
 
     def get(self, name: str) -> float:
         return self.values[index_of(Scope.GPU)[name]]

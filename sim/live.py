@@ -17,6 +17,24 @@ from faultcast.sim.modes import BY_NAME
 from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario
 
+# What the exporter labels a GPU's series with besides its UUID (dcgm-exporter's pci_bus_id and
+# DCGM_FI_DRIVER_VERSION): the buses of an 8-GPU HGX board, in NVML's form, and a datacenter
+# driver of the generation's branch.
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_DRIVERS = {"NVIDIA A100-SXM4-80GB": "535.216.03", "NVIDIA H100 80GB HBM3": "550.127.08"}
+_DEFAULT_DRIVER = "550.127.08"
+
+
+def pci_bus_id(gpu: int) -> str:
+    """The PCI bus id of a twin GPU, as NVML writes it ("00000000:18:00.0")."""
+    bus = _HGX_BUSES[gpu] if gpu < len(_HGX_BUSES) else 0xE0 + gpu - len(_HGX_BUSES)
+    return f"00000000:{bus:02X}:00.0"
+
+
+def driver_version(model_name: str) -> str:
+    """The NVIDIA driver a twin node of this GPU model runs."""
+    return _DRIVERS.get(model_name, _DEFAULT_DRIVER)
+
 
 class TwinExhausted(RuntimeError):  # noqa: N818 (a state, not a programming error)
     """The virtual clock reached the end of the configured horizon."""
@@ -72,9 +90,12 @@ class TwinSource:
         if not chunk.node_present[k]:
             return Reading(time_unix_nano=time_ns)  # the node is dark or the scrape was lost
         traits = self.node.traits
+        model = traits.generation.model_name
+        driver = driver_version(model)
         gpus = tuple(
-            GpuReading(g, self.node.uuid(g, int(chunk.replacements[k, g])), traits.generation.model_name,
-                       tuple(chunk.gpu_values[k, g].tolist()), lost=bool(chunk.gpu_lost[k, g]))
+            GpuReading(g, self.node.uuid(g, int(chunk.replacements[k, g])), model,
+                       tuple(chunk.gpu_values[k, g].tolist()), lost=bool(chunk.gpu_lost[k, g]),
+                       pci_bus_id=pci_bus_id(g), driver_version=driver)
             for g in range(config.gpus_per_node)
             if chunk.gpu_present[k, g]
         )  # fmt: skip

@@ -139,6 +139,33 @@ def test_every_gpu_metric_is_read_and_identity_reported(fake: FakeNvml, source: 
     assert len({g.uuid for g in reading.gpus}) == 8
 
 
+def test_each_gpu_reports_its_pci_bus_id_and_the_driver_version(fake: FakeNvml) -> None:
+    fake.driver_version = "570.133.20"
+    fake.set_value(
+        3,
+        "nvmlDeviceGetPciInfo",
+        pynvml.nvmlPciInfo_t(busIdLegacy=b"0000:9A:00.0", busId=b"00000000:9A:00.0"),
+    )
+    reading = NvmlSource(fake).read()
+    assert reading.gpus[3].pci_bus_id == "00000000:9A:00.0"  # the binding's bytes, decoded
+    assert len({g.pci_bus_id for g in reading.gpus}) == 8
+    assert {g.driver_version for g in reading.gpus} == {"570.133.20"}
+
+
+def test_identity_labels_nvml_cannot_give_are_empty_and_cost_nothing_else(fake: FakeNvml) -> None:
+    fake.set_error(2, "nvmlDeviceGetPciInfo", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake.set_error(None, "nvmlSystemGetDriverVersion", pynvml.NVML_ERROR_UNKNOWN)
+    source = NvmlSource(fake)
+    reading = source.read()
+    assert reading.gpus[2].pci_bus_id == ""
+    assert all(g.pci_bus_id for g in reading.gpus if g.index != 2)
+    assert {g.driver_version for g in reading.gpus} == {""}
+    assert any("driver version" in note for note in source.notes)
+    # Labels only: every metric of the GPU is still read, and no call is counted as failed.
+    assert nan_names(reading.gpus[2]) == set()
+    assert {g.get("nvml_failed_calls") for g in reading.gpus} == {0.0}
+
+
 def pynvml_uuid(fake: FakeNvml, gpu: int) -> str:
     fake.nvmlInit()
     try:
