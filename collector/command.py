@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-
 from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
-from faultcast.collector.exporter import SnapshotCollector
+from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
 from faultcast.collector.nvml import DEFAULT_TIMEOUT_S, NvmlSource, NvmlUnavailable, nvml_available
 from faultcast.collector.probes import PeerProber, parse_peer
@@ -29,6 +27,7 @@ from faultcast.collector.simulated import SimulatedSource
 from faultcast.collector.source import Source
 from faultcast.collector.spool import DEFAULT_MAX_SAMPLES, Spool
 from faultcast.collector.table import render_table
+from faultcast.dcgm import Vocabulary
 from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
 from faultcast.sim.command import parse_scenario
@@ -62,6 +61,12 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--prometheus-port", type=int, default=9400, help="/metrics port; 0 picks a free one")
     p.add_argument("--prometheus-address", default="0.0.0.0", help="/metrics bind address")
     p.add_argument("--no-prometheus", action="store_true", help="do not serve /metrics")
+    p.add_argument(
+        "--dcgm-names", choices=[v.value for v in Vocabulary], default=Vocabulary.CLASSIC.value,
+        help="names of dcgm-exporter's metrics on /metrics: classic (dcgm-exporter's default CSV up to 4.8, "
+        "DCGM_FI_DEV_GPU_TEMP, Hostname label; the default) or canonical (DCGM 4.6's field names in base units, "
+        "DCGM_FI_DEV_GPU_TEMP_CELSIUS, DCGM_FI_DEV_SM_CLOCK_HERTZ, hostname label)",
+    )  # fmt: skip
     p.add_argument("--service", metavar="HOST:PORT", help="push samples to the faultcast service")
     p.add_argument(
         "--spool", type=Path, help="spool file (default: $FAULTCAST_STATE_DIR/faultcast/spool-NODE.sqlite)"
@@ -197,13 +202,12 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     collector = NodeCollector(args.node, sources, spool=spool)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(collector.latest))
+    exporter = SnapshotExporter(collector.latest, Vocabulary(args.dcgm_names))
 
     if args.once:
         try:
             snapshot = collector.scrape()
-            print(_format_once(snapshot, args.format, registry, gpus), end="")
+            print(_format_once(snapshot, args.format, exporter, gpus), end="")
         finally:
             collector.close()
         return 0
@@ -216,8 +220,9 @@ def run(args: argparse.Namespace) -> int:
         if spool is not None and channels is not None
         else None
     )
+    server = None
     if not args.no_prometheus:
-        server, _ = start_http_server(args.prometheus_port, addr=args.prometheus_address, registry=registry)
+        server = start_metrics_server(exporter.render, args.prometheus_port, args.prometheus_address)
         print(
             f"serving /metrics on http://{args.prometheus_address}:{server.server_port}/metrics", flush=True
         )
@@ -232,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if shipper is not None:
             shipper.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         collector.close()  # closes the network source, and with it the prober
     print(_summary(collector, time.monotonic() - started, shipper, spool))
     if spool is not None:
@@ -274,9 +282,9 @@ def _summary(collector: NodeCollector, elapsed: float, shipper: Shipper | None, 
     return "\n".join(lines)
 
 
-def _format_once(snapshot: NodeSnapshot, fmt: str, registry: CollectorRegistry, gpus: Source) -> str:
+def _format_once(snapshot: NodeSnapshot, fmt: str, exporter: SnapshotExporter, gpus: Source) -> str:
     if fmt == "prometheus":
-        return generate_latest(registry).decode()
+        return exporter.render().decode()
     if fmt == "table":
         return render_table(snapshot) + "\n"
     return json.dumps(snapshot_to_json(snapshot, gpus), indent=2, allow_nan=False) + "\n"

@@ -1,120 +1,218 @@
-"""Prometheus exposition of the latest snapshot, with dcgm-exporter-compatible names and labels.
+"""Prometheus exposition of the latest snapshot, with dcgm-exporter's names, types and labels.
 
-GPU series carry dcgm-exporter's labels (gpu, UUID, device, modelName, Hostname), so dashboards
-and rules written for dcgm-exporter work unchanged; metrics dcgm-exporter lacks are named
-faultcast_*. Missing values (NaN) are left out, as dcgm-exporter does for unsupported fields.
+GPU series carry dcgm-exporter's labels (gpu, UUID, pci_bus_id, device, modelName, Hostname and
+DCGM_FI_DRIVER_VERSION), so dashboards and rules written for dcgm-exporter work unchanged; metrics
+dcgm-exporter lacks are named faultcast_*. Missing values (NaN) are left out, as dcgm-exporter does
+for unsupported fields, and so is a label whose value is unknown.
 
-prometheus-client appends `_total` to every counter family, which would rename dcgm-exporter's
-counters (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL_total); those few families keep their exact name and
-are typed gauge. faultcast_* counters are real counters ending in `_total`.
+dcgm-exporter's counters keep their exact names (DCGM_FI_DEV_PCIE_REPLAY_COUNTER) and are typed
+counter, as its CSVs declare them (faultcast.dcgm). prometheus-client cannot write that: its text
+output names every counter family `<name>_total`. So the exposition is written here, in the text
+format 0.0.4 that dcgm-exporter serves (OpenMetrics would require the `_total` suffix), and served
+by a small HTTP server of its own. faultcast_* counters end in `_total` as before.
 """
 
 from __future__ import annotations
 
 import math
+import socket
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 from faultcast.catalogue import FAMILY_HELP, Kind, Scope, metrics_for
-from faultcast.catalogue import Metric as CatalogueMetric
-from faultcast.readings import NodeSnapshot
+from faultcast.dcgm import LABELS, Vocabulary, names
+from faultcast.readings import GpuReading, NodeSnapshot
 
-GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _DEVICE_LABELS: dict[Scope, tuple[str, ...]] = {
-    Scope.INTERFACE: ("device", "Hostname"),
-    Scope.IB_PORT: ("device", "port", "Hostname"),
-    Scope.PEER: ("peer", "Hostname"),
+    Scope.INTERFACE: ("device",),
+    Scope.IB_PORT: ("device", "port"),
+    Scope.PEER: ("peer",),
 }
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def gpu_labels(vocabulary: Vocabulary = Vocabulary.CLASSIC) -> tuple[str, ...]:
+    """The labels of every GPU series, in dcgm-exporter's order."""
+    names_ = LABELS[vocabulary]
+    return ("gpu", "UUID", "pci_bus_id", "device", "modelName", names_.hostname, names_.driver_version)
+
+
+GPU_LABELS = gpu_labels()
 
 
 @dataclass(frozen=True, slots=True)
-class _Family:
-    """One exported family and the catalogue positions that feed it."""
+class Family:
+    """One exported family; every sample is named `name` exactly."""
+
+    name: str
+    type: str  # "gauge" or "counter"
+    help: str
+    samples: tuple[tuple[Labels, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """One family and the catalogue positions that feed it."""
 
     name: str
     help: str
     counter: bool
-    members: tuple[tuple[int, tuple[str, str] | None], ...]  # (position in scope, extra label)
+    members: tuple[tuple[int, tuple[str, str] | None, float], ...]  # (position, extra label, scale)
 
 
-def _families(scope: Scope) -> tuple[_Family, ...]:
-    grouped: dict[str, list[tuple[int, CatalogueMetric]]] = {}
+def _specs(scope: Scope, vocabulary: Vocabulary) -> tuple[_Spec, ...]:
+    dcgm = names(vocabulary)
+    grouped: dict[str, list[tuple[int, tuple[str, str] | None, float]]] = {}
+    first: dict[str, _Spec] = {}
     for position, metric in enumerate(metrics_for(scope)):
-        grouped.setdefault(metric.prometheus_name, []).append((position, metric))
-    families = []
-    for name, members in grouped.items():
-        first = members[0][1]
-        counter = first.kind is Kind.COUNTER and first.dcgm is None
-        help_text = FAMILY_HELP.get(name, first.help)
-        families.append(
-            _Family(
-                name,
-                f"{help_text} [{first.unit}]",
-                counter,
-                tuple((pos, m.family_label) for pos, m in members),
-            )
-        )
-    return tuple(families)
+        named = dcgm.get(metric.name)
+        if named is not None:
+            name, counter, unit, scale = named.name, named.counter, named.unit, named.scale
+        else:
+            name, counter, unit, scale = metric.prometheus_name, metric.kind is Kind.COUNTER, metric.unit, 1.0
+        if name not in first:
+            first[name] = _Spec(name, f"{FAMILY_HELP.get(name, metric.help)} [{unit}]", counter, ())
+        grouped.setdefault(name, []).append((position, metric.family_label, scale))
+    return tuple(
+        _Spec(spec.name, spec.help, spec.counter, tuple(grouped[spec.name])) for spec in first.values()
+    )
 
 
-def _emit(
-    family: _Family,
-    label_names: Sequence[str],
-    rows: Iterable[tuple[Sequence[str], Sequence[float]]],
-) -> Metric:
-    extra = next((label[0] for _, label in family.members if label is not None), None)
-    names = [*label_names, extra] if extra else list(label_names)
-    metric: CounterMetricFamily | GaugeMetricFamily
-    if family.counter:
-        # CounterMetricFamily wants the name without _total; it adds the suffix itself.
-        metric = CounterMetricFamily(family.name.removesuffix("_total"), family.help, labels=names)
-    else:
-        metric = GaugeMetricFamily(family.name, family.help, labels=names)
+def _family(spec: _Spec, rows: Iterable[tuple[Labels, Sequence[float]]]) -> Family:
+    samples: list[tuple[Labels, float]] = []
     for labels, values in rows:
-        for position, label in family.members:
+        for position, extra, scale in spec.members:
             value = values[position]
             if math.isnan(value):
                 continue
-            metric.add_metric([*labels, label[1]] if label else list(labels), value)
-    return metric
+            samples.append(((*labels, extra) if extra else labels, value * scale))
+    return Family(spec.name, "counter" if spec.counter else "gauge", spec.help, tuple(samples))
 
 
-class SnapshotCollector(Collector):
-    """A prometheus-client collector over whatever snapshot `latest()` returns now."""
+class SnapshotExporter:
+    """The exposition of whatever snapshot `latest()` returns now, in one vocabulary."""
 
-    def __init__(self, latest: Callable[[], NodeSnapshot | None]) -> None:
+    def __init__(
+        self, latest: Callable[[], NodeSnapshot | None], vocabulary: Vocabulary = Vocabulary.CLASSIC
+    ) -> None:
         self.latest = latest
-        self._families = {scope: _families(scope) for scope in Scope}
+        self.vocabulary = vocabulary
+        self._hostname = LABELS[vocabulary].hostname
+        self._driver = LABELS[vocabulary].driver_version
+        self._specs = {scope: _specs(scope, vocabulary) for scope in Scope}
 
-    def collect(self) -> Iterable[Metric]:
+    def families(self) -> list[Family]:
+        """Every family with at least one sample (a field unsupported everywhere is left out)."""
         snapshot = self.latest()
         if snapshot is None:
             return []
-        host = snapshot.node
-        gpu_rows = [
-            ((str(g.index), g.uuid, f"nvidia{g.index}", g.model_name, host), g.values) for g in snapshot.gpus
-        ]
-        metrics = [_emit(family, GPU_LABELS, gpu_rows) for family in self._families[Scope.GPU]]
+        host = (self._hostname, snapshot.node)
+        gpu_rows = [(self._gpu_labels(g, snapshot.node), g.values) for g in snapshot.gpus]
+        families = [_family(spec, gpu_rows) for spec in self._specs[Scope.GPU]]
         for scope, label_names in _DEVICE_LABELS.items():
             rows = [
-                (_device_labels(scope, d.device, host), d.values)
+                ((*zip(label_names, _device_values(scope, d.device), strict=True), host), d.values)
                 for d in snapshot.devices
                 if d.scope is scope
             ]
-            metrics.extend(_emit(family, label_names, rows) for family in self._families[scope])
+            families.extend(_family(spec, rows) for spec in self._specs[scope])
         for scope, values in ((Scope.HOST, snapshot.host), (Scope.COLLECTOR, snapshot.collector)):
-            metrics.extend(
-                _emit(family, ("Hostname",), [((host,), values)]) for family in self._families[scope]
-            )
-        # A family with no samples (unsupported everywhere) is left out entirely, HELP line included.
-        return [m for m in metrics if m.samples]
+            families.extend(_family(spec, [((host,), values)]) for spec in self._specs[scope])
+        return [f for f in families if f.samples]
+
+    def render(self) -> bytes:
+        """The exposition in the Prometheus text format 0.0.4."""
+        return render(self.families()).encode()
+
+    def _gpu_labels(self, gpu: GpuReading, node: str) -> Labels:
+        pairs = (
+            ("gpu", str(gpu.index)),
+            ("UUID", gpu.uuid),
+            ("pci_bus_id", gpu.pci_bus_id),
+            ("device", f"nvidia{gpu.index}"),
+            ("modelName", gpu.model_name),
+            (self._hostname, node),
+            (self._driver, gpu.driver_version),
+        )
+        return tuple(p for p in pairs if p[1])  # an empty label is no label to Prometheus
 
 
-def _device_labels(scope: Scope, device: str, host: str) -> tuple[str, ...]:
+def _device_values(scope: Scope, device: str) -> tuple[str, ...]:
     if scope is Scope.IB_PORT:
         name, _, port = device.rpartition(":")
-        return (name, port, host)
-    return (device, host)
+        return (name, port)
+    return (device,)
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))  # "NaN" never comes here: missing values are left out
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _escape_value(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def render(families: Iterable[Family]) -> str:
+    """Families in the Prometheus text format 0.0.4, labels in their given order."""
+    lines: list[str] = []
+    for family in families:
+        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
+        lines.append(f"# TYPE {family.name} {family.type}")
+        for labels, value in family.samples:
+            text = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels)
+            lines.append(f"{family.name}{{{text}}} {_number(value)}" if text else
+                         f"{family.name} {_number(value)}")  # fmt: skip
+    return "".join(line + "\n" for line in lines)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], family: socket.AddressFamily, body: Callable[[], bytes]
+    ) -> None:
+        self.address_family = family
+        self.body = body
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        if urlsplit(self.path).path not in ("/", "/metrics"):
+            self.send_error(404, "only /metrics is served here")
+            return
+        body = self.server.body()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Every scrape would log a line; errors show in the scraper instead."""
+
+
+def start_metrics_server(
+    body: Callable[[], bytes], port: int, address: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """Serve `body()` on http://address:port/metrics from a daemon thread; port 0 picks a free one.
+
+    `shutdown()` and `server_close()` on the returned server stop it.
+    """
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    server = _Server((address, port), family, body)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

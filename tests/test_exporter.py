@@ -3,19 +3,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import Scope, index_of, metrics_for
-from faultcast.collector.exporter import GPU_LABELS, SnapshotCollector
+from faultcast.collector.exporter import GPU_LABELS, SnapshotExporter
 from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
 
 
 def _exposition(snapshot: NodeSnapshot | None) -> dict[str, list[tuple[str, dict[str, str], float]]]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: snapshot))
-    text = generate_latest(registry).decode()
+    text = SnapshotExporter(lambda: snapshot).render().decode()
     return {
         family.name: [(s.name, s.labels, s.value) for s in family.samples]
         for family in text_string_to_metric_families(text)
@@ -36,8 +33,10 @@ def test_gpu_series_use_dcgm_exporter_names_and_labels() -> None:
     assert set(labels) == set(GPU_LABELS)
     gpu = snapshot.gpus[1]
     assert labels == {
-        "gpu": "1", "UUID": gpu.uuid, "device": "nvidia1", "modelName": gpu.model_name, "Hostname": "node-7"
+        "gpu": "1", "UUID": gpu.uuid, "pci_bus_id": gpu.pci_bus_id, "device": "nvidia1",
+        "modelName": gpu.model_name, "Hostname": "node-7", "DCGM_FI_DRIVER_VERSION": gpu.driver_version,
     }  # fmt: skip
+    assert gpu.pci_bus_id and gpu.driver_version
     assert value == gpu.get("gpu_temp")
 
 
