@@ -35,6 +35,11 @@ from faultcast.tls import ChannelFactory, TLSConfigError, add_client_arguments, 
 
 log = logging.getLogger(__name__)
 
+# How far in the past a twin faster than real time starts by default: it must catch up with the wall
+# clock before stamping a sample ahead of it, and a default service refuses samples over 6 h old.
+DEFAULT_SIM_BACKFILL_S = 4 * 3600.0
+_SERVICE_MAX_AGE_S = 6 * 3600.0  # faultcast.service.validation.Limits.max_age_s
+
 
 def default_spool_path(node: str) -> Path:
     state = os.environ.get("FAULTCAST_STATE_DIR") or os.environ.get("XDG_STATE_HOME")
@@ -107,9 +112,15 @@ def add_parser(commands: Any) -> None:
         "--sim-start",
         type=int,
         metavar="UNIX_SECONDS",
-        help="the twin's start of time (default: now); give the offline run's start "
-        "(manifest.json, config.start_unix_s) to replay it sample for sample",
+        help="the twin's start of time, not after now (default: now less --sim-backfill); give the offline "
+        "run's start (manifest.json, config.start_unix_s) to replay it sample for sample",
     )
+    sim.add_argument(
+        "--sim-backfill", type=parse_duration, metavar="DURATION",
+        help="start the twin this long before now (default: 4h when --speed is above 1, else 0). Samples are "
+        "never stamped ahead of the wall clock: a twin faster than real time runs from the past, and once it "
+        "has caught up it runs at real time",
+    )  # fmt: skip
     sim.add_argument(
         "--scenario",
         action="append",
@@ -145,11 +156,19 @@ def gpu_source(args: argparse.Namespace) -> Source:
     return _simulated(args)
 
 
+def sim_backfill_s(args: argparse.Namespace) -> float:
+    """How long before now the twin starts when --sim-start is not given."""
+    if args.sim_backfill is not None:
+        return float(args.sim_backfill)
+    return DEFAULT_SIM_BACKFILL_S if args.speed > 1 else 0.0
+
+
 def _simulated(args: argparse.Namespace) -> SimulatedSource:
-    """One node of the fleet twin; each scrape advances its clock by interval x speed."""
+    """One node of the fleet twin; each scrape advances its clock by interval x speed, up to the wall clock."""
     scenarios = [dataclasses.replace(s, node=args.sim_node) for s in args.scenario]
     return SimulatedSource(
         start_unix_nano=None if args.sim_start is None else args.sim_start * 10**9,
+        backfill_s=sim_backfill_s(args),
         gpus=args.gpus,
         seed=args.seed,
         interval=args.interval * args.speed,
@@ -170,11 +189,30 @@ def run(args: argparse.Namespace) -> int:
         except TLSConfigError as exc:
             print(f"faultcast: --service: {exc}", file=sys.stderr)
             return 2
+    if args.sim_start is not None and args.sim_backfill is not None:
+        print("faultcast: give --sim-start or --sim-backfill, not both", file=sys.stderr)
+        return 2
+    if args.sim_backfill is not None and args.sim_backfill < 0:
+        print("faultcast: --sim-backfill must not be negative", file=sys.stderr)
+        return 2
     try:
         gpus = gpu_source(args)
     except NvmlUnavailable as exc:
         print(f"faultcast: --source nvml: {exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:  # a --sim-start in the future, a bad --nvml-timeout
+        print(f"faultcast: {exc}", file=sys.stderr)
+        return 2
+    if (
+        isinstance(gpus, SimulatedSource)
+        and args.sim_start is None
+        and sim_backfill_s(args) >= _SERVICE_MAX_AGE_S
+    ):
+        print(
+            "faultcast: warning: with --sim-backfill of 6 h or more the first samples are older than a default "
+            "service takes (--max-sample-age)",
+            file=sys.stderr,
+        )
     # The simulated node reports its own (simulated) network; a real node reads this machine's.
     sources: list[Source] = [gpus]
     prober = None
