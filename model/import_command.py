@@ -13,7 +13,8 @@ from faultcast.durations import parse_duration
 def add_parsers(commands: Any) -> None:
     imp = commands.add_parser(
         "import-prometheus",
-        help="turn a Prometheus range-query export (dcgm-exporter names) and a failure log into training data",
+        help="turn a Prometheus range-query export (dcgm-exporter's classic or DCGM 4.6's canonical names) and a "
+        "failure log into training data",
     )
     imp.add_argument(
         "--export", type=Path, required=True,
@@ -31,7 +32,7 @@ def add_parsers(commands: Any) -> None:
     imp.add_argument("--gpus-per-node", type=int, help="default: the highest gpu label + 1")
     imp.add_argument(
         "--node-label", action="append", default=[],
-        help="label naming the node, tried before Hostname and instance (repeatable)",
+        help="label naming the node, tried before Hostname, hostname and instance (repeatable)",
     )  # fmt: skip
     imp.set_defaults(handler=run_import)
 
@@ -71,6 +72,8 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
     ]
     if manifest["samples_not_finite"]:
         lines.append(f"{manifest['samples_not_finite']:,} NaN/Inf samples became missing values")
+    for series, how in manifest.get("units_converted", {}).items():
+        lines.append(f"{series} converted to the catalogue's unit: {how}")
     unknown = manifest["unknown_metrics"]
     if unknown:
         shown = ", ".join(f"{name} ({n})" for name, n in list(unknown.items())[:8])

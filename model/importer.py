@@ -5,11 +5,15 @@ score on their own clusters.
 The export is what `GET /api/v1/query_range` answers (`{"status": "success", "data": {"resultType":
 "matrix", "result": [...]}}`), a JSON list of such answers (one per query), or a directory of
 `.json` files holding either. Series are matched to the metric catalogue by name: dcgm-exporter's
-(`DCGM_FI_DEV_GPU_TEMP`, ...) and faultcast's own (`faultcast_*`, the Xid family told apart by its
-`xid` label). The node is the `Hostname` label (else `instance`, without its port), the GPU the
-`gpu` label. Samples at any cadence are laid on a grid of `interval_s` seconds aligned to the
-epoch, the last sample of a step winning (what the model does online). Non-finite values
-("NaN", "+Inf") become missing. Names the catalogue does not know are counted in the manifest.
+in either vocabulary of faultcast.dcgm, its default CSV's (`DCGM_FI_DEV_GPU_TEMP`, ...) or DCGM 4.6's
+canonical fields (`DCGM_FI_DEV_GPU_TEMP_CELSIUS`, `DCGM_FI_DEV_SM_CLOCK_HERTZ`, ..., converted back to
+the catalogue's units: hertz to megahertz, joules to millijoules, ratios to percent), and
+faultcast's own (`faultcast_*`, the Xid family told apart by its `xid` label). The node is the
+`Hostname` label (dcgm-exporter 4.8), else `hostname` (its main branch after 4.8.2), else `instance`
+without its port; the GPU is the `gpu` label. Samples at any cadence are laid on a grid of
+`interval_s` seconds aligned to the epoch, the last sample of a step winning (what the model does
+online). Non-finite values ("NaN", "+Inf") become missing. Names the catalogue does not know are
+counted in the manifest, and so are the unit conversions made.
 
 Two gaps of a plain dcgm-exporter are filled from what it does export, and the manifest says so:
 the throttle flags come from the clock-event-reasons bitmask, and the Xid counters by code from
@@ -48,6 +52,7 @@ from faultcast.catalogue import (
     Scope,
     metrics_for,
 )
+from faultcast.dcgm import RATIO_OR_PERCENT, readable_names
 from faultcast.model.dataset import DataError
 from faultcast.rollup import NETWORK_COLUMNS, rollup_network
 from faultcast.sim.writer import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
@@ -55,7 +60,7 @@ from faultcast.sim.writer import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TE
 log = logging.getLogger(__name__)
 
 KIND = "prometheus import"
-DEFAULT_NODE_LABELS: tuple[str, ...] = ("Hostname", "instance")
+DEFAULT_NODE_LABELS: tuple[str, ...] = ("Hostname", "hostname", "instance")
 _NETWORK_SCOPES = (Scope.INTERFACE, Scope.IB_PORT, Scope.PEER, Scope.HOST)
 _CHUNK_STEPS = 1440  # grid steps per written row group
 _REQUIRED_FAILURE_FIELDS = ("timestamp", "node", "gpu", "mode")
@@ -72,12 +77,21 @@ def _lookup() -> tuple[dict[str, Metric], dict[tuple[str, str], Metric]]:
             by_family[(metric.prometheus_name, metric.family_label[1])] = metric
             continue
         by_name[metric.prometheus_name] = metric
-        if metric.dcgm is not None:
-            by_name[metric.dcgm] = metric
+    catalogue = {m.name: m for m in METRICS}
+    for named in readable_names().values():  # dcgm-exporter's names, in both vocabularies
+        by_name[named.name] = catalogue[named.metric]
     return by_name, by_family
 
 
 _BY_NAME, _BY_FAMILY = _lookup()
+# Series named in other units than the catalogue's: catalogue value = series value x factor.
+_TO_CATALOGUE: dict[str, tuple[float, str]] = {
+    n.name: (1.0 / n.scale, f"{n.unit} -> {m.unit}")
+    for n in readable_names().values()
+    if n.scale != 1.0
+    for m in METRICS
+    if m.name == n.metric
+}
 _FAMILY_LABEL = {m.prometheus_name: m.family_label[0] for m in METRICS if m.family_label is not None}
 # Throttle flags the collector derives from the bitmask (the catalogue's `read` says which bit).
 _FLAG_BITS: dict[str, int] = {
@@ -127,6 +141,9 @@ class _Parsed:
     unknown: Counter[str] = field(default_factory=Counter)
     ignored: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> series
+    # Series of a name DCGM has published both as a ratio and as a percent, decided once all are read.
+    ratio_or_percent: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    converted: dict[str, str] = field(default_factory=dict)  # series name -> the conversion applied
     spacings: list[np.ndarray] = field(default_factory=list)
     samples: int = 0
     not_finite: int = 0
@@ -250,6 +267,12 @@ def _parse(export: Path, node_labels: Sequence[str]) -> _Parsed:
             finite = np.isfinite(values)
             parsed.not_finite += int((~finite).sum())
             values = np.where(finite, values, np.nan)
+            if name in RATIO_OR_PERCENT:
+                parsed.ratio_or_percent.setdefault(name, []).append(values)  # scaled in place later
+            elif name in _TO_CATALOGUE:
+                factor, what = _TO_CATALOGUE[name]
+                values = values * factor
+                parsed.converted[name] = f"x {factor:g} ({what})"
             parsed.samples += len(times)
             parsed.t_min, parsed.t_max = min(parsed.t_min, times.min()), max(parsed.t_max, times.max())
             if len(times) > 1:
@@ -265,7 +288,21 @@ def _parse(export: Path, node_labels: Sequence[str]) -> _Parsed:
                 columns = parsed.network.setdefault(node, {})
                 columns.setdefault(metric.name, {}).setdefault(device, _Samples()).add(times, values)
             parsed.mapped.setdefault(metric.name, Counter())[name] += 1
+    _settle_ratio_or_percent(parsed)
     return parsed
+
+
+def _settle_ratio_or_percent(parsed: _Parsed) -> None:
+    """DCGM_FI_DEV_GPU_UTIL_RATIO is a percent from DCGM 4.6 (field 203 renamed) and a 0-1 ratio
+    from DCGM 4.7: a value above 1 anywhere in the export says percent, else it is a ratio."""
+    for name, arrays in parsed.ratio_or_percent.items():
+        if any(np.nanmax(a, initial=0.0) > 1.0 for a in arrays):
+            parsed.converted[name] = "x 1 (values above 1: a percent already, DCGM 4.6)"
+            continue
+        factor, what = _TO_CATALOGUE[name]
+        for array in arrays:
+            array *= factor  # the arrays the samples hold
+        parsed.converted[name] = f"x {factor:g} ({what})"
 
 
 def _interval(parsed: _Parsed, interval_s: float | None) -> float:
@@ -554,6 +591,7 @@ def import_prometheus(
             "telemetry": [c for c in GPU_COLUMNS if c not in have],
             "network": [c for c in NETWORK_COLUMNS if c not in have],
         },
+        "units_converted": dict(sorted(parsed.converted.items())),
         "unknown_metrics": dict(parsed.unknown.most_common()),
         "ignored_metrics": dict(parsed.ignored.most_common()),
         "skipped_series": dict(parsed.skipped.most_common()),

@@ -21,6 +21,7 @@ import pytest
 
 from faultcast import cli
 from faultcast.catalogue import METRICS, Scope, by_name, metrics_for
+from faultcast.dcgm import Vocabulary, names
 from faultcast.model.artifact import load
 from faultcast.model.dataset import DataError, open_dataset, unix_seconds
 from faultcast.model.evaluate import WARMUP_S
@@ -338,6 +339,65 @@ def test_a_plain_dcgm_exporter_yields_throttle_flags_and_xid_counts(tmp_path: Pa
     assert open_dataset(out).gpus_per_node == 1
 
 
+def _canonical(export: Response) -> Response:
+    """The export as a dcgm-exporter configured with DCGM 4.6's canonical field names would give it:
+    renamed series in base units, and the node in a lowercase `hostname` label."""
+    renamed = {n.name: n for n in names(Vocabulary.CLASSIC).values()}
+    canonical = names(Vocabulary.CANONICAL)
+    out = copy.deepcopy(export)
+    for series in out["data"]["result"]:
+        labels = series["metric"]
+        labels["hostname"] = labels.pop("Hostname")
+        classic = renamed.get(labels["__name__"])
+        if classic is None:
+            continue
+        new = canonical[classic.metric]
+        labels["__name__"] = new.name
+        series["values"] = [[t, repr(float(v) * new.scale)] for t, v in series["values"]]
+    return out
+
+
+def test_the_canonical_dcgm_vocabulary_imports_to_the_same_data(
+    tmp_path: Path, twin: Path, export_60s: Response
+) -> None:
+    canonical = _canonical(export_60s)
+    names_seen = {s["metric"]["__name__"] for s in canonical["data"]["result"]}
+    assert {"DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",
+            "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "DCGM_FI_DEV_GPU_UTIL_RATIO"} <= names_seen  # fmt: skip
+    assert not {n for n in names_seen if n in {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK"}}
+    (tmp_path / "classic").mkdir()
+    (tmp_path / "canonical").mkdir()
+    classic_out, classic_manifest = _import(tmp_path / "classic", export_60s, twin / "failures.csv")
+    canonical_out, manifest = _import(tmp_path / "canonical", canonical, twin / "failures.csv")
+    expected, got = telemetry(classic_out), telemetry(canonical_out)
+    assert len(got) == len(expected)
+    assert manifest["nodes"] == classic_manifest["nodes"]
+    assert sorted(manifest["mapped"]) == sorted(classic_manifest["mapped"])
+    for column in DCGM_COLUMNS:  # hertz, joules and ratios back in the catalogue's units
+        np.testing.assert_allclose(got[column], expected[column], rtol=1e-12, err_msg=column)
+    assert manifest["mapped"]["sm_clock"] == {"DCGM_FI_DEV_SM_CLOCK_HERTZ": 4}
+    assert manifest["units_converted"]["DCGM_FI_DEV_SM_CLOCK_HERTZ"] == "x 1e-06 (hertz -> megahertz)"
+    assert (
+        manifest["units_converted"]["DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL"] == "x 1000 (joules -> millijoules)"
+    )
+    assert manifest["units_converted"]["DCGM_FI_DEV_GPU_UTIL_RATIO"] == "x 100 (ratio -> percent)"
+    assert "units_converted" not in classic_manifest or classic_manifest["units_converted"] == {}
+
+
+def test_gpu_util_ratio_is_read_as_the_percent_dcgm_4_6_wrote_under_that_name(tmp_path: Path) -> None:
+    def export(values: list[float]) -> Response:
+        labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL_RATIO", "gpu": "0", "hostname": "a"}
+        return _with([{"metric": labels, "values": [[60 * (i + 1), str(v)] for i, v in enumerate(values)]}])
+
+    (tmp_path / "ratio").mkdir()
+    (tmp_path / "percent").mkdir()
+    ratio_out, _ = _import(tmp_path / "ratio", export([0.25, 0.97, 1.0]), None)
+    percent_out, manifest = _import(tmp_path / "percent", export([0.5, 97.0, 100.0]), None)
+    assert telemetry(ratio_out)["gpu_util"].tolist() == [25.0, 97.0, 100.0]
+    assert telemetry(percent_out)["gpu_util"].tolist() == [0.5, 97.0, 100.0]  # field 203's percent kept
+    assert "percent already" in manifest["units_converted"]["DCGM_FI_DEV_GPU_UTIL_RATIO"]
+
+
 def test_the_node_comes_from_hostname_else_instance_or_a_chosen_label(tmp_path: Path) -> None:
     def series(**labels: str) -> dict[str, Any]:
         return {
@@ -346,10 +406,11 @@ def test_the_node_comes_from_hostname_else_instance_or_a_chosen_label(tmp_path: 
         }
 
     export = _with([series(Hostname="a", instance="x:9400"), series(instance="10.0.0.5:9400"),
-                    series(instance="[fd00::1]:9400", kubernetes_node="c"), series(job="dcgm")])  # fmt: skip
+                    series(instance="[fd00::1]:9400", kubernetes_node="c"), series(job="dcgm"),
+                    series(hostname="b", instance="y:9400")])  # fmt: skip
     _, manifest = _import(tmp_path, export, None)
-    assert manifest["nodes"] == ["10.0.0.5", "a", "fd00::1"]
-    assert manifest["skipped_series"] == {"no node label (Hostname or instance)": 1}
+    assert manifest["nodes"] == ["10.0.0.5", "a", "b", "fd00::1"]  # hostname: dcgm-exporter after 4.8.2
+    assert manifest["skipped_series"] == {"no node label (Hostname or hostname or instance)": 1}
     chosen = import_prometheus(
         tmp_path / "export.json", None, tmp_path / "chosen", node_labels=("kubernetes_node", "Hostname")
     )
