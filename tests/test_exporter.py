@@ -36,7 +36,8 @@ def test_gpu_series_use_dcgm_exporter_names_and_labels() -> None:
         "gpu": "1", "UUID": gpu.uuid, "pci_bus_id": gpu.pci_bus_id, "device": "nvidia1",
         "modelName": gpu.model_name, "Hostname": "node-7", "DCGM_FI_DRIVER_VERSION": gpu.driver_version,
     }  # fmt: skip
-    assert gpu.pci_bus_id and gpu.driver_version
+    assert gpu.pci_bus_id
+    assert gpu.driver_version
     assert value == gpu.get("gpu_temp")
 
 
