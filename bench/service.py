@@ -59,10 +59,11 @@ import numpy as np
 from prometheus_client.metrics import MetricWrapperBase
 
 from faultcast import wire
+from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
 from faultcast.service.feed import twin_snapshots
 from faultcast.service.metrics import LATENCY_BUCKETS_S
-from faultcast.service.scoring import ScoredStep, estimated_ttf_s
+from faultcast.service.scoring import ScoredStep
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import DEFAULT_START_UNIX_S, FleetConfig
@@ -548,7 +549,7 @@ def all_heads(model: FaultModel) -> Callable[[np.ndarray], object]:
 
     def heads(x: np.ndarray) -> object:
         risk = model.risk(x)
-        return estimated_ttf_s(risk, model.risk_within(x)), model.mode_probabilities(x)
+        return median_ttf_s(risk, model.risk_within(x)), model.mode_probabilities(x)
 
     return heads
 
@@ -775,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     within_rate = rows_per_second(model.risk_within, x, 5)
     mode_rate = rows_per_second(model.mode_probabilities, x, 5)
     risk, within = model.risk(x), model.risk_within(x)
-    ttf_rate = rows_per_second(lambda _: estimated_ttf_s(risk, within), x, 5)
+    ttf_rate = rows_per_second(lambda _: median_ttf_s(risk, within), x, 5)
     print(
         f"  model.risk_within (time heads):   {within_rate:,.0f} rows/s "
         f"({model.ttf_booster.num_trees() if model.ttf_booster else 0} trees, with the risk again)"
@@ -784,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  model.mode_probabilities:         {mode_rate:,.0f} rows/s "
         f"({model.mode_booster.num_trees() if model.mode_booster else 0} trees)"
     )
-    print(f"  estimated_ttf_s (a Python loop):  {ttf_rate:,.0f} rows/s")
+    print(f"  median_ttf_s (a Python loop):     {ttf_rate:,.0f} rows/s")
     print(f"  all of score_pending's heads:     {heads_rate:,.0f} rows/s")
     if not outcomes:
         return 0

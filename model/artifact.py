@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ import numpy as np
 from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH
 from faultcast.model import threshold_file
-from faultcast.model.alerting import AlertPolicy
 from faultcast.model.features import FeatureConfig, FeatureEngine
+from faultcast.model.incidents import AlertPolicy
 
 FORMAT = "faultcast-model/1"
 TTF_BUCKETS_S = (300.0, 900.0, 1800.0)  # risk within 5, 15 and 30 minutes
@@ -152,7 +152,7 @@ def save(model: FaultModel, out: Path, extra: dict[str, Any]) -> None:
         "threshold": model.threshold,
         "logistic_threshold": model.logistic_threshold,
         "dcgm_default_threshold": model.dcgm_default_threshold,
-        "alert_policy": {"k": model.policy.k, "clear_steps": model.policy.clear_steps},
+        "alert_policy": asdict(model.policy),
         "modes": model.modes,
         "ttf_buckets_s": list(TTF_BUCKETS_S),
         "files": {name: _sha256(out / name) for name in sorted(files)},
@@ -222,7 +222,9 @@ def load(path: Path) -> FaultModel:
         raise ModelError(
             f"{path}: the model takes {booster.num_feature()} features, the schema has {len(engine.names)}"
         )
-    policy = manifest["alert_policy"]
+    # Policy fields an older manifest lacks take today's defaults.
+    policy = AlertPolicy(**{f.name: manifest["alert_policy"][f.name] for f in fields(AlertPolicy)
+                            if f.name in manifest["alert_policy"]})  # fmt: skip
     threshold = float(manifest["threshold"])
     try:
         chosen = threshold_file.read(path, str(manifest["files"]["model.txt"]))
@@ -243,7 +245,7 @@ def load(path: Path) -> FaultModel:
         feature_names=engine.names,
         horizon_s=float(manifest["horizon_s"]),
         threshold=threshold,
-        policy=AlertPolicy(int(policy["k"]), int(policy["clear_steps"]), float(manifest["horizon_s"])),
+        policy=policy,
         logistic=logistic,
         logistic_threshold=float(manifest["logistic_threshold"]),
         dcgm_default_threshold=float(manifest.get("dcgm_default_threshold", manifest["threshold"])),

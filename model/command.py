@@ -40,6 +40,14 @@ def add_parsers(commands: Any) -> None:
     evaluate.add_argument("--model", type=Path, required=True)
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--json", type=Path, help="write the metrics here")
+    evaluate.add_argument(
+        "--warning-time", type=parse_duration, default=300.0,
+        help="minimal warning time: a failure counts as caught only when warned at least this early",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--prediction-period", type=parse_duration, default=7200.0,
+        help="an alert counts as true when its failure comes within this after it (else premature or false)",
+    )  # fmt: skip
     evaluate.set_defaults(handler=run_evaluate)
 
 
@@ -63,7 +71,7 @@ def run_train(args: argparse.Namespace) -> int:
     m = model.manifest["metrics"]
     print(f"wrote {args.out}: {m['training_rows']:,} rows ({m['training_positives']:,} positive), "
           f"{m['best_iteration']} trees, threshold {model.threshold:.4f} "
-          f"({m['validation_nuisance_alarms_per_1000_gpu_days']['model']:.2f} nuisance alarms per 1,000 GPU-days "
+          f"({m['validation_false_alarms_per_1000_gpu_days']['model']:.2f} false alarms per 1,000 GPU-days "
           f"on {m['validation_gpu_days']:.0f} validation GPU-days), "
           f"in {model.manifest['timings_s']['total_s']:.0f} s")  # fmt: skip
     return 0
@@ -73,6 +81,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from faultcast.model.artifact import ModelError, load
     from faultcast.model.dataset import DataError, open_dataset
     from faultcast.model.evaluate import held_out_report, json_safe
+    from faultcast.model.outcomes import PredictionPeriods
 
     try:
         model = load(args.model)
@@ -81,7 +90,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print(f"faultcast evaluate: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    report, _ = held_out_report(dataset, model)
+    if not 0 <= args.warning_time < args.prediction_period:
+        print(
+            "faultcast evaluate: the warning time must be shorter than the prediction period", file=sys.stderr
+        )
+        return 2
+    report, _ = held_out_report(dataset, model, PredictionPeriods(args.warning_time, args.prediction_period))
     report["evaluation_seconds"] = time.perf_counter() - started
     text = json.dumps(json_safe(report), indent=2)
     if args.json:
@@ -98,23 +112,26 @@ def _fmt(value: object, pct: bool = False) -> str:
 
 
 def render_table(report: dict[str, Any]) -> str:
+    d = report["definitions"]
+    warning, period = d["warning_s"] / 60, d["period_s"] / 60
     rows = [("model", report["model"]), ("model, dcgm-exporter defaults only", report["model_dcgm_default_metrics"]),
             ("logistic regression", report["logistic"]), ("rules (DCGM + NVSentinel)", report["rules"])]  # fmt: skip
     lines = [
-        f"held-out: {report['test_gpu_days']:.0f} GPU-days, {report['test_failures']} failures",
-        "| method | recall >=1 min | recall >=5 min | recall >=5 min, predictable modes | median lead (min) "
-        "| p10 lead (min) | false alarms / 1,000 GPU-days | nuisance alarms / 1,000 GPU-days | alert precision "
-        "| PR-AUC |",
+        f"held-out: {report['test_gpu_days']:.0f} GPU-days, {report['test_failures']} failures; minimal warning "
+        f"{warning:.0f} min, prediction period {period:.0f} min",
+        f"| method | recall >={warning:.0f} min, predictable modes | recall >={warning:.0f} min | recall >=1 min "
+        "| lead p10 / median / p90 (min) | false alarms / 1,000 GPU-days | of which premature | of which false "
+        "| alert precision | PR-AUC |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in rows:
+        leads = " / ".join(_fmt(m[k]) for k in ("p10_lead_min", "median_lead_min", "p90_lead_min"))
         lines.append(
-            f"| {name} | {_fmt(m['recall_1min'], True)} | {_fmt(m['recall_5min'], True)} "
-            f"| {_fmt(m['recall_5min_predictable'], True)} | {_fmt(m['median_lead_min'])} | {_fmt(m['p10_lead_min'])} "
-            f"| {_fmt(m['false_alarms_per_1000_gpu_days'])} | {_fmt(m['nuisance_alarms_per_1000_gpu_days'])} "
-            f"| {_fmt(m['alert_precision'], True)} "
-            f"| {_fmt(m['pr_auc'])} |"
+            f"| {name} | {_fmt(m['recall_5min_predictable'], True)} | {_fmt(m['recall_5min'], True)} "
+            f"| {_fmt(m['recall_1min'], True)} | {leads} | {_fmt(m['false_alarms_per_1000_gpu_days'])} "
+            f"| {_fmt(m['premature_alarms_per_1000_gpu_days'])} | {_fmt(m['false_only_alarms_per_1000_gpu_days'])} "
+            f"| {_fmt(m['alert_precision'], True)} | {_fmt(m['pr_auc'])} |"
         )
-    lines.append("recall at >=5 min by mode (model): " + ", ".join(
+    lines.append(f"recall at >={warning:.0f} min by mode (model): " + ", ".join(
         f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items()))  # fmt: skip
     return "\n".join(lines)

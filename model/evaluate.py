@@ -9,13 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from faultcast.model.alerting import ScoredPeriod, alert_starts, event_metrics
+from faultcast.model.alert_content import NODE_LEVEL_MODES, PREDICTABLE_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, Labels, Step, replay
+from faultcast.model.outcomes import (
+    DEFAULT_PERIODS,
+    PredictionPeriods,
+    ScoredPeriod,
+    event_metrics,
+    incidents,
+)
 from faultcast.model.rules import RulesBaseline
-from faultcast.sim.modes import MODES
 
 WARMUP_S = 6 * 3600.0  # history fed to the engine before a scored period starts (windows, baselines)
+# Rows where some method's score reaches this get the model's likely mode (the tracker reads it where
+# an alert opens, to tell node-level incidents from GPU ones); no threshold is chosen below it.
+MODE_FLOOR = 0.01
 
 # Metrics that dcgm-exporter's default counter set does not export: ECC totals, retired pages and
 # NVLink error counters are shipped commented out; throttle reasons, Xid counts by code, NVML
@@ -45,6 +54,7 @@ class _Collector:
     present: list[np.ndarray]
     scores: dict[str, list[np.ndarray]]
     label_rows: list[np.ndarray]
+    modes: list[np.ndarray]
 
     def __call__(self, step: Step) -> None:
         if step.time_s < self.start_s:
@@ -52,11 +62,18 @@ class _Collector:
         rows = step.present
         for method in self.scores:
             self.scores[method].append(np.full(len(rows), np.nan))
+        modes = np.full(len(rows), "", dtype=object)
         if rows.any():
             x = step.features[rows]
-            self.scores["model"][-1][rows] = self.model.risk(x)
-            self.scores["logistic"][-1][rows] = self.model.logistic.predict(x)
-            self.scores["rules"][-1][rows] = self.rules.score(x)
+            risk, logistic, rules = self.model.risk(x), self.model.logistic.predict(x), self.rules.score(x)
+            self.scores["model"][-1][rows] = risk
+            self.scores["logistic"][-1][rows] = logistic
+            self.scores["rules"][-1][rows] = rules
+            near = (risk >= MODE_FLOOR) | (logistic >= MODE_FLOOR) | (rules >= 0.5)
+            if near.any() and self.model.modes:
+                likely = np.argmax(self.model.mode_probabilities(x[near]), axis=1)
+                modes[np.nonzero(rows)[0][near]] = np.asarray(self.model.modes, dtype=object)[likely]
+        self.modes.append(modes)
         positive, _, _ = self.labels.at(step.time_s, self.nodes, self.model.feature_config.gpus_per_node)
         self.times.append(step.time_s)
         self.present.append(rows.copy())
@@ -74,7 +91,7 @@ def score_period(
     """Model, logistic and rules scores for every present row of `nodes` in [start_s, end_s)."""
     sink = _Collector(
         model, RulesBaseline(model.feature_names), Labels(model.horizon_s, dataset.failures), tuple(nodes),
-        start_s, [], [], {"model": [], "logistic": [], "rules": []}, [],
+        start_s, [], [], {"model": [], "logistic": [], "rules": []}, [], [],
     )  # fmt: skip
     replay(dataset, model.feature_config, sink, nodes=nodes, start_s=start_s - WARMUP_S, end_s=end_s,
            masked_inputs=masked_inputs)  # fmt: skip
@@ -85,6 +102,7 @@ def score_period(
         present=np.asarray(sink.present),
         scores={m: np.asarray(v) for m, v in sink.scores.items()},
         labels=np.asarray(sink.label_rows),
+        modes=np.asarray(sink.modes, dtype=object).reshape(len(sink.times), -1),
     )
 
 
@@ -92,19 +110,19 @@ def evaluate_period(
     period: ScoredPeriod,
     dataset: Dataset,
     model: FaultModel,
-    predictable: set[str],
+    periods: PredictionPeriods,
     model_threshold: float | None = None,
 ) -> dict[str, Any]:
-    """Event-level metrics of each method at its own threshold (the rules: whenever one fires)."""
+    """Event-level metrics of each method at its own threshold (the rules: whenever one fires),
+    every method through the model's alert policy."""
     own = model.threshold if model_threshold is None else model_threshold
     thresholds = {"model": own, "logistic": model.logistic_threshold, "rules": 0.5}
-    cadence = model.feature_config.cadence_s
-    policy = model.policy
     out: dict[str, Any] = {}
-    failures = dataset.failures
     for method, threshold in thresholds.items():
-        starts = alert_starts(period.scores[method], period.present, [threshold], policy, cadence)[0]
-        metrics = event_metrics(period, failures, starts, model.horizon_s, predictable, period.scores[method])
+        found = incidents(period, method, [threshold], model.policy, NODE_LEVEL_MODES)[0]
+        metrics = event_metrics(
+            period, dataset.failures, found, periods, set(PREDICTABLE_MODES), period.scores[method]
+        )
         out[method] = {"threshold": threshold, **metrics}
     return out
 
@@ -124,25 +142,34 @@ def held_out_part(dataset: Dataset, model: FaultModel) -> tuple[list[int], float
     return list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S, False
 
 
-def held_out_report(dataset: Dataset, model: FaultModel) -> tuple[dict[str, Any], ScoredPeriod]:
+def held_out_report(
+    dataset: Dataset, model: FaultModel, periods: PredictionPeriods = DEFAULT_PERIODS
+) -> tuple[dict[str, Any], ScoredPeriod]:
     """The report `faultcast evaluate --json` writes, and the scored held-out period behind it.
 
     The held-out nodes and days come from the model's manifest when `dataset` is its training data;
-    on other data, all nodes after the first 6 hours (the features' warm-up)."""
+    on other data, all nodes after the first 6 hours (the features' warm-up). `periods` (minimal
+    warning time, prediction period) is recorded in the report."""
     nodes, start, same_data = held_out_part(dataset, model)
-    predictable = {m.name for m in MODES if m.predictable}
     period = score_period(dataset, model, nodes, start, dataset.end_s)
     report: dict[str, Any] = {
+        "definitions": {
+            **periods.to_json(),
+            "false_alarms": "incidents not followed by the failure they point at within the prediction "
+            "period (premature: it came within false_after_s; false: it did not)",
+            "recall": "failures warned by an incident that opened at least warning_s and at most period_s "
+            "before them",
+        },
         "test_gpu_days": period.gpu_days,
         "test_failures": count_failures(period, dataset),
         "test_nodes": [dataset.nodes[n] for n in nodes],
         "test_start": start,
         "held_out_from_training": same_data,
-        **evaluate_period(period, dataset, model, predictable),
+        **evaluate_period(period, dataset, model, periods),
     }
     masked = score_period(dataset, model, nodes, start, dataset.end_s, masked_inputs=DCGM_DEFAULT_MISSING)
     report["model_dcgm_default_metrics"] = evaluate_period(
-        masked, dataset, model, predictable, model.dcgm_default_threshold
+        masked, dataset, model, periods, model.dcgm_default_threshold
     )["model"]
     return report, period
 

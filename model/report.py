@@ -21,13 +21,13 @@ import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
 from faultcast.catalogue import Kind, by_name
-from faultcast.model import alerting
-from faultcast.model.alerting import ScoredPeriod, alert_starts
+from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, Step, replay
 from faultcast.model.evaluate import (
     WARMUP_S,
 )
+from faultcast.model.outcomes import DEFAULT_PERIODS, PredictionPeriods, ScoredPeriod, catches, incidents
 from faultcast.sim.modes import MODES
 
 METHODS = ("model", "logistic", "rules")
@@ -38,17 +38,22 @@ COLORS = {"model": "tab:blue", "logistic": "tab:orange", "rules": "tab:green", "
 
 
 def failure_leads(
-    period: ScoredPeriod, dataset: Dataset, model: FaultModel, threshold: float, method: str
+    period: ScoredPeriod,
+    dataset: Dataset,
+    model: FaultModel,
+    threshold: float,
+    method: str,
+    periods: PredictionPeriods = DEFAULT_PERIODS,
 ) -> pd.DataFrame:
     """One row per failure in the period: when, where, which mode, and the lead of the earliest alert
-    of `method` within the horizon before it (0 when none), exactly as `evaluate` counts it."""
-    starts = alert_starts(
-        period.scores[method], period.present, [threshold], model.policy, model.feature_config.cadence_s
-    )[0]
+    of `method` that opened within the prediction period before it (0 when none), exactly as
+    `evaluate` counts it (caught when the lead reaches the minimal warning time)."""
+    found = incidents(period, method, [threshold], model.policy, NODE_LEVEL_MODES)[0]
     rows = [
-        {"time_s": f.time_s, "node": dataset.nodes[f.node], "gpu": f.gpu, "mode": f.mode, "lead_min": lead}
-        for f, lead in alerting.failure_leads(period, dataset.failures, starts, model.horizon_s)
-    ]
+        {"time_s": c.failure.time_s, "node": dataset.nodes[c.failure.node], "gpu": c.failure.gpu,
+         "mode": c.failure.mode, "lead_min": (c.lead_s or 0.0) / 60.0}
+        for c in catches(period, dataset.failures, found, periods)
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=["time_s", "node", "gpu", "mode", "lead_min"])
 
 
@@ -160,16 +165,21 @@ def plot_pr_curves(period: ScoredPeriod, report: Mapping[str, Any]) -> Figure:
     return fig
 
 
-def plot_lead_times(leads: Mapping[str, pd.DataFrame], horizon_s: float) -> Figure:
-    """Histogram of how long before each held-out failure the first alert came, per method."""
+def plot_lead_times(
+    leads: Mapping[str, pd.DataFrame], periods: PredictionPeriods = DEFAULT_PERIODS
+) -> Figure:
+    """Histogram of how long before each held-out failure the first alert within the prediction
+    period came, per method."""
     fig = Figure(figsize=(6.5, 4))
     ax = fig.subplots()
-    bins = [float(b) for b in np.arange(0.0, horizon_s / 60.0 + 2.5, 2.5)]
+    warning = periods.warning_s / 60.0
+    bins = [float(b) for b in np.arange(0.0, periods.period_s / 60.0 + 5.0, 5.0)]
     for method, frame in leads.items():
-        caught = frame["lead_min"][frame["lead_min"] >= 1.0]
-        label = f"{method}: {len(caught)} of {len(frame)} caught >= 1 min"
-        ax.hist(caught, bins=bins, histtype="step", lw=2, color=COLORS.get(method), label=label)
-    ax.axvline(5.0, color="grey", ls="--", lw=1, label="5 minutes (time to snapshot)")
+        caught = frame["lead_min"][frame["lead_min"] >= warning]
+        label = f"{method}: {len(caught)} of {len(frame)} caught >= {warning:.0f} min"
+        ax.hist(frame["lead_min"][frame["lead_min"] > 0], bins=bins, histtype="step", lw=2,
+                color=COLORS.get(method), label=label)  # fmt: skip
+    ax.axvline(warning, color="grey", ls="--", lw=1, label=f"{warning:.0f} minutes (minimal warning time)")
     ax.set(
         xlabel="lead time of the first alert (minutes)",
         ylabel="failures",

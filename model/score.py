@@ -1,12 +1,14 @@
 """Scoring a data directory with a model: the alerts it would have raised, and what followed them.
 
 `score` runs the model over every node of the data (after a warm-up that fills the feature
-windows, as `faultcast evaluate` does), applies the model's own threshold and alert policy, and
-groups the alerts into incidents the way an operator sees them (the GPUs of one node opening in
-the same step are one incident). Each incident carries the most likely failure mode, the risk
-within 5, 15 and 30 minutes and the three features that pushed the risk up most, all from its
-highest-risk GPU, and, when the data has a failure log, the failure that followed within the
-horizon and the lead time.
+windows, as `faultcast evaluate` does) through the service's own alert state machine
+(model/incidents.py) at the model's threshold, so each row is one incident as an operator would
+have seen it: one alert per GPU, or per node for a node-level mode. Each carries what the service's
+alert would say when it opened (model/alert_content.py: the likely mode, the risk within 5, 15 and
+30 minutes, the time to failure as p10/p50/p90, the recommended action and the three features that
+pushed the risk up most), from its highest-risk GPU, and, when the data has a failure log, what
+followed it under the prediction-period convention of `faultcast evaluate` (model/outcomes.py):
+true, late, premature or false, with the failure it points at and the lead.
 """
 
 from __future__ import annotations
@@ -21,25 +23,29 @@ from pathlib import Path
 
 import numpy as np
 
-from faultcast.model.alerting import alert_starts, incidents
+from faultcast.model.alert_content import NODE_LEVEL_MODES, AlertContent, describe
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, load
 from faultcast.model.dataset import DataError, Dataset, Step, open_dataset, replay
 from faultcast.model.evaluate import WARMUP_S, score_period
+from faultcast.model.incidents import Incident
+from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods, incidents, judge
 
 log = logging.getLogger(__name__)
 
 TOP_FEATURES = 3
 CSV_FIELDS: tuple[str, ...] = (
-    "time", "node", "gpus", "risk", "mode", "mode_probability",
+    "time", "node", "gpu", "gpus", "risk", "mode", "mode_probability",
     *(f"risk_{int(s // 60)}min" for s in TTF_BUCKETS_S),
+    "ttf_p10_min", "ttf_p50_min", "ttf_p90_min", "action",
     *(f"feature_{i + 1}" for i in range(TOP_FEATURES)),
-    "followed_by_failure", "failure_time", "failure_gpu", "failure_mode", "lead_min",
+    "outcome", "failure_time", "failure_gpu", "failure_mode", "lead_min",
 )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class FollowingFailure:
-    """The first failure in the log, of an alerted GPU or its node, within the horizon after an alert."""
+    """The first failure the alert points at (its GPU, or its node for a node-level alert) within a
+    day after it opened."""
 
     time_s: float  # unix seconds
     gpu: int  # -1: the whole node
@@ -53,15 +59,12 @@ class ScoredAlert:
 
     time_s: float  # unix seconds of the grid step the alert opened in
     node: str
-    gpus: tuple[int, ...]
+    gpu: int  # -1: a node-level alert
+    gpus: tuple[int, ...]  # the GPUs that opened it in that step
     gpus_per_node: int
-    risk: float  # calibrated risk of failing within the horizon (the highest of the incident's GPUs)
-    mode: str  # most likely failure mode
-    mode_probability: float
-    risk_within: tuple[float, ...]  # risk of failing within each of TTF_BUCKETS_S
-    top_features: tuple[tuple[str, float, float], ...]  # (feature, value, contribution to the raw score)
+    content: AlertContent  # what the alert said, from its highest-risk GPU
+    outcome: Outcome | None  # None: the data has no failure log
     failure: FollowingFailure | None
-    failure_log: bool  # False: the data has no failure log, so `failure` says nothing
 
     @property
     def time(self) -> str:
@@ -69,17 +72,19 @@ class ScoredAlert:
 
     @property
     def node_level(self) -> bool:
-        """Every GPU of the node alerted at once: a node-level signal."""
-        return len(self.gpus) == self.gpus_per_node > 1
+        return self.gpu < 0
 
     @property
-    def followed(self) -> bool | None:
-        """Whether a failure followed within the horizon; None without a failure log."""
-        return (self.failure is not None) if self.failure_log else None
+    def risk(self) -> float:
+        return self.content.risk
+
+    @property
+    def mode(self) -> str:
+        return self.content.mode
 
     @property
     def gpu_text(self) -> str:
-        return "all" if self.node_level else " ".join(str(g) for g in self.gpus)
+        return "node" if self.node_level else str(self.gpu)
 
 
 def _iso(seconds: float) -> str:
@@ -87,13 +92,25 @@ def _iso(seconds: float) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def score(model_dir: Path, data_dir: Path, *, warmup_s: float = WARMUP_S) -> list[ScoredAlert]:
+def score(
+    model_dir: Path,
+    data_dir: Path,
+    *,
+    warmup_s: float = WARMUP_S,
+    periods: PredictionPeriods = DEFAULT_PERIODS,
+) -> list[ScoredAlert]:
     """Load the model and the data, and list the alerts the model would have raised (sorted by time,
-    node, GPUs). Raises ModelError or DataError saying what is wrong."""
-    return score_dataset(load(model_dir), open_dataset(data_dir), warmup_s=warmup_s)
+    node, GPU). Raises ModelError or DataError saying what is wrong."""
+    return score_dataset(load(model_dir), open_dataset(data_dir), warmup_s=warmup_s, periods=periods)
 
 
-def score_dataset(model: FaultModel, dataset: Dataset, *, warmup_s: float = WARMUP_S) -> list[ScoredAlert]:
+def score_dataset(
+    model: FaultModel,
+    dataset: Dataset,
+    *,
+    warmup_s: float = WARMUP_S,
+    periods: PredictionPeriods = DEFAULT_PERIODS,
+) -> list[ScoredAlert]:
     """`score` for a loaded model and data set. Alerts start after `warmup_s` of data."""
     start = dataset.start_s + warmup_s
     if start >= dataset.end_s:
@@ -105,43 +122,38 @@ def score_dataset(model: FaultModel, dataset: Dataset, *, warmup_s: float = WARM
     period = score_period(dataset, model, nodes, start, dataset.end_s)
     if len(period.times_s) == 0:
         return []
-    cadence = model.feature_config.cadence_s
     risk = period.scores["model"]
-    starts = alert_starts(risk, period.present, [model.threshold], model.policy, cadence)[0]
-    found = incidents(period, starts)
+    found = incidents(period, "model", [model.threshold], model.policy, NODE_LEVEL_MODES)[0]
     if not found:
         return []
+    cadence = model.feature_config.cadence_s
     features = _features_at(dataset, model, start, found, period.times_s)
     g = model.feature_config.gpus_per_node
     failure_log = bool(dataset.manifest.get("failure_log", True))
+    judged = {j.incident.key: j for j in judge(period, dataset.failures, found, periods)}
     alerts = []
-    for step, node, gpus in found:
+    for incident in found:
+        step, node = incident.opened_step, period.nodes[incident.node]
         t = float(period.times_s[step])
+        gpus = sorted(slot % g for slot in incident.slots_at_open)
         slots = [period.slot_of(node, gpu) for gpu in gpus]
-        best = int(np.argmax(risk[step, slots]))
-        row = features[(_grid_index(dataset, t, cadence), node)][gpus[best]][None, :]
-        recomputed = float(model.risk(row)[0])
-        if not math.isclose(recomputed, float(risk[step, slots[best]]), rel_tol=1e-6, abs_tol=1e-9):
+        best = gpus[int(np.argmax(risk[step, slots]))]
+        row = features[(_grid_index(dataset, t, cadence), node)][best][None, :]
+        scored = float(risk[step, period.slot_of(node, best)])
+        (content,) = describe(model, row, top=TOP_FEATURES)
+        if not math.isclose(content.risk, scored, rel_tol=1e-6, abs_tol=1e-9):
             log.warning("feature replay differs at %s on %s: risk %.6f, scored %.6f", _iso(t),
-                        dataset.nodes[node], recomputed, risk[step, slots[best]])  # fmt: skip
-        modes = model.mode_probabilities(row)[0]
-        likely = int(np.argmax(modes))
+                        dataset.nodes[node], content.risk, scored)  # fmt: skip
+        j = judged[incident.key]
+        f = j.failure
         alerts.append(
             ScoredAlert(
-                time_s=t,
-                node=dataset.nodes[node],
-                gpus=tuple(sorted(gpus)),
-                gpus_per_node=g,
-                risk=float(risk[step, slots[best]]),
-                mode=model.modes[likely] if model.modes else "unknown",
-                mode_probability=float(modes[likely]) if len(modes) else float("nan"),
-                risk_within=tuple(float(v) for v in model.risk_within(row)[0]),
-                top_features=tuple(model.contributions(row, top=TOP_FEATURES)[0]),
-                failure=_following(dataset, node, gpus, t, model.horizon_s) if failure_log else None,
-                failure_log=failure_log,
+                time_s=t, node=dataset.nodes[node], gpu=incident.gpu, gpus=tuple(gpus), gpus_per_node=g,
+                content=content, outcome=j.outcome if failure_log else None,
+                failure=FollowingFailure(f.time_s, f.gpu, f.mode, f.time_s - t) if f and failure_log else None,
             )
-        )
-    return sorted(alerts, key=lambda a: (a.time_s, a.node, a.gpus))
+        )  # fmt: skip
+    return sorted(alerts, key=lambda a: (a.time_s, a.node, a.gpu))
 
 
 def _grid_index(dataset: Dataset, time_s: float, cadence: float) -> int:
@@ -152,18 +164,19 @@ def _features_at(
     dataset: Dataset,
     model: FaultModel,
     start: float,
-    found: list[tuple[int, int, tuple[int, ...]]],
+    found: Sequence[Incident],
     times_s: np.ndarray,
 ) -> dict[tuple[int, int], np.ndarray]:
     """(grid index, node) -> (gpus_per_node, features) at each incident, from a second replay of only
     the alerted nodes. It starts where score_period's did, so the features are the ones scored."""
     cadence = model.feature_config.cadence_s
     g = model.feature_config.gpus_per_node
-    nodes = sorted({node for _, node, _ in found})
+    places = [(_grid_index(dataset, float(times_s[i.opened_step]), cadence), i.node) for i in found]
+    nodes = sorted({node for _, node in places})
     local = {node: i for i, node in enumerate(nodes)}
     wanted: dict[int, list[int]] = {}
-    for step, node, _ in found:
-        wanted.setdefault(_grid_index(dataset, float(times_s[step]), cadence), []).append(node)
+    for index, node in places:
+        wanted.setdefault(index, []).append(node)
     kept: dict[tuple[int, int], np.ndarray] = {}
 
     def sink(step: Step) -> None:
@@ -171,18 +184,9 @@ def _features_at(
             base = local[node] * g
             kept[(step.index, node)] = step.features[base : base + g].copy()
 
-    last = max(float(times_s[step]) for step, _, _ in found)
+    last = max(float(times_s[i.opened_step]) for i in found)
     replay(dataset, model.feature_config, sink, nodes=nodes, start_s=start - WARMUP_S, end_s=last + cadence)
     return kept
-
-
-def _following(
-    dataset: Dataset, node: int, gpus: Sequence[int], time_s: float, horizon_s: float
-) -> FollowingFailure | None:
-    for failure in dataset.failures.between(time_s, time_s + horizon_s, [node]):  # in time order
-        if failure.gpu < 0 or failure.gpu in gpus:
-            return FollowingFailure(failure.time_s, failure.gpu, failure.mode, failure.time_s - time_s)
-    return None
 
 
 def _feature_text(feature: tuple[str, float, float]) -> str:
@@ -190,27 +194,37 @@ def _feature_text(feature: tuple[str, float, float]) -> str:
     return f"{name}={value:.4g} ({contribution:+.2f})"
 
 
+def _minutes(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds / 60:.1f}"
+
+
 def _rows(alerts: Sequence[ScoredAlert]) -> list[dict[str, str]]:
     rows = []
     for a in alerts:
+        c = a.content
         row = {
             "time": a.time,
             "node": a.node,
-            "gpus": a.gpu_text,
-            "risk": f"{a.risk:.4f}",
-            "mode": a.mode,
-            "mode_probability": f"{a.mode_probability:.3f}",
+            "gpu": str(a.gpu),
+            "gpus": " ".join(str(g) for g in a.gpus),
+            "risk": f"{c.risk:.4f}",
+            "mode": c.mode,
+            "mode_probability": f"{c.mode_probability:.3f}",
         }
-        for seconds, value in zip(TTF_BUCKETS_S, a.risk_within, strict=True):
+        for seconds, value in zip(TTF_BUCKETS_S, c.risk_within, strict=True):
             row[f"risk_{int(seconds // 60)}min"] = f"{value:.4f}"
+        quantiles: tuple[float | None, ...] = c.ttf_s or (None, None, None)
+        for name, quantile in zip(("ttf_p10_min", "ttf_p50_min", "ttf_p90_min"), quantiles, strict=True):
+            row[name] = _minutes(quantile)
+        row["action"] = c.action.name.lower()
         for i in range(TOP_FEATURES):
-            row[f"feature_{i + 1}"] = _feature_text(a.top_features[i]) if i < len(a.top_features) else ""
+            row[f"feature_{i + 1}"] = _feature_text(c.top_features[i]) if i < len(c.top_features) else ""
         f = a.failure
-        row["followed_by_failure"] = "" if a.followed is None else str(a.followed).lower()
+        row["outcome"] = "" if a.outcome is None else a.outcome.value
         row["failure_time"] = _iso(f.time_s) if f else ""
-        row["failure_gpu"] = ("all" if f.gpu < 0 else str(f.gpu)) if f else ""
+        row["failure_gpu"] = ("node" if f.gpu < 0 else str(f.gpu)) if f else ""
         row["failure_mode"] = f.mode if f else ""
-        row["lead_min"] = f"{f.lead_s / 60:.1f}" if f else ""
+        row["lead_min"] = _minutes(f.lead_s) if f else ""
         rows.append(row)
     return rows
 
@@ -224,34 +238,45 @@ def write_csv(alerts: Sequence[ScoredAlert], path: Path) -> None:
         writer.writerows(_rows(alerts))
 
 
+def _outcome_text(a: ScoredAlert) -> str:
+    if a.outcome is None:
+        return "(no failure log)"
+    f = a.failure
+    if f is None:
+        return "false alarm: no failure of it within a day"
+    where = "the node" if f.gpu < 0 else f"GPU {f.gpu}"
+    return f"{a.outcome.value}: {f.mode} on {where} after {f.lead_s / 60:.1f} min"
+
+
 def render_table(alerts: Sequence[ScoredAlert]) -> str:
     """A Markdown table of the alerts, readable in a terminal."""
     buckets = "/".join(str(int(s // 60)) for s in TTF_BUCKETS_S)
     lines = [
-        f"| time | node | GPU | risk | likely mode | risk within {buckets} min | top features | followed by |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| time | node | GPU | risk | likely mode | risk within {buckets} min | time to failure p10/p50/p90 (min) "
+        "| action | top features | outcome |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for a, row in zip(alerts, _rows(alerts), strict=True):
-        within = " / ".join(f"{v:.2f}" for v in a.risk_within)
-        features = "; ".join(_feature_text(f) for f in a.top_features)
-        if a.followed is None:
-            outcome = "(no failure log)"
-        elif a.failure is None:
-            outcome = "nothing (false alarm)"
-        else:
-            outcome = f"{a.failure.mode} on GPU {row['failure_gpu']} after {row['lead_min']} min"
+    for a in alerts:
+        c = a.content
+        within = " / ".join(f"{v:.2f}" for v in c.risk_within)
+        ttf = " / ".join(f"{v / 60:.0f}" for v in c.ttf_s) if c.ttf_s else "-"
+        features = "; ".join(_feature_text(f) for f in c.top_features)
         lines.append(
-            f"| {a.time} | {a.node} | {a.gpu_text} | {a.risk:.3f} | {a.mode} ({a.mode_probability:.0%}) "
-            f"| {within} | {features} | {outcome} |"
+            f"| {a.time} | {a.node} | {a.gpu_text} | {c.risk:.3f} | {c.mode} ({c.mode_probability:.0%}) "
+            f"| {within} | {ttf} | {c.action.name.lower()} | {features} | {_outcome_text(a)} |"
         )
     return "\n".join(lines)
 
 
-def summary(alerts: Sequence[ScoredAlert]) -> str:
+def summary(alerts: Sequence[ScoredAlert], periods: PredictionPeriods = DEFAULT_PERIODS) -> str:
     if not alerts:
         return "no alerts"
     text = f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}"
-    if alerts[0].failure_log:
-        followed = sum(1 for a in alerts if a.failure is not None)
-        text += f", {followed} followed by a failure within the horizon"
+    if alerts[0].outcome is not None:
+        counts = {o: sum(1 for a in alerts if a.outcome is o) for o in Outcome}
+        text += (
+            f": {counts[Outcome.TRUE]} true (their failure came {periods.warning_s / 60:.0f} min to "
+            f"{periods.period_s / 3600:g} h after), {counts[Outcome.LATE]} late, {counts[Outcome.PREMATURE]} "
+            f"premature, {counts[Outcome.FALSE]} false"
+        )
     return text

@@ -20,11 +20,13 @@ import lightgbm as lgb
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from faultcast.model.alerting import AlertPolicy, choose_threshold
+from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
 from faultcast.model.dataset import Dataset, Labels, Step, replay
-from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, score_period
+from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, score_period
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.incidents import AlertPolicy
+from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, choose_threshold
 from faultcast.sim.modes import MODES, Level
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,15 @@ class TrainConfig:
     test_node_fraction: float = 0.25
     test_time_fraction: float = 1 / 3
     validation_fraction: float = 0.2
-    false_alarm_budget: float = 0.5  # per 1,000 GPU-days, on validation
+    # Per 1,000 GPU-days on validation; a false alarm is an incident not followed by its failure
+    # within the prediction period (model/outcomes.py).
+    false_alarm_budget: float = 0.5
+    warning_s: float = 300.0  # minimal warning time
+    prediction_period_s: float = 7200.0
     k: int = 2
     clear_steps: int = 10
+    hold_ratio: float = 0.5
+    dark_steps: int = 3
     group_dropout: float = 0.3  # share of training rows that lose the metrics dcgm-exporter lacks
     num_boost_round: int = 800
     learning_rate: float = 0.05
@@ -232,7 +240,8 @@ def train(
     logistic = _fit_logistic(x[fit], y[fit], w[fit], config.seed)
     timings["training_s"] = time.perf_counter() - t0
 
-    policy = AlertPolicy(config.k, config.clear_steps, config.horizon_s)
+    policy = AlertPolicy(config.k, config.clear_steps, config.hold_ratio, config.dark_steps)
+    periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
     model = FaultModel(
         booster=booster, calibration=calibration, mode_booster=mode_booster, modes=modes,
         ttf_booster=ttf_booster, feature_config=features, feature_names=names, horizon_s=config.horizon_s,
@@ -243,16 +252,18 @@ def train(
     # Thresholds: the lowest that keeps validation false alarms within the budget.
     t0 = time.perf_counter()
     period = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s)
-    model.threshold, model_fa = choose_threshold(period, dataset.failures, "model", policy, cadence,
-                                                 config.false_alarm_budget)  # fmt: skip
-    model.logistic_threshold, logistic_fa = choose_threshold(period, dataset.failures, "logistic", policy, cadence,
-                                                             config.false_alarm_budget)  # fmt: skip
+
+    def chosen(scored: ScoredPeriod, method: str) -> tuple[float, float]:
+        return choose_threshold(scored, dataset.failures, method, policy, NODE_LEVEL_MODES,
+                                config.false_alarm_budget, periods, floor=MODE_FLOOR)  # fmt: skip
+
+    model.threshold, model_fa = chosen(period, "model")
+    model.logistic_threshold, logistic_fa = chosen(period, "logistic")
     # A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
     # chosen the same way on the validation slice with those inputs blanked.
     masked = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s,
                           masked_inputs=DCGM_DEFAULT_MISSING)  # fmt: skip
-    model.dcgm_default_threshold, dcgm_fa = choose_threshold(masked, dataset.failures, "model", policy, cadence,
-                                                             config.false_alarm_budget)  # fmt: skip
+    model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     extra = {
@@ -264,7 +275,8 @@ def train(
             "best_iteration": int(best),
             "trained_on": "dask" if dask_client is not None else "local",
             "validation_gpu_days": period.gpu_days,
-            "validation_nuisance_alarms_per_1000_gpu_days": {
+            "prediction_periods": periods.to_json(),
+            "validation_false_alarms_per_1000_gpu_days": {
                 "model": model_fa, "logistic": logistic_fa, "model_dcgm_default": dcgm_fa,
             },
             "dropped_columns_for_dcgm_default": [names[i] for i in dropped],

@@ -1,26 +1,48 @@
-"""Scored steps in, alert events out: the model's alert policy per GPU, one open alert per GPU (per
-node for node-level modes), each OPEN event carrying the failure mode, the risk, the estimated time
-to failure, the top contributing features and a recommended action; CLEARED events when the risk
-stays low, the GPU goes dark or the horizon passes. Events go to the durable log first, then to
-whoever listens (the remediator, metrics).
+"""Scored steps in, alert events out, through the model's alert state machine (model/incidents.py,
+the same one every offline figure runs).
+
+One incident is one alert: an OPENED event (its id is the alert's opened_id) when the risk of a GPU
+has reached the threshold for `k` scores; UPDATED events (same opened_id) when the likely mode
+changes (held for `k` scores), the recommended action escalates, or the failure looks nearer (its
+median time to failure enters a nearer 5/15/30-minute band); one CLEARED event when the risk has
+stayed under the hold level, the GPUs went dark, or the node fell silent. An OPENED or UPDATED event
+carries the whole alert (mode, risk, time to failure as a range, top contributions, action, model),
+built by model/alert_content.py as `faultcast score` builds its rows.
+
+A node that sent samples and then sends none for `silent_after_steps` model steps (by the fleet's
+newest event time, or by the service's clock when the whole fleet is quiet) is silent: its open
+alerts clear (NODE_SILENT; the silence may be the predicted failure itself, which the log, the
+CLEARED event's text and `faultcast_node_silent{during_incident="true"}` say), its risk series are
+removed, and it is counted until it speaks again.
+
+Events go to the durable log first, then to whoever listens (the remediator, metrics).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from prometheus_client import Gauge
 
-from faultcast.model.alerting import AlertTracker
-from faultcast.model.artifact import FaultModel
+from faultcast.model.alert_content import (
+    DEFAULT_ACTIONS,
+    NODE_LEVEL_MODES,
+    Action,
+    ActionPolicy,
+    AlertContent,
+    describe,
+)
+from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
+from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
 from faultcast.service.state import StateStore
-from faultcast.sim.modes import BY_NAME, Level
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -36,39 +58,48 @@ MODE_TO_PB: dict[str, apb.FailureMode.ValueType] = {
     "firmware": apb.FAILURE_MODE_FIRMWARE,
 }
 PB_TO_MODE = {v: k for k, v in MODE_TO_PB.items()}
-_CLOSE_REASONS = ("risk below threshold", "horizon passed", "gpu dark")
-
-
-# Stronger actions rank higher: an open alert is updated when its recommended action escalates.
-_ACTION_RANK = {
-    apb.RECOMMENDED_ACTION_WATCH: 1,
-    apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY: 2,
-    apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE: 3,
+ACTION_TO_PB: dict[Action, apb.RecommendedAction.ValueType] = {
+    Action.WATCH: apb.RECOMMENDED_ACTION_WATCH,
+    Action.SNAPSHOT_ONLY: apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY,
+    Action.SNAPSHOT_AND_MIGRATE: apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ActionPolicy:
-    """Which action an alert recommends. Every alert is above the model's threshold, which meets
-    the false-alarm budget. Snapshot and migrate when the failure looks near (median time to failure
-    within `migrate_within_s`) or likely (`migrate_risk`); before that, snapshot only: a checkpoint
-    is cheap and bounds what a failure can cost, while draining waits for more certainty. Watch when
-    the most likely mode has no precursors (a firmware fault): no snapshot schedule can be aimed
-    at it. An open alert escalates (an OPEN update event) when later scores call for more."""
-
-    migrate_within_s: float = 1200.0
-    migrate_risk: float = 0.3
-
-    def action(self, mode: str, risk: float, ttf_s: float) -> apb.RecommendedAction.ValueType:
-        spec = BY_NAME.get(mode)
-        if spec is None or not spec.predictable:
-            return apb.RECOMMENDED_ACTION_WATCH
-        if ttf_s <= self.migrate_within_s or risk >= self.migrate_risk:
-            return apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
-        return apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY
-
+PB_TO_ACTION = {v: k for k, v in ACTION_TO_PB.items()}
+CLEAR_TO_PB: dict[CloseReason, apb.ClearReason.ValueType] = {
+    CloseReason.RISK_FELL: apb.CLEAR_REASON_RISK_FELL,
+    CloseReason.GPU_DARK: apb.CLEAR_REASON_GPU_DARK,
+    CloseReason.NODE_SILENT: apb.CLEAR_REASON_NODE_SILENT,
+}
+# The nearer bands of the median time to failure: an open alert is updated when it enters one.
+_TTF_BANDS_S = TTF_BUCKETS_S
 
 Listener = Callable[[Sequence[apb.Alert]], None]
+Clock = Callable[[], float]
+
+
+def _band(ttf_s: float) -> int:
+    """0 for under 5 minutes, 1 for under 15, ...; len(bands) beyond the horizon or unknown."""
+    return (
+        int(np.searchsorted(_TTF_BANDS_S, ttf_s, side="right")) if np.isfinite(ttf_s) else len(_TTF_BANDS_S)
+    )
+
+
+@dataclass
+class _Open:
+    """An open alert: the newest event published for it, and a likely mode waiting to be confirmed."""
+
+    latest: apb.Alert
+    band: int  # the band of the scorer's median time to failure when the alert last spoke
+    candidate: str = ""
+    candidate_scores: int = 0
+
+
+@dataclass
+class _Heard:
+    """When a node was last heard of: the event time of its newest scored step and the service's
+    clock when that step arrived."""
+
+    event_s: float
+    clock_s: float
 
 
 class AlertBook:
@@ -78,160 +109,360 @@ class AlertBook:
         store: StateStore,
         metrics: ServiceMetrics,
         *,
-        actions: ActionPolicy = ActionPolicy(),
+        actions: ActionPolicy = DEFAULT_ACTIONS,
         top_features: int = 5,
+        silent_after_steps: int = 5,
+        clock: Clock = time.monotonic,
     ) -> None:
+        """`silent_after_steps`: model steps without a sample after which a node is silent; `clock`:
+        the service's clock (seconds), for a fleet that went quiet altogether."""
         self.store, self.metrics, self.actions, self.top_features = store, metrics, actions, top_features
+        self.silent_after_steps, self.clock = silent_after_steps, clock
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
-        self._slots: dict[str, int] = {}  # node -> its first slot
+        self._nodes: dict[str, int] = {}  # node name -> tracker node number
+        self._names: list[str] = []
+        self._alerts: dict[int, _Open] = {}  # incident key -> its alert
         # Each GPU's risk series (the gauge child) and the likely mode shown for it.
         self._risk_child: dict[tuple[str, int], Gauge] = {}
         self._mode_shown: dict[tuple[str, int], str] = {}
-        self._open: dict[int, apb.Alert] = {}  # slot -> the OPEN event it belongs to
-        self._node_open: dict[str, tuple[apb.Alert, set[int]]] = {}  # node-level alert, its slots
-        self._restored = {(a.node, a.gpu): a for a in store.open_alerts()}
+        self._heard: dict[str, _Heard] = {}
+        self._silent: dict[str, bool] = {}  # silent node -> whether an alert was open when it fell silent
+        # Alerts a previous run left open, by node, until the node is scored (or falls silent).
+        self._restored: dict[str, list[apb.Alert]] = {}
         self._use(model)
-        for alert in self._restored.values():
+        started = self.clock()
+        for alert in store.open_alerts():
+            self._restored.setdefault(alert.node, []).append(alert)
             self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).inc()
+            heard = self._heard.setdefault(alert.node, _Heard(alert.time_unix_nano / 1e9, started))
+            heard.event_s = max(heard.event_s, alert.time_unix_nano / 1e9)
+        self.metrics.silent_nodes.set_function(lambda: float(len(self._silent)))
 
     def _use(self, model: FaultModel) -> None:
         self.model = model
         self.version = model_version(model)
+        self.info = model_info(model)
         self.g = model.feature_config.gpus_per_node
-        self.tracker = AlertTracker(model.policy, model.feature_config.cadence_s, model.threshold)
+        self.cadence_s = model.feature_config.cadence_s
+        self.tracker = IncidentTracker(model.policy, [model.threshold], self.g, NODE_LEVEL_MODES)
+        self.metrics.alert_threshold.set(model.threshold)
+        self.metrics.alert_hold_threshold.set(model.policy.hold(model.threshold))
 
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
     def active(self) -> list[apb.Alert]:
+        """The newest event of every open alert, oldest alert first."""
         with self._lock:
-            seen = {a.id: a for a in self._open.values()}
-            seen.update({a.id: a for a, _ in self._node_open.values()})
-            seen.update({a.id: a for a in self._restored.values()})
-            return sorted(seen.values(), key=lambda a: a.id)
+            seen = {a.latest.opened_id: a.latest for a in self._alerts.values()}
+            for alerts in self._restored.values():
+                seen.update({a.opened_id: a for a in alerts})
+            return [seen[k] for k in sorted(seen)]
 
     def swap_model(self, model: FaultModel, carried_over: bool) -> None:
-        """A new model serves from now on. Its threshold and policy apply at once; open alerts stay
-        open and are tracked by the new model (or, when the features restarted, clear as their GPUs
-        are scored again)."""
+        """A new model serves from now on; its threshold and policy apply at once. Open alerts stay
+        open and are tracked by the new model: with the same features their runs carry over, else
+        they restart, and the new model's scores decide whether each holds."""
         with self._lock:
             old = self.tracker
             self._use(model)
-            n = len(old.opened)
-            self.tracker._grow(n)
             if carried_over:
-                self.tracker.opened[:n] = old.opened
-                self.tracker.above_run[:n], self.tracker.below_run[:n] = old.above_run, old.below_run
-            else:
-                # Opened at step 0: each open alert expires (CLEARED, "horizon passed") the next time
-                # its GPU is scored, and the new model raises it again if it agrees.
-                self.tracker.opened[list(self._open)] = 0
-                for _, slots in self._node_open.values():
-                    self.tracker.opened[list(slots)] = 0
+                self.tracker.carry_over(old)
+                return
+            for incident in old.open_incidents():
+                slots = sorted(incident.slots)
+                moved = self.tracker.restore(
+                    incident.node, incident.gpu, slots, incident.opened_step, incident.mode
+                )
+                if incident.key in self._alerts:
+                    self._alerts[moved.key] = self._alerts.pop(incident.key)
 
-    def _slot_base(self, node: str, step: int) -> int:
-        base = self._slots.get(node)
-        if base is None:
-            base = len(self._slots) * self.g
-            self._slots[node] = base
-            self.tracker._grow(base + self.g)
-            for gpu in range(-1, self.g):
-                restored = self._restored.pop((node, gpu), None)
-                if restored is None:
-                    continue
-                opened = int(restored.time_unix_nano // int(self.model.feature_config.cadence_s * 1e9))
-                slots = range(base, base + self.g) if gpu < 0 else [base + gpu]
-                self.tracker.opened[list(slots)] = min(opened, step)
-                if gpu < 0:
-                    self._node_open[node] = (restored, set(slots))
-                else:
-                    self._open[base + gpu] = restored
-        return base
+    # -- scoring ------------------------------------------------------------------------------
+
+    def _node(self, name: str) -> int:
+        """The node's tracker number; the first time, alerts a previous run left open on it are
+        taken back into the tracker."""
+        node = self._nodes.get(name)
+        if node is not None:
+            return node
+        node = self._nodes[name] = len(self._names)
+        self._names.append(name)
+        self.tracker.grow((node + 1) * self.g)
+        for alert in self._restored.pop(name, []):
+            gpus = list(alert.gpus) or (list(range(self.g)) if alert.gpu < 0 else [alert.gpu])
+            slots = [node * self.g + gpu for gpu in gpus if 0 <= gpu < self.g]
+            if not slots:
+                continue
+            opened = int(alert.time_unix_nano // int(self.cadence_s * 1e9))
+            incident = self.tracker.restore(
+                node, alert.gpu, slots, opened, PB_TO_MODE.get(alert.mode, "unknown")
+            )
+            ttf = alert.time_to_failure.p50_seconds if alert.HasField("time_to_failure") else float("inf")
+            self._alerts[incident.key] = _Open(alert, _band(ttf))
+        return node
 
     def observe(self, scored: Sequence[ScoredStep]) -> list[apb.Alert]:
-        """Run the policy over scored steps (oldest first); returns the stored events."""
+        """Run the state machine over scored steps (oldest first); returns the stored events."""
         stored: list[apb.Alert] = []
         with self._lock:
             for s in scored:
-                base = self._slot_base(s.node, s.step)
-                new, closed, reasons = self.tracker.update(
-                    s.step, np.arange(base, base + self.g), s.risk, s.present
+                node = self._node(s.node)
+                self._hear(s)
+                base = node * self.g
+                (changes,) = self.tracker.update(
+                    s.step, np.arange(base, base + self.g), s.risk, s.present, s.mode
                 )
                 self._publish_risk(s)
-                events: list[apb.Alert] = []
-                for slot, reason in zip(closed.tolist(), reasons.tolist(), strict=True):
-                    events.extend(self._close(s, slot, _CLOSE_REASONS[reason]))
-                opening = self._open_alerts(s, [slot - base for slot in new.tolist()])
-                events.extend(self._escalations(s, base, set(new.tolist())))
+                events = [self._cleared(i, s.time_s, s) for i in changes.closed]
+                events += self._updates(s, node, {i.key for i in changes.opened})
+                opening = [((i, self._band_at_open(s, i)), self._opened(s, i)) for i in changes.opened]
                 if not events and not opening:
                     continue
-                # Stored (and so numbered) before anything else sees them.
-                saved = self.store.append(events + [alert for alert, _ in opening])
-                self._rebind(saved[: len(events)])
-                for (_, slots), alert in zip(opening, saved[len(events) :], strict=True):
-                    if alert.gpu < 0:
-                        self._node_open[s.node] = (alert, slots)
-                    else:
-                        self._open[base + alert.gpu] = alert
-                stored.extend(saved)
+                stored.extend(self._store(events, opening))
+        self._announce(stored)
+        return stored
+
+    def _store(
+        self, events: list[apb.Alert], opening: list[tuple[tuple[Incident, int], apb.Alert]]
+    ) -> list[apb.Alert]:
+        """Store (and so number) the events before anything else sees them; track what they change,
+        active alerts by mode included."""
+        saved = self.store.append(events + [alert for _, alert in opening])
+        active = self.metrics.active_alerts
+        for event in saved[: len(events)]:
+            mode = PB_TO_MODE.get(event.mode, "unknown")
+            for key, held in list(self._alerts.items()):
+                if held.latest.opened_id != event.opened_id:
+                    continue
+                before = PB_TO_MODE.get(held.latest.mode, "unknown")
+                if event.state == apb.ALERT_STATE_CLEARED:
+                    del self._alerts[key]
+                    active.labels(before).dec()
+                else:
+                    held.latest = event
+                    if before != mode:
+                        active.labels(before).dec()
+                        active.labels(mode).inc()
+        for ((incident, band), _), alert in zip(opening, saved[len(events) :], strict=True):
+            self._alerts[incident.key] = _Open(alert, band)
+            mode = PB_TO_MODE.get(alert.mode, "unknown")
+            self.metrics.alerts.labels(mode).inc()
+            active.labels(mode).inc()
+        return saved
+
+    def _announce(self, stored: list[apb.Alert]) -> None:
         for alert in stored:
             mode = PB_TO_MODE.get(alert.mode, "unknown")
-            if alert.state == apb.ALERT_STATE_OPEN and alert.opened_id != alert.id:
-                log.warning("alert %d (update of %d): %s now %s", alert.id, alert.opened_id, alert.node,
-                            apb.RecommendedAction.Name(alert.action))  # fmt: skip
-            elif alert.state == apb.ALERT_STATE_OPEN:
-                self.metrics.alerts.labels(mode).inc()
-                self.metrics.active_alerts.labels(mode).inc()
+            where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
+            if alert.kind == apb.EVENT_KIND_OPENED:
                 log.warning(
-                    "alert %d: %s gpu %d %s risk %.2f, failure expected in about %.0f min",
-                    alert.id, alert.node, alert.gpu, mode, alert.risk, alert.time_to_failure_seconds / 60,
+                    "alert %d: %s %s risk %.2f, failure expected in about %.0f min (%s)", alert.id, where, mode,
+                    alert.risk, alert.time_to_failure.p50_seconds / 60, apb.RecommendedAction.Name(alert.action),
                 )  # fmt: skip
-            else:
-                self.metrics.active_alerts.labels(mode).dec()
+            elif alert.kind == apb.EVENT_KIND_UPDATED:
+                log.warning(
+                    "alert %d (update of %d): %s now %s, risk %.2f, %s", alert.id, alert.opened_id, where, mode,
+                    alert.risk, apb.RecommendedAction.Name(alert.action),
+                )  # fmt: skip
         if stored:
             for listener in self._listeners:
                 listener(stored)
-        return stored
 
-    def _escalations(self, s: ScoredStep, base: int, just_opened: set[int]) -> list[apb.Alert]:
-        """OPEN update events for open alerts of this node whose recommended action escalates."""
+    # -- events -------------------------------------------------------------------------------
+
+    def _content(self, s: ScoredStep, gpu: int) -> AlertContent:
+        row = s.features[gpu][None, :]
+        (content,) = describe(
+            self.model, row, risk=np.asarray([s.risk[gpu]]), top=self.top_features, actions=self.actions
+        )
+        return content
+
+    def _event(
+        self, s: ScoredStep, incident: Incident, gpu: int, mode: str, content: AlertContent, kind: int
+    ) -> apb.Alert:
+        alert = apb.Alert(
+            node=s.node, gpu=incident.gpu, gpu_uuid="" if incident.node_level else s.uuids[incident.gpu],
+            mode=MODE_TO_PB.get(mode, apb.FAILURE_MODE_UNSPECIFIED), risk=content.risk,
+            top_features=[apb.FeatureContribution(feature=n, value=v, contribution=c)
+                          for n, v, c in content.top_features],
+            action=ACTION_TO_PB[content.action], state=apb.ALERT_STATE_OPEN, kind=kind,  # type: ignore[arg-type]
+            time_unix_nano=int(s.time_s * 1e9), model_version=self.version, model=self.info,
+            gpus=sorted(slot % self.g for slot in incident.slots),
+        )  # fmt: skip
+        if content.ttf_s is not None:
+            p10, p50, p90 = content.ttf_s
+            alert.time_to_failure_seconds = p50
+            alert.time_to_failure.CopyFrom(
+                apb.TimeToFailure(
+                    reference_time_unix_nano=alert.time_unix_nano, p10_seconds=p10, p50_seconds=p50, p90_seconds=p90,
+                    risk_within=[apb.RiskWithin(seconds=t, risk=r) for t, r in zip(TTF_BUCKETS_S, content.risk_within,
+                                                                                    strict=True)],
+                )
+            )  # fmt: skip
+        return alert
+
+    def _band_at_open(self, s: ScoredStep, incident: Incident) -> int:
+        gpus = [slot % self.g for slot in incident.slots_at_open]
+        return _band(float(s.ttf_s[max(gpus, key=lambda gpu: float(s.risk[gpu]))]))
+
+    def _opened(self, s: ScoredStep, incident: Incident) -> apb.Alert:
+        """The OPENED event: the content of the highest-risk GPU that opened the incident."""
+        gpus = [slot % self.g for slot in incident.slots_at_open]
+        best = max(gpus, key=lambda gpu: float(s.risk[gpu]))
+        return self._event(s, incident, best, incident.mode, self._content(s, best), apb.EVENT_KIND_OPENED)
+
+    def _updates(self, s: ScoredStep, node: int, just_opened: set[int]) -> list[apb.Alert]:
+        """UPDATED events for this node's open alerts whose likely mode changed (for `k` scores), whose
+        action escalates, or whose failure looks nearer. Only a score at or above the hold level
+        speaks for an alert."""
+        hold = self.model.policy.hold(self.model.threshold)
         out = []
-        candidates = [(base + g, self._open.get(base + g)) for g in range(self.g)]
-        node_alert = self._node_open.get(s.node)
-        if node_alert is not None:
-            candidates += [(slot, node_alert[0]) for slot in sorted(node_alert[1])]
-        updated: set[int] = set()
-        for slot, alert in candidates:
-            gpu = slot - base
-            if alert is None or slot in just_opened or alert.opened_id in updated or not s.present[gpu]:
+        seen: set[int] = set()
+        for slot in range(node * self.g, (node + 1) * self.g):
+            incident = self.tracker.by_slot[0].get(slot)
+            if incident is None or incident.key in just_opened or incident.key in seen:
                 continue
+            seen.add(incident.key)
+            held = self._alerts.get(incident.key)
+            gpus = [sl % self.g for sl in incident.slots if s.present[sl % self.g]]
+            if held is None or not gpus:
+                continue
+            gpu = max(gpus, key=lambda g: float(s.risk[g]))
             risk, ttf = float(s.risk[gpu]), float(s.ttf_s[gpu])
-            if risk < self.model.threshold:
-                continue  # only a score that would raise an alert may escalate one
-            action = self.actions.action(PB_TO_MODE.get(alert.mode, "unknown"), risk, ttf)
-            if _ACTION_RANK[action] <= _ACTION_RANK.get(alert.action, 0):
+            if not risk >= hold:
                 continue
-            update = apb.Alert()
-            update.CopyFrom(alert)
-            update.id = 0
-            update.risk, update.time_to_failure_seconds, update.action = risk, ttf, action
-            update.time_unix_nano = int(s.time_s * 1e9)
+            latest = held.latest
+            shown = PB_TO_MODE.get(latest.mode, "unknown")
+            mode = self._confirmed_mode(held, s.mode[gpu], shown)
+            action = self.actions.action(mode, risk, ttf)
+            was = PB_TO_ACTION.get(latest.action, Action.WATCH)
+            # Only a score that would open an alert may escalate one.
+            escalates = action.value > was.value and risk >= self.model.threshold
+            nearer = _band(ttf) < held.band
+            if mode == shown and not escalates and not nearer:
+                continue
+            content = self._content(s, gpu)
+            # The action never steps down within an incident: a drain asked for stays asked for.
+            strongest = max(content.action, action, was, key=lambda a: a.value)
+            content = AlertContent(
+                mode, content.mode_probability, content.risk, content.risk_within, content.ttf_s,
+                content.top_features, strongest,
+            )  # fmt: skip
+            held.band = min(held.band, _band(ttf))
+            update = self._event(s, incident, gpu, mode, content, apb.EVENT_KIND_UPDATED)
+            update.opened_id = latest.opened_id
+            if latest.gpu_uuid and not update.gpu_uuid:
+                update.gpu_uuid = latest.gpu_uuid
             out.append(update)
-            updated.add(alert.opened_id)
         return out
 
-    def _rebind(self, saved: list[apb.Alert]) -> None:
-        """Open alerts that got an update event are tracked by it from now on."""
-        for update in saved:
-            if update.state != apb.ALERT_STATE_OPEN:
-                continue
-            for slot, alert in list(self._open.items()):
-                if alert.opened_id == update.opened_id:
-                    self._open[slot] = update
-            for node, (alert, slots) in list(self._node_open.items()):
-                if alert.opened_id == update.opened_id:
-                    self._node_open[node] = (update, slots)
+    def _confirmed_mode(self, held: _Open, scored: str, shown: str) -> str:
+        """The alert's mode: a new likely mode replaces the shown one once it has been the likely
+        mode for `k` consecutive scores (one score of another mode is noise)."""
+        if scored in ("", "none", shown):
+            held.candidate, held.candidate_scores = "", 0
+            return shown
+        if scored == held.candidate:
+            held.candidate_scores += 1
+        else:
+            held.candidate, held.candidate_scores = scored, 1
+        if held.candidate_scores >= self.model.policy.k:
+            held.candidate, held.candidate_scores = "", 0
+            return scored
+        return shown
+
+    def _cleared(self, incident: Incident, time_s: float, s: ScoredStep | None, text: str = "") -> apb.Alert:
+        held = self._alerts.get(incident.key)
+        latest = held.latest if held is not None else apb.Alert()
+        gpus = sorted(latest.gpus)
+        risk = 0.0
+        if s is not None:
+            present = [g for g in gpus if 0 <= g < self.g and s.present[g]]
+            risk = max((float(s.risk[g]) for g in present), default=0.0)
+        reason = incident.reason or CloseReason.RISK_FELL
+        return apb.Alert(
+            node=latest.node or self._names[incident.node], gpu=incident.gpu, gpu_uuid=latest.gpu_uuid,
+            mode=latest.mode, risk=risk, action=latest.action, state=apb.ALERT_STATE_CLEARED,
+            kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(time_s * 1e9), model_version=self.version,
+            model=self.info, opened_id=latest.opened_id, cleared_reason=text or reason.value,
+            clear_reason=CLEAR_TO_PB[reason], gpus=gpus,
+        )  # fmt: skip
+
+    # -- silence --------------------------------------------------------------------------------
+
+    def _hear(self, s: ScoredStep) -> None:
+        heard = self._heard.get(s.node)
+        if heard is None:
+            self._heard[s.node] = _Heard(s.time_s, self.clock())
+        else:
+            heard.event_s, heard.clock_s = max(heard.event_s, s.time_s), self.clock()
+        if self._silent.pop(s.node, None) is not None:
+            self.metrics.node_silent.remove(s.node, "true")
+            self.metrics.node_silent.remove(s.node, "false")
+            log.warning("node %s is sending samples again", s.node)
+
+    def check_silence(self) -> list[apb.Alert]:
+        """Mark the nodes silent for `silent_after_steps` model steps: by the fleet's newest event
+        time, or by the service's clock; returns the events stored (their open alerts clearing)."""
+        limit_s = self.silent_after_steps * self.cadence_s
+        stored: list[apb.Alert] = []
+        with self._lock:
+            if not self._heard:
+                return []
+            frontier = max(h.event_s for h in self._heard.values())
+            now = self.clock()
+            for name, heard in sorted(self._heard.items()):
+                if name in self._silent:
+                    continue
+                if frontier - heard.event_s < limit_s and now - heard.clock_s < limit_s:
+                    continue
+                stored.extend(self._fall_silent(name, heard, limit_s))
+        self._announce(stored)
+        return stored
+
+    def _fall_silent(self, name: str, heard: _Heard, limit_s: float) -> list[apb.Alert]:
+        text = (
+            f"node silent: no sample for {self.silent_after_steps} model steps ({limit_s:.0f} s) while this "
+            "alert was open; it may be the predicted failure itself"
+        )
+        step = int(heard.event_s // self.cadence_s)
+        events: list[apb.Alert] = []
+        node = self._nodes.get(name)
+        if node is not None:
+            (changes,) = self.tracker.close_node(node, step, CloseReason.NODE_SILENT)
+            events = [self._cleared(incident, heard.event_s, None, text) for incident in changes.closed]
+        for alert in self._restored.pop(name, []):
+            # Never scored since the restart: not in the tracker, counted as active at the start.
+            self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
+            events.append(
+                apb.Alert(
+                    node=name, gpu=alert.gpu, gpu_uuid=alert.gpu_uuid, mode=alert.mode, action=alert.action,
+                    state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(heard.event_s * 1e9),
+                    model_version=self.version, model=self.info, opened_id=alert.opened_id, cleared_reason=text,
+                    clear_reason=apb.CLEAR_REASON_NODE_SILENT, gpus=alert.gpus,
+                )
+            )  # fmt: skip
+        during = bool(events)
+        self._silent[name] = during
+        self.metrics.node_silent.labels(name, "true" if during else "false").set(1.0)
+        for key in [k for k in self._risk_child if k[0] == name]:
+            self._forget_risk(key)
+        if during:
+            log.error(
+                "node %s fell silent (no sample for %.0f s) with %d alert(s) open: it may have failed; "
+                "its alerts clear as 'node silent'", name, limit_s, len(events),
+            )  # fmt: skip
+        else:
+            log.warning("node %s fell silent: no sample for %.0f s", name, limit_s)
+        return self._store(events, []) if events else []
+
+    def silent_nodes(self) -> dict[str, bool]:
+        """Silent nodes now, each with whether an alert was open when it fell silent."""
+        with self._lock:
+            return dict(self._silent)
+
+    # -- metrics --------------------------------------------------------------------------------
 
     def _publish_risk(self, s: ScoredStep) -> None:
         """Each present GPU's risk on its own series (node, gpu); the likely mode, where the scorer
@@ -268,52 +499,3 @@ class AlertBook:
         shown = self._mode_shown.pop(key, None)
         if shown is not None:
             self.metrics.likely_mode.remove(node, str(gpu), shown)
-
-    def _close(self, s: ScoredStep, slot: int, reason: str) -> list[apb.Alert]:
-        alert = self._open.pop(slot, None)
-        if alert is not None:
-            return [self._cleared(alert, s, reason)]
-        node_alert = self._node_open.get(s.node)
-        if node_alert is not None and slot in node_alert[1]:
-            node_alert[1].discard(slot)
-            if not node_alert[1]:
-                del self._node_open[s.node]
-                return [self._cleared(node_alert[0], s, reason)]
-        return []
-
-    def _cleared(self, alert: apb.Alert, s: ScoredStep, reason: str) -> apb.Alert:
-        return apb.Alert(
-            node=alert.node, gpu=alert.gpu, gpu_uuid=alert.gpu_uuid, mode=alert.mode,
-            risk=float(np.nanmax(s.risk)) if alert.gpu < 0 and s.present.any()
-            else float(s.risk[alert.gpu]) if alert.gpu >= 0 and s.present[alert.gpu] else 0.0,
-            state=apb.ALERT_STATE_CLEARED, time_unix_nano=int(s.time_s * 1e9), model_version=self.version,
-            opened_id=alert.opened_id, cleared_reason=reason,
-        )  # fmt: skip
-
-    def _open_alerts(self, s: ScoredStep, gpus: list[int]) -> list[tuple[apb.Alert, set[int]]]:
-        """OPEN events for the GPUs whose policy opened, with the slots each covers; a node-level
-        mode makes one alert for the node (the GPUs that join later join it)."""
-        if not gpus:
-            return []
-        contributions = self.model.contributions(s.features[gpus], top=self.top_features)
-        base = self._slots[s.node]
-        out: list[tuple[apb.Alert, set[int]]] = []
-        for gpu, top in zip(gpus, contributions, strict=True):
-            mode = s.mode[gpu] or "unknown"
-            spec = BY_NAME.get(mode)
-            node_level = spec is not None and spec.level is Level.NODE
-            if node_level:
-                joined = self._node_open.get(s.node) or next(((a, sl) for a, sl in out if a.gpu < 0), None)
-                if joined is not None:
-                    joined[1].add(base + gpu)
-                    continue
-            risk, ttf = float(s.risk[gpu]), float(s.ttf_s[gpu])
-            alert = apb.Alert(
-                node=s.node, gpu=-1 if node_level else gpu, gpu_uuid="" if node_level else s.uuids[gpu],
-                mode=MODE_TO_PB.get(mode, apb.FAILURE_MODE_UNSPECIFIED), risk=risk, time_to_failure_seconds=ttf,
-                top_features=[apb.FeatureContribution(feature=n, value=v, contribution=c) for n, v, c in top],
-                action=self.actions.action(mode, risk, ttf), state=apb.ALERT_STATE_OPEN,
-                time_unix_nano=int(s.time_s * 1e9), model_version=self.version,
-            )  # fmt: skip
-            out.append((alert, {base + gpu}))
-        return out

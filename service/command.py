@@ -55,6 +55,10 @@ def add_parser(commands: Any) -> None:
         "--remediation-backoff-max", type=parse_duration, default=300.0,
         help="the longest wait between two tries of a remediation",
     )  # fmt: skip
+    serve.add_argument(
+        "--silent-after", type=int, default=5, metavar="STEPS",
+        help="model steps without a sample after which a node is silent: its alerts clear and it is counted",
+    )  # fmt: skip
     serve.add_argument("--max-drains", type=int, default=4, help="circuit breaker: nodes per window")
     serve.add_argument("--drain-window", type=parse_duration, default=3600.0, help="circuit breaker window")
     serve.add_argument(
@@ -158,7 +162,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)
             ),
             grace_s=args.grace, breaker=CircuitBreaker(args.max_drains, args.drain_window),
-            metrics=metrics, retry=retry,
+            metrics=metrics, retry=retry, silent_after_steps=args.silent_after,
             policy=None if tls is None else AccessPolicy(
                 tokens=tokens, trust_domain=args.trust_domain,
                 trainers_register=args.job_registration == "trainer", metrics=metrics,

@@ -1,10 +1,14 @@
-"""When to take a node out: an alert event recommending snapshot-and-migrate, on a node that runs
-a registered job, is remediated once the job acknowledges it with SNAPSHOT_DONE (its state is safe),
-or once `grace_s` passes with no SNAPSHOT_DONE (the hardware must go anyway; the job restarts from
-its last checkpoint) unless the alert cleared because the risk fell. A DECLINED acknowledgement
-leaves the node to the operator; a SNAPSHOT_DONE for a snapshot-only alert is noted and the node
-stays. Each alert is claimed once, across restarts; the circuit breaker caps nodes per window;
-actuators run on a worker thread so a slow scheduler never holds up scoring.
+"""When to take a node out: an alert (one incident, all its events sharing opened_id) whose newest
+event recommends snapshot-and-migrate, on a node that runs a registered job, is remediated once the
+job acknowledges it with SNAPSHOT_DONE (its state is safe), or once `grace_s` passes after the first
+such event with no SNAPSHOT_DONE (the hardware must go anyway; the job restarts from its last
+checkpoint) unless the alert cleared because the risk fell. A DECLINED acknowledgement leaves the
+node to the operator; a SNAPSHOT_DONE for a snapshot-only alert is noted and the node stays.
+
+One incident, one drain: each alert is claimed once, across restarts, whatever its updates; an
+acknowledgement of any of its events counts for the alert; and a node already being drained for
+another alert still open is not drained again. The circuit breaker caps nodes per window; actuators
+run on a worker thread so a slow scheduler never holds up scoring.
 
 A failed attempt (an exception or an outcome not ok) is tried again after a backoff (`RetryPolicy`),
 scheduled like the grace timers so other remediations go on meanwhile; the breaker counts the node
@@ -70,7 +74,9 @@ class Remediator:
         self.paused_by: str | None = store.setting("remediation_paused_by")
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
-        self._deadlines: list[tuple[float, int]] = []  # (clock time, alert id): grace timers
+        self._deadlines: list[tuple[float, int]] = []  # (clock time, opened_id): grace timers
+        self._timed: set[int] = set()  # alerts whose grace timer started (once per alert)
+        self._draining: dict[str, int] = {}  # node -> the alert it was last taken out for
         self._retry_at: list[tuple[float, int]] = []  # (clock time, alert id): backoff timers
         self._retrying: dict[int, _Task] = {}  # alert id -> the task its backoff timer runs
         self._work: list[_Task] = []
@@ -88,20 +94,40 @@ class Remediator:
     # -- inputs -----------------------------------------------------------------------------
 
     def on_alerts(self, alerts: Sequence[apb.Alert]) -> None:
-        """A listener on the alert book: start the grace timer of each alert that may need it."""
+        """A listener on the alert book: start the grace timer of each alert the first time one of
+        its events recommends snapshot-and-migrate."""
         with self._cv:
             for alert in alerts:
                 migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
-                if alert.state == apb.ALERT_STATE_OPEN and migrate and self._job_on(alert.node):
-                    heapq.heappush(self._deadlines, (self.clock() + self.grace_s, alert.id))
+                key = alert.opened_id or alert.id
+                if alert.state != apb.ALERT_STATE_OPEN or not migrate or key in self._timed:
+                    continue
+                if self._job_on(alert.node):
+                    self._timed.add(key)
+                    heapq.heappush(self._deadlines, (self.clock() + self.grace_s, key))
             self._cv.notify_all()
 
+    def _newest(self, alert_id: int) -> apb.Alert | None:
+        """The newest OPEN event of the alert that event `alert_id` belongs to (the event itself when
+        the alert has cleared)."""
+        event = self.store.get(alert_id)
+        if event is None:
+            return None
+        opened_id = event.opened_id or event.id
+        for alert in self.store.open_alerts():
+            if alert.opened_id == opened_id:
+                return alert
+        return event
+
     def on_ack(self, ack: Ack) -> str:
-        """Record an acknowledgement; returns what the service will do, in words."""
-        self.store.record_ack(ack)
-        alert = self.store.get(ack.alert_id)
+        """Record an acknowledgement (of the alert, whichever of its events it names); returns what
+        the service will do, in words."""
+        alert = self._newest(ack.alert_id)
         if alert is None:
+            self.store.record_ack(ack)
             return f"no alert {ack.alert_id}"
+        ack = replace(ack, alert_id=alert.opened_id or alert.id)
+        self.store.record_ack(ack)
         if ack.action == apb.ACK_ACTION_DECLINED:
             return f"declined: {alert.node} stays in service; the operator decides"
         migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
@@ -128,6 +154,11 @@ class Remediator:
         if claimed is not None:
             doing = "being remediated" if claimed[0] == "pending" else "already remediated"
             return f"alert {alert.opened_id} is {doing}"
+        other = self._draining.get(alert.node)
+        if other is not None and other != alert.opened_id and self._still_open(other):
+            outcome = self.store.remediation(other)
+            if outcome is not None and outcome[0] in ("pending", "ok"):
+                return f"{alert.node} is already being taken out for alert {other}: not drained twice"
         remediation = Remediation(
             alert_id=alert.opened_id, node=alert.node, gpu=alert.gpu, mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk, job_id=job, requeue=True, checkpoint_uri=checkpoint_uri,
@@ -200,11 +231,16 @@ class Remediator:
             due = self._due(self._deadlines)
             retries = [self._retrying.pop(alert_id) for alert_id in self._due(self._retry_at)]
         for alert_id in due:
-            alert = self.store.get(alert_id)
+            alert = self._newest(alert_id)
             acks = self.store.acks(alert_id)
             if alert is None or any(
                 a.action in (apb.ACK_ACTION_SNAPSHOT_DONE, apb.ACK_ACTION_DECLINED) for a in acks
             ):
+                continue
+            if alert.state == apb.ALERT_STATE_CLEARED and alert.clear_reason == apb.CLEAR_REASON_RISK_FELL:
+                log.info(
+                    "alert %d: the risk fell back before the grace period ended; nothing to do", alert_id
+                )
                 continue
             log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
             self._queue(alert, "", "")
@@ -214,12 +250,17 @@ class Remediator:
             self._attempt(task)
         return len(work)
 
+    def _still_open(self, opened_id: int) -> bool:
+        return any(a.opened_id == opened_id for a in self.store.open_alerts())
+
     def _attempt(self, task: _Task) -> None:
         r = task.remediation
         if not task.claimed and not self.store.claim_remediation(
             r.alert_id, r.node, self.actuator.name, json.dumps(asdict(r))
         ):
             return
+        with self._cv:
+            self._draining[r.node] = r.alert_id
         if not task.admitted and self.paused_by is not None:
             self._finish(r, "refused", f"remediation paused by {self.paused_by}; {r.node} left in service")
             return

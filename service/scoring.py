@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
+from faultcast.model.alert_content import median_ttf_s
+from faultcast.model.artifact import FaultModel
 from faultcast.model.online import LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
 from faultcast.service.validation import SampleRejected
 
-# Rows scored at least this share of the threshold get the mode and time-to-failure heads too.
+# Rows scored at least this share of the threshold get the mode and time-to-failure heads too: at or
+# under the hold level of the shipped policy, so that every score that holds an alert open has them.
 NEAR_THRESHOLD = 0.5
 
 
@@ -28,20 +30,6 @@ def model_version(model: FaultModel) -> str:
     created = str(model.manifest.get("created_at", "unknown"))
     revision = str(model.manifest.get("git_revision", "unknown"))[:12]
     return f"{created}/{revision}"
-
-
-def estimated_ttf_s(risk: np.ndarray, within: np.ndarray) -> np.ndarray:
-    """Median time to failure given that one comes within the horizon, from the risks within 5/15/30
-    minutes (rows, 3): interpolated inside the first bucket that holds half the probability."""
-    edges = np.concatenate([[0.0], np.asarray(TTF_BUCKETS_S)])
-    cond = np.clip(within / np.maximum(risk, 1e-12)[:, None], 0.0, 1.0)
-    cond = np.concatenate([np.zeros((len(risk), 1)), cond], axis=1)
-    cond[:, -1] = 1.0  # given a failure within the horizon, it is certain by its end
-    i = np.argmax(cond >= 0.5, axis=1)
-    rows = np.arange(len(risk))
-    lo, hi = cond[rows, i - 1], cond[rows, i]
-    frac = np.where(hi > lo, (0.5 - lo) / np.where(hi > lo, hi - lo, 1.0), 1.0)
-    return np.asarray(edges[i - 1] + frac * (edges[i] - edges[i - 1]))
 
 
 @dataclass
@@ -142,7 +130,7 @@ class Scorer:
             modes[rows] = "none"
             if near.any():
                 xs = x[near]
-                ttf[rows[near]] = estimated_ttf_s(r[near], model.risk_within(xs, r[near]))
+                ttf[rows[near]] = median_ttf_s(r[near], model.risk_within(xs, r[near]))
                 if model.modes:
                     modes[rows[near]] = np.asarray(model.modes, dtype=object)[
                         np.argmax(model.mode_probabilities(xs), axis=1)

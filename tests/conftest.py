@@ -37,7 +37,12 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def service_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model good enough to catch a clear HBM precursor, for the service's tests: a 32-node twin
-    over 6 days at 200x the failure rate, trained with few trees (about 40 s here)."""
+    over 6 days at 200x the failure rate, trained with few trees (about 40 s here). For a faster
+    edit-run loop, FAULTCAST_TEST_SERVICE_MODEL names a model directory trained that way to use instead
+    (never set in CI)."""
+    cached = os.environ.get("FAULTCAST_TEST_SERVICE_MODEL")
+    if cached:
+        return Path(cached)
     from faultcast.model.dataset import open_dataset
     from faultcast.model.train import TrainConfig, train
     from faultcast.sim.config import FleetConfig

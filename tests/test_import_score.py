@@ -22,10 +22,12 @@ import pytest
 from faultcast import cli
 from faultcast.catalogue import METRICS, Scope, by_name, metrics_for
 from faultcast.dcgm import Vocabulary, names
+from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import load
 from faultcast.model.dataset import DataError, open_dataset, unix_seconds
 from faultcast.model.evaluate import WARMUP_S
 from faultcast.model.importer import import_prometheus
+from faultcast.model.outcomes import Outcome
 from faultcast.model.score import CSV_FIELDS, ScoredAlert, score
 from faultcast.model.train import TrainConfig, train
 from faultcast.rollup import NETWORK_COLUMNS
@@ -593,37 +595,43 @@ def test_score_lists_well_formed_alerts_that_precede_the_scripted_failures(
     model = load(model_dir)
     data = open_dataset(scored_data[0])
     assert alerts, "the model raised no alert on two loud scripted failures"
-    assert alerts == sorted(alerts, key=lambda a: (a.time_s, a.node, a.gpus))
+    assert alerts == sorted(alerts, key=lambda a: (a.time_s, a.node, a.gpu))
     for a in alerts:
+        c = a.content
         assert data.start_s + WARMUP_S <= a.time_s < data.end_s
         assert a.node in data.nodes
         assert a.gpus
         assert set(a.gpus) <= set(range(4))
-        assert model.threshold <= a.risk <= 1.0
-        assert a.mode in model.modes
-        assert 0.0 <= a.mode_probability <= 1.0
-        assert len(a.risk_within) == 3
-        assert all(x <= y + 1e-12 for x, y in zip(a.risk_within, a.risk_within[1:], strict=False))
-        assert a.risk_within[-1] <= a.risk + 1e-9
-        assert len(a.top_features) == 3
-        assert all(name in model.feature_names for name, _, _ in a.top_features)
-        assert a.followed is not None
+        assert a.gpu == -1 or a.gpus == (a.gpu,)
+        assert model.threshold <= c.risk <= 1.0
+        assert c.mode in model.modes
+        assert a.node_level == (c.mode in NODE_LEVEL_MODES)
+        assert 0.0 <= c.mode_probability <= 1.0
+        assert len(c.risk_within) == 3
+        assert all(x <= y + 1e-12 for x, y in zip(c.risk_within, c.risk_within[1:], strict=False))
+        assert c.risk_within[-1] <= c.risk + 1e-9
+        if c.ttf_s is not None:
+            assert 0 <= c.ttf_s[0] <= c.ttf_s[1] <= c.ttf_s[2] <= model.horizon_s
+        assert len(c.top_features) == 3
+        assert all(name in model.feature_names for name, _, _ in c.top_features)
+        assert a.outcome is not None
         if a.failure is not None:
-            assert 0 < a.failure.lead_s <= model.horizon_s
-            assert a.failure.gpu < 0 or a.failure.gpu in a.gpus
-    caught = {(a.node, a.failure.mode) for a in alerts if a.failure is not None and a.failure.lead_s >= 60}
+            assert 0 <= a.failure.lead_s <= 24 * 3600
+            assert a.failure.gpu == a.gpu  # credited only where its evidence pointed
+        assert (a.outcome is Outcome.FALSE) == (a.failure is None)
+    caught = {(a.node, a.failure.mode) for a in alerts if a.outcome is Outcome.TRUE and a.failure is not None}
     scripted = {(data.nodes[s.node], s.mode) for s in SCRIPTED}
-    assert caught & scripted, f"no alert at least a minute before a scripted failure: {alerts}"
+    assert caught & scripted, f"no alert 5 min to 2 h before a scripted failure: {alerts}"
 
 
 def test_score_without_a_failure_log_raises_the_same_alerts(
     model_dir: Path, scored_data: tuple[Path, Path], alerts: list[ScoredAlert]
 ) -> None:
     with_log, without_log = alerts, score(model_dir, scored_data[1])
-    assert [(a.time_s, a.node, a.gpus, a.risk) for a in without_log] == [
-        (a.time_s, a.node, a.gpus, a.risk) for a in with_log
+    assert [(a.time_s, a.node, a.gpu, a.risk) for a in without_log] == [
+        (a.time_s, a.node, a.gpu, a.risk) for a in with_log
     ]
-    assert all(a.followed is None and a.failure is None for a in without_log)
+    assert all(a.outcome is None and a.failure is None for a in without_log)
 
 
 def test_the_score_command_prints_a_table_and_writes_csv(
@@ -635,11 +643,12 @@ def test_the_score_command_prints_a_table_and_writes_csv(
     )
     printed = capsys.readouterr().out
     assert "| time | node | GPU | risk |" in printed
-    assert "followed by a failure" in printed
+    assert " true (their failure came 5 min to 2 h after)" in printed
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == list(CSV_FIELDS)
-    assert any(r["followed_by_failure"] == "true" and float(r["lead_min"]) >= 1.0 for r in rows)
+    assert any(r["outcome"] == "true" and float(r["lead_min"]) >= 5.0 for r in rows)
     assert all(float(r["risk"]) >= 0 and r["feature_1"] for r in rows)
+    assert {r["outcome"] for r in rows} <= {"true", "late", "premature", "false"}
     assert not math.isnan(float(rows[0]["risk_30min"]))
 
 

@@ -11,10 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model.alerting import AlertPolicy, ScoredPeriod, alert_starts, false_alarm_rate, incidents
+from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.model.dataset import Failure, FailureLog, Labels, open_dataset
 from faultcast.model.features import FeatureConfig, FeatureEngine
+from faultcast.model.incidents import AlertPolicy
+from faultcast.model.outcomes import (
+    Outcome,
+    PredictionPeriods,
+    ScoredPeriod,
+    catches,
+    event_metrics,
+    incidents,
+    judge,
+)
 from faultcast.model.rules import RULES, RulesBaseline
 from faultcast.model.train import TrainConfig, make_split, train
 from faultcast.sim.config import FleetConfig
@@ -24,8 +34,9 @@ from faultcast.sim.writer import simulate
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 FLEET = FleetConfig(nodes=8, days=3.0, seed=5, acceleration=400.0)
 METHOD_KEYS = {
-    "recall_1min", "recall_5min", "recall_5min_predictable", "median_lead_min", "p10_lead_min",
-    "false_alarms_per_1000_gpu_days", "alert_precision", "pr_auc", "recall_by_mode",
+    "recall_1min", "recall_5min", "recall_5min_predictable", "median_lead_min", "p10_lead_min", "p90_lead_min",
+    "false_alarms_per_1000_gpu_days", "premature_alarms_per_1000_gpu_days", "false_only_alarms_per_1000_gpu_days",
+    "alert_precision", "pr_auc", "recall_by_mode",
 }  # fmt: skip
 
 
@@ -117,39 +128,80 @@ def test_labels_mark_the_horizon_before_each_failure() -> None:
     assert node_level.tolist() == [i >= 8 for i in range(16)]  # every GPU of the node
 
 
-def _period(risk: np.ndarray) -> ScoredPeriod:
+def _period(
+    risk: np.ndarray, modes: np.ndarray | None = None, gpus_per_node: int | None = None
+) -> ScoredPeriod:
     steps, slots = risk.shape
+    g = gpus_per_node or slots
     present = np.ones_like(risk, dtype=bool)
     return ScoredPeriod(
-        np.arange(steps) * 60.0, (0,), slots, present, {"model": risk}, np.zeros_like(present)
-    )
+        np.arange(steps) * 60.0, tuple(range(slots // g)), g, present, {"model": risk}, np.zeros_like(present),
+        np.full(risk.shape, "hbm_wear", dtype=object) if modes is None else modes,
+    )  # fmt: skip
 
 
-def test_the_alert_policy_needs_k_scores_dedupes_clears_and_expires() -> None:
-    policy = AlertPolicy(k=2, clear_steps=3, horizon_s=600.0)
-    risk = np.zeros((40, 2))
+def test_the_batch_path_opens_after_k_scores_holds_above_the_hold_level_and_never_expires() -> None:
+    policy = AlertPolicy(k=2, clear_steps=3, hold_ratio=0.5)
+    risk = np.zeros((300, 2))
     risk[5:7, 0] = 0.9  # two scores in a row: one alert at step 6
-    risk[9, 0] = 0.9  # a single spike after clearing: nothing (k=2)
-    risk[20:40, 1] = 0.9  # stays high: re-raised every 10 steps (the horizon)
-    steps, slots = alert_starts(risk, np.ones_like(risk, dtype=bool), [0.5], policy, 60.0)[0]
-    assert sorted(zip(steps.tolist(), slots.tolist(), strict=True)) == [(6, 0), (21, 1), (31, 1)]
-    none = alert_starts(risk, np.ones_like(risk, dtype=bool), [0.95], policy, 60.0)[0]
-    assert len(none[0]) == 0
+    risk[15, 0] = 0.9  # a single spike after it cleared (step 9): nothing (k=2)
+    risk[20:300, 1] = 0.9  # high for hours: one alert, never re-raised
+    risk[100:102, 1] = 0.3  # a dip under the threshold but above the hold level (0.25) holds it
+    (found,) = incidents(_period(risk), "model", [0.5], policy, NODE_LEVEL_MODES)
+    assert [(i.opened_step, i.gpu, i.closed_step) for i in found] == [(6, 0, 9), (21, 1, -1)]
+    (none,) = incidents(_period(risk), "model", [0.95], policy, NODE_LEVEL_MODES)
+    assert none == []
 
 
-def test_alerts_of_one_node_at_once_are_one_incident_true_when_it_fails_in_time() -> None:
-    risk = np.zeros((60, 8))
-    risk[10:12, :] = 0.9  # the whole node lights up (a node-level signal)
-    risk[40:42, 2] = 0.9
+def test_a_node_level_mode_is_one_incident_for_the_node_credited_only_by_a_node_failure() -> None:
+    risk = np.zeros((200, 8))
+    modes = np.full(risk.shape, "hbm_wear", dtype=object)
+    risk[10:12, :] = 0.9  # the whole node lights up, with a node-level mode
+    modes[10:12, :] = "infiniband"
+    risk[40:42, 2] = 0.9  # then GPU 2 alone
+    period = _period(risk, modes)
+    (found,) = incidents(period, "model", [0.5], AlertPolicy(k=2, clear_steps=3), NODE_LEVEL_MODES)
+    assert [(i.opened_step, i.gpu, len(i.slots_at_open)) for i in found] == [(11, -1, 8), (41, 2, 1)]
+    # A failure of GPU 5 credits neither (the node incident's evidence was the network, GPU 2's
+    # incident was GPU 2); a node-level failure 15 minutes after the node incident credits it.
+    log = FailureLog.of(
+        [Failure(11 * 60.0 + 900.0, 0, -1, "infiniband"), Failure(41 * 60.0 + 600.0, 0, 5, "power")]
+    )
+    outcomes = [(j.incident.gpu, j.outcome) for j in judge(period, log, found, PredictionPeriods())]
+    assert outcomes == [(-1, Outcome.TRUE), (2, Outcome.FALSE)]
+
+
+def test_incidents_are_true_late_premature_or_false_by_the_prediction_period() -> None:
+    risk = np.zeros((3000, 4))
+    for gpu, at in enumerate((100, 400, 800, 1200)):
+        risk[at : at + 3, gpu] = 0.9  # four incidents, opening at at + 1
     period = _period(risk)
-    starts = alert_starts(
-        risk, period.present, [0.5], AlertPolicy(k=2, clear_steps=3, horizon_s=1800.0), 60.0
-    )[0]
-    assert [(s, n, len(g)) for s, n, g in incidents(period, starts)] == [(11, 0, 8), (41, 0, 1)]
-    log = FailureLog.of([Failure(11 * 60.0 + 900.0, 0, -1, "infiniband")])
-    true, false, rate = false_alarm_rate(period, log, starts, 1800.0)
-    assert (true, false) == (1, 1)
-    assert rate == pytest.approx(1000.0 / period.gpu_days)
+    t = period.times_s
+    log = FailureLog.of([
+        Failure(t[101] + 20 * 60.0, 0, 0, "hbm_wear"),  # 20 min after: true
+        Failure(t[401] + 3 * 60.0, 0, 1, "pcie"),  # 3 min after: late
+        Failure(t[801] + 5 * 3600.0, 0, 2, "power"),  # 5 h after: premature
+    ])  # fmt: skip
+    (found,) = incidents(period, "model", [0.5], AlertPolicy(k=2, clear_steps=3), NODE_LEVEL_MODES)
+    periods = PredictionPeriods(warning_s=300.0, period_s=7200.0)
+    judged = judge(period, log, found, periods)
+    assert [j.outcome for j in judged] == [Outcome.TRUE, Outcome.LATE, Outcome.PREMATURE, Outcome.FALSE]
+    assert [j.lead_s for j in judged] == [1200.0, 180.0, 18000.0, None]
+    assert [c.lead_s for c in catches(period, log, found, periods)] == [1200.0, 180.0, None]
+    metrics = event_metrics(period, log, found, periods, {"hbm_wear", "pcie", "power"}, risk)
+    per_1000 = 1000.0 / period.gpu_days
+    assert metrics["recall_5min"] == pytest.approx(
+        1 / 3
+    )  # the late one was not in time, the premature one missed
+    assert metrics["recall_1min"] == pytest.approx(2 / 3)
+    assert metrics["false_alarms_per_1000_gpu_days"] == pytest.approx(2 * per_1000)
+    assert metrics["premature_alarms_per_1000_gpu_days"] == pytest.approx(per_1000)
+    assert metrics["false_only_alarms_per_1000_gpu_days"] == pytest.approx(per_1000)
+    assert metrics["alert_precision"] == pytest.approx(1 / 4)
+    assert metrics["median_lead_min"] == pytest.approx(20.0)
+    # A longer prediction period makes the premature alarm true and catches its failure.
+    longer = PredictionPeriods(warning_s=300.0, period_s=6 * 3600.0)
+    assert [j.outcome for j in judge(period, log, found, longer)][2] is Outcome.TRUE
 
 
 def test_every_rule_reads_a_computed_feature_and_fires_above_its_threshold() -> None:
@@ -179,7 +231,20 @@ def test_train_and_evaluate_commands_write_the_promised_json(data: Path, tmp_pat
     assert report["held_out_from_training"] is True
     for method in ("model", "rules", "logistic"):
         assert set(report[method]) >= METHOD_KEYS, method
+        m = report[method]
+        assert m["false_alarms_per_1000_gpu_days"] == pytest.approx(
+            m["premature_alarms_per_1000_gpu_days"] + m["false_only_alarms_per_1000_gpu_days"]
+        )
+    assert report["definitions"]["warning_s"] == 300.0
+    assert report["definitions"]["period_s"] == 7200.0
     assert "| model |" in done.stdout
+    assert "prediction period 120 min" in done.stdout
+    longer = tmp_path / "eval-4h.json"
+    done = subprocess.run([FAULTCAST, "evaluate", "--model", str(model_dir), "--data", str(data), "--json",
+                           str(longer), "--prediction-period", "4h", "--warning-time", "2m"],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(longer.read_text())["definitions"]["period_s"] == 4 * 3600.0
 
     bad = subprocess.run([FAULTCAST, "evaluate", "--model", str(tmp_path / "none"), "--data", str(data)],
                          capture_output=True, text=True, check=False)  # fmt: skip

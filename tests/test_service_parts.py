@@ -1,74 +1,39 @@
-"""The service's parts one by one: the online alert policy against the offline one, the alert book's
-dedupe and escalation, the durable log, sample checks, and when remediation happens."""
+"""The service's parts one by one: the alert state machine online against offline, hysteresis, the
+alert book's updates (mode, action, time to failure) and silent nodes, the durable log, sample
+checks, and when remediation happens."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
 from faultcast.catalogue import Scope, index_of
-from faultcast.model.alerting import AlertPolicy, AlertTracker, alert_starts
+from faultcast.model.alert_content import NODE_LEVEL_MODES, ActionPolicy, ttf_quantiles
 from faultcast.model.artifact import FaultModel, load
+from faultcast.model.incidents import AlertPolicy, CloseReason, IncidentTracker
+from faultcast.model.outcomes import ScoredPeriod, incidents
 from faultcast.readings import NodeSnapshot
-from faultcast.service.alerting import ActionPolicy, AlertBook
+from faultcast.service.alerting import AlertBook
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation import CircuitBreaker, NoopActuator, Outcome, Remediation, RetryPolicy
 from faultcast.service.remediator import Remediator
-from faultcast.service.scoring import ScoredStep, estimated_ttf_s
+from faultcast.service.scoring import ScoredStep
 from faultcast.service.state import Ack, StateStore
 from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb
 
-# -- the alert policy, online = offline ---------------------------------------------------------
+# -- the alert state machine, online = offline ------------------------------------------------
 
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_online_tracker_opens_exactly_where_the_offline_policy_does(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    steps, slots = 600, 16
-    # Risk in slow waves so that runs above and below the threshold, and expiries, all happen.
-    risk = np.clip(0.5 + 0.5 * np.sin(np.cumsum(rng.normal(0, 0.3, (steps, slots)), axis=0)), 0, 1)
-    risk[rng.random((steps, slots)) < 0.02] = np.nan
-    present = rng.random((steps, slots)) > 0.03
-    policy = AlertPolicy(k=2, clear_steps=5, horizon_s=1800.0)
-    offline_steps, offline_slots = alert_starts(risk, present, [0.7], policy, 60.0)[0]
-    tracker = AlertTracker(policy, 60.0, 0.7)
-    online: list[tuple[int, int]] = []
-    halves = (np.arange(0, 8), np.arange(8, 16))  # two nodes, fed separately as the service does
-    for t in range(steps):
-        for part in halves:
-            opened, _, _ = tracker.update(1000 + t, part, risk[t, part], present[t, part])
-            online += [(t, int(s)) for s in opened]
-    assert len(offline_steps) > 20
-    assert sorted(online) == sorted(zip(offline_steps.tolist(), offline_slots.tolist(), strict=True))
-
-
-def test_the_tracker_says_why_an_alert_closed() -> None:
-    tracker = AlertTracker(AlertPolicy(k=1, clear_steps=2, horizon_s=300.0), 60.0, 0.5)
-    slots = np.array([0, 1, 2])
-    high, yes = np.array([0.9, 0.9, 0.9]), np.ones(3, dtype=bool)
-    opened, _, _ = tracker.update(0, slots, high, yes)
-    assert opened.tolist() == [0, 1, 2]
-    reasons: dict[int, int] = {}
-    risks = {1: [0.9, 0.1, 0.9], 2: [0.9, 0.1, 0.9], 3: [0.9, 0.1, 0.9]}
-    for t in (1, 2, 3):
-        present = np.array([True, True, t < 3])
-        _, closed, why = tracker.update(t, slots, np.array(risks[t]), present)
-        reasons.update(zip(closed.tolist(), why.tolist(), strict=True))
-    assert reasons == {1: 0, 2: 2}  # slot 1: risk low for 2 scores; slot 2: went dark
-    for t in (4, 5):
-        _, closed, why = tracker.update(t, slots[:1], np.array([0.9]), np.array([True]))
-        reasons.update(zip(closed.tolist(), why.tolist(), strict=True))
-    assert reasons[0] == 1  # slot 0: the horizon (5 steps) passed
-
-
-# -- the alert book -------------------------------------------------------------------------
+MODES = ("hbm_wear", "power", "infiniband")  # infiniband is node-level
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +41,110 @@ def model(service_model: Path) -> FaultModel:
     return load(service_model)
 
 
-def _step(
-    model: FaultModel, node: str, step: int, risk: list[float], mode: str, ttf_s: float = 600.0
+def _scored(
+    model: FaultModel,
+    node: str,
+    step: int,
+    risk: Sequence[float] | np.ndarray,
+    modes: Sequence[str] | np.ndarray,
+    present: Sequence[bool] | np.ndarray | None = None,
+    ttf_s: float = 600.0,
 ) -> ScoredStep:
     g = model.feature_config.gpus_per_node
     features = np.zeros((g, len(model.feature_names)))
+    shown = np.ones(g, dtype=bool) if present is None else np.asarray(present, dtype=bool)
     return ScoredStep(
-        node, step, step * 60.0, 0.0, np.ones(g, dtype=bool), features, tuple(f"GPU-{i}" for i in range(g)),
-        np.array(risk, dtype=float), [mode] * g, np.full(g, ttf_s),
+        node, step, step * 60.0, 0.0, shown, features, tuple(f"{node}-GPU-{i}" for i in range(g)),
+        np.where(shown, np.asarray(risk, dtype=float), np.nan), list(modes), np.full(g, ttf_s),
     )  # fmt: skip
+
+
+def _step(
+    model: FaultModel, node: str, step: int, risk: list[float], mode: str, ttf_s: float = 600.0
+) -> ScoredStep:
+    return _scored(model, node, step, risk, [mode] * model.feature_config.gpus_per_node, ttf_s=ttf_s)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_service_raises_and_clears_exactly_the_incidents_the_offline_evaluation_counts(
+    model: FaultModel, tmp_path: Path, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    g = model.feature_config.gpus_per_node
+    nodes, steps = 2, 500
+    served = dataclasses.replace(model, threshold=0.7)
+    # Risk in slow waves, so that runs above, between the levels and below all happen; GPUs drop out.
+    walk = np.cumsum(rng.normal(0, 0.3, (steps, nodes * g)), axis=0)
+    risk = np.clip(0.5 + 0.5 * np.sin(walk), 0, 1)
+    present = rng.random((steps, nodes * g)) > 0.05
+    present[150:160, g : 2 * g] = False  # a whole node dark for a while
+    modes = np.asarray(MODES, dtype=object)[rng.integers(0, len(MODES), (steps, nodes * g))]
+    period = ScoredPeriod(
+        times_s=np.arange(steps) * 60.0, nodes=tuple(range(nodes)), gpus_per_node=g, present=present,
+        scores={"model": np.where(present, risk, np.nan)}, labels=np.zeros_like(present), modes=modes,
+    )  # fmt: skip
+    offline = incidents(period, "model", [0.7], served.policy, NODE_LEVEL_MODES)[0]
+
+    store = StateStore.in_dir(tmp_path)
+    book = AlertBook(served, store, ServiceMetrics())
+    for t in range(steps):
+        for n in range(nodes):  # each node fed on its own, as the service does
+            cols = slice(n * g, (n + 1) * g)
+            book.observe([_scored(served, f"n{n}", t, risk[t, cols], modes[t, cols], present[t, cols])])
+    events = store.read_after(0, limit=100_000)
+    store.close()
+    opened = [
+        (int(e.time_unix_nano // 60_000_000_000), e.node, e.gpu)
+        for e in events
+        if e.kind == apb.EVENT_KIND_OPENED
+    ]
+    cleared = sorted(
+        (int(e.time_unix_nano // 60_000_000_000), e.node, e.gpu, e.cleared_reason)
+        for e in events
+        if e.kind == apb.EVENT_KIND_CLEARED
+    )
+    assert len(offline) > 20
+    assert sorted(opened) == sorted((i.opened_step, f"n{i.node}", i.gpu) for i in offline)
+    assert cleared == sorted(
+        (i.closed_step, f"n{i.node}", i.gpu, i.reason.value) for i in offline if i.reason is not None
+    )
+    assert {i.gpu for i in offline} & {-1}
+    assert {i.gpu for i in offline} - {-1}
+    assert {e.cleared_reason for e in events if e.kind == apb.EVENT_KIND_CLEARED} == {
+        CloseReason.RISK_FELL.value,
+        CloseReason.GPU_DARK.value,
+    }
+
+
+def test_hysteresis_holds_an_alert_between_the_levels_and_a_single_spike_opens_nothing() -> None:
+    policy = AlertPolicy(k=2, clear_steps=3, hold_ratio=0.5, dark_steps=2)
+    tracker = IncidentTracker(policy, [0.6], 2, NODE_LEVEL_MODES)
+    slots, both = np.array([0, 1]), np.ones(2, dtype=bool)
+    modes = ["hbm_wear", "hbm_wear"]
+    trace = [(0.9, 0.9), (0.1, 0.9), (0.1, 0.5), (0.1, 0.4), (0.1, 0.35), (0.1, 0.2), (0.1, 0.2), (0.1, 0.2)]
+    log: list[tuple[int, str, int]] = []
+    for t, (a, b) in enumerate(trace):
+        (changes,) = tracker.update(t, slots, np.array([a, b]), both, modes)
+        log += [(t, "open", i.gpu) for i in changes.opened] + [(t, "close", i.gpu) for i in changes.closed]
+    # GPU 0: one spike (k=2): nothing. GPU 1: opens at its second score, holds at 0.5, 0.4 and 0.35
+    # (above the hold level 0.3, under the threshold), clears after three scores under the hold level.
+    assert log == [(1, "open", 1), (7, "close", 1)]
+
+
+def test_a_gpu_goes_dark_only_after_dark_steps_absent_steps() -> None:
+    tracker = IncidentTracker(AlertPolicy(k=1, clear_steps=3, dark_steps=2), [0.5], 2, NODE_LEVEL_MODES)
+    slots, modes = np.array([0, 1]), ["power", "power"]
+    tracker.update(0, slots, np.array([0.9, 0.1]), np.ones(2, dtype=bool), modes)
+    (gone_once,) = tracker.update(1, slots, np.array([np.nan, 0.1]), np.array([False, True]), modes)
+    (back,) = tracker.update(2, slots, np.array([0.9, 0.1]), np.ones(2, dtype=bool), modes)
+    assert gone_once.closed == []
+    assert back.opened == []
+    tracker.update(3, slots, np.array([np.nan, 0.1]), np.array([False, True]), modes)
+    (gone,) = tracker.update(4, slots, np.array([np.nan, 0.1]), np.array([False, True]), modes)
+    assert [(i.gpu, i.reason) for i in gone.closed] == [(0, CloseReason.GPU_DARK)]
+
+
+# -- the alert book -------------------------------------------------------------------------
 
 
 def test_one_alert_per_gpu_escalates_then_clears_and_the_log_keeps_it(
@@ -95,29 +155,79 @@ def test_one_alert_per_gpu_escalates_then_clears_and_the_log_keeps_it(
         model, store, ServiceMetrics(), actions=ActionPolicy(migrate_within_s=600, migrate_risk=0.9)
     )
     hot = model.threshold + (1 - model.threshold) / 4
-    low, g = model.threshold / 10, model.feature_config.gpus_per_node
+    low, g = model.policy.hold(model.threshold) / 10, model.feature_config.gpus_per_node
     events: list[apb.Alert] = []
     for t in range(6):  # GPU 5 above the threshold, failure further than 10 minutes away
         events += book.observe(
             [_step(model, "n1", 100 + t, [low] * 5 + [hot] + [low] * (g - 6), "hbm_wear", 1500.0)]
         )
-    assert [(e.state, e.gpu, e.action) for e in events] == [
-        (apb.ALERT_STATE_OPEN, 5, apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
+    assert [(e.kind, e.gpu, e.action) for e in events] == [
+        (apb.EVENT_KIND_OPENED, 5, apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
     ]
     first = events[0]
     assert first.id == first.opened_id == 1
+    assert first.HasField("time_to_failure")
+    assert first.HasField("model")
+    ttf = first.time_to_failure
+    assert ttf.reference_time_unix_nano == first.time_unix_nano
+    assert 0 <= ttf.p10_seconds <= ttf.p50_seconds <= ttf.p90_seconds <= model.horizon_s
+    assert [w.seconds for w in ttf.risk_within] == [300.0, 900.0, 1800.0]
+    assert first.model.threshold == model.threshold
+    assert first.model.hold_threshold == pytest.approx(model.policy.hold(model.threshold))
     events = book.observe([_step(model, "n1", 106, [low] * 5 + [hot] + [low] * (g - 6), "hbm_wear", 300.0)])
-    assert [(e.state, e.opened_id, e.action) for e in events] == [
-        (apb.ALERT_STATE_OPEN, first.id, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    assert [(e.kind, e.state, e.opened_id, e.action) for e in events] == [
+        (apb.EVENT_KIND_UPDATED, apb.ALERT_STATE_OPEN, first.id, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
     ]
     assert [a.id for a in book.active()] == [events[0].id]
     for t in range(model.policy.clear_steps):
         events = book.observe([_step(model, "n1", 107 + t, [low] * g, "hbm_wear")])
-    assert [(e.state, e.opened_id, e.cleared_reason) for e in events] == [
-        (apb.ALERT_STATE_CLEARED, first.id, "risk below threshold")
+    assert [(e.kind, e.opened_id, e.clear_reason) for e in events] == [
+        (apb.EVENT_KIND_CLEARED, first.id, apb.CLEAR_REASON_RISK_FELL)
     ]
     assert book.active() == []
     assert [a.id for a in store.read_after(0)] == [1, 2, 3]
+    store.close()
+
+
+def test_a_long_precursor_with_a_change_of_mode_is_one_alert_with_updates_and_one_drain(
+    model: FaultModel, tmp_path: Path
+) -> None:
+    store = StateStore.in_dir(tmp_path)
+    store.register_job("job-1", ["n5"])
+    metrics = ServiceMetrics()
+    book = AlertBook(model, store, metrics, actions=ActionPolicy(migrate_within_s=900, migrate_risk=0.99))
+    actuator = NoopActuator()
+    clock = _Clock()
+    remediator = Remediator(store, actuator, metrics, grace_s=60.0, clock=clock)
+    book.listen(remediator.on_alerts)
+    g = model.feature_config.gpus_per_node
+    hot = [0.0] * 3 + [min(0.98, model.threshold * 3)] + [0.0] * (g - 4)
+    events: list[apb.Alert] = []
+    # Three hours above the threshold (six model horizons): power first, then NVLink; the failure
+    # draws nearer (30 -> 10 -> 3 min), so the action escalates to snapshot-and-migrate.
+    for t in range(180):
+        mode = "power" if t < 60 else "nvlink"
+        ttf = 1700.0 if t < 100 else 600.0 if t < 170 else 200.0
+        events += book.observe([_step(model, "n5", 1000 + t, hot, mode, ttf)])
+        remediator.run_once()
+        clock.now += 60.0
+    kinds = [e.kind for e in events]
+    assert kinds.count(apb.EVENT_KIND_OPENED) == 1
+    assert apb.EVENT_KIND_CLEARED not in kinds
+    assert {e.opened_id for e in events} == {events[0].id}
+    modes = [e.mode for e in events]
+    assert modes[0] == apb.FAILURE_MODE_POWER
+    assert modes[-1] == apb.FAILURE_MODE_NVLINK
+    assert modes.count(apb.FAILURE_MODE_NVLINK) >= 1
+    assert len(events) <= 6  # mode change, escalation and nearer bands: a handful, not one per score
+    ack = remediator.on_ack(Ack(events[-1].id, "job-1", apb.ACK_ACTION_SNAPSHOT_DONE, 7, "file:///s"))
+    assert "already" in ack  # the grace period passed long ago: it was drained once, then
+    remediator.run_once()
+    assert [(r.node, r.alert_id) for r in actuator.seen] == [("n5", events[0].id)]
+    (active,) = [s for s in metrics.registry.collect() if s.name == "faultcast_active_alerts"]
+    by_mode = {x.labels["mode"]: x.value for x in active.samples}
+    assert by_mode.get("nvlink") == 1
+    assert by_mode.get("power", 0) == 0
     store.close()
 
 
@@ -130,6 +240,7 @@ def test_a_node_level_mode_makes_one_alert_for_the_node(model: FaultModel, tmp_p
         events += book.observe([_step(model, "n2", 10 + t, [0.95] * g, "infiniband")])
     assert [(e.gpu, e.mode) for e in events] == [(-1, apb.FAILURE_MODE_NETWORK)]
     assert events[0].gpu_uuid == ""
+    assert list(events[0].gpus) == list(range(g))
     store.close()
 
 
@@ -144,21 +255,89 @@ def test_open_alerts_survive_a_restart_and_ids_keep_increasing(model: FaultModel
     reopened = StateStore.in_dir(tmp_path)
     book = AlertBook(model, reopened, ServiceMetrics())
     assert [a.id for a in book.active()] == [a.id for a in opened]
-    dark = replace(_step(model, "n3", 53, [0.0] * g, "hbm_wear"), present=np.zeros(g, dtype=bool))
-    events = book.observe([dark])
-    assert [(e.state, e.opened_id, e.cleared_reason) for e in events] == [
-        (apb.ALERT_STATE_CLEARED, opened[0].id, "gpu dark")
+    events: list[apb.Alert] = []
+    for t in range(model.policy.dark_steps):
+        dark = replace(_step(model, "n3", 53 + t, [0.0] * g, "hbm_wear"), present=np.zeros(g, dtype=bool))
+        events += book.observe([dark])
+    assert [(e.kind, e.opened_id, e.clear_reason) for e in events] == [
+        (apb.EVENT_KIND_CLEARED, opened[0].id, apb.CLEAR_REASON_GPU_DARK)
     ]
     assert events[0].id > opened[0].id
     reopened.close()
 
 
-def test_the_time_to_failure_is_the_median_of_the_buckets() -> None:
+def test_the_time_to_failure_quantiles_come_from_the_buckets() -> None:
     risk = np.array([0.5, 0.5, 0.5])
     within = np.array([[0.4, 0.45, 0.5], [0.0, 0.25, 0.5], [0.0, 0.0, 0.5]])  # 5/15/30 minutes
-    ttf = estimated_ttf_s(risk, within)
-    assert ttf[0] < 300 < ttf[1] <= 900 < ttf[2] <= 1800
-    assert ttf[1] == pytest.approx(900.0)
+    p10, p50, p90 = ttf_quantiles(risk, within).T
+    assert p50[0] < 300 < p50[1] <= 900 < p50[2] <= 1800
+    assert p50[1] == pytest.approx(900.0)
+    assert (p10 <= p50).all()
+    assert (p50 <= p90).all()
+    assert p10[0] == pytest.approx(37.5)  # 10% of the conditional mass, 80% of it in the first 300 s
+    assert p90[2] == pytest.approx(900.0 + 0.9 * 900.0)
+
+
+def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted(model: FaultModel, tmp_path: Path) -> None:
+    store = StateStore.in_dir(tmp_path)
+    metrics = ServiceMetrics()
+    clock = _Clock()
+    book = AlertBook(model, store, metrics, silent_after_steps=5, clock=clock)
+    g = model.feature_config.gpus_per_node
+    quiet = [0.0] * g
+    for t in range(3):
+        book.observe([_step(model, "sick", 200 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
+        book.observe([_step(model, "calm", 200 + t, quiet, "hbm_wear")])
+    (alert,) = book.active()
+    for t in range(3, 7):  # "sick" stops sending after step 202; "calm" goes on
+        book.observe([_step(model, "calm", 200 + t, quiet, "hbm_wear")])
+        assert book.check_silence() == []
+    book.observe([_step(model, "calm", 207, quiet, "hbm_wear")])  # the fifth step "sick" missed
+    (cleared,) = book.check_silence()
+    assert (cleared.kind, cleared.opened_id, cleared.clear_reason) == (
+        apb.EVENT_KIND_CLEARED,
+        alert.id,
+        apb.CLEAR_REASON_NODE_SILENT,
+    )
+    assert "may be the predicted failure" in cleared.cleared_reason
+    assert book.active() == []
+    assert book.silent_nodes() == {"sick": True}
+    text = generate_latest(metrics.registry).decode()
+    assert 'faultcast_node_silent{during_incident="true",node="sick"} 1.0' in text
+    assert "faultcast_silent_nodes 1.0" in text
+    assert 'faultcast_failure_risk{gpu="0",node="sick"}' not in text  # no frozen risk
+    assert 'faultcast_failure_risk{gpu="0",node="calm"}' in text
+    book.observe([_step(model, "sick", 208, quiet, "hbm_wear")])
+    assert book.silent_nodes() == {}
+    assert "faultcast_silent_nodes 0.0" in generate_latest(metrics.registry).decode()
+    # The whole fleet quiet: the service's clock decides.
+    clock.now += 5 * 60.0
+    assert {e.node for e in book.check_silence()} == set()  # no alert open anywhere
+    assert book.silent_nodes() == {"sick": False, "calm": False}
+    store.close()
+
+
+def test_an_alert_left_open_by_a_run_whose_node_never_returns_clears_as_silent(
+    model: FaultModel, tmp_path: Path
+) -> None:
+    store = StateStore.in_dir(tmp_path)
+    book = AlertBook(model, store, ServiceMetrics())
+    g = model.feature_config.gpus_per_node
+    for t in range(3):
+        book.observe([_step(model, "gone", 300 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
+    store.close()
+    reopened = StateStore.in_dir(tmp_path)
+    clock = _Clock()
+    book = AlertBook(model, reopened, ServiceMetrics(), silent_after_steps=5, clock=clock)
+    assert len(book.active()) == 1
+    clock.now += 4 * 60.0
+    assert book.check_silence() == []
+    clock.now += 61.0
+    (cleared,) = book.check_silence()
+    assert cleared.clear_reason == apb.CLEAR_REASON_NODE_SILENT
+    assert book.active() == []
+    assert reopened.open_alerts() == []
+    reopened.close()
 
 
 # -- sample checks ---------------------------------------------------------------------------
@@ -294,15 +473,21 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     store.close()
 
 
-def test_a_reload_that_restarts_the_features_expires_open_alerts(model: FaultModel, tmp_path: Path) -> None:
+def test_a_reload_that_restarts_the_features_keeps_open_alerts_for_the_new_model_to_judge(
+    model: FaultModel, tmp_path: Path
+) -> None:
     store = StateStore.in_dir(tmp_path)
     book = AlertBook(model, store, ServiceMetrics())
     g = model.feature_config.gpus_per_node
     for t in range(3):
         book.observe([_step(model, "n4", 70 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
-    opened = book.active()
+    (opened,) = book.active()
     book.swap_model(model, carried_over=False)
-    events = book.observe([_step(model, "n4", 73, [0.0] * g, "hbm_wear")])
-    assert [(e.opened_id, e.cleared_reason) for e in events] == [(opened[0].id, "horizon passed")]
+    assert book.observe([_step(model, "n4", 73, [0.95] + [0.0] * (g - 1), "hbm_wear")]) == []
+    assert [a.opened_id for a in book.active()] == [opened.id]  # the same alert, not a new one
+    events: list[apb.Alert] = []
+    for t in range(model.policy.clear_steps):
+        events += book.observe([_step(model, "n4", 74 + t, [0.0] * g, "hbm_wear")])
+    assert [(e.opened_id, e.clear_reason) for e in events] == [(opened.id, apb.CLEAR_REASON_RISK_FELL)]
     assert book.active() == []
     store.close()

@@ -1,12 +1,12 @@
 """The model replayed on twin telemetry it never trained on: at each alert threshold, what each
 failure's alert was (lead or miss) and how often healthy nodes were alerted.
 
-An alert drains its whole node, so matching is by node: a failure is foreseen when an incident on
-its node opened within `drain_s` before it (the node was taken out and stayed out until the
-failure). Incidents on a node already out (drained, or failed and in repair) change nothing. An
-incident not followed by a failure of its node within `drain_s` is a false alarm: it took a healthy
-node out for inspection. The model's own alert policy (k consecutive scores, expiry, clearing)
-opens the incidents, exactly as in the service.
+The words are `faultcast evaluate`'s (model/outcomes.py, the prediction-period convention): the
+service's own state machine opens the incidents; a failure is foreseen with the lead of the earliest
+incident it credits (its GPU's, or its node's for a node-level failure) that opened within the
+prediction period before it; an incident not followed by its failure within the prediction period
+(premature or false) is a false alarm that took a node out for inspection for `drain_s`. Incidents on
+a node already out (drained, or failed and in repair) change nothing.
 """
 
 from __future__ import annotations
@@ -22,9 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from faultcast.model.alerting import AlertPolicy, ScoredPeriod, alert_starts, incidents
+from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, FailureLog
+from faultcast.model.incidents import AlertPolicy
+from faultcast.model.outcomes import (
+    DEFAULT_PERIODS,
+    Outcome,
+    PredictionPeriods,
+    ScoredPeriod,
+    catches,
+    incidents,
+    judge,
+)
 from faultcast.sim.goodput.process import AlertSample
 
 log = logging.getLogger(__name__)
@@ -82,37 +92,29 @@ def samples_at(
     failures: FailureLog,
     thresholds: Sequence[float],
     policy: AlertPolicy,
-    cadence_s: float,
     drain_s: float,
+    periods: PredictionPeriods = DEFAULT_PERIODS,
 ) -> list[AlertSample]:
-    """One AlertSample per threshold, from a single pass of the alert policy over the scores."""
-    starts = alert_starts(period.scores["model"], period.present, thresholds, policy, cadence_s)
-    rows = failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
-    failures_by_node: dict[int, list[float]] = {}
-    for f in sorted(rows, key=lambda f: f.time_s):
-        failures_by_node.setdefault(f.node, []).append(f.time_s)
+    """One AlertSample per threshold, from a single pass of the state machine over the scores."""
+    found = incidents(period, "model", thresholds, policy, NODE_LEVEL_MODES)
     out = []
-    for threshold, start in zip(thresholds, starts, strict=True):
-        by_node: dict[int, list[float]] = {}
-        for step, node, _ in incidents(period, start):
-            by_node.setdefault(node, []).append(float(period.times_s[step]))
+    for threshold, these in zip(thresholds, found, strict=True):
         leads: dict[str, list[float | None]] = {}
-        for f in rows:
-            opened = [t for t in by_node.get(f.node, []) if f.time_s - drain_s <= t < f.time_s]
-            leads.setdefault(f.mode, []).append(f.time_s - min(opened) if opened else None)
+        for c in catches(period, failures, these, periods):
+            leads.setdefault(c.failure.mode, []).append(c.lead_s)
+        by_node: dict[int, list[tuple[float, Outcome, float]]] = {}
+        for j in judge(period, failures, these, periods):
+            back = j.time_s + drain_s if j.failure is None else j.failure.time_s + drain_s
+            by_node.setdefault(j.incident.node, []).append((j.time_s, j.outcome, back))
         false = 0
-        for node, times in by_node.items():
-            node_failures = failures_by_node.get(node, [])
+        for events in by_node.values():
             out_until = -math.inf
-            for t in times:
+            for t, outcome, back in sorted(events, key=lambda e: e[0]):
                 if t < out_until:
-                    continue
-                coming = [ft for ft in node_failures if t < ft <= t + drain_s]
-                if coming:
-                    out_until = coming[0] + drain_s  # failed, then repaired at least this long
-                else:
-                    false += 1
-                    out_until = t + drain_s
+                    continue  # the node is out already: this alert changes nothing
+                false += outcome in (Outcome.PREMATURE, Outcome.FALSE)
+                # Out until inspected, or until its failure and the repair that follows.
+                out_until = back if outcome in (Outcome.TRUE, Outcome.LATE) else t + drain_s
         out.append(AlertSample(float(threshold), leads, false / max(period.gpu_days, 1e-9)))
     return out
 
@@ -127,9 +129,7 @@ def replay(
     period = score_period(dataset, model, nodes, start_s, dataset.end_s)
     trained = trained_threshold(model)
     thresholds = sorted({*SWEEP, trained})
-    samples = samples_at(
-        period, dataset.failures, thresholds, model.policy, model.feature_config.cadence_s, drain_s
-    )
+    samples = samples_at(period, dataset.failures, thresholds, model.policy, drain_s)
     rows = dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
     by_mode: dict[str, int] = {}
     for f in rows:

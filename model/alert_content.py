@@ -1,0 +1,134 @@
+"""What an alert says, built in one place for `faultcast score` and the service: the likely failure
+mode, the risk, when the failure is expected (a range, from the model's time buckets), the features
+that pushed the risk up, and the recommended action.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
+from faultcast.sim.modes import BY_NAME, MODES, Level
+
+# Modes whose failure takes a whole node: an alert for them is one per node (gpu -1).
+NODE_LEVEL_MODES = frozenset(m.name for m in MODES if m.level is Level.NODE)
+PREDICTABLE_MODES = frozenset(m.name for m in MODES if m.predictable)
+TTF_QUANTILES = (0.1, 0.5, 0.9)
+
+
+class Action(enum.Enum):
+    """What the job on the node should do (the proto's RecommendedAction)."""
+
+    WATCH = 1
+    SNAPSHOT_ONLY = 2
+    SNAPSHOT_AND_MIGRATE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ActionPolicy:
+    """Which action an alert recommends. Every alert is above the model's threshold, which meets
+    the false-alarm budget. Snapshot and migrate when the failure looks near (median time to failure
+    within `migrate_within_s`) or likely (`migrate_risk`); before that, snapshot only: a checkpoint
+    is cheap and bounds what a failure can cost, while draining waits for more certainty. Watch when
+    the most likely mode has no precursors (a firmware fault): no snapshot schedule can be aimed
+    at it. An open alert's action only ever escalates (an update event)."""
+
+    migrate_within_s: float = 1200.0
+    migrate_risk: float = 0.3
+
+    def action(self, mode: str, risk: float, ttf_s: float) -> Action:
+        if mode not in PREDICTABLE_MODES:
+            return Action.WATCH
+        if ttf_s <= self.migrate_within_s or risk >= self.migrate_risk:
+            return Action.SNAPSHOT_AND_MIGRATE
+        return Action.SNAPSHOT_ONLY
+
+
+DEFAULT_ACTIONS = ActionPolicy()
+
+
+def node_level(mode: str) -> bool:
+    spec = BY_NAME.get(mode)
+    return spec is not None and spec.level is Level.NODE
+
+
+def ttf_quantiles(
+    risk: np.ndarray, within: np.ndarray, quantiles: tuple[float, ...] = TTF_QUANTILES
+) -> np.ndarray:
+    """(rows, quantiles) seconds: quantiles of the time to failure given that one comes within the
+    horizon, from the risks within each of TTF_BUCKETS_S (rows, buckets), interpolated linearly
+    inside the bucket where the conditional probability crosses each quantile."""
+    edges = np.concatenate([[0.0], np.asarray(TTF_BUCKETS_S)])
+    cond = np.clip(within / np.maximum(risk, 1e-12)[:, None], 0.0, 1.0)
+    cond = np.maximum.accumulate(np.concatenate([np.zeros((len(risk), 1)), cond], axis=1), axis=1)
+    cond[:, -1] = 1.0  # given a failure within the horizon, it has come by its end
+    rows = np.arange(len(risk))
+    out = np.empty((len(risk), len(quantiles)))
+    for j, q in enumerate(quantiles):
+        i = np.maximum(np.argmax(cond >= q, axis=1), 1)
+        lo, hi = cond[rows, i - 1], cond[rows, i]
+        frac = np.where(hi > lo, (q - lo) / np.where(hi > lo, hi - lo, 1.0), 1.0)
+        out[:, j] = edges[i - 1] + np.clip(frac, 0.0, 1.0) * (edges[i] - edges[i - 1])
+    return out
+
+
+def median_ttf_s(risk: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """The median time to failure given one within the horizon (the scorer's per-row estimate)."""
+    return ttf_quantiles(risk, within, (0.5,))[:, 0]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertContent:
+    """What an alert says about one scored row."""
+
+    mode: str
+    mode_probability: float
+    risk: float
+    risk_within: tuple[float, ...]  # risk of failing within each of TTF_BUCKETS_S
+    ttf_s: tuple[float, float, float] | None  # p10, p50, p90; None when the mode has no precursor
+    top_features: tuple[tuple[str, float, float], ...]  # (feature, value, contribution to the raw score)
+    action: Action
+
+    @property
+    def median_ttf_s(self) -> float:
+        return self.ttf_s[1] if self.ttf_s is not None else float("nan")
+
+
+def describe(
+    model: FaultModel,
+    rows: np.ndarray,
+    *,
+    risk: np.ndarray | None = None,
+    top: int = 5,
+    actions: ActionPolicy = DEFAULT_ACTIONS,
+) -> list[AlertContent]:
+    """The content of an alert for each feature row (rows, features); `risk`: the rows' risk when
+    already known (the scorer's), else computed."""
+    if len(rows) == 0:
+        return []
+    risk = model.risk(rows) if risk is None else np.asarray(risk, dtype=np.float64)
+    within = model.risk_within(rows, risk)
+    quantiles = ttf_quantiles(risk, within)
+    probabilities = model.mode_probabilities(rows)
+    contributions = model.contributions(rows, top=top)
+    out = []
+    for i in range(len(rows)):
+        likely = int(np.argmax(probabilities[i])) if probabilities.shape[1] else -1
+        mode = model.modes[likely] if likely >= 0 else "unknown"
+        ttf = tuple(float(v) for v in quantiles[i]) if mode in PREDICTABLE_MODES else None
+        p50 = ttf[1] if ttf is not None else float("inf")
+        out.append(
+            AlertContent(
+                mode=mode,
+                mode_probability=float(probabilities[i, likely]) if likely >= 0 else float("nan"),
+                risk=float(risk[i]),
+                risk_within=tuple(float(v) for v in within[i]),
+                ttf_s=ttf,  # type: ignore[arg-type]  # three quantiles by construction
+                top_features=tuple(contributions[i]),
+                action=actions.action(mode, float(risk[i]), p50),
+            )
+        )
+    return out

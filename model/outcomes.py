@@ -1,0 +1,260 @@
+"""What each alert was worth, judged against a failure log: the prediction-period convention of the
+failure-prediction literature (Salfner, Lenk and Malek, "A survey of online failure prediction
+methods", ACM Computing Surveys 42(3), 2010: lead time, minimal warning time, prediction period).
+
+An incident (model/incidents.py) is credited only by a failure where its evidence pointed: a GPU
+incident by a failure of that GPU, a node-level incident by a node-level failure of that node (never
+by another GPU of the node). By the first such failure after it opened, an incident is
+
+- **true** when the failure came between the minimal warning time (5 min) and the prediction period
+  (2 h) after it opened: there was time to snapshot and move, and the drain was worth it;
+- **late** when the failure came sooner than the minimal warning time;
+- **premature** when it came after the prediction period but within a day;
+- **false** when no such failure came within a day.
+
+False alarms are premature + false: every incident not followed by its failure within the
+prediction period. A failure is **caught** when an incident it credits opened at least the minimal
+warning time and at most the prediction period before it; its lead is measured from the earliest
+such incident.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from faultcast.model.dataset import Failure, FailureLog
+from faultcast.model.incidents import AlertPolicy, Incident, track
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionPeriods:
+    """The periods every figure is judged by (recorded in `faultcast evaluate`'s output)."""
+
+    warning_s: float = 300.0  # minimal warning time: a snapshot and a drain need this much
+    period_s: float = 7200.0  # prediction period: what a drain is worth
+    false_after_s: float = 86400.0  # no failure within this: false rather than premature
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+DEFAULT_PERIODS = PredictionPeriods()
+
+
+class Outcome(enum.Enum):
+    TRUE = "true"
+    LATE = "late"
+    PREMATURE = "premature"
+    FALSE = "false"
+
+
+@dataclass(frozen=True)
+class ScoredPeriod:
+    """Scores of every present row of some nodes over a period, on the model's grid."""
+
+    times_s: np.ndarray  # (steps,) unix seconds
+    nodes: tuple[int, ...]  # dataset node indexes of the slots, in slot order / gpus_per_node
+    gpus_per_node: int
+    present: np.ndarray  # (steps, slots)
+    scores: dict[str, np.ndarray]  # method -> (steps, slots) risk (NaN where absent)
+    labels: np.ndarray  # (steps, slots) bool
+    # (steps, slots) the model's likely mode where some method's score reached MODE_FLOOR, else "":
+    # the tracker reads it where an alert opens, to tell node-level incidents from GPU ones.
+    modes: np.ndarray
+
+    @property
+    def gpu_days(self) -> float:
+        cadence = float(self.times_s[1] - self.times_s[0]) if len(self.times_s) > 1 else 60.0
+        return float(self.present.sum()) * cadence / 86_400.0
+
+    def slot_of(self, node: int, gpu: int) -> int:
+        return self.nodes.index(node) * self.gpus_per_node + gpu
+
+
+def incidents(
+    period: ScoredPeriod,
+    method: str,
+    thresholds: Sequence[float],
+    policy: AlertPolicy,
+    node_level_modes: frozenset[str],
+) -> list[list[Incident]]:
+    """Every incident `method` raises over the period at each threshold: the batch loop over the
+    service's state machine. Incident.node is the period's node position (period.nodes[node])."""
+    return track(
+        period.scores[method], period.present, period.modes, thresholds, policy, period.gpus_per_node,
+        node_level_modes,
+    )  # fmt: skip
+
+
+def credits(incident: Incident, failure: Failure, period: ScoredPeriod) -> bool:
+    """Whether `failure` is where the incident's evidence pointed (see the module docstring)."""
+    return period.nodes[incident.node] == failure.node and incident.gpu == failure.gpu
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """An incident with what followed it."""
+
+    incident: Incident
+    time_s: float  # when it opened
+    outcome: Outcome
+    failure: Failure | None  # the first failure it credits within `false_after_s`
+    lead_s: float | None  # the failure's time minus the opening's
+
+
+def judge(
+    period: ScoredPeriod, failures: FailureLog, found: Sequence[Incident], periods: PredictionPeriods
+) -> list[Judged]:
+    """Each incident's outcome, by the first failure it credits after it opened."""
+    out = []
+    for incident in found:
+        t = float(period.times_s[incident.opened_step])
+        node = period.nodes[incident.node]
+        # Failures at the opening step itself count (as late): `between` excludes its lower bound.
+        following = [
+            f
+            for f in failures.between(t - 1e-6, t + periods.false_after_s, [node])
+            if credits(incident, f, period)
+        ]
+        first = following[0] if following else None
+        lead = None if first is None else first.time_s - t
+        if lead is None:
+            outcome = Outcome.FALSE
+        elif lead < periods.warning_s:
+            outcome = Outcome.LATE
+        elif lead <= periods.period_s:
+            outcome = Outcome.TRUE
+        else:
+            outcome = Outcome.PREMATURE
+        out.append(Judged(incident, t, outcome, first, lead))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Catch:
+    """A failure of the period and its warning: the lead of the earliest incident it credits that
+    opened within the prediction period before it (None: none did)."""
+
+    failure: Failure
+    lead_s: float | None
+
+    def caught(self, warning_s: float) -> bool:
+        """Warned at least `warning_s` ahead (and within the prediction period)."""
+        return self.lead_s is not None and self.lead_s >= warning_s
+
+
+def catches(
+    period: ScoredPeriod, failures: FailureLog, found: Sequence[Incident], periods: PredictionPeriods
+) -> list[Catch]:
+    """Every failure in the period, with its warning."""
+    by_place: dict[tuple[int, int], list[float]] = {}
+    for incident in found:
+        key = (period.nodes[incident.node], incident.gpu)
+        by_place.setdefault(key, []).append(float(period.times_s[incident.opened_step]))
+    out = []
+    for f in failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes):
+        before = f.time_s - np.asarray(by_place.get((f.node, f.gpu), []))
+        within = before[(before >= 0) & (before <= periods.period_s)]
+        out.append(Catch(f, float(within.max()) if len(within) else None))
+    return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def event_metrics(
+    period: ScoredPeriod,
+    failures: FailureLog,
+    found: Sequence[Incident],
+    periods: PredictionPeriods,
+    predictable: set[str],
+    score: np.ndarray,
+) -> dict[str, object]:
+    """Recall (caught at >= the minimal warning time, within the prediction period), lead times of
+    the caught failures, false alarms (premature + false) per 1,000 GPU-days, alert precision (the
+    share of incidents that were true), PR-AUC of the rows."""
+    from sklearn.metrics import average_precision_score
+
+    caught = catches(period, failures, found, periods)
+    warned = [c for c in caught if c.caught(periods.warning_s)]
+    leads_min = [c.lead_s / 60.0 for c in warned if c.lead_s is not None]
+    by_mode: dict[str, list[int]] = {}
+    for c in caught:
+        tally = by_mode.setdefault(c.failure.mode, [0, 0])
+        tally[0] += c.caught(periods.warning_s)
+        tally[1] += 1
+    predictable_rows = [c for c in caught if c.failure.mode in predictable]
+    judged = judge(period, failures, found, periods)
+    count = {o: sum(1 for j in judged if j.outcome is o) for o in Outcome}
+    per_1000 = 1000.0 / max(period.gpu_days, 1e-9)
+    n = len(caught)
+    present = period.present
+    labelled = period.labels[present]
+    scored = np.nan_to_num(score[present], nan=0.0)
+    pr_auc = float(average_precision_score(labelled, scored)) if labelled.any() else float("nan")
+    nan = float("nan")
+    return {
+        "recall_5min": len(warned) / n if n else nan,
+        "recall_5min_predictable": (
+            sum(c.caught(periods.warning_s) for c in predictable_rows) / len(predictable_rows)
+            if predictable_rows
+            else nan
+        ),
+        "recall_1min": sum(c.caught(60.0) for c in caught) / n if n else nan,
+        "median_lead_min": _quantile(leads_min, 50),
+        "p10_lead_min": _quantile(leads_min, 10),
+        "p90_lead_min": _quantile(leads_min, 90),
+        "false_alarms_per_1000_gpu_days": (count[Outcome.PREMATURE] + count[Outcome.FALSE]) * per_1000,
+        "premature_alarms_per_1000_gpu_days": count[Outcome.PREMATURE] * per_1000,
+        "false_only_alarms_per_1000_gpu_days": count[Outcome.FALSE] * per_1000,
+        "alert_precision": count[Outcome.TRUE] / len(judged) if judged else nan,
+        "alerts": len(judged),
+        "true_alarms": count[Outcome.TRUE],
+        "late_alarms": count[Outcome.LATE],
+        "premature_alarms": count[Outcome.PREMATURE],
+        "false_only_alarms": count[Outcome.FALSE],
+        "false_alarms": count[Outcome.PREMATURE] + count[Outcome.FALSE],
+        "failures": n,
+        "failures_caught": len(warned),
+        "pr_auc": pr_auc,
+        "recall_by_mode": {mode: hits / total for mode, (hits, total) in sorted(by_mode.items())},
+    }
+
+
+def choose_threshold(
+    period: ScoredPeriod,
+    failures: FailureLog,
+    method: str,
+    policy: AlertPolicy,
+    node_level_modes: frozenset[str],
+    budget_per_1000_gpu_days: float,
+    periods: PredictionPeriods = DEFAULT_PERIODS,
+    floor: float = 0.0,
+) -> tuple[float, float]:
+    """The lowest threshold (not under `floor`) whose false alarms (premature + false) on `period`
+    stay within the budget: (threshold, false alarms per 1,000 GPU-days).
+
+    On a validation period too small for the budget to allow even one false alarm (under
+    1,000 / budget GPU-days), one is allowed: otherwise no threshold but "never" would do."""
+    risk = period.scores[method]
+    finite = risk[period.present & ~np.isnan(risk) & (risk >= floor)]
+    if finite.size == 0:
+        return 1.0, 0.0
+    allowed = max(1, int(budget_per_1000_gpu_days * period.gpu_days / 1000.0))
+    candidates = np.unique(
+        np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]])
+    )
+    found = incidents(period, method, candidates.tolist(), policy, node_level_modes)
+    best = (float(candidates[-1]) + 1e-9, 0.0)
+    for thr, these in sorted(zip(candidates, found, strict=True), key=lambda x: -x[0]):
+        judged = judge(period, failures, these, periods)
+        false = sum(1 for j in judged if j.outcome in (Outcome.PREMATURE, Outcome.FALSE))
+        if false > allowed:
+            break
+        best = (float(thr), 1000.0 * false / max(period.gpu_days, 1e-9))
+    return best
