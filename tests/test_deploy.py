@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,14 +94,19 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from _panels(panel.get("panels", []))
 
 
-def _dashboard_exprs() -> list[tuple[str, str]]:
+def _targets() -> dict[str, dict[str, Any]]:
+    """Every panel target by where it is (panel id, title, refId)."""
+    return {
+        f"panel {panel['id']} {panel['title']!r} {target['refId']}": target
+        for panel in _panels(_dashboard()["panels"])
+        for target in panel.get("targets", [])
+    }
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
     """(where, expr) for every panel target and every query variable."""
-    dashboard = _dashboard()
-    exprs: list[tuple[str, str]] = []
-    for panel in _panels(dashboard["panels"]):
-        for target in panel.get("targets", []):
-            exprs.append((f"panel {panel['id']} {panel['title']!r} {target['refId']}", str(target["expr"])))
-    for variable in dashboard["templating"]["list"]:
+    exprs = [(where, str(target["expr"])) for where, target in _targets().items()]
+    for variable in _dashboard()["templating"]["list"]:
         if variable["type"] == "query":
             exprs.append((f"variable {variable['name']}", str(variable["definition"])))
     return exprs
@@ -170,17 +175,26 @@ def test_every_alert_has_a_severity_summary_and_description() -> None:
             assert {"summary", "description"} <= set(rule["annotations"]), rule["alert"]
 
 
+def panel_queries(variables: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Every panel query and its legend by where it is, with Grafana's variables filled in as
+    `variables` says."""
+    queries = {}
+    for where, target in _targets().items():
+        expr = str(target["expr"])
+        for variable, value in variables.items():
+            expr = expr.replace(variable, value)
+        assert "$" not in expr, f"an unknown Grafana variable in {expr!r}"
+        queries[where] = (expr, str(target.get("legendFormat", "")))
+    return queries
+
+
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     """Each panel query, with Grafana's variables filled in, is valid PromQL (as a recording rule)."""
     values = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h", "$node": ".*"}
-    rules = []
-    for index, (_, expr) in enumerate(_dashboard_exprs()):
-        if expr.startswith("label_values("):
-            continue
-        for variable, value in values.items():
-            expr = expr.replace(variable, value)
-        assert "$" not in expr, f"an unknown Grafana variable in {expr!r}"
-        rules.append({"record": f"dashboard:query_{index}", "expr": expr})
+    rules = [
+        {"record": f"dashboard:query_{index}", "expr": expr}
+        for index, (expr, _) in enumerate(panel_queries(values).values())
+    ]
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = _promtool("check", "rules", str(path))
@@ -208,7 +222,7 @@ def test_the_rules_use_only_service_metrics() -> None:
 
 
 def test_the_dashboard_uses_only_exported_metrics() -> None:
-    used = {where: metric_names(expr) for where, expr in _dashboard_exprs()}
+    used = {where: metric_names(expr) for where, expr in dashboard_exprs()}
     everything = set().union(*used.values())
     assert "faultcast_failure_risk" in everything
     assert "DCGM_FI_DEV_GPU_TEMP" in everything
@@ -268,6 +282,12 @@ def test_the_dashboard_is_well_formed() -> None:
                 assert target["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
+def test_the_dashboard_shows_every_service_metric() -> None:
+    """Silent nodes, clocks, retries, refusals, throttling and the backlog had no panel once."""
+    used = set().union(*(metric_names(expr) for _, expr in dashboard_exprs()))
+    assert set(EXPORTED_NAMES) - used == set(), "service metrics no dashboard panel shows"
+
+
 @pytest.mark.parametrize("needle", ["faultcast_failure_risk", "faultcast_scoring_latency_seconds_bucket"])
 def test_the_dashboard_shows_the_key_service_metrics(needle: str) -> None:
-    assert any(needle in expr for _, expr in _dashboard_exprs())
+    assert any(needle in expr for _, expr in dashboard_exprs())
