@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from faultcast import __version__
-from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH, Scope, metrics_for
+from faultcast.catalogue import CATALOGUE_VERSION, METRICS, SCHEMA_HASH, Kind, Scope, metrics_for
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
 from faultcast.v1 import telemetry_pb2 as pb
 
@@ -22,15 +22,39 @@ class WireError(ValueError):
     """A message that does not fit the schema; the text says what is wrong."""
 
 
+_KIND_TO_PB: dict[Kind, pb.MetricKind.ValueType] = {
+    Kind.GAUGE: pb.METRIC_KIND_GAUGE,
+    Kind.COUNTER: pb.METRIC_KIND_COUNTER,
+}
+
+
+# Scopes in the order the catalogue lists their metrics, which is the order the schema hash reads
+# them in: a collector hashes GetSchema's scopes as listed (proto/README.md).
+_SCOPE_ORDER: tuple[Scope, ...] = tuple(dict.fromkeys([*(m.scope for m in METRICS), *Scope]))
+
+
 def schema() -> pb.MetricSchema:
+    """The wire schema a collector sends in its hello: every scope's metric names in wire order."""
     return pb.MetricSchema(
         catalogue_version=CATALOGUE_VERSION,
         schema_hash=SCHEMA_HASH,
         scopes=[
             pb.ScopeSchema(scope=_TO_PB[scope], metrics=[m.name for m in metrics_for(scope)])
-            for scope in Scope
+            for scope in _SCOPE_ORDER
         ],
     )
+
+
+def described_schema() -> pb.MetricSchema:
+    """schema() with each metric's unit, kind and help (Telemetry/GetSchema), for collectors
+    written from the API alone."""
+    described = schema()
+    for scope_schema, scope in zip(described.scopes, _SCOPE_ORDER, strict=True):
+        scope_schema.descriptions.extend(
+            pb.MetricDescription(name=m.name, unit=m.unit, kind=_KIND_TO_PB[m.kind], help=m.help)
+            for m in metrics_for(scope)
+        )
+    return described
 
 
 def hello(node: str, spool_id: int) -> pb.PushRequest:

@@ -71,7 +71,8 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
     def GetSchema(  # noqa: N802 (gRPC method name)
         self, request: pb.GetSchemaRequest, context: grpc.ServicerContext
     ) -> pb.MetricSchema:
-        return wire.schema()
+        """Every scope's metrics in wire order, described: what a collector sends its hello with."""
+        return wire.described_schema()
 
     def open_stream(
         self, first: pb.PushRequest
@@ -88,6 +89,14 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                 f"collector schema {hello.schema.schema_hash:#018x} "
                 f"(catalogue {hello.schema.catalogue_version!r}) differs from the service's "
                 f"{SCHEMA_HASH:#018x}; upgrade one side",
+            )
+        mismatch = _scopes_differ(hello.schema)
+        if mismatch:
+            self._reject("schema_mismatch")
+            return ("", 0), (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"collector schema {hello.schema.schema_hash:#018x} has this service's hash but other "
+                f"scopes: {mismatch}; send the scopes exactly as Telemetry/GetSchema returns them",
             )
         return (hello.node, hello.spool_id), None
 
@@ -157,7 +166,41 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         if self.metrics is not None:
             self.metrics.node_samples.inc()
             self.metrics.samples.inc(len(snapshot.gpus))
-            self.metrics.ingest_lag.labels(snapshot.node).set(now - snapshot.time_unix_nano / 1e9)
+            # A node clock running ahead would make the lag negative: it shows as its own gauge.
+            behind = now - snapshot.time_unix_nano / 1e9
+            self.metrics.ingest_lag.labels(snapshot.node).set(max(0.0, behind))
+            self.metrics.clock_ahead.labels(snapshot.node).set(max(0.0, -behind))
+
+
+# Each scope's metric names in wire order, as this service reads them.
+_EXPECTED_SCOPES = {int(scope.scope): tuple(scope.metrics) for scope in wire.schema().scopes}
+
+
+def _scopes_differ(schema: pb.MetricSchema) -> str:
+    """How a hello's scopes differ from this service's (names and order per scope), or "" when they
+    match. A hello without scopes is taken on its hash alone: collectors before GetSchema existed
+    may send none, and the matching hash is their claim to pack values in this service's order."""
+    if not schema.scopes:
+        return ""
+    sent: dict[int, tuple[str, ...]] = {}
+    for scope in schema.scopes:
+        name = pb.Scope.Name(scope.scope) if scope.scope in pb.Scope.values() else str(scope.scope)
+        if scope.scope in sent:
+            return f"scope {name} sent twice"
+        if scope.scope not in _EXPECTED_SCOPES:
+            return f"scope {name} is not one this service knows"
+        sent[scope.scope] = tuple(scope.metrics)
+    for number, expected in _EXPECTED_SCOPES.items():
+        name = pb.Scope.Name(pb.Scope.ValueType(number))
+        got = sent.get(number)
+        if got is None:
+            return f"scope {name} is missing"
+        if got != expected:
+            at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
+            if at is None:
+                return f"scope {name} has {len(got)} metrics, the service's {len(expected)}"
+            return f"scope {name} has {got[at]!r} at position {at}, the service {expected[at]!r}"
+    return ""
 
 
 class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
@@ -223,7 +266,8 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
     async def GetSchema(  # noqa: N802 (the aio form of the same method)
         self, request: pb.GetSchemaRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.MetricSchema:
-        return wire.schema()
+        """Every scope's metrics in wire order, described."""
+        return wire.described_schema()
 
     async def _pace(self, bucket: TokenBucket) -> None:
         """Wait for this stream's turn (its rate) and for the scorer (the backlog); while the

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
 from faultcast import wire
+from faultcast.catalogue import SCHEMA_HASH, Scope, metrics_for
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.shipper import Backoff, Shipper
 from faultcast.collector.simulated import SimulatedSource
 from faultcast.collector.spool import Spool
 from faultcast.readings import NodeSnapshot
+from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.telemetry import TelemetryServicer, create_server
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
@@ -205,3 +207,111 @@ def test_a_sample_without_a_sequence_is_rejected_with_the_reason(collector: Node
     assert received.sequences == []
     assert servicer.rejects == {"no_sequence": 1}
     assert "sequence 0" in acks[0].rejections[0].reason
+
+
+def _scopes_swapped() -> pb.PushRequest:
+    """A hello with this catalogue's hash whose GPU scope lists two metrics the other way round."""
+    hello = wire.hello("node-a", 1)
+    names = hello.hello.schema.scopes[0].metrics
+    names[0], names[1] = names[1], names[0]
+    return hello
+
+
+def _scope_missing() -> pb.PushRequest:
+    hello = wire.hello("node-a", 1)
+    del hello.hello.schema.scopes[-1]
+    return hello
+
+
+def _scope_twice() -> pb.PushRequest:
+    hello = wire.hello("node-a", 1)
+    hello.hello.schema.scopes.append(hello.hello.schema.scopes[0])
+    return hello
+
+
+@pytest.mark.parametrize(
+    ("hello", "says"),
+    [(_scopes_swapped, "SCOPE_GPU has"), (_scope_missing, "is missing"), (_scope_twice, "sent twice")],
+)
+def test_a_hello_with_the_right_hash_and_other_scopes_is_refused_at_the_hello(
+    collector: NodeCollector, hello: Callable[[], pb.PushRequest], says: str
+) -> None:
+    received = Received()
+    metrics = ServiceMetrics()
+    servicer = TelemetryServicer(received, metrics=metrics)
+    server, port = create_server(servicer)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            _push(port, [hello(), pb.PushRequest(sample=wire.to_proto(collector.scrape()))])
+    finally:
+        server.stop(grace=None)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert says in str(refused.value.details())
+    assert received.sequences == []
+    assert servicer.rejects == {"schema_mismatch": 1}  # once, at the hello: no sample was looked at
+    assert (
+        metrics.registry.get_sample_value("faultcast_ingest_rejects_total", {"reason": "schema_mismatch"})
+        == 1
+    )
+
+
+def test_a_hello_without_scopes_is_taken_on_its_hash(collector: NodeCollector) -> None:
+    received = Received()
+    server, port = create_server(TelemetryServicer(received))
+    hello = wire.hello("node-a", 1)
+    hello.hello.schema.ClearField("scopes")
+    try:
+        acks = _push(port, [hello, pb.PushRequest(sample=wire.to_proto(collector.scrape()))])
+    finally:
+        server.stop(grace=None)
+    assert acks[-1].acked_through == 1
+    assert received.sequences == [1]
+
+
+def test_ingest_lag_is_never_negative_and_a_clock_ahead_shows_on_its_own(collector: NodeCollector) -> None:
+    metrics = ServiceMetrics()
+    sample = wire.to_proto(collector.scrape())
+    event_s = sample.time_unix_nano / 1e9
+    now = [event_s - 120.0]  # the node's clock runs two minutes ahead of the service's
+    servicer = TelemetryServicer(Received(), metrics=metrics, clock=lambda: now[0])
+    server, port = create_server(servicer)
+
+    def gauges() -> tuple[float | None, float | None]:
+        labels = {"node": "node-a"}
+        return (
+            metrics.registry.get_sample_value("faultcast_ingest_lag_seconds", labels),
+            metrics.registry.get_sample_value("faultcast_ingest_clock_ahead_seconds", labels),
+        )
+
+    try:
+        _push(port, [wire.hello("node-a", 1), pb.PushRequest(sample=sample)])
+        ahead = gauges()
+        now[0] = event_s + 7.0 + 120.0  # the next sample arrives 7 s after its event time
+        later = wire.to_proto(collector.scrape())
+        later.time_unix_nano = int((event_s + 120.0) * 1e9)
+        _push(port, [wire.hello("node-a", 1), pb.PushRequest(sample=later)])
+        behind = gauges()
+    finally:
+        server.stop(grace=None)
+    assert ahead[0] == 0.0
+    assert ahead[1] == pytest.approx(120.0)
+    assert behind[0] == pytest.approx(7.0)
+    assert behind[1] == 0.0
+
+
+def test_get_schema_describes_every_metric_in_wire_order() -> None:
+    server, port = create_server(TelemetryServicer(Received()))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            published = pb_grpc.TelemetryStub(channel).GetSchema(pb.GetSchemaRequest())
+    finally:
+        server.stop(grace=None)
+    assert published.schema_hash == SCHEMA_HASH
+    for scope in published.scopes:
+        catalogue = metrics_for(Scope(pb.Scope.Name(scope.scope).removeprefix("SCOPE_").lower()))
+        assert list(scope.metrics) == [m.name for m in catalogue]
+        assert [(d.name, d.unit, d.help) for d in scope.descriptions] == [
+            (m.name, m.unit, m.help) for m in catalogue
+        ]
+        assert all(d.kind != pb.METRIC_KIND_UNSPECIFIED for d in scope.descriptions)
+    assert len(published.scopes) == len(Scope)

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 
 import pytest
 
 from faultcast import wire
+from faultcast.catalogue import SCHEMA_HASH
 from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import NodeSnapshot
+from faultcast.v1 import telemetry_pb2 as pb
 
 
 def _snapshot() -> NodeSnapshot:
@@ -52,3 +55,21 @@ def test_a_short_value_array_is_refused_with_the_reason() -> None:
     del sample.gpus[2].values[-3:]
     with pytest.raises(wire.WireError, match="gpu 2"):
         wire.from_proto(sample)
+
+
+def test_the_schema_hash_is_computed_from_the_published_schema_as_proto_readme_says() -> None:
+    """SHA-256 of "scope:name:kind" lines, scopes as GetSchema lists them, first 8 bytes big-endian:
+    what a collector in another language computes from GetSchema alone."""
+    published = wire.described_schema()
+    lines = [
+        f"{pb.Scope.Name(scope.scope).removeprefix('SCOPE_').lower()}:{d.name}:"
+        f"{pb.MetricKind.Name(d.kind).removeprefix('METRIC_KIND_').lower()}"
+        for scope in published.scopes
+        for d in scope.descriptions
+    ]
+    digest = hashlib.sha256("\n".join(lines).encode()).digest()
+    assert int.from_bytes(digest[:8], "big") == published.schema_hash == SCHEMA_HASH
+    assert [list(s.metrics) for s in published.scopes] == [
+        [d.name for d in s.descriptions] for s in published.scopes
+    ]
+    assert wire.schema().scopes[0].descriptions == []  # the hello's schema stays small

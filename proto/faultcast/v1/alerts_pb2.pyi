@@ -581,7 +581,9 @@ class CaughtUp(_message.Message):
     HEAD_ID_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     head_id: _builtins.int
-    """The log's newest event id when the replay ended (0 for an empty log)."""
+    """The log's newest event id when the subscription opened (0 for an empty log): the replay covers
+    events up to it, and every live event that follows has a higher id.
+    """
     @_builtins.property
     def model(self) -> Global___ModelInfo:
         """The model serving now."""
@@ -640,7 +642,10 @@ class AcknowledgeRequest(_message.Message):
     resolves it to the alert). A CLEARED event's id is refused (INVALID_ARGUMENT).
     """
     job_id: _builtins.str
-    """Required: the registered job running on the alert's node (FAILED_PRECONDITION otherwise)."""
+    """Required (INVALID_ARGUMENT when empty): a registered job (FAILED_PRECONDITION otherwise) whose
+    nodes include the alert's node (PERMISSION_DENIED otherwise). Checked with or without
+    authentication.
+    """
     action: Global___AckAction.ValueType
     """Required: one of the AckAction values other than UNSPECIFIED (INVALID_ARGUMENT otherwise)."""
     step: _builtins.int

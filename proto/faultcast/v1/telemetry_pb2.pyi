@@ -150,15 +150,17 @@ class MetricSchema(_message.Message):
     catalogue_version: _builtins.str
     schema_hash: _builtins.int
     """Fingerprint of every scope's metric order: the first 8 bytes (big-endian) of the SHA-256 of the
-    lines "SCOPE:NAME:KIND" (scope and kind in lower case, e.g. "gpu:gpu_temp:gauge"), one per metric
-    in catalogue order (scopes in the order gpu, interface, ib_port, peer, host, collector), joined by
-    "\\n" without a trailing newline. Each sample carries it so a mismatch is caught.
+    lines "SCOPE:NAME:KIND" (scope and kind in lower case, e.g. "gpu:gpu_temp:gauge"), one per metric,
+    scopes in the order GetSchema lists them (the catalogue's: gpu, interface, host, ib_port, peer,
+    collector) and each scope's metrics in wire order, joined by "\\n" without a trailing newline.
+    Each sample carries it so a mismatch is caught.
     """
     @_builtins.property
     def scopes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScopeSchema]:
-        """Every scope, with its metrics in wire order. A PushHello must send all of them exactly as
-        GetSchema returns them (names and order); a hello whose scopes differ is refused even when its
-        hash matches.
+        """Every scope, with its metrics in wire order. A PushHello that sends scopes must send all of them
+        with the names and order GetSchema returns (the order of the scopes themselves is free); a hello
+        whose scopes differ is refused (FAILED_PRECONDITION) even when its hash matches. A hello with no
+        scopes at all is taken on its hash alone.
         """
 
     def __init__(
