@@ -1,11 +1,14 @@
 """`faultcast demo` (what `make run` runs): the whole loop on the fleet twin, at accelerated time.
 
 Collector processes (`faultcast collect --source simulated`) each simulate one node, with failures
-ordered on cue, and push their samples to the service; the service scores them with a model (trained
-on a twin on first run) and streams alerts; a console subscriber plays the trainer: it prints each
-alert with the lead it gives before the twin's failure and acknowledges snapshot-and-migrate alerts
-with SNAPSHOT_DONE, which makes the service drain the node (the no-op actuator logs it). It ends
-with a summary: failures, how many were predicted and how early, and false alarms.
+ordered on cue, and push their samples to a service with default limits (the twin's clock starts in
+the past, so at 240x it never runs ahead of the wall clock); the service scores them with a model
+(trained on a twin on first run) and streams alerts; a console subscriber plays the trainer: it
+prints each alert event (opened, updated, cleared) with what the twin does next, and acknowledges
+each snapshot-and-migrate alert once with SNAPSHOT_DONE, which makes the service drain the node (the
+no-op actuator logs it). It ends with a summary in `faultcast evaluate`'s words (model/outcomes.py):
+each failure caught (warned 5 min to 2 h ahead), late or missed; each alert true, late, premature
+or false; and the false alarms per 1,000 GPU-days.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import grpc
 
 from faultcast.durations import parse_duration
+from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
 from faultcast.service.alerting import PB_TO_MODE
 from faultcast.sim.modes import BY_NAME, Level
 from faultcast.v1 import alerts_pb2 as apb
@@ -71,9 +75,12 @@ DEFAULT_FAILURES = (
 
 @dataclass
 class Seen:
-    """What the console subscriber saw: the first OPEN event of each alert, in order."""
+    """What the console subscriber saw: the OPENED event of each alert, in order, and how many events
+    of each kind came."""
 
     alerts: list[apb.Alert] = field(default_factory=list)
+    updates: int = 0
+    acknowledged: set[int] = field(default_factory=set)  # alerts the trainer said SNAPSHOT_DONE to
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -114,26 +121,34 @@ def run_demo(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from faultcast.service.server import Service
-    from faultcast.service.validation import Limits
 
     failures: list[Failure] = list(args.failures or DEFAULT_FAILURES)
     ensure_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     _log_to(args.out / "service.log")
     with tempfile.TemporaryDirectory(dir=args.out) as state:
-        # Event time runs `speed` times faster than the wall clock: no clock-skew check.
-        service = Service(args.model, Path(state), limits=Limits(max_future_s=0, max_age_s=0), grace_s=30.0)
+        # Default limits: the twin's clock starts in the past (below), so it never runs ahead.
+        service = Service(args.model, Path(state), grace_s=30.0)
         port = service.start("127.0.0.1:0")
         start_http_server(args.prometheus_port, registry=service.metrics.registry)
         names = [node_name(i) for i in range(args.nodes)]
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = apb_grpc.AlertsStub(channel)
         stub.RegisterJob(apb.RegisterJobRequest(job_id="demo-job", nodes=names))
-        sim_start = int(time.time())
+        end_s = max(f.at_s for f in failures) + 15 * 60.0
+        # The simulated clock starts this far in the past (under the service's 6 h sample age) so
+        # that at `speed` times real time it is still behind the wall clock when the demo ends.
+        sim_start = int(time.time() - max(4 * 3600.0, end_s + 600.0))
         model = service.model
         print(
             f"service on 127.0.0.1:{port}, metrics on :{args.prometheus_port}/metrics; model threshold "
-            f"{model.threshold:.3f}, horizon {model.horizon_s / 60:.0f} min, trained {model.manifest.get('created_at')}"
+            f"{model.threshold:.3f} (an alert holds above {model.policy.hold(model.threshold):.3f}), horizon "
+            f"{model.horizon_s / 60:.0f} min, trained {model.manifest.get('created_at')}"
+        )
+        periods = DEFAULT_PERIODS
+        print(
+            f"an alert is true when its failure comes {periods.warning_s / 60:.0f} min to "
+            f"{periods.period_s / 3600:g} h after it opens; late, premature (within a day) or false otherwise"
         )
         print(f"{args.nodes} simulated nodes x 8 GPUs, {args.speed:.0f}x real time; failures ordered:")
         for f in failures:
@@ -141,10 +156,9 @@ def run_demo(args: argparse.Namespace) -> int:
         seen = Seen()
         stream = stub.Subscribe(apb.SubscribeRequest(job_id="demo-job"))
         listener = threading.Thread(
-            target=_listen, args=(stream, stub, failures, sim_start, model.horizon_s, seen), daemon=True
+            target=_listen, args=(stream, stub, failures, sim_start, periods, seen), daemon=True
         )
         listener.start()
-        end_s = max(f.at_s for f in failures) + 15 * 60.0
         collectors = [_collector(i, port, sim_start, args, failures) for i in range(args.nodes)]
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -167,7 +181,7 @@ def run_demo(args: argparse.Namespace) -> int:
         stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
         channel.close()
         service.stop()
-        print(_summary(failures, seen, model.horizon_s, sim_start, end_s, args.nodes))
+        print(_summary(failures, seen, periods, sim_start, end_s, args.nodes))
     return 0
 
 
@@ -204,31 +218,45 @@ def _clock(sim_s: float) -> str:
     return f"sim {minutes // 60:02d}:{minutes % 60:02d}"
 
 
-# An alert followed by its GPU's failure later than the horizon but within this long was early, not
-# false: it took hardware out that was about to fail (the evaluation's nuisance window).
-EARLY_WINDOW_S = 24 * 3600.0
+def _credited(alert: apb.Alert, f: Failure) -> bool:
+    """Whether failure `f` is where the alert's evidence pointed: its GPU, or its node for a
+    node-level alert and a node-level failure (the rule of model/outcomes.py)."""
+    node_level = BY_NAME[f.mode].level is Level.NODE
+    return alert.node == node_name(f.node) and alert.gpu == (-1 if node_level else f.gpu)
 
 
-def _matching(alert: apb.Alert, failures: list[Failure], sim_start: int, within_s: float) -> Failure | None:
-    """The ordered failure this alert foresees: same GPU (or node), failing within `within_s`."""
+def _judge(
+    alert: apb.Alert, failures: list[Failure], sim_start: int, periods: PredictionPeriods
+) -> tuple[Outcome, Failure | None, float]:
+    """The alert's outcome by the first failure it credits after it opened, that failure, and the
+    lead in seconds."""
     t = alert.time_unix_nano / 1e9 - sim_start
-    for f in failures:
-        node_level = BY_NAME[f.mode].level is Level.NODE
-        same = alert.node == node_name(f.node) and (alert.gpu in (f.gpu, -1) or node_level)
-        if same and 0 <= f.at_s - t <= within_s:
-            return f
-    return None
+    following = sorted((f for f in failures if _credited(alert, f) and f.at_s >= t), key=lambda f: f.at_s)
+    f = following[0] if following and following[0].at_s - t <= periods.false_after_s else None
+    if f is None:
+        return Outcome.FALSE, None, float("nan")
+    lead = f.at_s - t
+    if lead < periods.warning_s:
+        return Outcome.LATE, f, lead
+    return (Outcome.TRUE if lead <= periods.period_s else Outcome.PREMATURE), f, lead
 
 
-def _verdict(alert: apb.Alert, failures: list[Failure], sim_start: int, horizon_s: float) -> str:
-    t = alert.time_unix_nano / 1e9 - sim_start
-    f = _matching(alert, failures, sim_start, horizon_s)
-    if f is not None:
-        return f"the twin fails it in {(f.at_s - t) / 60:.0f} min"
-    f = _matching(alert, failures, sim_start, EARLY_WINDOW_S)
-    if f is not None:
-        return f"early: the twin fails it in {(f.at_s - t) / 60:.0f} min, beyond the {horizon_s / 60:.0f}-min horizon"
-    return "false alarm: no failure follows"
+def _verdict(
+    alert: apb.Alert, failures: list[Failure], sim_start: int, periods: PredictionPeriods, opened: bool
+) -> str:
+    """What the twin does next; an alert's outcome is judged from when it opened, so updates only say
+    how far the failure is."""
+    outcome, f, lead = _judge(alert, failures, sim_start, periods)
+    if f is None:
+        return "false alarm so far: no failure of it follows"
+    if not opened:
+        return f"the twin fails it in {lead / 60:.0f} min"
+    words = {
+        Outcome.TRUE: "true",
+        Outcome.LATE: f"late (under {periods.warning_s / 60:.0f} min)",
+        Outcome.PREMATURE: f"premature (beyond {periods.period_s / 3600:g} h)",
+    }[outcome]
+    return f"{words}: the twin fails it in {lead / 60:.0f} min"
 
 
 def _listen(
@@ -236,7 +264,7 @@ def _listen(
     stub: apb_grpc.AlertsStub,
     failures: list[Failure],
     sim_start: int,
-    horizon_s: float,
+    periods: PredictionPeriods,
     seen: Seen,
 ) -> None:
     try:
@@ -246,33 +274,38 @@ def _listen(
             alert = event.alert
             t = alert.time_unix_nano / 1e9 - sim_start
             mode = PB_TO_MODE.get(alert.mode, "unknown")
-            action = apb.RecommendedAction.Name(alert.action).removeprefix("RECOMMENDED_ACTION_")
-            if alert.state == apb.ALERT_STATE_CLEARED:
-                print(
-                    f"[{_clock(t)}] cleared alert {alert.opened_id} on {alert.node}: {alert.cleared_reason}"
-                )
+            where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
+            if alert.kind == apb.EVENT_KIND_CLEARED:
+                print(f"[{_clock(t)}] CLEARED {alert.opened_id}: {where}: {alert.cleared_reason}")
                 continue
-            f = _matching(alert, failures, sim_start, horizon_s)
-            truth = (
-                f"the twin fails it in {(f.at_s - t) / 60:.0f} min"
-                if f
-                else "no failure follows (false alarm)"
+            action = apb.RecommendedAction.Name(alert.action).removeprefix("RECOMMENDED_ACTION_")
+            ttf = alert.time_to_failure
+            when = (
+                f"failure in ~{ttf.p50_seconds / 60:.0f} min ({ttf.p10_seconds / 60:.0f}-{ttf.p90_seconds / 60:.0f})"
+                if alert.HasField("time_to_failure")
+                else "no time estimate"
             )
-            kind = "ALERT" if alert.opened_id == alert.id else "UPDATE"
             top = ", ".join(c.feature for c in alert.top_features[:3])
+            kind = "ALERT" if alert.kind == apb.EVENT_KIND_OPENED else "UPDATE"
             print(
-                f"[{_clock(t)}] {kind} {alert.opened_id}: {alert.node} gpu {alert.gpu} {mode} risk {alert.risk:.2f}, "
-                f"~{alert.time_to_failure_seconds / 60:.0f} min to failure, {action} (why: {top}) | {truth}"
+                f"[{_clock(t)}] {kind} {alert.opened_id}: {where} {mode} risk {alert.risk:.2f}, {when}, {action} "
+                f"(why: {top}) | {_verdict(alert, failures, sim_start, periods, kind == 'ALERT')}"
             )
-            if alert.opened_id == alert.id:
-                with seen.lock:
+            with seen.lock:
+                if alert.kind == apb.EVENT_KIND_OPENED:
                     seen.alerts.append(alert)
-            if alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE:
-                # The trainer's side: snapshot at the next step boundary, then say so.
+                else:
+                    seen.updates += 1
+                first_ack = alert.opened_id not in seen.acknowledged
+                migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
+                if migrate and first_ack:
+                    seen.acknowledged.add(alert.opened_id)
+            if migrate and first_ack:
+                # The trainer's side: snapshot at the next step boundary, then say so, once per alert.
                 reply = stub.Acknowledge(
                     apb.AcknowledgeRequest(
-                        alert_id=alert.id, job_id="demo-job", action=apb.ACK_ACTION_SNAPSHOT_DONE, step=int(t // 60),
-                        checkpoint_uri=f"file:///checkpoints/demo-job/step-{int(t // 60)}",
+                        alert_id=alert.opened_id, job_id="demo-job", action=apb.ACK_ACTION_SNAPSHOT_DONE,
+                        step=int(t // 60), checkpoint_uri=f"file:///checkpoints/demo-job/step-{int(t // 60)}",
                     )
                 )  # fmt: skip
                 print(f"           trainer: snapshot done -> service: {reply.remediation}")
@@ -283,37 +316,39 @@ def _listen(
 def _summary(
     failures: list[Failure],
     seen: Seen,
-    horizon_s: float,
+    periods: PredictionPeriods,
     sim_start: int,
     end_s: float,
     nodes: int,
 ) -> str:
     with seen.lock:
-        alerts = list(seen.alerts)
+        alerts, updates = list(seen.alerts), seen.updates
     lines = ["", "summary", "-------"]
-    caught = early = 0
+    warning, period = periods.warning_s / 60, periods.period_s / 60
+    caught = 0
     for f in failures:
-        foreseen = [a for a in alerts if _matching(a, failures, sim_start, EARLY_WINDOW_S) == f]
-        in_time = [a for a in foreseen if _matching(a, failures, sim_start, horizon_s) == f]
-        leads = [(f.at_s - (a.time_unix_nano / 1e9 - sim_start)) / 60 for a in foreseen]
-        if in_time:
+        leads = [f.at_s - (a.time_unix_nano / 1e9 - sim_start) for a in alerts if _credited(a, f)]
+        within = [lead for lead in leads if 0 <= lead <= periods.period_s]
+        if within and max(within) >= periods.warning_s:
             caught += 1
-            outcome = f"predicted {max(lead for lead in leads if lead <= horizon_s / 60):.0f} min ahead"
-            if max(leads) > horizon_s / 60:
-                outcome += f" (first warned {max(leads):.0f} min ahead, earlier than the horizon)"
-        elif foreseen:
-            outcome = f"warned {max(leads):.0f} min ahead only, earlier than the horizon"
+            outcome = f"predicted {max(within) / 60:.0f} min ahead"
+        elif within:
+            outcome = f"late: warned only {max(within) / 60:.1f} min ahead (under {warning:.0f} min)"
+        elif any(lead > periods.period_s for lead in leads):
+            outcome = f"missed: the only alert came more than {period:.0f} min before (premature)"
         elif BY_NAME[f.mode].predictable:
             outcome = "missed"
         else:
             outcome = "missed (no precursor: no model can see it coming)"
         lines.append(f"  {node_name(f.node)} gpu {f.gpu} {f.mode:<11} at {_clock(f.at_s)}: {outcome}")
-        early += sum(1 for lead in leads if lead > horizon_s / 60)
-    false_alarms = [a for a in alerts if _matching(a, failures, sim_start, EARLY_WINDOW_S) is None]
+    judged = [_judge(a, failures, sim_start, periods)[0] for a in alerts]
+    count = {o: judged.count(o) for o in Outcome}
     gpu_days = nodes * 8 * end_s / 86_400.0
+    false_alarms = count[Outcome.PREMATURE] + count[Outcome.FALSE]
     lines.append(
-        f"  {caught} of {len(failures)} failures predicted within the {horizon_s / 60:.0f}-min horizon; "
-        f"{early} alerts came earlier than that; {len(false_alarms)} false alarms (no failure followed) over "
-        f"{nodes * 8} GPUs x {end_s / 3600:.1f} simulated hours ({gpu_days:.2f} GPU-days)"
+        f"  {caught} of {len(failures)} failures predicted {warning:.0f} min to {period:.0f} min ahead; "
+        f"{len(alerts)} alerts ({updates} updates): {count[Outcome.TRUE]} true, {count[Outcome.LATE]} late, "
+        f"{count[Outcome.PREMATURE]} premature, {count[Outcome.FALSE]} false; {false_alarms} false alarms "
+        f"(premature + false) over {nodes * 8} GPUs x {end_s / 3600:.1f} simulated hours ({gpu_days:.2f} GPU-days)"
     )
     return "\n".join(lines)

@@ -181,7 +181,14 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
     assert taken + duplicates == last - acked_at_kill
     assert duplicates == max(0, persisted_at_kill - acked_at_kill)
     assert taken == last - max(acked_at_kill, persisted_at_kill)
-    assert "faultcast_ingest_rejects_total{" not in second.exposition()
+    # Every reject reason is exported from the start at 0; none may have moved.
+    rejects = [
+        line
+        for line in second.exposition().splitlines()
+        if line.startswith("faultcast_ingest_rejects_total{")
+    ]
+    assert rejects
+    assert all(line.endswith(" 0.0") for line in rejects), rejects
 
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=WAIT_S) == 0
