@@ -1,8 +1,11 @@
 """The alert and admin RPCs: thin servicers over the service's parts.
 
-Subscribe streams the durable log from `resume_after`: first everything stored since, then new events
-as they are appended, so a subscriber that reconnects (even to a restarted service) misses nothing.
-Delivery is at-least-once: a subscriber dedupes by id.
+Subscribe streams the durable log: first the replay the request asks for (everything after its
+cursor, the alerts open now, the whole history, or nothing), then one CaughtUp marker naming the
+log's head and the serving model, then new events as they are appended. The replay ends at the head
+read when the subscription opened and the live part starts after it, so no event is lost or sent
+twice at the boundary; a subscriber that reconnects with its last id (even to a restarted service)
+misses nothing. Delivery is at-least-once across reconnects: a subscriber dedupes by id.
 """
 
 from __future__ import annotations
@@ -14,14 +17,21 @@ from typing import Any, Protocol
 
 import grpc
 
-from faultcast.service.alerting import AlertBook
-from faultcast.service.auth import AccessPolicy, AuthError, current, refuse
+from faultcast.model.artifact import FaultModel
+from faultcast.service.auth import AccessPolicy, AuthError, Principal, current, refuse
+from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
 _POLL_S = 0.5  # how often a quiet stream checks that its subscriber is still there
+_BATCH = 1000  # events read from the log at a time
+HEAD_ID_KEY = "faultcast-head-id"  # trailing metadata of an OUT_OF_RANGE refusal: the log's head
+_ACK_ACTIONS = ", ".join(name for name, value in apb.AckAction.items() if value != apb.ACK_ACTION_UNSPECIFIED)
+_STARTS = ", ".join(apb.StartFrom.keys())
+
+Refusal = tuple[grpc.StatusCode, str]
 
 
 class Operations(Protocol):
@@ -35,20 +45,24 @@ class Operations(Protocol):
 
 
 class AlertsServicer(apb_grpc.AlertsServicer):
+    """Subscribe, Acknowledge, ListActiveAlerts and RegisterJob over the durable state."""
+
     def __init__(
         self,
         store: StateStore,
-        book: AlertBook,
         remediator: Remediator,
         stopping: threading.Event,
         on_subscribers: Callable[[int], None] = lambda delta: None,
         policy: AccessPolicy | None = None,
+        *,
+        serving_model: Callable[[], FaultModel],
     ) -> None:
-        """`policy`: who may read and acknowledge what (None: no checks, a servicer under test)."""
-        self.store, self.book, self.remediator, self.stopping = store, book, remediator, stopping
-        self.on_subscribers, self.policy = on_subscribers, policy
+        """`policy`: who may read and acknowledge what (None: no checks, a servicer under test);
+        `serving_model`: the model serving now (it changes on reload), described in CaughtUp."""
+        self.store, self.remediator, self.stopping = store, remediator, stopping
+        self.on_subscribers, self.policy, self.serving_model = on_subscribers, policy, serving_model
 
-    def _authorize(self, job_id: str, nodes: list[str], peer: str) -> tuple[grpc.StatusCode, str] | None:
+    def _authorize(self, job_id: str, nodes: list[str], peer: str) -> Refusal | None:
         """A trainer names its own job, and only nodes registered to it; else the refusal."""
         if self.policy is None:
             return None
@@ -58,7 +72,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             return refuse(self.policy, denied, peer)
         return None
 
-    def _resolve(self, job_id: str, nodes: list[str]) -> tuple[list[str], tuple[grpc.StatusCode, str] | None]:
+    def _resolve(self, job_id: str, nodes: list[str]) -> tuple[list[str], Refusal | None]:
         """The nodes a request names, or those of its registered job; else the status refusing it."""
         if nodes:
             return nodes, None
@@ -78,33 +92,78 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             context.abort(*refusal)
         return resolved
 
+    @staticmethod
+    def _check_start(request: apb.SubscribeRequest) -> Refusal | None:
+        """A start choice is for new subscribers only, and must be one the API defines."""
+        if request.start not in apb.StartFrom.values():
+            return grpc.StatusCode.INVALID_ARGUMENT, f"start {request.start} is not one of {_STARTS}"
+        if request.resume_after > 0 and request.start != apb.START_FROM_UNSPECIFIED:
+            return (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"start {apb.StartFrom.Name(request.start)} with resume_after {request.resume_after}: "
+                "a cursor already says where to start; send one or the other",
+            )
+        return None
+
+    def _caught_up(self, head: int) -> apb.SubscribeResponse:
+        return apb.SubscribeResponse(
+            caught_up=apb.CaughtUp(head_id=head, model=model_info(self.serving_model()))
+        )
+
     async def Subscribe(  # noqa: N802 (gRPC method name)
         self, request: apb.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[apb.SubscribeResponse]:
-        """A coroutine on the server's event loop (a thread each would cap subscribers); waiting for
+        """The replay `resume_after`/`start` ask for, CaughtUp, then live events.
+
+        A coroutine on the server's event loop (a thread each would cap subscribers); waiting for
         new events happens on the loop's executor, half a second at a time."""
         # Authorization first: whether another job exists is not a stranger's business.
         refusal = self._authorize(request.job_id, list(request.nodes), context.peer())
         nodes: list[str] = []
         if refusal is None:
             nodes, refusal = self._resolve(request.job_id, list(request.nodes))
+        if refusal is None:
+            refusal = self._check_start(request)
         if refusal is not None:
             await context.abort(*refusal)
+        head = self.store.last_id  # the replay ends here, the live part starts after it
+        if request.resume_after > head:
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"resume_after {request.resume_after} is beyond the log's head {head}: the cursor "
+                "comes from another service or a state that was lost; resubscribe with resume_after "
+                "0 and a start choice (events up to the head may have been missed)",
+                trailing_metadata=((HEAD_ID_KEY, str(head)),),
+            )
         principal = current() if self.policy is not None else None
         await context.send_initial_metadata(())  # the subscriber sees the subscription is open
-        cursor = request.resume_after
-        loop = asyncio.get_running_loop()
         self.on_subscribers(1)
         try:
+            cursor = request.resume_after
+            if request.resume_after == 0 and request.start in (
+                apb.START_FROM_UNSPECIFIED,
+                apb.START_FROM_OPEN_ALERTS,
+            ):
+                opened, head = self.store.open_alerts_at_head(nodes)  # read together with its head
+                for alert in opened:
+                    yield apb.SubscribeResponse(alert=alert)
+            elif request.resume_after > 0 or request.start == apb.START_FROM_HISTORY:
+                while not self.stopping.is_set():
+                    await self._still_valid(principal, context)
+                    batch = self.store.read_after(cursor, nodes, _BATCH, through=head)
+                    for alert in batch:
+                        yield apb.SubscribeResponse(alert=alert)
+                    if len(batch) < _BATCH:
+                        break
+                    cursor = batch[-1].id
+            # START_FROM_LIVE replays nothing.
+            cursor = head
+            yield self._caught_up(head)
+            loop = asyncio.get_running_loop()
             while not self.stopping.is_set():
-                if (
-                    principal is not None
-                    and self.policy is not None
-                    and not self.policy.still_valid(principal)
-                ):
-                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
+                await self._still_valid(principal, context)
                 seen = self.store.last_id
-                batch = self.store.read_after(cursor, nodes)
+                batch = self.store.read_after(cursor, nodes, _BATCH)
                 for alert in batch:
                     yield apb.SubscribeResponse(alert=alert)
                     cursor = alert.id
@@ -115,40 +174,87 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         finally:
             self.on_subscribers(-1)
 
+    async def _still_valid(
+        self, principal: Principal | None, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """End the stream of a caller whose bearer token was revoked since it subscribed."""
+        if principal is not None and self.policy is not None and not self.policy.still_valid(principal):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
+
     def Acknowledge(  # noqa: N802
         self, request: apb.AcknowledgeRequest, context: grpc.ServicerContext
     ) -> apb.AcknowledgeResponse:
-        alert = self.store.get(request.alert_id)
-        if alert is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no alert {request.alert_id}")
-        if alert.state != apb.ALERT_STATE_OPEN:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"alert {request.alert_id} is a CLEARED event; acknowledge the OPEN alert {alert.opened_id}",
-            )
-        refusal = self._authorize(request.job_id, [alert.node], context.peer())
+        """Validated whatever the transport (insecure means unauthenticated, not unchecked): a
+        defined action, a registered job, an OPEN event of an alert on one of the job's nodes."""
+        refusal = self._check_ack(request, context.peer())
         if refusal is not None:
             context.abort(*refusal)
-        if request.action == apb.ACK_ACTION_UNSPECIFIED:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say what was done (action)")
         ack = Ack(request.alert_id, request.job_id, int(request.action), request.step, request.checkpoint_uri)
         return apb.AcknowledgeResponse(accepted=True, remediation=self.remediator.on_ack(ack))
+
+    def _check_ack(self, request: apb.AcknowledgeRequest, peer: str) -> Refusal | None:
+        """Why the acknowledgement is refused, or None."""
+        if request.action not in apb.AckAction.values() or request.action == apb.ACK_ACTION_UNSPECIFIED:
+            return (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"action {request.action} is not an acknowledgement; say what was done: one of {_ACK_ACTIONS}",
+            )
+        if not request.job_id:
+            return (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "job_id is required: the registered job running on the alert's node",
+            )
+        refusal = self._authorize(request.job_id, [], peer)  # a trainer acts for its own job only
+        if refusal is not None:
+            return refusal
+        registered = self.store.jobs().get(request.job_id)
+        if registered is None:
+            return (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {request.job_id!r} is not registered: RegisterJob with its nodes first, so that "
+                "remediation knows what to requeue",
+            )
+        alert = self.store.get(request.alert_id)
+        if alert is None:
+            return grpc.StatusCode.NOT_FOUND, f"no alert event {request.alert_id}"
+        if alert.state != apb.ALERT_STATE_OPEN:
+            return (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"event {request.alert_id} is the CLEARED event of alert {alert.opened_id}; acknowledge "
+                f"the alert by its opened_id {alert.opened_id}",
+            )
+        refusal = self._authorize(request.job_id, [alert.node], peer)  # counted as an auth refusal
+        if refusal is not None:
+            return refusal
+        if alert.node not in registered:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"alert {alert.opened_id} is on node {alert.node!r}, which job {request.job_id!r} is not "
+                f"registered on (its nodes: {', '.join(registered)}): a job acknowledges only alerts "
+                "of its own nodes",
+            )
+        return None
 
     def ListActiveAlerts(  # noqa: N802
         self, request: apb.ListActiveAlertsRequest, context: grpc.ServicerContext
     ) -> apb.ListActiveAlertsResponse:
-        alerts = self.book.active()
+        """The newest event of each open alert, oldest alert first, read from the log together with
+        its head id (a listing and then Subscribe(resume_after=head_id) leave no gap)."""
         refusal = self._authorize(request.job_id, list(request.nodes), context.peer())
         if refusal is not None:
             context.abort(*refusal)
-        if request.nodes or request.job_id:
-            nodes = set(self._nodes(request.job_id, list(request.nodes), context))
-            alerts = [a for a in alerts if a.node in nodes]
-        return apb.ListActiveAlertsResponse(alerts=alerts)
+        nodes = (
+            self._nodes(request.job_id, list(request.nodes), context)
+            if request.nodes or request.job_id
+            else None
+        )
+        alerts, head = self.store.open_alerts_at_head(nodes)
+        return apb.ListActiveAlertsResponse(alerts=sorted(alerts, key=lambda a: a.opened_id), head_id=head)
 
     def RegisterJob(  # noqa: N802
         self, request: apb.RegisterJobRequest, context: grpc.ServicerContext
     ) -> apb.RegisterJobResponse:
+        """Set the job's nodes (replacing an earlier registration)."""
         if not request.job_id or not request.nodes:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
         if self.policy is not None:

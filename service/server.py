@@ -286,8 +286,9 @@ class Service:
         )  # fmt: skip
         tpb_grpc.add_TelemetryServicer_to_server(telemetry, server)
         alerts = AlertsServicer(
-            self.store, self.book, self.remediator, self.stopping, self.metrics.subscribers.inc, self.policy
-        )
+            self.store, self.remediator, self.stopping, self.metrics.subscribers.inc, self.policy,
+            serving_model=lambda: self.model,
+        )  # fmt: skip
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
         apb_grpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -159,12 +159,16 @@ class StateStore:
         return out
 
     def read_after(
-        self, after_id: int, nodes: Iterable[str] | None = None, limit: int = 1000
+        self, after_id: int, nodes: Iterable[str] | None = None, limit: int = 1000, through: int | None = None
     ) -> list[apb.Alert]:
-        """Events with id > after_id, oldest first; only those of `nodes` when given."""
+        """Events with id > after_id (and <= `through` when given), oldest first; only those of
+        `nodes` when given."""
         wanted = sorted(set(nodes)) if nodes is not None else None
         query = "SELECT payload FROM alerts WHERE id > ?"
         args: list[object] = [after_id]
+        if through is not None:
+            query += " AND id <= ?"
+            args.append(through)
         if wanted is not None:
             query += f" AND node IN ({','.join('?' * len(wanted))})"
             args += wanted
@@ -188,15 +192,31 @@ class StateStore:
         return apb.Alert.FromString(row[0]) if row else None
 
     def open_alerts(self) -> list[apb.Alert]:
-        """The latest OPEN event of each alert not yet CLEARED (an alert's events share opened_id)."""
+        """The latest OPEN event of each alert not yet CLEARED (an alert's events share opened_id),
+        oldest event first."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT payload FROM alerts a WHERE state = ? "
-                "AND id = (SELECT MAX(id) FROM alerts b WHERE b.opened_id = a.opened_id AND b.state = ?) "
-                "AND NOT EXISTS (SELECT 1 FROM alerts c WHERE c.opened_id = a.opened_id AND c.state = ?) ORDER BY id",
-                (apb.ALERT_STATE_OPEN, apb.ALERT_STATE_OPEN, apb.ALERT_STATE_CLEARED),
-            ).fetchall()
+            return self._open_alerts()
+
+    def _open_alerts(self) -> list[apb.Alert]:
+        """open_alerts(), the lock held."""
+        # Grouped rather than correlated subqueries: one pass over the log, which has no index on
+        # opened_id (a subscriber without a cursor and every listing run this).
+        rows = self._db.execute(
+            "SELECT payload FROM alerts WHERE id IN (SELECT MAX(id) FROM alerts WHERE state = ? GROUP BY opened_id) "
+            "AND opened_id NOT IN (SELECT opened_id FROM alerts WHERE state = ?) ORDER BY id",
+            (apb.ALERT_STATE_OPEN, apb.ALERT_STATE_CLEARED),
+        ).fetchall()
         return [apb.Alert.FromString(payload) for (payload,) in rows]
+
+    def open_alerts_at_head(self, nodes: Iterable[str] | None = None) -> tuple[list[apb.Alert], int]:
+        """`open_alerts()` (only those of `nodes` when given) and the log's head id, read together:
+        every event after the head is newer than the listing, so a reader that goes on from the
+        head misses nothing."""
+        wanted = set(nodes) if nodes is not None else None
+        with self._lock:  # append() commits and moves last_id under this lock
+            head = self.last_id
+            alerts = self._open_alerts()
+        return [a for a in alerts if wanted is None or a.node in wanted], head
 
     def cleared_reason(self, opened_id: int) -> str | None:
         """Why the alert cleared, or None while it is open."""

@@ -190,7 +190,10 @@ def test_a_late_subscriber_resumes_after_its_last_id_with_no_gap(running: Runnin
 def _read_log(stub: apb_grpc.AlertsStub, after: int, last: int) -> list[apb.Alert]:
     """Every stored event after `after`, read through Subscribe up to the log's end."""
     out: list[apb.Alert] = []
-    stream = stub.Subscribe(apb.SubscribeRequest(nodes=[NAME], resume_after=after), timeout=WAIT_S)
+    # Without a cursor, history (a new subscriber would get only the alerts open now).
+    start = apb.START_FROM_HISTORY if after == 0 else apb.START_FROM_UNSPECIFIED
+    request = apb.SubscribeRequest(nodes=[NAME], resume_after=after, start=start)
+    stream = stub.Subscribe(request, timeout=WAIT_S)
     for event in stream:
         if not event.HasField("alert"):
             continue

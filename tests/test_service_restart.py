@@ -93,9 +93,11 @@ def _cursor(state: Path) -> int:
 
 
 def _subscribe(channel: grpc.Channel, resume_after: int) -> queue.Queue[apb.Alert]:
+    """The job's alert events after `resume_after`; without a cursor, the whole log's."""
     out: queue.Queue[apb.Alert] = queue.Queue()
+    start = apb.START_FROM_HISTORY if resume_after == 0 else apb.START_FROM_UNSPECIFIED
     stream = apb_grpc.AlertsStub(channel).Subscribe(
-        apb.SubscribeRequest(job_id="job-r", resume_after=resume_after)
+        apb.SubscribeRequest(job_id="job-r", resume_after=resume_after, start=start)
     )
 
     def listen() -> None:
