@@ -63,6 +63,8 @@ class Guard:
         )
         self.last_id = 0  # the resume cursor: the newest alert event seen
         self.connected = False
+        self.caught_up = False  # the current subscription has delivered its replay
+        self.model: apb.ModelInfo | None = None  # the serving model, from the latest caught-up marker
         self.last_error = ""
         self._pending: apb.Alert | None = None  # the newest snapshot request not yet acted on
         self.pending_since = 0.0  # time.monotonic() when the pending request first arrived
@@ -141,6 +143,12 @@ class Guard:
         with self._changed:
             return self._changed.wait_for(lambda: self.connected == connected, timeout_s)
 
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """Block until the current subscription has replayed what it asked for (the service's
+        caught-up marker): what follows is live."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.caught_up, timeout_s)
+
     def wait_for_alert(self, timeout_s: float) -> apb.Alert | None:
         """Block until a snapshot request is pending; None on timeout."""
         with self._changed:
@@ -195,14 +203,43 @@ class Guard:
             stub.RegisterJob(
                 apb.RegisterJobRequest(job_id=self.job_id, nodes=self.job_nodes), timeout=self.rpc_timeout_s
             )
+        # A first subscription (cursor 0) starts from the alerts open now: nothing stale to act on.
         call = stub.Subscribe(
             apb.SubscribeRequest(job_id=self.job_id, nodes=self.nodes, resume_after=self.last_id)
         )
         self._call = call
         self._set_connected(True, "")
-        for event in call:
-            if event.HasField("alert"):
-                self._take(event.alert)
+        try:
+            for event in call:
+                if event.HasField("alert"):
+                    self._take(event.alert)
+                elif event.HasField("caught_up"):
+                    self._caught_up(event.caught_up)
+        except grpc.RpcError as exc:
+            if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                # The service's log is behind our cursor: its state was lost, or it is another
+                # service. Start over from the alerts open there now.
+                log.warning(
+                    "faultcast: the service refused cursor %d (%s); resubscribing from its open alerts",
+                    self.last_id, exc.details(),
+                )  # fmt: skip
+                with self._lock:
+                    self.last_id = 0
+            raise
+
+    def _caught_up(self, marker: apb.CaughtUp) -> None:
+        with self._changed:
+            # Everything up to the head was delivered: a reconnect resumes after it, not from 0.
+            self.last_id = max(self.last_id, marker.head_id)
+            self.caught_up, self.model = True, marker.model
+            self._changed.notify_all()
+        model = marker.model
+        log.info(
+            "faultcast: caught up at alert %d; model %s (horizon %.0f s, alert at risk %.3g, hold above "
+            "%.3g, %d scores to open, %d to clear, one score per %.0f s)",
+            marker.head_id, model.version, model.horizon_seconds, model.threshold, model.hold_threshold,
+            model.open_after_scores, model.clear_after_scores, model.cadence_seconds,
+        )  # fmt: skip
 
     def _take(self, alert: apb.Alert) -> None:
         self.metric_alerts.labels(apb.AlertState.Name(alert.state)).inc()
@@ -221,7 +258,11 @@ class Guard:
                 alert.state == apb.ALERT_STATE_CLEARED
                 and pending is not None
                 and pending.opened_id == alert.opened_id
-                and alert.cleared_reason == "risk below threshold"
+                # the enum, or the words of a service older than it
+                and (
+                    alert.clear_reason == apb.CLEAR_REASON_RISK_FELL
+                    or alert.cleared_reason == "risk below threshold"
+                )
             ):
                 self._pending = None  # the risk fell back before the snapshot: nothing to do
             self._changed.notify_all()
@@ -243,6 +284,8 @@ class Guard:
                         error,
                     )
             self.connected, self.last_error = connected, error
+            if not connected:
+                self.caught_up = False
             self.metric_connected.set(1.0 if connected else 0.0)
             self._changed.notify_all()
 

@@ -3,13 +3,16 @@ the node; an absent service never stops training and the guard connects once the
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grpc
+import pytest
 
 from faultcast.client import Guard
 from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.remediation import NoopActuator
+from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
@@ -63,3 +66,38 @@ def test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node(
         assert guard.last_error
     finally:
         guard.close()
+
+
+def test_the_guard_starts_from_open_alerts_resumes_after_the_marker_and_survives_a_stale_cursor(
+    service_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="faultcast.client.guard")
+    service = Service(service_model, tmp_path, limits=Limits(max_future_s=0, max_age_s=0))
+    port = service.start("127.0.0.1:0")
+    store = service.store
+    (stale,) = store.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, gpu=0)])
+    store.append([apb.Alert(node=NAME, gpu=0, state=apb.ALERT_STATE_CLEARED, opened_id=stale.id)])
+    (still,) = store.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, gpu=1)])
+    guard = Guard(f"127.0.0.1:{port}", "job-c", [NAME], backoff_s=(0.05, 0.2))
+    guard.last_id = store.last_id + 1000  # a cursor from a log this service never had
+    try:
+        guard.start()
+        assert guard.wait_caught_up(WAIT_S), guard.last_error
+        # Refused (OUT_OF_RANGE), it started over from the alerts open now: not the cleared one.
+        pending = guard.pending()
+        assert pending is not None
+        assert pending.id == still.id
+        assert guard.last_id == store.last_id  # the marker's head: a reconnect resumes after it
+        assert guard.model is not None
+        assert guard.model.version == model_version(service.model)
+        assert any(
+            "caught up" in r.getMessage() and guard.model.version in r.getMessage() for r in caplog.records
+        )
+        assert any("refused cursor" in r.getMessage() for r in caplog.records)
+    finally:
+        guard.close()
+        service.stop(0)
+
+
+def _open(action: apb.RecommendedAction.ValueType, gpu: int) -> apb.Alert:
+    return apb.Alert(node=NAME, gpu=gpu, state=apb.ALERT_STATE_OPEN, risk=0.5, action=action)
