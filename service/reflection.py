@@ -56,10 +56,11 @@ def _add_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
 
 def enable_reflection(server: grpc.Server | grpc.aio.Server, service_names: Iterable[str]) -> None:
     """Serve reflection on `server` for `service_names` (fully qualified, e.g. faultcast.v1.Alerts)
-    and for both reflection services, over v1alpha and v1. Call before the server starts."""
+    and for both reflection services (listed whether named or not), over v1alpha and v1. Call it
+    once, instead of grpc_reflection's enable_server_reflection, before the server starts."""
     pool = descriptor_pool.Default()  # where the generated stubs registered their files
     _add_v1_descriptor(pool)
-    names = (*service_names, V1ALPHA_SERVICE, V1_SERVICE)
+    names = tuple(dict.fromkeys((*service_names, V1ALPHA_SERVICE, V1_SERVICE)))  # each listed once
     servicer: reflection_pb2_grpc.ServerReflectionServicer = (
         AsyncReflectionServicer(names, pool=pool)
         if isinstance(server, grpc.aio.Server)
