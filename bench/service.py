@@ -549,7 +549,7 @@ def all_heads(model: FaultModel) -> Callable[[np.ndarray], object]:
 
     def heads(x: np.ndarray) -> object:
         risk = model.risk(x)
-        return median_ttf_s(risk, model.risk_within(x)), model.mode_probabilities(x)
+        return median_ttf_s(risk, model.risk_within(x), model.horizon_s), model.mode_probabilities(x)
 
     return heads
 
@@ -776,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     within_rate = rows_per_second(model.risk_within, x, 5)
     mode_rate = rows_per_second(model.mode_probabilities, x, 5)
     risk, within = model.risk(x), model.risk_within(x)
-    ttf_rate = rows_per_second(lambda _: median_ttf_s(risk, within), x, 5)
+    ttf_rate = rows_per_second(lambda _: median_ttf_s(risk, within, model.horizon_s), x, 5)
     print(
         f"  model.risk_within (time heads):   {within_rate:,.0f} rows/s "
         f"({model.ttf_booster.num_trees() if model.ttf_booster else 0} trees, with the risk again)"

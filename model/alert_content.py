@@ -55,13 +55,21 @@ def node_level(mode: str) -> bool:
     return spec is not None and spec.level is Level.NODE
 
 
+def ttf_edges(horizon_s: float) -> np.ndarray:
+    """The time buckets' edges in seconds: 0, 5 and 15 minutes, and the model's horizon (the last
+    bucket of the time-to-failure head reaches to it, whatever the horizon was)."""
+    edges = np.concatenate([[0.0], np.asarray(TTF_BUCKETS_S[:-1]), [horizon_s]])
+    return np.asarray(np.minimum(edges, horizon_s))
+
+
 def ttf_quantiles(
-    risk: np.ndarray, within: np.ndarray, quantiles: tuple[float, ...] = TTF_QUANTILES
+    risk: np.ndarray, within: np.ndarray, horizon_s: float, quantiles: tuple[float, ...] = TTF_QUANTILES
 ) -> np.ndarray:
-    """(rows, quantiles) seconds: quantiles of the time to failure given that one comes within the
-    horizon, from the risks within each of TTF_BUCKETS_S (rows, buckets), interpolated linearly
-    inside the bucket where the conditional probability crosses each quantile."""
-    edges = np.concatenate([[0.0], np.asarray(TTF_BUCKETS_S)])
+    """(rows, quantiles) seconds in [0, horizon]: quantiles of the time to failure given that one
+    comes within the horizon, from the risks within each time bucket (rows, buckets), interpolated
+    linearly inside the bucket where the conditional probability crosses each quantile. NaN where
+    the risk is NaN."""
+    edges = ttf_edges(horizon_s)
     cond = np.clip(within / np.maximum(risk, 1e-12)[:, None], 0.0, 1.0)
     cond = np.maximum.accumulate(np.concatenate([np.zeros((len(risk), 1)), cond], axis=1), axis=1)
     cond[:, -1] = 1.0  # given a failure within the horizon, it has come by its end
@@ -72,12 +80,13 @@ def ttf_quantiles(
         lo, hi = cond[rows, i - 1], cond[rows, i]
         frac = np.where(hi > lo, (q - lo) / np.where(hi > lo, hi - lo, 1.0), 1.0)
         out[:, j] = edges[i - 1] + np.clip(frac, 0.0, 1.0) * (edges[i] - edges[i - 1])
+    out[np.isnan(risk)] = np.nan
     return out
 
 
-def median_ttf_s(risk: np.ndarray, within: np.ndarray) -> np.ndarray:
+def median_ttf_s(risk: np.ndarray, within: np.ndarray, horizon_s: float) -> np.ndarray:
     """The median time to failure given one within the horizon (the scorer's per-row estimate)."""
-    return ttf_quantiles(risk, within, (0.5,))[:, 0]
+    return ttf_quantiles(risk, within, horizon_s, (0.5,))[:, 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +96,7 @@ class AlertContent:
     mode: str
     mode_probability: float
     risk: float
-    risk_within: tuple[float, ...]  # risk of failing within each of TTF_BUCKETS_S
+    risk_within: tuple[float, ...]  # risk of failing within each bucket of ttf_edges (5, 15 min, horizon)
     ttf_s: tuple[float, float, float] | None  # p10, p50, p90; None when the mode has no precursor
     top_features: tuple[tuple[str, float, float], ...]  # (feature, value, contribution to the raw score)
     action: Action
@@ -111,7 +120,7 @@ def describe(
         return []
     risk = model.risk(rows) if risk is None else np.asarray(risk, dtype=np.float64)
     within = model.risk_within(rows, risk)
-    quantiles = ttf_quantiles(risk, within)
+    quantiles = ttf_quantiles(risk, within, model.horizon_s)
     probabilities = model.mode_probabilities(rows)
     contributions = model.contributions(rows, top=top)
     out = []

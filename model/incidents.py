@@ -212,19 +212,25 @@ class IncidentTracker:
             out.append(Changes([], [self._end(ci, i, step, reason) for _, i in sorted(ended.items())]))
         return out
 
-    def restore(self, node: int, gpu: int, slots: Sequence[int], opened_step: int, mode: str) -> Incident:
-        """Re-open an incident a previous run left open (threshold 0): its slots start open, with
-        fresh runs, so that the next scores decide whether it holds."""
-        self.grow(max(slots) + 1)
+    def restore(
+        self, node: int, gpu: int, slots: Sequence[int], opened_step: int, mode: str
+    ) -> Incident | None:
+        """Re-open an incident a previous run left open (threshold 0) on those of `slots` no other
+        incident holds: they start open, with fresh runs, so that the next scores decide whether it
+        holds. None when every slot is taken."""
+        free = [slot for slot in slots if slot not in self.by_slot[0]]
+        if not free:
+            return None
+        self.grow(max(free) + 1)
         incident = self._new(node, gpu, opened_step, mode)
-        incident.slots_at_open.extend(slots)
-        for slot in slots:
+        incident.slots_at_open.extend(free)
+        for slot in free:
             self.is_open[0, slot] = True
             self.above[0, slot] = self.below[0, slot] = self.dark[0, slot] = 0
             incident.slots.add(slot)
             self.by_slot[0][slot] = incident
         if gpu < 0:
-            self.node_incident[0][node] = incident
+            self.node_incident[0].setdefault(node, incident)
         return incident
 
     def carry_over(self, old: IncidentTracker) -> None:

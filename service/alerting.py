@@ -9,18 +9,22 @@ stayed under the hold level, the GPUs went dark, or the node fell silent. An OPE
 carries the whole alert (mode, risk, time to failure as a range, top contributions, action, model),
 built by model/alert_content.py as `faultcast score` builds its rows.
 
-A node that sent samples and then sends none for `silent_after_steps` model steps (by the fleet's
-newest event time, or by the service's clock when the whole fleet is quiet) is silent: its open
-alerts clear (NODE_SILENT; the silence may be the predicted failure itself, which the log, the
-CLEARED event's text and `faultcast_node_silent{during_incident="true"}` say), its risk series are
-removed, and it is counted until it speaks again.
+A node that sent samples and then sends none for `silent_after_steps` model steps by the service's
+clock, while other nodes do, is silent: its open alerts clear (NODE_SILENT; the silence may be the
+predicted failure itself, which the log, the CLEARED event's text and
+`faultcast_node_silent{during_incident="true"}` say), its risk series are removed, and it is
+counted, across restarts, until it speaks again. A node whose samples come late (a clock behind, a
+spool replaying) is not silent; and when every node goes quiet at once it is the service that is cut
+off, so none is marked silent (FaultcastIngestStalled says so instead).
 
 Events go to the durable log first, then to whoever listens (the remediator, metrics).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +40,7 @@ from faultcast.model.alert_content import (
     ActionPolicy,
     AlertContent,
     describe,
+    ttf_edges,
 )
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
@@ -71,6 +76,8 @@ CLEAR_TO_PB: dict[CloseReason, apb.ClearReason.ValueType] = {
 }
 # The nearer bands of the median time to failure: an open alert is updated when it enters one.
 _TTF_BANDS_S = TTF_BUCKETS_S
+
+_SILENT_SETTING = "silent_nodes"  # the silent nodes, kept in the state store across restarts
 
 Listener = Callable[[Sequence[apb.Alert]], None]
 Clock = Callable[[], float]
@@ -115,7 +122,7 @@ class AlertBook:
         clock: Clock = time.monotonic,
     ) -> None:
         """`silent_after_steps`: model steps without a sample after which a node is silent; `clock`:
-        the service's clock (seconds), for a fleet that went quiet altogether."""
+        the service's clock (seconds), which times the silence."""
         self.store, self.metrics, self.actions, self.top_features = store, metrics, actions, top_features
         self.silent_after_steps, self.clock = silent_after_steps, clock
         self._lock = threading.Lock()
@@ -135,8 +142,12 @@ class AlertBook:
         for alert in store.open_alerts():
             self._restored.setdefault(alert.node, []).append(alert)
             self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).inc()
-            heard = self._heard.setdefault(alert.node, _Heard(alert.time_unix_nano / 1e9, started))
-            heard.event_s = max(heard.event_s, alert.time_unix_nano / 1e9)
+            # Not heard since this start: silent if it stays quiet for the limit while others speak.
+            self._heard.setdefault(alert.node, _Heard(-math.inf, started))
+        self._orphans: list[apb.Alert] = []  # restored alerts none of whose GPUs is free: they clear
+        for name, during in json.loads(store.setting(_SILENT_SETTING) or "{}").items():
+            self._silent[str(name)] = bool(during)
+            self.metrics.node_silent.labels(str(name), "true" if during else "false").set(1.0)
         self.metrics.silent_nodes.set_function(lambda: float(len(self._silent)))
 
     def _use(self, model: FaultModel) -> None:
@@ -145,6 +156,7 @@ class AlertBook:
         self.info = model_info(model)
         self.g = model.feature_config.gpus_per_node
         self.cadence_s = model.feature_config.cadence_s
+        self._ttf_edges = ttf_edges(model.horizon_s).tolist()
         self.tracker = IncidentTracker(model.policy, [model.threshold], self.g, NODE_LEVEL_MODES)
         self.metrics.alert_threshold.set(model.threshold)
         self.metrics.alert_hold_threshold.set(model.policy.hold(model.threshold))
@@ -175,7 +187,7 @@ class AlertBook:
                 moved = self.tracker.restore(
                     incident.node, incident.gpu, slots, incident.opened_step, incident.mode
                 )
-                if incident.key in self._alerts:
+                if moved is not None and incident.key in self._alerts:  # the old tracker's slots are disjoint
                     self._alerts[moved.key] = self._alerts.pop(incident.key)
 
     # -- scoring ------------------------------------------------------------------------------
@@ -189,15 +201,21 @@ class AlertBook:
         node = self._nodes[name] = len(self._names)
         self._names.append(name)
         self.tracker.grow((node + 1) * self.g)
-        for alert in self._restored.pop(name, []):
-            gpus = list(alert.gpus) or (list(range(self.g)) if alert.gpu < 0 else [alert.gpu])
-            slots = [node * self.g + gpu for gpu in gpus if 0 <= gpu < self.g]
-            if not slots:
-                continue
+        # GPU alerts first: a node-level alert takes back every GPU of the node no GPU alert holds (the
+        # GPUs that held it at the restart are not recorded; those with a low risk soon let go).
+        for alert in sorted(self._restored.pop(name, []), key=lambda a: (a.gpu < 0, a.opened_id)):
+            gpus = range(self.g) if alert.gpu < 0 else [alert.gpu] if 0 <= alert.gpu < self.g else []
             opened = int(alert.time_unix_nano // int(self.cadence_s * 1e9))
             incident = self.tracker.restore(
-                node, alert.gpu, slots, opened, PB_TO_MODE.get(alert.mode, "unknown")
+                node,
+                alert.gpu,
+                [node * self.g + gpu for gpu in gpus],
+                opened,
+                PB_TO_MODE.get(alert.mode, "unknown"),
             )
+            if incident is None:
+                self._orphans.append(alert)
+                continue
             ttf = alert.time_to_failure.p50_seconds if alert.HasField("time_to_failure") else float("inf")
             self._alerts[incident.key] = _Open(alert, _band(ttf))
         return node
@@ -215,6 +233,8 @@ class AlertBook:
                 )
                 self._publish_risk(s)
                 events = [self._cleared(i, s.time_s, s) for i in changes.closed]
+                events += [self._orphan_cleared(alert, s.time_s) for alert in self._orphans]
+                self._orphans.clear()
                 events += self._updates(s, node, {i.key for i in changes.opened})
                 opening = [((i, self._band_at_open(s, i)), self._opened(s, i)) for i in changes.opened]
                 if not events and not opening:
@@ -296,8 +316,8 @@ class AlertBook:
             alert.time_to_failure.CopyFrom(
                 apb.TimeToFailure(
                     reference_time_unix_nano=alert.time_unix_nano, p10_seconds=p10, p50_seconds=p50, p90_seconds=p90,
-                    risk_within=[apb.RiskWithin(seconds=t, risk=r) for t, r in zip(TTF_BUCKETS_S, content.risk_within,
-                                                                                    strict=True)],
+                    risk_within=[apb.RiskWithin(seconds=t, risk=r)
+                                 for t, r in zip(self._ttf_edges[1:], content.risk_within, strict=True)],
                 )
             )  # fmt: skip
         return alert
@@ -344,7 +364,7 @@ class AlertBook:
                 continue
             content = self._content(s, gpu)
             # The action never steps down within an incident: a drain asked for stays asked for.
-            strongest = max(content.action, action, was, key=lambda a: a.value)
+            strongest = action if escalates else was
             content = AlertContent(
                 mode, content.mode_probability, content.risk, content.risk_within, content.ttf_s,
                 content.top_features, strongest,
@@ -371,6 +391,18 @@ class AlertBook:
             held.candidate, held.candidate_scores = "", 0
             return scored
         return shown
+
+    def _orphan_cleared(self, alert: apb.Alert, time_s: float) -> apb.Alert:
+        """A restored alert with no GPU of its own left (another alert holds them, or its GPU is out
+        of the model's range) ends here; counted as active since the start, it is counted down."""
+        self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
+        return apb.Alert(
+            node=alert.node, gpu=alert.gpu, gpu_uuid=alert.gpu_uuid, mode=alert.mode, action=alert.action,
+            state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(time_s * 1e9),
+            model_version=self.version, model=self.info, opened_id=alert.opened_id,
+            cleared_reason="cleared after a restart: another alert holds its GPUs",
+            clear_reason=apb.CLEAR_REASON_RISK_FELL, gpus=alert.gpus,
+        )  # fmt: skip
 
     def _cleared(self, incident: Incident, time_s: float, s: ScoredStep | None, text: str = "") -> apb.Alert:
         held = self._alerts.get(incident.key)
@@ -400,24 +432,26 @@ class AlertBook:
         if self._silent.pop(s.node, None) is not None:
             self.metrics.node_silent.remove(s.node, "true")
             self.metrics.node_silent.remove(s.node, "false")
+            self._save_silent()
             log.warning("node %s is sending samples again", s.node)
 
+    def _save_silent(self) -> None:
+        self.store.save_setting(
+            _SILENT_SETTING, json.dumps(self._silent, sort_keys=True) if self._silent else None
+        )
+
     def check_silence(self) -> list[apb.Alert]:
-        """Mark the nodes silent for `silent_after_steps` model steps: by the fleet's newest event
-        time, or by the service's clock; returns the events stored (their open alerts clearing)."""
+        """Mark silent the nodes not heard for `silent_after_steps` model steps by the service's
+        clock while some other node was; returns the events stored (their open alerts clearing)."""
         limit_s = self.silent_after_steps * self.cadence_s
         stored: list[apb.Alert] = []
         with self._lock:
-            if not self._heard:
-                return []
-            frontier = max(h.event_s for h in self._heard.values())
             now = self.clock()
+            if not any(now - h.clock_s < limit_s for h in self._heard.values()):
+                return []  # the whole fleet is quiet: the service is cut off, not every node
             for name, heard in sorted(self._heard.items()):
-                if name in self._silent:
-                    continue
-                if frontier - heard.event_s < limit_s and now - heard.clock_s < limit_s:
-                    continue
-                stored.extend(self._fall_silent(name, heard, limit_s))
+                if name not in self._silent and now - heard.clock_s >= limit_s:
+                    stored.extend(self._fall_silent(name, heard, limit_s))
         self._announce(stored)
         return stored
 
@@ -426,25 +460,28 @@ class AlertBook:
             f"node silent: no sample for {self.silent_after_steps} model steps ({limit_s:.0f} s) while this "
             "alert was open; it may be the predicted failure itself"
         )
-        step = int(heard.event_s // self.cadence_s)
+        # The event time of a CLEARED event is the node's last scored step (its clock, not ours).
+        last_s = heard.event_s if math.isfinite(heard.event_s) else 0.0
         events: list[apb.Alert] = []
         node = self._nodes.get(name)
         if node is not None:
-            (changes,) = self.tracker.close_node(node, step, CloseReason.NODE_SILENT)
-            events = [self._cleared(incident, heard.event_s, None, text) for incident in changes.closed]
+            (changes,) = self.tracker.close_node(node, int(last_s // self.cadence_s), CloseReason.NODE_SILENT)
+            events = [self._cleared(incident, last_s, None, text) for incident in changes.closed]
         for alert in self._restored.pop(name, []):
             # Never scored since the restart: not in the tracker, counted as active at the start.
             self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
             events.append(
                 apb.Alert(
                     node=name, gpu=alert.gpu, gpu_uuid=alert.gpu_uuid, mode=alert.mode, action=alert.action,
-                    state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(heard.event_s * 1e9),
+                    state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
+                    time_unix_nano=int(max(last_s, alert.time_unix_nano / 1e9) * 1e9),
                     model_version=self.version, model=self.info, opened_id=alert.opened_id, cleared_reason=text,
                     clear_reason=apb.CLEAR_REASON_NODE_SILENT, gpus=alert.gpus,
                 )
             )  # fmt: skip
         during = bool(events)
         self._silent[name] = during
+        self._save_silent()
         self.metrics.node_silent.labels(name, "true" if during else "false").set(1.0)
         for key in [k for k in self._risk_child if k[0] == name]:
             self._forget_risk(key)

@@ -154,19 +154,30 @@ class Remediator:
         if claimed is not None:
             doing = "being remediated" if claimed[0] == "pending" else "already remediated"
             return f"alert {alert.opened_id} is {doing}"
-        other = self._draining.get(alert.node)
-        if other is not None and other != alert.opened_id and self._still_open(other):
-            outcome = self.store.remediation(other)
-            if outcome is not None and outcome[0] in ("pending", "ok"):
-                return f"{alert.node} is already being taken out for alert {other}: not drained twice"
+        other = self._taken_out_for(alert.node, alert.opened_id)
+        if other is not None:
+            return f"{alert.node} is already being taken out for alert {other}: not drained twice"
         remediation = Remediation(
             alert_id=alert.opened_id, node=alert.node, gpu=alert.gpu, mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk, job_id=job, requeue=True, checkpoint_uri=checkpoint_uri,
         )  # fmt: skip
         with self._cv:
             self._work.append(_Task(remediation))
+            self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
             self._cv.notify_all()
         return f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
+
+    def _taken_out_for(self, node: str, opened_id: int) -> int | None:
+        """Another alert, still open, that `node` is being (or was) taken out for, if any: queued in
+        this process, or claimed in the store (by this run or an earlier one) and not failed."""
+        queued = self._draining.get(node)
+        open_ids = {a.opened_id for a in self.store.open_alerts()}
+        if queued is not None and queued != opened_id and queued in open_ids:
+            return queued
+        for other, outcome in self.store.remediations_on(node):
+            if other != opened_id and other in open_ids and outcome in ("pending", "ok"):
+                return other
+        return None
 
     def resume(self) -> int:
         """Queue the remediations an earlier run claimed and never finished (it was killed, or
@@ -196,7 +207,24 @@ class Remediator:
         with self._cv:
             self._work.extend(tasks)
             self._cv.notify_all()
+        self._rearm_grace()
         return len(tasks)
+
+    def _rearm_grace(self) -> None:
+        """Grace timers live in memory: after a restart, every open snapshot-and-migrate alert on a
+        registered job's node that nobody claimed, acknowledged with SNAPSHOT_DONE or declined gets
+        a full grace period again."""
+        for alert in self.store.open_alerts():
+            if alert.action != apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE or not self._job_on(alert.node):
+                continue
+            if self.store.remediation(alert.opened_id) is not None:
+                continue
+            if any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert.opened_id)):
+                continue
+            with self._cv:
+                if alert.opened_id not in self._timed:
+                    self._timed.add(alert.opened_id)
+                    heapq.heappush(self._deadlines, (self.clock() + self.grace_s, alert.opened_id))
 
     def _request(self, pending: PendingRemediation) -> Remediation | None:
         """The stored request of a pending remediation; one that cannot be read is finished as
@@ -232,10 +260,10 @@ class Remediator:
             retries = [self._retrying.pop(alert_id) for alert_id in self._due(self._retry_at)]
         for alert_id in due:
             alert = self._newest(alert_id)
-            acks = self.store.acks(alert_id)
-            if alert is None or any(
-                a.action in (apb.ACK_ACTION_SNAPSHOT_DONE, apb.ACK_ACTION_DECLINED) for a in acks
-            ):
+            # DECLINED leaves the node to the operator. A SNAPSHOT_DONE does not stop the timer: one
+            # given under snapshot-and-migrate queued the drain already (the claim stops a second),
+            # and one given while the alert only asked for a snapshot says nothing about the move.
+            if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert_id)):
                 continue
             if alert.state == apb.ALERT_STATE_CLEARED and alert.clear_reason == apb.CLEAR_REASON_RISK_FELL:
                 log.info(
@@ -250,17 +278,13 @@ class Remediator:
             self._attempt(task)
         return len(work)
 
-    def _still_open(self, opened_id: int) -> bool:
-        return any(a.opened_id == opened_id for a in self.store.open_alerts())
-
     def _attempt(self, task: _Task) -> None:
         r = task.remediation
-        if not task.claimed and not self.store.claim_remediation(
-            r.alert_id, r.node, self.actuator.name, json.dumps(asdict(r))
+        if not task.claimed and (
+            self._taken_out_for(r.node, r.alert_id) is not None
+            or not self.store.claim_remediation(r.alert_id, r.node, self.actuator.name, json.dumps(asdict(r)))
         ):
             return
-        with self._cv:
-            self._draining[r.node] = r.alert_id
         if not task.admitted and self.paused_by is not None:
             self._finish(r, "refused", f"remediation paused by {self.paused_by}; {r.node} left in service")
             return

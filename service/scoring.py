@@ -130,7 +130,7 @@ class Scorer:
             modes[rows] = "none"
             if near.any():
                 xs = x[near]
-                ttf[rows[near]] = median_ttf_s(r[near], model.risk_within(xs, r[near]))
+                ttf[rows[near]] = median_ttf_s(r[near], model.risk_within(xs, r[near]), model.horizon_s)
                 if model.modes:
                     modes[rows[near]] = np.asarray(model.modes, dtype=object)[
                         np.argmax(model.mode_probabilities(xs), axis=1)

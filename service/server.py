@@ -17,15 +17,16 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from faultcast.model.alert_content import ActionPolicy
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
-from faultcast.service.alerting import ActionPolicy, AlertBook
+from faultcast.service.alerting import AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.reflection import enable_reflection
 from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
@@ -46,6 +47,7 @@ SERVICE_NAMES = (
     apb.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
 _CURSOR_SAVE_S = 1.0
+_SILENCE_CHECK_S = 1.0  # how often the scoring thread looks for nodes gone silent
 
 
 class Service:
@@ -65,9 +67,11 @@ class Service:
         max_nodes: int = 100_000,
         policy: AccessPolicy | None = None,
         caller_limits: CallerLimits | None = None,
+        silent_after_steps: int = 5,
     ) -> None:
         """`policy`: who may call what (faultcast.service.auth); None serves everyone as admin,
-        which `start` permits only without TLS and says so in the log."""
+        which `start` permits only without TLS and says so in the log. `silent_after_steps`: model
+        steps without a sample after which a node counts as silent (its alerts clear)."""
         self.model_dir = model_dir
         self.metrics = metrics or ServiceMetrics()
         self.policy = policy or AccessPolicy(insecure=True, metrics=self.metrics)
@@ -75,7 +79,13 @@ class Service:
         model = load(model_dir)  # a bad artifact at start is fatal: there is nothing to serve
         self.store = StateStore.in_dir(state_dir)
         self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
-        self.book = AlertBook(model, self.store, self.metrics, actions=actions or ActionPolicy())
+        self.book = AlertBook(
+            model,
+            self.store,
+            self.metrics,
+            actions=actions or ActionPolicy(),
+            silent_after_steps=silent_after_steps,
+        )
         self.remediator = Remediator(
             self.store,
             actuator or NoopActuator(),
@@ -115,7 +125,6 @@ class Service:
         return self.scorer.model
 
     def _describe(self, model: FaultModel) -> None:
-        self.metrics.alert_threshold.set(model.threshold)
         self.metrics.model_info.info(
             {
                 "version": model_version(model),
@@ -162,12 +171,16 @@ class Service:
             saved = now
 
     def _loop(self) -> None:
+        checked = time.monotonic()
         while not self.stopping.is_set():
             with self._work:
-                self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set())
+                self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set(), _SILENCE_CHECK_S)
                 self._ready = 0
             try:
                 self.score_now()
+                if time.monotonic() - checked >= _SILENCE_CHECK_S:
+                    checked = time.monotonic()
+                    self.book.check_silence()
             except Exception:  # a scoring bug must not stop ingest; it is logged and counted
                 log.exception("scoring failed; the samples of this tick are lost, the service goes on")
                 self.metrics.rejects.labels("scoring_error").inc()
@@ -292,13 +305,8 @@ class Service:
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
         apb_grpc.add_AdminServicer_to_server(AdminServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (
-                *SERVICE_NAMES,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
+        enable_reflection(
+            server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         )
         port = (
             server.add_secure_port(address, credentials)

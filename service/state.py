@@ -310,6 +310,14 @@ class StateStore:
             ).fetchall()
         return [PendingRemediation(int(a), str(n), str(r), int(k), str(d)) for a, n, r, k, d in rows]
 
+    def remediations_on(self, node: str) -> list[tuple[int, str]]:
+        """(alert id, outcome) of every remediation claimed for `node`, oldest alert first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alert_id, outcome FROM remediations WHERE node = ? ORDER BY alert_id", (node,)
+            ).fetchall()
+        return [(int(a), str(o)) for a, o in rows]
+
     def remediation(self, alert_id: int) -> tuple[str, str] | None:
         """(outcome, detail) of the alert's remediation, if one was claimed; outcome "pending" while
         it is being carried out or waits for a retry."""

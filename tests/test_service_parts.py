@@ -269,16 +269,24 @@ def test_open_alerts_survive_a_restart_and_ids_keep_increasing(model: FaultModel
 def test_the_time_to_failure_quantiles_come_from_the_buckets() -> None:
     risk = np.array([0.5, 0.5, 0.5])
     within = np.array([[0.4, 0.45, 0.5], [0.0, 0.25, 0.5], [0.0, 0.0, 0.5]])  # 5/15/30 minutes
-    p10, p50, p90 = ttf_quantiles(risk, within).T
+    p10, p50, p90 = ttf_quantiles(risk, within, 1800.0).T
     assert p50[0] < 300 < p50[1] <= 900 < p50[2] <= 1800
     assert p50[1] == pytest.approx(900.0)
     assert (p10 <= p50).all()
     assert (p50 <= p90).all()
     assert p10[0] == pytest.approx(37.5)  # 10% of the conditional mass, 80% of it in the first 300 s
     assert p90[2] == pytest.approx(900.0 + 0.9 * 900.0)
+    # The last bucket reaches the model's horizon, whatever it is; a missing risk has no estimate.
+    hour = ttf_quantiles(np.array([0.5, np.nan]), np.array([[0.0, 0.0, 0.5], [0.1, 0.2, 0.3]]), 3600.0)
+    assert hour[0].tolist() == pytest.approx([900.0 + 0.1 * 2700, 900.0 + 0.5 * 2700, 900.0 + 0.9 * 2700])
+    assert np.isnan(hour[1]).all()
+    short = ttf_quantiles(np.array([0.5]), np.array([[0.0, 0.0, 0.5]]), 600.0)
+    assert (short <= 600.0).all()
 
 
-def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted(model: FaultModel, tmp_path: Path) -> None:
+def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted_across_a_restart(
+    model: FaultModel, tmp_path: Path
+) -> None:
     store = StateStore.in_dir(tmp_path)
     metrics = ServiceMetrics()
     clock = _Clock()
@@ -288,17 +296,17 @@ def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted(model: FaultM
     for t in range(3):
         book.observe([_step(model, "sick", 200 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
         book.observe([_step(model, "calm", 200 + t, quiet, "hbm_wear")])
+        clock.now += 60.0
     (alert,) = book.active()
     for t in range(3, 7):  # "sick" stops sending after step 202; "calm" goes on
         book.observe([_step(model, "calm", 200 + t, quiet, "hbm_wear")])
         assert book.check_silence() == []
-    book.observe([_step(model, "calm", 207, quiet, "hbm_wear")])  # the fifth step "sick" missed
+        clock.now += 60.0
+    book.observe([_step(model, "calm", 207, quiet, "hbm_wear")])  # 5 minutes after "sick" was last heard
     (cleared,) = book.check_silence()
     assert (cleared.kind, cleared.opened_id, cleared.clear_reason) == (
-        apb.EVENT_KIND_CLEARED,
-        alert.id,
-        apb.CLEAR_REASON_NODE_SILENT,
-    )
+        apb.EVENT_KIND_CLEARED, alert.id, apb.CLEAR_REASON_NODE_SILENT
+    )  # fmt: skip
     assert "may be the predicted failure" in cleared.cleared_reason
     assert book.active() == []
     assert book.silent_nodes() == {"sick": True}
@@ -307,13 +315,36 @@ def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted(model: FaultM
     assert "faultcast_silent_nodes 1.0" in text
     assert 'faultcast_failure_risk{gpu="0",node="sick"}' not in text  # no frozen risk
     assert 'faultcast_failure_risk{gpu="0",node="calm"}' in text
-    book.observe([_step(model, "sick", 208, quiet, "hbm_wear")])
+    # A restart remembers the silent node (its page must not resolve itself) ...
+    restarted_metrics = ServiceMetrics()
+    restarted = AlertBook(model, store, restarted_metrics, silent_after_steps=5, clock=clock)
+    assert restarted.silent_nodes() == {"sick": True}
+    assert 'during_incident="true",node="sick"} 1.0' in generate_latest(restarted_metrics.registry).decode()
+    # ... until it speaks again.
+    restarted.observe([_step(model, "sick", 208, quiet, "hbm_wear")])
+    assert restarted.silent_nodes() == {}
+    assert "faultcast_silent_nodes 0.0" in generate_latest(restarted_metrics.registry).decode()
+    assert AlertBook(model, store, ServiceMetrics()).silent_nodes() == {}
+    # The whole fleet quiet at once: the service is the one cut off, no node is marked silent.
+    clock.now += 3600.0
+    assert restarted.check_silence() == []
+    assert restarted.silent_nodes() == {}
+    store.close()
+
+
+def test_a_node_whose_samples_come_late_is_not_silent(model: FaultModel, tmp_path: Path) -> None:
+    store = StateStore.in_dir(tmp_path)
+    clock = _Clock()
+    book = AlertBook(model, store, ServiceMetrics(), silent_after_steps=5, clock=clock)
+    g = model.feature_config.gpus_per_node
+    opened: list[apb.Alert] = []
+    for t in range(30):  # "slow" replays its spool (or its clock is behind): 10 steps behind "fast"
+        opened += book.observe([_step(model, "slow", 100 + t, [0.5] + [0.0] * (g - 1), "hbm_wear")])
+        book.observe([_step(model, "fast", 110 + t, [0.0] * g, "hbm_wear")])
+        clock.now += 60.0
+        assert book.check_silence() == []
+    assert [e.kind for e in opened] == [apb.EVENT_KIND_OPENED]  # one alert, held throughout
     assert book.silent_nodes() == {}
-    assert "faultcast_silent_nodes 0.0" in generate_latest(metrics.registry).decode()
-    # The whole fleet quiet: the service's clock decides.
-    clock.now += 5 * 60.0
-    assert {e.node for e in book.check_silence()} == set()  # no alert open anywhere
-    assert book.silent_nodes() == {"sick": False, "calm": False}
     store.close()
 
 
@@ -325,19 +356,48 @@ def test_an_alert_left_open_by_a_run_whose_node_never_returns_clears_as_silent(
     g = model.feature_config.gpus_per_node
     for t in range(3):
         book.observe([_step(model, "gone", 300 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
+        book.observe([_step(model, "back", 300 + t, [0.95] * 2 + [0.0] * (g - 2), "hbm_wear")])
     store.close()
     reopened = StateStore.in_dir(tmp_path)
     clock = _Clock()
     book = AlertBook(model, reopened, ServiceMetrics(), silent_after_steps=5, clock=clock)
-    assert len(book.active()) == 1
-    clock.now += 4 * 60.0
-    assert book.check_silence() == []
-    clock.now += 61.0
+    assert len(book.active()) == 3
+    for t in range(5):  # "back" returns at once and keeps its two alerts; "gone" never does
+        events = book.observe([_step(model, "back", 400 + t, [0.95] * 2 + [0.0] * (g - 2), "hbm_wear")])
+        assert [e for e in events if e.kind != apb.EVENT_KIND_UPDATED] == []  # the same two alerts
+        assert book.check_silence() == []
+        clock.now += 60.0
     (cleared,) = book.check_silence()
-    assert cleared.clear_reason == apb.CLEAR_REASON_NODE_SILENT
-    assert book.active() == []
-    assert reopened.open_alerts() == []
+    assert (cleared.node, cleared.clear_reason) == ("gone", apb.CLEAR_REASON_NODE_SILENT)
+    assert {a.node for a in book.active()} == {"back"}
+    assert {a.node for a in reopened.open_alerts()} == {"back"}
     reopened.close()
+
+
+def test_a_restart_restores_overlapping_alerts_without_orphans(model: FaultModel, tmp_path: Path) -> None:
+    store = StateStore.in_dir(tmp_path)
+    g = model.feature_config.gpus_per_node
+    # A node-level alert and a GPU alert on the same node, as a previous run left them (the node-level
+    # one's GPU list stale: it names GPU 1, which the GPU alert holds).
+    node_alert, gpu_alert = store.append([
+        apb.Alert(node="n9", gpu=-1, mode=apb.FAILURE_MODE_NETWORK, state=apb.ALERT_STATE_OPEN,
+                  kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[0, 1]),
+        apb.Alert(node="n9", gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, state=apb.ALERT_STATE_OPEN,
+                  kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[1]),
+    ])  # fmt: skip
+    metrics = ServiceMetrics()
+    book = AlertBook(model, store, metrics)
+    events: list[apb.Alert] = []
+    for t in range(model.policy.clear_steps + 1):
+        events += book.observe([_step(model, "n9", 601 + t, [0.0] * g, "hbm_wear")])
+    assert sorted((e.opened_id, e.clear_reason) for e in events) == [
+        (node_alert.id, apb.CLEAR_REASON_RISK_FELL), (gpu_alert.id, apb.CLEAR_REASON_RISK_FELL)
+    ]  # fmt: skip
+    assert book.active() == []
+    assert store.open_alerts() == []
+    (active,) = [m for m in metrics.registry.collect() if m.name == "faultcast_active_alerts"]
+    assert all(sample.value == 0 for sample in active.samples)
+    store.close()
 
 
 # -- sample checks ---------------------------------------------------------------------------
@@ -466,7 +526,8 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     assert not remediator.breaker.is_open(clock.now)
     # No retries here (tests/test_remediation_retry.py has them): the one failure is final.
     broken = Remediator(store, _Raising(), ServiceMetrics(), clock=clock, retry=RetryPolicy(max_attempts=1))
-    alert = _alert(store, "n0", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    store.register_job("big", [*nodes, "n4"])
+    alert = _alert(store, "n4", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)  # n0..n1 are out already
     broken.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     broken.run_once()
     assert broken.done[0][1:] == ("failed", "RuntimeError: scheduler exploded; gave up after 1 attempt")
@@ -490,4 +551,81 @@ def test_a_reload_that_restarts_the_features_keeps_open_alerts_for_the_new_model
         events += book.observe([_step(model, "n4", 74 + t, [0.0] * g, "hbm_wear")])
     assert [(e.opened_id, e.clear_reason) for e in events] == [(opened.id, apb.CLEAR_REASON_RISK_FELL)]
     assert book.active() == []
+    store.close()
+
+
+def test_two_alerts_on_one_node_drain_it_once_in_one_process_and_across_a_restart(tmp_path: Path) -> None:
+    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store.register_job("j1", ["a"])
+    remediator, actuator = _remediator(store, clock)
+    first = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    second = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    remediator.on_alerts([first, second])  # both grace timers fall due in the same pass
+    clock.now += 61
+    remediator.run_once()
+    assert [r.alert_id for r in actuator.seen] == [first.id]
+    # Both acknowledged before the worker wakes: still once.
+    store2, clock2 = StateStore.in_dir(tmp_path / "two"), _Clock()
+    store2.register_job("j1", ["a"])
+    remediator2, actuator2 = _remediator(store2, clock2)
+    one, two = (_alert(store2, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE) for _ in range(2))
+    assert "noop: drain a" in remediator2.on_ack(Ack(one.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
+    assert "not drained twice" in remediator2.on_ack(Ack(two.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
+    remediator2.run_once()
+    assert [r.alert_id for r in actuator2.seen] == [one.id]
+    # A new process (a restart) with the first alert still open: the node is not drained again.
+    restarted, after = _remediator(store, clock)
+    third = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    assert "not drained twice" in restarted.on_ack(Ack(third.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
+    restarted.run_once()
+    assert after.seen == []
+    store.close()
+    store2.close()
+
+
+def test_a_grace_timer_survives_an_earlier_snapshot_and_a_restart(tmp_path: Path) -> None:
+    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store.register_job("j1", ["a", "b"])
+    remediator, actuator = _remediator(store, clock)
+    # SNAPSHOT_DONE while the alert only asked for a snapshot; then it escalates and the job hangs.
+    snapshot = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
+    remediator.on_ack(Ack(snapshot.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, "file:///s"))
+    escalated = apb.Alert()
+    escalated.CopyFrom(snapshot)
+    escalated.id, escalated.kind, escalated.action = (
+        0,
+        apb.EVENT_KIND_UPDATED,
+        apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+    )
+    (escalated,) = store.append([escalated])
+    remediator.on_alerts([escalated])
+    clock.now += 61
+    remediator.run_once()
+    assert [r.alert_id for r in actuator.seen] == [snapshot.id]
+    # A restart in the middle of a grace period: the timer is armed again.
+    waiting = _alert(store, "b", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    remediator.on_alerts([waiting])
+    restarted, after = _remediator(store, clock)
+    restarted.resume()
+    clock.now += 61
+    restarted.run_once()
+    assert [r.alert_id for r in after.seen] == [waiting.id]
+    store.close()
+
+
+def test_only_a_score_at_the_threshold_escalates_an_alert(model: FaultModel, tmp_path: Path) -> None:
+    store = StateStore.in_dir(tmp_path)
+    book = AlertBook(
+        model, store, ServiceMetrics(), actions=ActionPolicy(migrate_within_s=600, migrate_risk=0.99)
+    )
+    g = model.feature_config.gpus_per_node
+    hot, held = model.threshold * 1.5, model.threshold * 0.8  # above the threshold; between the levels
+    events: list[apb.Alert] = []
+    for t in range(3):
+        events += book.observe([_step(model, "n7", 500 + t, [hot] + [0.0] * (g - 1), "hbm_wear", 1500.0)])
+    for t in range(3, 6):  # the failure looks near, but the score is under the threshold
+        events += book.observe([_step(model, "n7", 500 + t, [held] + [0.0] * (g - 1), "hbm_wear", 200.0)])
+    assert {e.action for e in events} == {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY}
+    events = book.observe([_step(model, "n7", 506, [hot] + [0.0] * (g - 1), "hbm_wear", 200.0)])
+    assert [e.action for e in events] == [apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE]
     store.close()
