@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import ScoredPeriod
 from faultcast.model.artifact import ModelError, load
 from faultcast.model.dataset import Failure as LoggedFailure
 from faultcast.model.dataset import FailureLog
+from faultcast.model.incidents import AlertPolicy
+from faultcast.model.outcomes import ScoredPeriod
 from faultcast.model.threshold_file import write as write_threshold
 from faultcast.service.server import Service
 from faultcast.sim.goodput import study
