@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # Alerts whose recommended action asks the trainer for a snapshot.
 _SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+_ACTION_RANK = {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY: 1, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE: 2}
 
 
 class Guard:
@@ -67,6 +68,7 @@ class Guard:
         self.model: apb.ModelInfo | None = None  # the serving model, from the latest caught-up marker
         self.last_error = ""
         self._pending: apb.Alert | None = None  # the newest snapshot request not yet acted on
+        self._asked: dict[int, int] = {}  # alert (opened_id) -> the strongest action it asked for
         self.pending_since = 0.0  # time.monotonic() when the pending request first arrived
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -148,6 +150,11 @@ class Guard:
         caught-up marker): what follows is live."""
         with self._changed:
             return self._changed.wait_for(lambda: self.caught_up, timeout_s)
+
+    def wait_seen(self, event_id: int, timeout_s: float) -> bool:
+        """Block until the guard has taken the event with this id (or a later one); for tests and tools."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.last_id >= event_id, timeout_s)
 
     def wait_for_alert(self, timeout_s: float) -> apb.Alert | None:
         """Block until a snapshot request is pending; None on timeout."""
@@ -246,10 +253,20 @@ class Guard:
         with self._changed:
             self.last_id = max(self.last_id, alert.id)
             pending = self._pending
-            if alert.state == apb.ALERT_STATE_OPEN and alert.action in _SNAPSHOT_ACTIONS:
+            key = alert.opened_id or alert.id
+            asked = _ACTION_RANK.get(alert.action, 0)
+            if (
+                alert.state == apb.ALERT_STATE_OPEN
+                and alert.action in _SNAPSHOT_ACTIONS
+                and (asked > self._asked.get(key, 0) or (pending is not None and pending.opened_id == key))
+            ):
+                # One snapshot per alert and action: an update that only re-estimates the mode or the
+                # time to failure asks for nothing new; one that escalates to snapshot-and-migrate
+                # asks again (the service drains once it hears SNAPSHOT_DONE).
                 if pending is None:
                     self.pending_since = time.monotonic()
-                self._pending = alert  # an update of the same alert replaces it (escalated action)
+                self._asked[key] = max(asked, self._asked.get(key, 0))
+                self._pending = alert  # the newest event of the alert waiting to be acted on
                 log.warning(
                     "faultcast: alert %d on %s gpu %d (%s, risk %.2f): snapshot requested",
                     alert.id, alert.node, alert.gpu, apb.RecommendedAction.Name(alert.action), alert.risk,

@@ -101,3 +101,52 @@ def test_the_guard_starts_from_open_alerts_resumes_after_the_marker_and_survives
 
 def _open(action: apb.RecommendedAction.ValueType, gpu: int) -> apb.Alert:
     return apb.Alert(node=NAME, gpu=gpu, state=apb.ALERT_STATE_OPEN, risk=0.5, action=action)
+
+
+def test_an_update_asks_for_another_snapshot_only_when_it_escalates(
+    service_model: Path, tmp_path: Path
+) -> None:
+    service = Service(service_model, tmp_path)
+    port = service.start("127.0.0.1:0")
+    guard = Guard(f"127.0.0.1:{port}", "job-u", [NAME], backoff_s=(0.05, 0.2)).start()
+    try:
+        assert guard.wait_connected(WAIT_S), guard.last_error
+        assert guard.wait_caught_up(WAIT_S)
+
+        def event(
+            kind: apb.EventKind.ValueType, action: apb.RecommendedAction.ValueType, opened: int
+        ) -> apb.Alert:
+            (stored,) = service.store.append(
+                [
+                    apb.Alert(
+                        node=NAME,
+                        gpu=GPU,
+                        state=apb.ALERT_STATE_OPEN,
+                        kind=kind,
+                        action=action,
+                        opened_id=opened,
+                    )
+                ]
+            )
+            return stored
+
+        def seen(alert: apb.Alert) -> bool:
+            return guard.wait_seen(alert.id, WAIT_S)
+
+        opened = event(apb.EVENT_KIND_OPENED, apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, 0)
+        assert guard.wait_for_alert(WAIT_S) is not None
+        guard.snapshot_done(10, "file:///s/10")
+        # The mode or the time to failure re-estimated: nothing new to do.
+        assert seen(event(apb.EVENT_KIND_UPDATED, apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, opened.id))
+        assert not guard.should_snapshot()
+        # Escalated to snapshot-and-migrate: one more snapshot, whose SNAPSHOT_DONE lets the drain go.
+        escalated = event(apb.EVENT_KIND_UPDATED, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, opened.id)
+        pending = guard.wait_for_alert(WAIT_S)
+        assert pending is not None
+        assert pending.id == escalated.id
+        guard.snapshot_done(20, "file:///s/20")
+        assert seen(event(apb.EVENT_KIND_UPDATED, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, opened.id))
+        assert not guard.should_snapshot()
+    finally:
+        guard.close()
+        service.stop(0)

@@ -236,7 +236,18 @@ def test_health_and_reflection_name_the_services(running: Running) -> None:
         "faultcast.v1.Alerts",
         "faultcast.v1.Admin",
         "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
     } <= names
+    # The service answers reflection v1 too (the v1 messages are v1alpha's bytes).
+    v1 = running.channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    (answer,) = list(
+        v1(iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="faultcast.v1.Alerts")]))
+    )
+    assert answer.file_descriptor_response.file_descriptor_proto
 
 
 def test_a_corrupt_model_is_refused_on_reload_and_the_old_one_keeps_serving(
