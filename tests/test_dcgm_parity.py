@@ -4,17 +4,14 @@ Prometheus scraping real `faultcast collect` processes."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +23,7 @@ from faultcast.collector.nvml import NvmlSource
 from faultcast.dcgm import Vocabulary, names
 from faultcast.readings import NodeSnapshot
 from tests.conftest import free_port, require_binary
+from tests.prometheus_api import api, until
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 
@@ -261,27 +259,6 @@ def test_metrics_are_served_as_the_text_format_dcgm_exporter_serves() -> None:
 # -- a real Prometheus scraping real collectors --------------------------------------------------
 
 
-def _api(port: int, path: str, **params: str) -> Any:
-    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)["data"]
-
-
-def _until(predicate: Any, what: str, timeout: float = 60.0) -> Any:
-    """Poll an observable condition of the real servers until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = predicate()
-        except OSError:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def _collector(node: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
         [FAULTCAST, "collect", "--source", "simulated", "--node", node, "--prometheus-address", "127.0.0.1",
@@ -333,12 +310,12 @@ def prometheus(tmp_path: Path) -> Iterator[int]:
 
 
 def test_prometheus_records_dcgm_exporter_s_types_names_and_labels(prometheus: int) -> None:
-    _until(
-        lambda: len([t for t in _api(prometheus, "targets")["activeTargets"] if t["health"] == "up"]) == 2,
+    until(
+        lambda: len([t for t in api(prometheus, "targets")["activeTargets"] if t["health"] == "up"]) == 2,
         "both collectors to be up",
     )
-    metadata = _until(
-        lambda: (m := _api(prometheus, "metadata")) and "DCGM_FI_DEV_PCIE_REPLAY_TOTAL" in m and m,
+    metadata = until(
+        lambda: (m := api(prometheus, "metadata")) and "DCGM_FI_DEV_PCIE_REPLAY_TOTAL" in m and m,
         "the metadata of both targets",
     )
     canonical_counters = {
@@ -349,14 +326,14 @@ def test_prometheus_records_dcgm_exporter_s_types_names_and_labels(prometheus: i
         assert {entry["type"] for entry in metadata.get(name, [])} == {"counter"}, name
     assert {entry["type"] for entry in metadata["DCGM_FI_DEV_GPU_TEMP"]} == {"gauge"}
 
-    series = _api(prometheus, "query", query='DCGM_FI_DEV_PCIE_REPLAY_COUNTER{Hostname="parity-classic"}')
+    series = api(prometheus, "query", query='DCGM_FI_DEV_PCIE_REPLAY_COUNTER{Hostname="parity-classic"}')
     assert len(series["result"]) == 8
     for result in series["result"]:
         labels = result["metric"]
         assert labels["__name__"] == "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
         assert re.fullmatch(r"00000000:[0-9A-F]{2}:00\.0", labels["pci_bus_id"])
         assert re.fullmatch(r"\d+\.\d+\.\d+", labels["DCGM_FI_DRIVER_VERSION"])
-    assert _api(prometheus, "query", query="DCGM_FI_DEV_PCIE_REPLAY_COUNTER_total")["result"] == []
-    canonical = _api(prometheus, "query", query='DCGM_FI_DEV_SM_CLOCK_HERTZ{hostname="parity-canonical"}')
+    assert api(prometheus, "query", query="DCGM_FI_DEV_PCIE_REPLAY_COUNTER_total")["result"] == []
+    canonical = api(prometheus, "query", query='DCGM_FI_DEV_SM_CLOCK_HERTZ{hostname="parity-canonical"}')
     assert len(canonical["result"]) == 8
     assert all(float(r["value"][1]) > 1e8 for r in canonical["result"])  # hertz, not megahertz

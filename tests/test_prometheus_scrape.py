@@ -11,8 +11,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,31 +21,11 @@ from prometheus_client import start_http_server
 
 from faultcast.service.server import Service
 from tests.conftest import free_port, require_binary
+from tests.prometheus_api import api, until
 from tests.test_deploy import RULES, panel_queries
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 NODE = "prom-test-node"
-
-
-def _api(port: int, path: str, **params: str) -> Any:
-    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)["data"]
-
-
-def _until(predicate: Any, what: str, timeout: float = 60.0) -> Any:
-    """Poll an observable condition of the real servers until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = predicate()
-        except OSError:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -90,18 +68,18 @@ def prometheus_port(tmp_path: Path, collector_port: int) -> Iterator[int]:
 
 
 def _names(port: int, selector: str) -> set[str]:
-    result = _api(port, "query", query=f"group by (__name__) ({selector})")["result"]
+    result = api(port, "query", query=f"group by (__name__) ({selector})")["result"]
     return {r["metric"]["__name__"] for r in result}
 
 
 def test_prometheus_scrapes_the_collector(prometheus_port: int) -> None:
-    targets = _until(
-        lambda: [t for t in _api(prometheus_port, "targets")["activeTargets"] if t["health"] == "up"],
+    targets = until(
+        lambda: [t for t in api(prometheus_port, "targets")["activeTargets"] if t["health"] == "up"],
         "the collector target to be up",
     )
     assert targets[0]["labels"]["job"] == "faultcast"
 
-    gpu_names = _until(lambda: _names(prometheus_port, f'{{Hostname="{NODE}", gpu!=""}}'), "GPU series")
+    gpu_names = until(lambda: _names(prometheus_port, f'{{Hostname="{NODE}", gpu!=""}}'), "GPU series")
     assert len(gpu_names) >= 25, sorted(gpu_names)
     assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
             "faultcast_nvlink_crc_flit_errors_worst_link", "faultcast_gpu_lost"} <= gpu_names  # fmt: skip
@@ -110,7 +88,7 @@ def test_prometheus_scrapes_the_collector(prometheus_port: int) -> None:
     assert len(network) >= 8, sorted(network)
     assert "faultcast_ib_symbol_error_total" in network
 
-    per_gpu = _api(prometheus_port, "query", query=f'count(DCGM_FI_DEV_GPU_TEMP{{Hostname="{NODE}"}})')
+    per_gpu = api(prometheus_port, "query", query=f'count(DCGM_FI_DEV_GPU_TEMP{{Hostname="{NODE}"}})')
     assert per_gpu["result"][0]["value"][1] == "8"
 
 
@@ -198,7 +176,7 @@ def _returns_data(port: int, query: str) -> bool:
 def _lacks(port: int, query: str, legend: str) -> str | None:
     """What Grafana would show wrong for a query and its legend: no data, or a legend naming a
     label its series lack (shown blank); None when neither."""
-    result = _api(port, "query", query=query)["result"]
+    result = api(port, "query", query=query)["result"]
     if not any(not math.isnan(float(series["value"][1])) for series in result):
         return "no data"
     named = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
@@ -208,20 +186,20 @@ def _lacks(port: int, query: str, legend: str) -> str | None:
 
 def _label_values(port: int, label: str, metric: str) -> list[str]:
     """What Grafana's label_values(metric, label) offers (it asks this API)."""
-    values: list[str] = _api(port, f"label/{label}/values", **{"match[]": metric})
+    values: list[str] = api(port, f"label/{label}/values", **{"match[]": metric})
     return values
 
 
 def test_every_dashboard_query_returns_data_on_a_healthy_system(healthy_fleet: Fleet) -> None:
     port = healthy_fleet.prometheus_port
-    _until(
+    until(
         lambda: (
-            {t["labels"]["job"] for t in _api(port, "targets")["activeTargets"] if t["health"] == "up"}
+            {t["labels"]["job"] for t in api(port, "targets")["activeTargets"] if t["health"] == "up"}
             == {"faultcast", "faultcast-collector"}
         ),
         "the service and the collector to be up",
     )
-    nodes = _until(
+    nodes = until(
         lambda: _label_values(port, "node", "faultcast_failure_risk"), "scored GPUs (the $node variable)"
     )
     assert nodes == [healthy_fleet.node]
@@ -240,7 +218,7 @@ def test_every_dashboard_query_returns_data_on_a_healthy_system(healthy_fleet: F
         return not wrong
 
     with contextlib.suppress(AssertionError):
-        _until(settle, "every dashboard query to return data", timeout=120)
+        until(settle, "every dashboard query to return data", timeout=120)
     assert wrong == {}, "dashboard queries that show nothing, or blanks, on a healthy system"
 
 
@@ -248,16 +226,16 @@ def test_the_shipped_rules_evaluate_against_the_real_service(healthy_fleet: Flee
     """Every rule evaluates without error on the series a real service exposes (the risk rule joins
     each GPU's risk to the one threshold its target serves)."""
     port = healthy_fleet.prometheus_port
-    _until(lambda: _returns_data(port, "faultcast_failure_risk"), "scored GPUs")
+    until(lambda: _returns_data(port, "faultcast_failure_risk"), "scored GPUs")
     joined = "count(faultcast_failure_risk >= bool on (job, instance) group_left faultcast_alert_threshold)"
-    _until(lambda: _returns_data(port, joined), "the risk-to-threshold join")
-    gpus = _api(port, "query", query="count(faultcast_failure_risk)")["result"][0]["value"][1]
-    assert _api(port, "query", query=joined)["result"][0]["value"][1] == gpus
+    until(lambda: _returns_data(port, joined), "the risk-to-threshold join")
+    gpus = api(port, "query", query="count(faultcast_failure_risk)")["result"][0]["value"][1]
+    assert api(port, "query", query=joined)["result"][0]["value"][1] == gpus
 
     def rules() -> list[dict[str, Any]]:
-        return [rule for group in _api(port, "rules")["groups"] for rule in group["rules"]]
+        return [rule for group in api(port, "rules")["groups"] for rule in group["rules"]]
 
-    evaluated = _until(
+    evaluated = until(
         lambda: (found := rules()) and all(rule["health"] != "unknown" for rule in found) and found,
         "every shipped rule to be evaluated",
     )
