@@ -14,8 +14,7 @@ def model_info(model: FaultModel) -> apb.ModelInfo:
         version=model_version(model),
         horizon_seconds=model.horizon_s,
         threshold=model.threshold,
-        # A policy without hysteresis holds at the threshold itself.
-        hold_threshold=model.threshold * getattr(model.policy, "hold_ratio", 1.0),
+        hold_threshold=model.policy.hold(model.threshold),
         open_after_scores=model.policy.k,
         clear_after_scores=model.policy.clear_steps,
         cadence_seconds=model.feature_config.cadence_s,
