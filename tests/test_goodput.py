@@ -14,11 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import ModelError, load
 from faultcast.model.dataset import Failure as LoggedFailure
 from faultcast.model.dataset import FailureLog
 from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import ScoredPeriod
+from faultcast.model.outcomes import Outcome as Verdict
+from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
 from faultcast.model.threshold_file import write as write_threshold
 from faultcast.service.server import Service
 from faultcast.sim.goodput import study
@@ -229,7 +231,7 @@ def _period(risk: np.ndarray, start_s: float = 1_767_571_200.0) -> ScoredPeriod:
     )  # fmt: skip
 
 
-def test_the_replay_credits_alerts_as_evaluate_does_and_counts_false_alarms_once_per_drain() -> None:
+def test_the_replay_matches_alerts_to_failures_by_node_and_counts_false_alarms_once_per_drain() -> None:
     risk = np.full((700, 4), 0.01)
     risk[100:140, 1] = 0.9  # node 0 GPU 1: opens at step 101 (two scores above), fails at step 130
     risk[200:210, 2] = 0.9  # node 1 GPU 0: opens at 201, nothing fails: a false alarm
@@ -239,7 +241,7 @@ def test_the_replay_credits_alerts_as_evaluate_does_and_counts_false_alarms_once
     t0 = float(period.times_s[0])
     failures = FailureLog.of([LoggedFailure(t0 + 130 * 60.0, 0, 1, "hbm_wear"),
                               LoggedFailure(t0 + 650 * 60.0, 0, -1, "infiniband")])  # fmt: skip
-    # The node-level failure is missed: no incident pointed at the node (GPU 1's was its GPU's).
+    # The node-level failure at step 650 is missed: node 0's only alert (step 101) is long past.
     low, high = samples_at(period, failures, [0.5, 0.95], AlertPolicy(k=2, clear_steps=10), 4 * 3600.0)
     assert low.leads_s == {"hbm_wear": [29 * 60.0], "infiniband": [None]}
     assert low.false_alarms_per_gpu_day == pytest.approx(2 / period.gpu_days)
@@ -336,3 +338,16 @@ def test_the_goodput_command_prints_the_three_policies_recommends_a_threshold_an
     assert again.returncode == 0, again.stderr[-5000:]
     assert "replaying the model" in run.stdout
     assert "replaying the model" not in again.stdout
+
+
+def test_an_alert_held_open_for_three_hours_still_saves_the_job_though_evaluate_calls_it_premature() -> None:
+    risk = np.full((400, 4), 0.01)
+    risk[20:200, 0] = 0.9  # node 0 GPU 0: opens at step 21 and holds until its failure at step 201
+    period = _period(risk)
+    t0 = float(period.times_s[0])
+    failures = FailureLog.of([LoggedFailure(t0 + 201 * 60.0, 0, 0, "hbm_wear")])
+    (sample,) = samples_at(period, failures, [0.5], AlertPolicy(k=2, clear_steps=10), 4 * 3600.0)
+    assert sample.leads_s == {"hbm_wear": [180 * 60.0]}  # the node was drained three hours ahead
+    assert sample.false_alarms_per_gpu_day == 0.0
+    (found,) = incidents(period, "model", [0.5], AlertPolicy(k=2, clear_steps=10), NODE_LEVEL_MODES)
+    assert [j.outcome for j in judge(period, failures, found, PredictionPeriods())] == [Verdict.PREMATURE]

@@ -176,7 +176,8 @@ def replayed(args: argparse.Namespace, model: Any) -> Replay:
         twin = replay_twin(model, args.twin_nodes, args.twin_days, args.twin_acceleration)
         data_dir = args.cache / f"twin-{rp.cache_key(twin)}"
     source = {"model_sha256": rp.model_digest(model), "model_threshold": rp.trained_threshold(model),
-              "data": str(data_dir) if twin is None else {"twin": twin}, "drain_s": args.drain}  # fmt: skip
+              "data": str(data_dir) if twin is None else {"twin": twin}, "drain_s": args.drain,
+              "rules": rp.REPLAY_RULES}  # fmt: skip
     cache = args.cache / f"replay-{rp.cache_key(source)}.json"
     found = rp.load_cached(cache, source)
     if found is not None:

@@ -1,12 +1,16 @@
 """The model replayed on twin telemetry it never trained on: at each alert threshold, what each
 failure's alert was (lead or miss) and how often healthy nodes were alerted.
 
-The words are `faultcast evaluate`'s (model/outcomes.py, the prediction-period convention): the
-service's own state machine opens the incidents; a failure is foreseen with the lead of the earliest
-incident it credits (its GPU's, or its node's for a node-level failure) that opened within the
-prediction period before it; an incident not followed by its failure within the prediction period
-(premature or false) is a false alarm that took a node out for inspection for `drain_s`. Incidents on
-a node already out (drained, or failed and in repair) change nothing.
+The service's own alert state machine (model/incidents.py, as in `faultcast evaluate`) opens the
+incidents, at every threshold in one pass. The goodput twin then judges them by their consequences,
+not by `faultcast evaluate`'s prediction period: an alert drains its whole node, and a drained node
+stays out until inspection finds it healthy (`drain_s`) or it fails. So a failure is foreseen when
+an incident on its node opened within `drain_s` before it (its lead is from the earliest one): the
+job had moved away. An incident whose node does not fail within `drain_s` is a false alarm that
+took a healthy node out for inspection; incidents on a node already out change nothing. An alert
+that `faultcast evaluate` calls premature (its failure came more than the 2-hour prediction period
+later) therefore still saves the job when it came within `drain_s`; one it calls true but that
+named another GPU of the failing node saves it too.
 """
 
 from __future__ import annotations
@@ -27,18 +31,15 @@ from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, FailureLog
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.outcomes import (
-    DEFAULT_PERIODS,
-    Outcome,
-    PredictionPeriods,
     ScoredPeriod,
-    catches,
     incidents,
-    judge,
 )
 from faultcast.sim.goodput.process import AlertSample
 
 log = logging.getLogger(__name__)
 
+# What the replay's matching is, for its cache: a cached replay made by other rules is not reused.
+REPLAY_RULES = "state-machine-incidents/node-drain-window"
 # Thresholds swept besides the model's own: calibrated risks from 1% to 95%.
 SWEEP = tuple(float(x) for x in np.geomspace(0.01, 0.95, 28))
 
@@ -93,28 +94,37 @@ def samples_at(
     thresholds: Sequence[float],
     policy: AlertPolicy,
     drain_s: float,
-    periods: PredictionPeriods = DEFAULT_PERIODS,
 ) -> list[AlertSample]:
     """One AlertSample per threshold, from a single pass of the state machine over the scores."""
     found = incidents(period, "model", thresholds, policy, NODE_LEVEL_MODES)
+    rows = failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes)
+    failures_by_node: dict[int, list[float]] = {}
+    for f in sorted(rows, key=lambda f: f.time_s):
+        failures_by_node.setdefault(f.node, []).append(f.time_s)
     out = []
     for threshold, these in zip(thresholds, found, strict=True):
+        by_node: dict[int, list[float]] = {}
+        for incident in these:
+            by_node.setdefault(period.nodes[incident.node], []).append(
+                float(period.times_s[incident.opened_step])
+            )
         leads: dict[str, list[float | None]] = {}
-        for c in catches(period, failures, these, periods):
-            leads.setdefault(c.failure.mode, []).append(c.lead_s)
-        by_node: dict[int, list[tuple[float, Outcome, float]]] = {}
-        for j in judge(period, failures, these, periods):
-            back = j.time_s + drain_s if j.failure is None else j.failure.time_s + drain_s
-            by_node.setdefault(j.incident.node, []).append((j.time_s, j.outcome, back))
+        for f in rows:
+            opened = [t for t in by_node.get(f.node, []) if f.time_s - drain_s <= t < f.time_s]
+            leads.setdefault(f.mode, []).append(f.time_s - min(opened) if opened else None)
         false = 0
-        for events in by_node.values():
+        for node, times in by_node.items():
+            node_failures = failures_by_node.get(node, [])
             out_until = -math.inf
-            for t, outcome, back in sorted(events, key=lambda e: e[0]):
+            for t in sorted(times):
                 if t < out_until:
                     continue  # the node is out already: this alert changes nothing
-                false += outcome in (Outcome.PREMATURE, Outcome.FALSE)
-                # Out until inspected, or until its failure and the repair that follows.
-                out_until = back if outcome in (Outcome.TRUE, Outcome.LATE) else t + drain_s
+                coming = [ft for ft in node_failures if t < ft <= t + drain_s]
+                if coming:
+                    out_until = coming[0] + drain_s  # failed, then repaired at least this long
+                else:
+                    false += 1
+                    out_until = t + drain_s
         out.append(AlertSample(float(threshold), leads, false / max(period.gpu_days, 1e-9)))
     return out
 
