@@ -232,6 +232,9 @@ class Guard:
                 )  # fmt: skip
                 with self._lock:
                     self.last_id = 0
+                    # Ids there may repeat ours: what was asked of us here says nothing about them.
+                    self._asked.clear()
+                    self._pending = None
             raise
 
     def _caught_up(self, marker: apb.CaughtUp) -> None:

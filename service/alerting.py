@@ -401,7 +401,7 @@ class AlertBook:
             state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(time_s * 1e9),
             model_version=self.version, model=self.info, opened_id=alert.opened_id,
             cleared_reason="cleared after a restart: another alert holds its GPUs",
-            clear_reason=apb.CLEAR_REASON_RISK_FELL, gpus=alert.gpus,
+            clear_reason=apb.CLEAR_REASON_SUPERSEDED, gpus=alert.gpus,
         )  # fmt: skip
 
     def _cleared(self, incident: Incident, time_s: float, s: ScoredStep | None, text: str = "") -> apb.Alert:

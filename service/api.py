@@ -157,6 +157,12 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                         break
                     cursor = batch[-1].id
             # START_FROM_LIVE replays nothing.
+            if self.stopping.is_set():
+                # A replay cut short must not be called complete: the subscriber would move its cursor
+                # past events it never received. It reconnects to the next service and resumes.
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "the service is stopping; resume after the last id"
+                )
             cursor = head
             yield self._caught_up(head)
             loop = asyncio.get_running_loop()
@@ -257,6 +263,8 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         """Set the job's nodes (replacing an earlier registration)."""
         if not request.job_id or not request.nodes:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
+        if any(not node or not node.isprintable() or " " in node for node in request.nodes):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
         if self.policy is not None:
             try:
                 self.policy.check_job(current(), request.job_id, registering=True)

@@ -130,6 +130,8 @@ class Remediator:
         self.store.record_ack(ack)
         if ack.action == apb.ACK_ACTION_DECLINED:
             return f"declined: {alert.node} stays in service; the operator decides"
+        if self._risk_fell(alert.opened_id):
+            return f"noted; alert {alert.opened_id} has cleared (its risk fell back): nothing to remediate"
         migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
         if not migrate:
             what = apb.RecommendedAction.Name(alert.action)
@@ -166,6 +168,15 @@ class Remediator:
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
             self._cv.notify_all()
         return f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
+
+    def _risk_fell(self, opened_id: int) -> bool:
+        """Whether the alert cleared because its risk fell back (its other endings, a GPU gone dark or
+        a node gone silent, may be the failure itself: the node still goes)."""
+        event = self.store.cleared_event(opened_id)
+        return event is not None and event.clear_reason in (
+            apb.CLEAR_REASON_RISK_FELL,
+            apb.CLEAR_REASON_SUPERSEDED,
+        )
 
     def _taken_out_for(self, node: str, opened_id: int) -> int | None:
         """Another alert, still open, that `node` is being (or was) taken out for, if any: queued in
@@ -265,7 +276,7 @@ class Remediator:
             # and one given while the alert only asked for a snapshot says nothing about the move.
             if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert_id)):
                 continue
-            if alert.state == apb.ALERT_STATE_CLEARED and alert.clear_reason == apb.CLEAR_REASON_RISK_FELL:
+            if alert.state == apb.ALERT_STATE_CLEARED and self._risk_fell(alert_id):
                 log.info(
                     "alert %d: the risk fell back before the grace period ended; nothing to do", alert_id
                 )

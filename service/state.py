@@ -187,6 +187,8 @@ class StateStore:
             )
 
     def get(self, alert_id: int) -> apb.Alert | None:
+        if not 0 < alert_id < 2**63:  # beyond SQLite's integers: no such event
+            return None
         with self._lock:
             row = self._db.execute("SELECT payload FROM alerts WHERE id = ?", (alert_id,)).fetchone()
         return apb.Alert.FromString(row[0]) if row else None
@@ -218,14 +220,19 @@ class StateStore:
             alerts = self._open_alerts()
         return [a for a in alerts if wanted is None or a.node in wanted], head
 
-    def cleared_reason(self, opened_id: int) -> str | None:
-        """Why the alert cleared, or None while it is open."""
+    def cleared_event(self, opened_id: int) -> apb.Alert | None:
+        """The alert's CLEARED event, or None while it is open."""
         with self._lock:
             row = self._db.execute(
                 "SELECT payload FROM alerts WHERE opened_id = ? AND state = ? ORDER BY id LIMIT 1",
                 (opened_id, apb.ALERT_STATE_CLEARED),
             ).fetchone()
-        return apb.Alert.FromString(row[0]).cleared_reason if row else None
+        return apb.Alert.FromString(row[0]) if row else None
+
+    def cleared_reason(self, opened_id: int) -> str | None:
+        """Why the alert cleared, or None while it is open."""
+        event = self.cleared_event(opened_id)
+        return event.cleared_reason if event is not None else None
 
     # -- jobs, acknowledgements, remediations ----------------------------------------------
 

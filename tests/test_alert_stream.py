@@ -321,6 +321,7 @@ def test_acknowledgements_are_validated_without_authentication(
             grpc.StatusCode.NOT_FOUND,
             "",
         ),
+        "an id beyond any event": (_ack(2**63, job, apb.ACK_ACTION_RECEIVED), grpc.StatusCode.NOT_FOUND, ""),
     }
     for what, (request, code, says) in cases.items():
         refused = _refusal(lambda request=request: served.stub.Acknowledge(request))
@@ -341,3 +342,52 @@ def test_any_open_event_of_an_alert_may_be_acknowledged(
         assert reply.accepted
         # Recorded for the alert (under which of its ids is the remediator's business).
         assert [a.job_id for a in store.acks(opened.id) + store.acks(update.id)] == [job] * n
+
+
+def test_snapshot_done_for_an_alert_whose_risk_fell_back_drains_nothing(
+    served: Served, registered: tuple[str, apb.Alert, apb.Alert, apb.Alert]
+) -> None:
+    job, _, _, cleared = registered  # the alert on GPU 1 cleared: its risk fell back
+    reply = served.stub.Acknowledge(_ack(cleared.opened_id, job, apb.ACK_ACTION_SNAPSHOT_DONE))
+    assert reply.accepted
+    assert "nothing to remediate" in reply.remediation
+    assert served.service.store.remediation(cleared.opened_id) is None
+
+
+def test_a_job_registration_names_real_nodes(served: Served) -> None:
+    for nodes in ([""], ["node a"], [_node(), ""]):
+        refused = _refusal(
+            lambda nodes=nodes: served.stub.RegisterJob(apb.RegisterJobRequest(job_id="j", nodes=nodes))
+        )
+        assert isinstance(refused, grpc.Call)
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
+    service_model: Path, tmp_path: Path
+) -> None:
+    service = Service(service_model, tmp_path)
+    node = _node()
+    service.store.append([_opened(node, padding=2000) for _ in range(3000)])
+    port = service.start("127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stream = Stream(
+                apb_grpc.AlertsStub(channel), apb.SubscribeRequest(nodes=[node], start=apb.START_FROM_HISTORY)
+            )
+            assert stream.alert().id == 1
+            service.stopping.set()  # what stop() sets first; the stream must not claim the replay is done
+            messages: list[apb.SubscribeResponse] = []
+
+            def read_to_the_end() -> None:
+                while True:
+                    messages.append(stream.next())
+
+            with pytest.raises(grpc.RpcError) as ended:
+                read_to_the_end()
+            assert not any(m.HasField("caught_up") for m in messages)
+            assert len(messages) < 2999
+            assert isinstance(ended.value, grpc.Call)
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        service.stop(0)

@@ -150,3 +150,44 @@ def test_an_update_asks_for_another_snapshot_only_when_it_escalates(
     finally:
         guard.close()
         service.stop(0)
+
+
+def test_a_service_that_lost_its_log_is_followed_afresh_even_where_alert_ids_repeat(
+    service_model: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    first = Service(service_model, tmp_path / "a")
+    first.start(f"127.0.0.1:{port}")
+    guard = Guard(f"127.0.0.1:{port}", "job-r", [NAME], backoff_s=(0.05, 0.2)).start()
+    try:
+        assert guard.wait_caught_up(WAIT_S)
+        (alert,) = first.store.append(
+            [apb.Alert(node=NAME, gpu=1, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED,
+                       action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)]
+        )  # fmt: skip
+        update = apb.Alert()
+        update.CopyFrom(alert)
+        update.id, update.kind = 0, apb.EVENT_KIND_UPDATED
+        first.store.append([update])
+        assert guard.wait_for_alert(WAIT_S) is not None
+        guard.snapshot_done(5, "file:///s/5")
+        assert guard.wait_seen(2, WAIT_S)
+    finally:
+        first.stop(0)
+    # Another service on the same address, its state lost: its log starts again at id 1.
+    second = Service(service_model, tmp_path / "b")
+    second.start(f"127.0.0.1:{port}")
+    try:
+        assert guard.wait_connected(WAIT_S), guard.last_error
+        assert guard.wait_caught_up(WAIT_S)
+        (fresh,) = second.store.append(
+            [apb.Alert(node=NAME, gpu=5, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED,
+                       action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)]
+        )  # fmt: skip
+        assert fresh.id == alert.id  # the same id, another alert
+        pending = guard.wait_for_alert(WAIT_S)
+        assert pending is not None
+        assert pending.gpu == 5
+    finally:
+        guard.close()
+        second.stop(0)

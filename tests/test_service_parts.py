@@ -379,10 +379,13 @@ def test_a_restart_restores_overlapping_alerts_without_orphans(model: FaultModel
     g = model.feature_config.gpus_per_node
     # A node-level alert and a GPU alert on the same node, as a previous run left them (the node-level
     # one's GPU list stale: it names GPU 1, which the GPU alert holds).
-    node_alert, gpu_alert = store.append([
+    node_alert, gpu_alert, duplicate = store.append([
         apb.Alert(node="n9", gpu=-1, mode=apb.FAILURE_MODE_NETWORK, state=apb.ALERT_STATE_OPEN,
                   kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[0, 1]),
         apb.Alert(node="n9", gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, state=apb.ALERT_STATE_OPEN,
+                  kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[1]),
+        # A second alert on GPU 1 (a state an earlier bug could leave): it has no GPU of its own left.
+        apb.Alert(node="n9", gpu=1, mode=apb.FAILURE_MODE_POWER, state=apb.ALERT_STATE_OPEN,
                   kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[1]),
     ])  # fmt: skip
     metrics = ServiceMetrics()
@@ -391,7 +394,8 @@ def test_a_restart_restores_overlapping_alerts_without_orphans(model: FaultModel
     for t in range(model.policy.clear_steps + 1):
         events += book.observe([_step(model, "n9", 601 + t, [0.0] * g, "hbm_wear")])
     assert sorted((e.opened_id, e.clear_reason) for e in events) == [
-        (node_alert.id, apb.CLEAR_REASON_RISK_FELL), (gpu_alert.id, apb.CLEAR_REASON_RISK_FELL)
+        (node_alert.id, apb.CLEAR_REASON_RISK_FELL), (gpu_alert.id, apb.CLEAR_REASON_RISK_FELL),
+        (duplicate.id, apb.CLEAR_REASON_SUPERSEDED),
     ]  # fmt: skip
     assert book.active() == []
     assert store.open_alerts() == []

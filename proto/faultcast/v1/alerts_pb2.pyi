@@ -187,6 +187,10 @@ class _ClearReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ClearReas
     that moment may have ended in the predicted failure; the service also counts and alerts on
     silent nodes (faultcast_node_silent).
     """
+    CLEAR_REASON_SUPERSEDED: _ClearReason.ValueType  # 4
+    """After a service restart, another open alert holds every GPU this one was holding: it ends and
+    that alert carries on (nothing happened to the hardware).
+    """
 
 class ClearReason(_ClearReason, metaclass=_ClearReasonEnumTypeWrapper):
     """Why an alert cleared."""
@@ -205,6 +209,10 @@ CLEAR_REASON_NODE_SILENT: ClearReason.ValueType  # 3
 steps): a dead collector, a network partition, or the node itself failing. An incident open at
 that moment may have ended in the predicted failure; the service also counts and alerts on
 silent nodes (faultcast_node_silent).
+"""
+CLEAR_REASON_SUPERSEDED: ClearReason.ValueType  # 4
+"""After a service restart, another open alert holds every GPU this one was holding: it ends and
+that alert carries on (nothing happened to the hardware).
 """
 Global___ClearReason: _TypeAlias = ClearReason  # noqa: Y015
 
