@@ -108,16 +108,10 @@ class Remediator:
             self._cv.notify_all()
 
     def _newest(self, alert_id: int) -> apb.Alert | None:
-        """The newest OPEN event of the alert that event `alert_id` belongs to (the event itself when
-        the alert has cleared)."""
+        """The newest event of the alert that event `alert_id` belongs to (its CLEARED event once it
+        has cleared, which still names the node and the last recommended action)."""
         event = self.store.get(alert_id)
-        if event is None:
-            return None
-        opened_id = event.opened_id or event.id
-        for alert in self.store.open_alerts():
-            if alert.opened_id == opened_id:
-                return alert
-        return event
+        return None if event is None else self.store.newest_event(event.opened_id or event.id)
 
     def on_ack(self, ack: Ack) -> str:
         """Record an acknowledgement (of the alert, whichever of its events it names); returns what
@@ -135,7 +129,7 @@ class Remediator:
         migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
         if not migrate:
             what = apb.RecommendedAction.Name(alert.action)
-            return f"noted; alert {alert.id} recommends {what}: {alert.node} stays in service"
+            return f"noted; alert {alert.opened_id} recommends {what}: {alert.node} stays in service"
         if ack.action != apb.ACK_ACTION_SNAPSHOT_DONE:
             return f"noted; {alert.node} is drained after SNAPSHOT_DONE or in {self.grace_s:.0f} s"
         return self._queue(alert, ack.job_id, ack.checkpoint_uri)
@@ -182,11 +176,14 @@ class Remediator:
         """Another alert, still open, that `node` is being (or was) taken out for, if any: queued in
         this process, or claimed in the store (by this run or an earlier one) and not failed."""
         queued = self._draining.get(node)
-        open_ids = {a.opened_id for a in self.store.open_alerts()}
-        if queued is not None and queued != opened_id and queued in open_ids:
+        if queued is not None and queued != opened_id and self.store.cleared_event(queued) is None:
             return queued
         for other, outcome in self.store.remediations_on(node):
-            if other != opened_id and other in open_ids and outcome in ("pending", "ok"):
+            if (
+                other != opened_id
+                and outcome in ("pending", "ok")
+                and self.store.cleared_event(other) is None
+            ):
                 return other
         return None
 
@@ -276,7 +273,7 @@ class Remediator:
             # and one given while the alert only asked for a snapshot says nothing about the move.
             if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert_id)):
                 continue
-            if alert.state == apb.ALERT_STATE_CLEARED and self._risk_fell(alert_id):
+            if self._risk_fell(alert_id):
                 log.info(
                     "alert %d: the risk fell back before the grace period ended; nothing to do", alert_id
                 )

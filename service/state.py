@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     payload BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS alerts_node ON alerts (node, id);
+CREATE INDEX IF NOT EXISTS alerts_opened ON alerts (opened_id, id);
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
     nodes TEXT NOT NULL,
@@ -201,8 +202,8 @@ class StateStore:
 
     def _open_alerts(self) -> list[apb.Alert]:
         """open_alerts(), the lock held."""
-        # Grouped rather than correlated subqueries: one pass over the log, which has no index on
-        # opened_id (a subscriber without a cursor and every listing run this).
+        # Grouped rather than correlated subqueries: one pass over the log (a subscriber without a
+        # cursor and every listing run this).
         rows = self._db.execute(
             "SELECT payload FROM alerts WHERE id IN (SELECT MAX(id) FROM alerts WHERE state = ? GROUP BY opened_id) "
             "AND opened_id NOT IN (SELECT opened_id FROM alerts WHERE state = ?) ORDER BY id",
@@ -219,6 +220,14 @@ class StateStore:
             head = self.last_id
             alerts = self._open_alerts()
         return [a for a in alerts if wanted is None or a.node in wanted], head
+
+    def newest_event(self, opened_id: int) -> apb.Alert | None:
+        """The newest event of the alert `opened_id` (its CLEARED event once it has cleared)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT payload FROM alerts WHERE opened_id = ? ORDER BY id DESC LIMIT 1", (opened_id,)
+            ).fetchone()
+        return apb.Alert.FromString(row[0]) if row else None
 
     def cleared_event(self, opened_id: int) -> apb.Alert | None:
         """The alert's CLEARED event, or None while it is open."""
