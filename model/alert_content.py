@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
-from faultcast.sim.modes import BY_NAME, MODES, Level
+from faultcast.sim.modes import MODES, Level
 
 # Modes whose failure takes a whole node: an alert for them is one per node (gpu -1).
 NODE_LEVEL_MODES = frozenset(m.name for m in MODES if m.level is Level.NODE)
@@ -48,11 +48,6 @@ class ActionPolicy:
 
 
 DEFAULT_ACTIONS = ActionPolicy()
-
-
-def node_level(mode: str) -> bool:
-    spec = BY_NAME.get(mode)
-    return spec is not None and spec.level is Level.NODE
 
 
 def ttf_edges(horizon_s: float) -> np.ndarray:
@@ -100,10 +95,6 @@ class AlertContent:
     ttf_s: tuple[float, float, float] | None  # p10, p50, p90; None when the mode has no precursor
     top_features: tuple[tuple[str, float, float], ...]  # (feature, value, contribution to the raw score)
     action: Action
-
-    @property
-    def median_ttf_s(self) -> float:
-        return self.ttf_s[1] if self.ttf_s is not None else float("nan")
 
 
 def describe(

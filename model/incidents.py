@@ -67,11 +67,11 @@ class Incident:
 class Changes:
     """What one update did at one threshold."""
 
-    opened: list[Incident]
-    closed: list[Incident]
+    opened: tuple[Incident, ...]
+    closed: tuple[Incident, ...]
 
 
-_NO_CHANGE = Changes([], [])
+_NO_CHANGE = Changes((), ())
 
 
 class IncidentTracker:
@@ -141,7 +141,7 @@ class IncidentTracker:
         for ci in eventful.tolist():
             closed = self._close(ci, step, slots[close[ci]], np.where(gone[ci], 1, 0)[close[ci]])
             opened = self._open(ci, step, slots, np.nonzero(new[ci])[0], modes)
-            out[ci] = Changes(opened, closed)
+            out[ci] = Changes(tuple(opened), tuple(closed))
         return out
 
     def _close(self, ci: int, step: int, slots: np.ndarray, dark: np.ndarray) -> list[Incident]:
@@ -209,7 +209,7 @@ class IncidentTracker:
                 if incident is not None:
                     incident.slots.discard(slot)
                     ended[incident.key] = incident
-            out.append(Changes([], [self._end(ci, i, step, reason) for _, i in sorted(ended.items())]))
+            out.append(Changes((), tuple(self._end(ci, i, step, reason) for _, i in sorted(ended.items()))))
         return out
 
     def restore(

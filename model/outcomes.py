@@ -41,8 +41,14 @@ class PredictionPeriods:
     def to_json(self) -> dict[str, float]:
         return asdict(self)
 
-
-DEFAULT_PERIODS = PredictionPeriods()
+    def outcome(self, lead_s: float | None) -> Outcome:
+        """An alert's outcome from the lead of the first failure it credits within `false_after_s`
+        (None: none came)."""
+        if lead_s is None:
+            return Outcome.FALSE
+        if lead_s < self.warning_s:
+            return Outcome.LATE
+        return Outcome.TRUE if lead_s <= self.period_s else Outcome.PREMATURE
 
 
 class Outcome(enum.Enum):
@@ -50,6 +56,9 @@ class Outcome(enum.Enum):
     LATE = "late"
     PREMATURE = "premature"
     FALSE = "false"
+
+
+DEFAULT_PERIODS = PredictionPeriods()
 
 
 @dataclass(frozen=True)
@@ -122,15 +131,7 @@ def judge(
         ]
         first = following[0] if following else None
         lead = None if first is None else first.time_s - t
-        if lead is None:
-            outcome = Outcome.FALSE
-        elif lead < periods.warning_s:
-            outcome = Outcome.LATE
-        elif lead <= periods.period_s:
-            outcome = Outcome.TRUE
-        else:
-            outcome = Outcome.PREMATURE
-        out.append(Judged(incident, t, outcome, first, lead))
+        out.append(Judged(incident, t, periods.outcome(lead), first, lead))
     return out
 
 

@@ -42,7 +42,7 @@ from faultcast.model.alert_content import (
     describe,
     ttf_edges,
 )
-from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
+from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_info import model_info
@@ -74,20 +74,16 @@ CLEAR_TO_PB: dict[CloseReason, apb.ClearReason.ValueType] = {
     CloseReason.GPU_DARK: apb.CLEAR_REASON_GPU_DARK,
     CloseReason.NODE_SILENT: apb.CLEAR_REASON_NODE_SILENT,
 }
-# The nearer bands of the median time to failure: an open alert is updated when it enters one.
-_TTF_BANDS_S = TTF_BUCKETS_S
-
 _SILENT_SETTING = "silent_nodes"  # the silent nodes, kept in the state store across restarts
 
 Listener = Callable[[Sequence[apb.Alert]], None]
 Clock = Callable[[], float]
 
 
-def _band(ttf_s: float) -> int:
-    """0 for under 5 minutes, 1 for under 15, ...; len(bands) beyond the horizon or unknown."""
-    return (
-        int(np.searchsorted(_TTF_BANDS_S, ttf_s, side="right")) if np.isfinite(ttf_s) else len(_TTF_BANDS_S)
-    )
+def _band(ttf_s: float, bands_s: Sequence[float]) -> int:
+    """The band of a median time to failure: 0 under the first bound (5 min), 1 under the next, ...;
+    len(bands_s) beyond the last or unknown. An open alert is updated when it enters a nearer one."""
+    return int(np.searchsorted(bands_s, ttf_s, side="right")) if np.isfinite(ttf_s) else len(bands_s)
 
 
 @dataclass
@@ -217,7 +213,7 @@ class AlertBook:
                 self._orphans.append(alert)
                 continue
             ttf = alert.time_to_failure.p50_seconds if alert.HasField("time_to_failure") else float("inf")
-            self._alerts[incident.key] = _Open(alert, _band(ttf))
+            self._alerts[incident.key] = _Open(alert, self._band(ttf))
         return node
 
     def observe(self, scored: Sequence[ScoredStep]) -> list[apb.Alert]:
@@ -236,7 +232,7 @@ class AlertBook:
                 events += [self._orphan_cleared(alert, s.time_s) for alert in self._orphans]
                 self._orphans.clear()
                 events += self._updates(s, node, {i.key for i in changes.opened})
-                opening = [((i, self._band_at_open(s, i)), self._opened(s, i)) for i in changes.opened]
+                opening = [(i, *self._opened(s, i)) for i in changes.opened]
                 if not events and not opening:
                     continue
                 stored.extend(self._store(events, opening))
@@ -244,11 +240,11 @@ class AlertBook:
         return stored
 
     def _store(
-        self, events: list[apb.Alert], opening: list[tuple[tuple[Incident, int], apb.Alert]]
+        self, events: list[apb.Alert], opening: list[tuple[Incident, apb.Alert, int]]
     ) -> list[apb.Alert]:
         """Store (and so number) the events before anything else sees them; track what they change,
-        active alerts by mode included."""
-        saved = self.store.append(events + [alert for _, alert in opening])
+        active alerts by mode included. `opening`: (incident, its OPENED event, its band)."""
+        saved = self.store.append(events + [alert for _, alert, _ in opening])
         active = self.metrics.active_alerts
         for event in saved[: len(events)]:
             mode = PB_TO_MODE.get(event.mode, "unknown")
@@ -264,7 +260,7 @@ class AlertBook:
                     if before != mode:
                         active.labels(before).dec()
                         active.labels(mode).inc()
-        for ((incident, band), _), alert in zip(opening, saved[len(events) :], strict=True):
+        for (incident, _, band), alert in zip(opening, saved[len(events) :], strict=True):
             self._alerts[incident.key] = _Open(alert, band)
             mode = PB_TO_MODE.get(alert.mode, "unknown")
             self.metrics.alerts.labels(mode).inc()
@@ -322,15 +318,16 @@ class AlertBook:
             )  # fmt: skip
         return alert
 
-    def _band_at_open(self, s: ScoredStep, incident: Incident) -> int:
-        gpus = [slot % self.g for slot in incident.slots_at_open]
-        return _band(float(s.ttf_s[max(gpus, key=lambda gpu: float(s.risk[gpu]))]))
+    def _band(self, ttf_s: float) -> int:
+        return _band(ttf_s, self._ttf_edges[1:])
 
-    def _opened(self, s: ScoredStep, incident: Incident) -> apb.Alert:
-        """The OPENED event: the content of the highest-risk GPU that opened the incident."""
+    def _opened(self, s: ScoredStep, incident: Incident) -> tuple[apb.Alert, int]:
+        """The OPENED event, with the content of the highest-risk GPU that opened the incident, and
+        the band of that GPU's median time to failure."""
         gpus = [slot % self.g for slot in incident.slots_at_open]
         best = max(gpus, key=lambda gpu: float(s.risk[gpu]))
-        return self._event(s, incident, best, incident.mode, self._content(s, best), apb.EVENT_KIND_OPENED)
+        alert = self._event(s, incident, best, incident.mode, self._content(s, best), apb.EVENT_KIND_OPENED)
+        return alert, self._band(float(s.ttf_s[best]))
 
     def _updates(self, s: ScoredStep, node: int, just_opened: set[int]) -> list[apb.Alert]:
         """UPDATED events for this node's open alerts whose likely mode changed (for `k` scores), whose
@@ -359,7 +356,7 @@ class AlertBook:
             was = PB_TO_ACTION.get(latest.action, Action.WATCH)
             # Only a score that would open an alert may escalate one.
             escalates = action.value > was.value and risk >= self.model.threshold
-            nearer = _band(ttf) < held.band
+            nearer = self._band(ttf) < held.band
             if mode == shown and not escalates and not nearer:
                 continue
             content = self._content(s, gpu)
@@ -369,7 +366,7 @@ class AlertBook:
                 mode, content.mode_probability, content.risk, content.risk_within, content.ttf_s,
                 content.top_features, strongest,
             )  # fmt: skip
-            held.band = min(held.band, _band(ttf))
+            held.band = min(held.band, self._band(ttf))
             update = self._event(s, incident, gpu, mode, content, apb.EVENT_KIND_UPDATED)
             update.opened_id = latest.opened_id
             if latest.gpu_uuid and not update.gpu_uuid:

@@ -233,12 +233,8 @@ def _judge(
     t = alert.time_unix_nano / 1e9 - sim_start
     following = sorted((f for f in failures if _credited(alert, f) and f.at_s >= t), key=lambda f: f.at_s)
     f = following[0] if following and following[0].at_s - t <= periods.false_after_s else None
-    if f is None:
-        return Outcome.FALSE, None, float("nan")
-    lead = f.at_s - t
-    if lead < periods.warning_s:
-        return Outcome.LATE, f, lead
-    return (Outcome.TRUE if lead <= periods.period_s else Outcome.PREMATURE), f, lead
+    lead = None if f is None else f.at_s - t
+    return periods.outcome(lead), f, float("nan") if lead is None else lead
 
 
 def _verdict(

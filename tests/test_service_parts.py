@@ -137,8 +137,8 @@ def test_a_gpu_goes_dark_only_after_dark_steps_absent_steps() -> None:
     tracker.update(0, slots, np.array([0.9, 0.1]), np.ones(2, dtype=bool), modes)
     (gone_once,) = tracker.update(1, slots, np.array([np.nan, 0.1]), np.array([False, True]), modes)
     (back,) = tracker.update(2, slots, np.array([0.9, 0.1]), np.ones(2, dtype=bool), modes)
-    assert gone_once.closed == []
-    assert back.opened == []
+    assert gone_once.closed == ()
+    assert back.opened == ()
     tracker.update(3, slots, np.array([np.nan, 0.1]), np.array([False, True]), modes)
     (gone,) = tracker.update(4, slots, np.array([np.nan, 0.1]), np.array([False, True]), modes)
     assert [(i.gpu, i.reason) for i in gone.closed] == [(0, CloseReason.GPU_DARK)]
@@ -218,7 +218,6 @@ def test_a_long_precursor_with_a_change_of_mode_is_one_alert_with_updates_and_on
     modes = [e.mode for e in events]
     assert modes[0] == apb.FAILURE_MODE_POWER
     assert modes[-1] == apb.FAILURE_MODE_NVLINK
-    assert modes.count(apb.FAILURE_MODE_NVLINK) >= 1
     assert len(events) <= 6  # mode change, escalation and nearer bands: a handful, not one per score
     ack = remediator.on_ack(Ack(events[-1].id, "job-1", apb.ACK_ACTION_SNAPSHOT_DONE, 7, "file:///s"))
     assert "already" in ack  # the grace period passed long ago: it was drained once, then
