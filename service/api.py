@@ -22,6 +22,7 @@ from faultcast.service.auth import AccessPolicy, AuthError, Principal, current, 
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
+from faultcast.service.validation import is_host_name
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
@@ -263,7 +264,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         """Set the job's nodes (replacing an earlier registration)."""
         if not request.job_id or not request.nodes:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
-        if any(not node or not node.isprintable() or " " in node for node in request.nodes):
+        if not all(is_host_name(node) for node in request.nodes):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
         if self.policy is not None:
             try:

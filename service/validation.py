@@ -25,6 +25,9 @@ class SampleRejected(ValueError):  # noqa: N818 (a reason for a reject counter, 
         self.reason = reason
 
 
+MAX_NODE_NAME = 253  # a DNS name
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     gpus_per_node: int = 8
@@ -33,7 +36,7 @@ class Limits:
     max_future_s: float = 300.0
     # Samples older than this are history, not telemetry: refused (0: no limit).
     max_age_s: float = 6 * 3600.0
-    max_node_name: int = 253  # a DNS name
+    max_node_name: int = MAX_NODE_NAME
     # The fleet's inventory: samples from any other node are refused ("unknown_node"). Empty: any
     # well-formed name is taken (up to the service's --max-nodes).
     nodes: frozenset[str] = frozenset()
@@ -64,11 +67,16 @@ def _clean(values: tuple[float, ...], scope: Scope, issues: Counter[str]) -> tup
     return values if out is None else tuple(out)
 
 
+def is_host_name(name: str, max_length: int = MAX_NODE_NAME) -> bool:
+    """Whether `name` can name a node: non-empty, printable, no spaces, at most `max_length` long."""
+    return bool(name) and len(name) <= max_length and name.isprintable() and " " not in name
+
+
 def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSnapshot, Counter[str]]:
     """The sample with bad values blanked, and what was blanked by reason; raises SampleRejected
     when the whole sample is unusable."""
     node = snapshot.node
-    if not node or len(node) > limits.max_node_name or not node.isprintable() or " " in node:
+    if not is_host_name(node, limits.max_node_name):
         raise SampleRejected("bad_node_name", f"node name {node[:80]!r} is not a host name")
     if limits.nodes and node not in limits.nodes:
         raise SampleRejected(
