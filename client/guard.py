@@ -238,18 +238,19 @@ class Guard:
             raise
 
     def _caught_up(self, marker: apb.CaughtUp) -> None:
-        with self._changed:
-            # Everything up to the head was delivered: a reconnect resumes after it, not from 0.
-            self.last_id = max(self.last_id, marker.head_id)
-            self.caught_up, self.model = True, marker.model
-            self._changed.notify_all()
         model = marker.model
+        # Logged before waiters wake: whoever waited on the catch-up finds the line already there.
         log.info(
             "faultcast: caught up at alert %d; model %s (horizon %.0f s, alert at risk %.3g, hold above "
             "%.3g, %d scores to open, %d to clear, one score per %.0f s)",
             marker.head_id, model.version, model.horizon_seconds, model.threshold, model.hold_threshold,
             model.open_after_scores, model.clear_after_scores, model.cadence_seconds,
         )  # fmt: skip
+        with self._changed:
+            # Everything up to the head was delivered: a reconnect resumes after it, not from 0.
+            self.last_id = max(self.last_id, marker.head_id)
+            self.caught_up, self.model = True, marker.model
+            self._changed.notify_all()
 
     def _take(self, alert: apb.Alert) -> None:
         self.metric_alerts.labels(apb.AlertState.Name(alert.state)).inc()
