@@ -31,6 +31,8 @@ REJECT_REASONS: tuple[str, ...] = (
     "too_many_nodes",
     "late",
     "scoring_error",
+    # the transport: a message that does not decode as its protobuf type (service/server.py)
+    "malformed_message",
 )
 BLANK_REASONS: tuple[str, ...] = (
     "non_finite_value",
@@ -51,7 +53,21 @@ AUTH_DENIED_REASONS: tuple[str, ...] = (
     "registration",
     "wrong_job",
 )
-THROTTLED_WHAT: tuple[str, ...] = ("push_rate", "push_backlog", "streams", "calls", "subscribers")
+THROTTLED_WHAT: tuple[str, ...] = (
+    "push_rate",
+    "push_backlog",
+    "streams",
+    "calls",
+    "subscribers",
+    "health_watches",
+    "job_nodes",
+    "job_subscribers",
+    "spool_ids",
+)
+# The service's background threads (a death restarts the thread and is counted).
+THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator")
+# What the service writes to its state database (a failed write is retried and counted).
+STATE_WRITES: tuple[str, ...] = ("alerts", "cursors", "remediation", "jobs", "acks", "settings")
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
 ALERT_MODES: tuple[str, ...] = (*(m.name for m in MODES), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
@@ -182,12 +198,37 @@ class ServiceMetrics:
         self.throttled = Counter(
             "faultcast_throttled",
             "Times a caller was held back: push_rate and push_backlog (a Push stream waited), streams, "
-            "calls and subscribers (a call refused with RESOURCE_EXHAUSTED).",
+            "calls, subscribers, health_watches, job_nodes, job_subscribers and spool_ids (a call refused "
+            "with RESOURCE_EXHAUSTED).",
             ["what"],
             registry=r,
         )
         self.backlog = Gauge(
             "faultcast_scoring_backlog", "Completed steps waiting for the scorer.", registry=r
+        )
+        self.thread_restarts = Counter(
+            "faultcast_thread_restarts",
+            "Background threads (scoring, cursors, remediator) that died on an error and were restarted.",
+            ["thread"],
+            registry=r,
+        )
+        self.state_write_failures = Counter(
+            "faultcast_state_write_failures",
+            "Writes to the state database that failed (full disk, I/O error), by what was written; each is "
+            "kept and retried.",
+            ["what"],
+            registry=r,
+        )
+        self.state_writable = Gauge(
+            "faultcast_state_writable",
+            "1 while the state database takes writes; 0 while they fail (health is NOT_SERVING then).",
+            registry=r,
+        )
+        self.state_writable.set(1)
+        self.state_writes_waiting = Gauge(
+            "faultcast_state_writes_waiting",
+            "Alert events kept in memory because the state database refused them, waiting to be written.",
+            registry=r,
         )
         # Series per node or GPU (risk, lag, silence) and per actuator (remediations, made by the
         # remediator that knows its actuator) come with their first value; the rest start at 0.
@@ -199,6 +240,8 @@ class ServiceMetrics:
             (ALERT_MODES, self.alerts),
             (ALERT_MODES, self.active_alerts),
             (MODEL_RELOAD_OUTCOMES, self.model_reloads),
+            (THREADS, self.thread_restarts),
+            (STATE_WRITES, self.state_write_failures),
         ):
             for value in values:
                 metric.labels(value)
@@ -234,4 +277,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_auth_denied_total",
     "faultcast_throttled_total",
     "faultcast_scoring_backlog",
+    "faultcast_thread_restarts_total",
+    "faultcast_state_write_failures_total",
+    "faultcast_state_writable",
+    "faultcast_state_writes_waiting",
 )
