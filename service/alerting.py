@@ -47,7 +47,7 @@ from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
-from faultcast.service.state import StateStore
+from faultcast.service.state import StateStore, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,9 @@ CLEAR_TO_PB: dict[CloseReason, apb.ClearReason.ValueType] = {
     CloseReason.NODE_SILENT: apb.CLEAR_REASON_NODE_SILENT,
 }
 _SILENT_SETTING = "silent_nodes"  # the silent nodes, kept in the state store across restarts
+# While the state database refuses alert events (a full disk), the scoring thread holds them and
+# tries again, waiting this long at first and doubling up to the most.
+_STORE_RETRY_S = (0.1, 5.0)
 
 Listener = Callable[[Sequence[apb.Alert]], None]
 Clock = Callable[[], float]
@@ -116,11 +119,15 @@ class AlertBook:
         top_features: int = 5,
         silent_after_steps: int = 5,
         clock: Clock = time.monotonic,
+        stopping: threading.Event | None = None,
     ) -> None:
         """`silent_after_steps`: model steps without a sample after which a node is silent; `clock`:
-        the service's clock (seconds), which times the silence."""
+        the service's clock (seconds), which times the silence; `stopping`: set when the service
+        stops, which ends the wait for a state database that refuses writes."""
         self.store, self.metrics, self.actions, self.top_features = store, metrics, actions, top_features
         self.silent_after_steps, self.clock = silent_after_steps, clock
+        self.stopping = stopping or threading.Event()
+        self._silent_unsaved = False  # the silent nodes changed and could not be stored yet
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._nodes: dict[str, int] = {}  # node name -> tracker node number
@@ -244,7 +251,7 @@ class AlertBook:
     ) -> list[apb.Alert]:
         """Store (and so number) the events before anything else sees them; track what they change,
         active alerts by mode included. `opening`: (incident, its OPENED event, its band)."""
-        saved = self.store.append(events + [alert for _, alert, _ in opening])
+        saved = self._append(events + [alert for _, alert, _ in opening])
         active = self.metrics.active_alerts
         for event in saved[: len(events)]:
             mode = PB_TO_MODE.get(event.mode, "unknown")
@@ -266,6 +273,37 @@ class AlertBook:
             self.metrics.alerts.labels(mode).inc()
             active.labels(mode).inc()
         return saved
+
+    def _append(self, events: list[apb.Alert]) -> list[apb.Alert]:
+        """Store the events, however long the database refuses them: the scoring thread waits here
+        (steps queue in the scorer; once its backlog is full, collectors keep their samples in
+        their spools), so no alert is lost and none is published before it is durable. Raises
+        StateWriteError only when the service stops first."""
+        delay_s, refused_since = _STORE_RETRY_S[0], 0.0
+        while True:
+            try:
+                saved = self.store.append(events)
+            except StateWriteError as exc:
+                self.metrics.state_writes_waiting.set(len(events))
+                if not refused_since:
+                    refused_since = time.monotonic()
+                    log.error(
+                        "%s; holding %d alert event(s) and trying again (scoring waits meanwhile)",
+                        exc,
+                        len(events),
+                    )
+                if self.stopping.wait(delay_s):
+                    log.error("stopping with %d alert event(s) never stored: %s", len(events), exc)
+                    raise
+                delay_s = min(2 * delay_s, _STORE_RETRY_S[1])
+                continue
+            if refused_since:
+                self.metrics.state_writes_waiting.set(0)
+                log.warning(
+                    "stored %d held alert event(s) after %.0f s of refused writes",
+                    len(events), time.monotonic() - refused_since,
+                )  # fmt: skip
+            return saved
 
     def _announce(self, stored: list[apb.Alert]) -> None:
         for alert in stored:
@@ -433,9 +471,15 @@ class AlertBook:
             log.warning("node %s is sending samples again", s.node)
 
     def _save_silent(self) -> None:
-        self.store.save_setting(
-            _SILENT_SETTING, json.dumps(self._silent, sort_keys=True) if self._silent else None
-        )
+        """Keep the silent nodes across restarts; a refused write is tried again at the next check."""
+        try:
+            self.store.save_setting(
+                _SILENT_SETTING, json.dumps(self._silent, sort_keys=True) if self._silent else None
+            )
+        except StateWriteError:
+            self._silent_unsaved = True
+        else:
+            self._silent_unsaved = False
 
     def check_silence(self) -> list[apb.Alert]:
         """Mark silent the nodes not heard for `silent_after_steps` model steps by the service's
@@ -443,6 +487,8 @@ class AlertBook:
         limit_s = self.silent_after_steps * self.cadence_s
         stored: list[apb.Alert] = []
         with self._lock:
+            if self._silent_unsaved:
+                self._save_silent()
             now = self.clock()
             if not any(now - h.clock_s < limit_s for h in self._heard.values()):
                 return []  # the whole fleet is quiet: the service is cut off, not every node

@@ -10,6 +10,15 @@
 
 WAL with synchronous=FULL: an alert a subscriber has seen is on disk first. One connection behind a
 lock; a condition variable wakes subscribers when an event is appended.
+
+A damaged database is never taken for a fresh one: a file that is empty, unreadable, fails SQLite's
+quick check or lacks the alert log refuses to open (`StateError`, one line naming the file and what
+to do). Alert ids never go backwards, even across a database replaced by a new one: a new log's ids
+start at the microseconds since the Unix epoch when it was created, so a subscriber's cursor from the
+old log is below every new id (it is refused as beyond the head until the new log passes it, and
+then resumes without a gap). A failed write (full disk, I/O error) leaves no transaction open on the
+shared connection, raises `StateWriteError` naming what was written, and is reported to
+`on_writable` until a write succeeds again; callers keep what they meant to write and retry.
 """
 
 from __future__ import annotations
@@ -18,9 +27,11 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from faultcast.v1 import alerts_pb2 as apb
 
@@ -62,6 +73,7 @@ CREATE TABLE IF NOT EXISTS cursors (
     node TEXT NOT NULL,
     spool_id INTEGER NOT NULL,
     last_sequence INTEGER NOT NULL,
+    seen_unix REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (node, spool_id)
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -74,7 +86,38 @@ _ADDED_COLUMNS = {
         ("request", "TEXT NOT NULL DEFAULT ''"),
         ("attempts", "INTEGER NOT NULL DEFAULT 0"),
     ),
+    "cursors": (("seen_unix", "REAL NOT NULL DEFAULT 0"),),
 }
+# The largest integer SQLite stores (signed 64 bits): anything from the wire above it is refused at
+# the edge, before it can reach a write.
+MAX_STORED_INT = 2**63 - 1
+# Spool ids remembered per node: a collector keeps one for its life (a new one only when its spool
+# is wiped); a caller opening streams with fresh ids must not grow the table without bound.
+SPOOLS_PER_NODE = 8
+
+T = TypeVar("T")
+
+
+class StateError(Exception):
+    """The state database cannot be used as it is (damaged, emptied, not a database): the service
+    must not start on it, nor start over in its place."""
+
+
+class StateWriteError(sqlite3.OperationalError):
+    """A write to the state database failed (full disk, I/O error); `what` names what was written.
+    Nothing of it was stored, and the connection is left usable."""
+
+    def __init__(self, what: str, cause: sqlite3.Error) -> None:
+        super().__init__(f"could not write {what} to the state database: {cause}")
+        self.what = what
+
+
+def _refusal(path: Path, problem: str) -> StateError:
+    return StateError(
+        f"state database {path} {problem}; it holds the alert log, jobs, cursors and remediations: "
+        f"restore it from a backup, or move it (and its -wal and -shm files) away to start with a new, "
+        "empty state (alert ids continue upwards; registered jobs and the remediation pause are lost)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,27 +141,74 @@ class Ack:
 
 
 class StateStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        on_writable: Callable[[bool, str], None] | None = None,
+        on_write_failed: Callable[[str], None] | None = None,
+    ) -> None:
+        """Open (or create) the database at `path`; raises StateError when it exists and cannot be
+        used. `on_writable(writable, why)`: called when writes start failing and when they work again;
+        `on_write_failed(what)`: called on every failed write (what: alerts, cursors, remediation, jobs,
+        acks, settings)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        for table, columns in _ADDED_COLUMNS.items():
-            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            for name, declaration in columns:
-                if name not in have:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+        self.on_writable, self.on_write_failed = on_writable, on_write_failed
+        self.writable = True
+        self._db = self._open(path)
         self._lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
         self._closed = False
         row = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()
         self.last_id: int = int(row[0])
 
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        if path.is_dir():
+            raise _refusal(path, "is a directory, not a database file")
+        wal = path.with_name(path.name + "-wal")
+        existed = path.exists() and (path.stat().st_size > 0 or (wal.exists() and wal.stat().st_size > 0))
+        if path.exists() and not existed:
+            raise _refusal(path, "is empty (0 bytes): its contents were lost")
+        try:
+            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            if existed:
+                problems = [str(row[0]) for row in db.execute("PRAGMA quick_check")]
+                if problems != ["ok"]:
+                    raise _refusal(path, f"is damaged (SQLite's quick check: {'; '.join(problems[:3])})")
+                tables = {
+                    str(row[0]) for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                }
+                if "alerts" not in tables:
+                    raise _refusal(path, "is a database without faultcast's alert log")
+            db.executescript(_SCHEMA)
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                for name, declaration in columns:
+                    if name not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+            if not existed:
+                # A new log: ids start from the clock, above any id an earlier log gave out.
+                first = time.time_ns() // 1000
+                db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('alerts', ?)", (first,))
+        except sqlite3.DatabaseError as exc:
+            raise _refusal(path, f"cannot be read ({exc})") from exc
+        return db
+
     @classmethod
-    def in_dir(cls, state_dir: Path) -> StateStore:
-        return cls(state_dir / "faultcast-service.sqlite")
+    def in_dir(
+        cls,
+        state_dir: Path,
+        *,
+        on_writable: Callable[[bool, str], None] | None = None,
+        on_write_failed: Callable[[str], None] | None = None,
+    ) -> StateStore:
+        return cls(
+            state_dir / "faultcast-service.sqlite", on_writable=on_writable, on_write_failed=on_write_failed
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -126,37 +216,75 @@ class StateStore:
             self._appended.notify_all()
             self._db.close()
 
+    # -- writing ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT, rolled back on any error (an exception of the caller's code
+        too): nothing may leave the shared connection inside a transaction. The lock is held."""
+        if self._db.in_transaction:  # never expected; a leftover would poison every later write
+            self._db.execute("ROLLBACK")
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def _write(self, what: str, write: Callable[[], T]) -> T:
+        """Run `write` (the lock held); a failure of the database becomes StateWriteError and is
+        reported to `on_writable`, as is the first success after failures."""
+        try:
+            result = write()
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError):
+                raise  # a bug, not the disk
+            if self.on_write_failed is not None:
+                self.on_write_failed(what)
+            self._writable(False, f"{what}: {exc}")
+            raise StateWriteError(what, exc) from exc
+        self._writable(True, "")
+        return result
+
+    def _writable(self, writable: bool, why: str) -> None:
+        if writable == self.writable:
+            return
+        self.writable = writable
+        if self.on_writable is not None:
+            self.on_writable(writable, why)
+
     # -- the alert log ----------------------------------------------------------------------
 
     def append(self, alerts: Sequence[apb.Alert]) -> list[apb.Alert]:
         """Store events in one transaction; returns them with their ids set (and an OPEN event's
-        opened_id set to its own id)."""
-        out = []
+        opened_id set to its own id). StateWriteError when the database refused them (none stored)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for alert in alerts:
-                    stored = apb.Alert()
-                    stored.CopyFrom(alert)
-                    cursor = self._db.execute(
-                        "INSERT INTO alerts (node, gpu, state, opened_id, payload) VALUES (?, ?, ?, ?, x'')",
-                        (alert.node, alert.gpu, int(alert.state), int(alert.opened_id)),
-                    )
-                    stored.id = int(cursor.lastrowid or 0)
-                    if stored.state == apb.ALERT_STATE_OPEN and stored.opened_id == 0:
-                        stored.opened_id = stored.id  # a new alert; an update names the one it updates
-                    self._db.execute(
-                        "UPDATE alerts SET payload = ?, opened_id = ? WHERE id = ?",
-                        (stored.SerializeToString(), stored.opened_id, stored.id),
-                    )
-                    out.append(stored)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            out = self._write("alerts", lambda: self._insert(alerts))
             if out:
                 self.last_id = out[-1].id
                 self._appended.notify_all()
+        return out
+
+    def _insert(self, alerts: Sequence[apb.Alert]) -> list[apb.Alert]:
+        out = []
+        with self._transaction():
+            for alert in alerts:
+                stored = apb.Alert()
+                stored.CopyFrom(alert)
+                cursor = self._db.execute(
+                    "INSERT INTO alerts (node, gpu, state, opened_id, payload) VALUES (?, ?, ?, ?, x'')",
+                    (alert.node, alert.gpu, int(alert.state), int(alert.opened_id)),
+                )
+                stored.id = int(cursor.lastrowid or 0)
+                if stored.state == apb.ALERT_STATE_OPEN and stored.opened_id == 0:
+                    stored.opened_id = stored.id  # a new alert; an update names the one it updates
+                self._db.execute(
+                    "UPDATE alerts SET payload = ?, opened_id = ? WHERE id = ?",
+                    (stored.SerializeToString(), stored.opened_id, stored.id),
+                )
+                out.append(stored)
         return out
 
     def read_after(
@@ -247,10 +375,13 @@ class StateStore:
 
     def register_job(self, job_id: str, nodes: Sequence[str]) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO jobs (job_id, nodes, registered_unix) VALUES (?, ?, ?) "
-                "ON CONFLICT (job_id) DO UPDATE SET nodes = excluded.nodes, registered_unix = excluded.registered_unix",
-                (job_id, json.dumps(sorted(set(nodes))), time.time()),
+            self._write(
+                "jobs",
+                lambda: self._db.execute(
+                    "INSERT INTO jobs (job_id, nodes, registered_unix) VALUES (?, ?, ?) ON CONFLICT (job_id) "
+                    "DO UPDATE SET nodes = excluded.nodes, registered_unix = excluded.registered_unix",
+                    (job_id, json.dumps(sorted(set(nodes))), time.time()),
+                ),
             )
 
     def jobs(self) -> dict[str, list[str]]:
@@ -260,9 +391,13 @@ class StateStore:
 
     def record_ack(self, ack: Ack) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO acks (alert_id, job_id, action, step, checkpoint_uri, at_unix) VALUES (?, ?, ?, ?, ?, ?)",
-                (ack.alert_id, ack.job_id, ack.action, ack.step, ack.checkpoint_uri, time.time()),
+            self._write(
+                "acks",
+                lambda: self._db.execute(
+                    "INSERT INTO acks (alert_id, job_id, action, step, checkpoint_uri, at_unix) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (ack.alert_id, ack.job_id, ack.action, ack.step, ack.checkpoint_uri, time.time()),
+                ),
             )
 
     def acks(self, alert_id: int) -> list[Ack]:
@@ -277,10 +412,13 @@ class StateStore:
         """Mark the alert as being remediated, keeping `request` (what to do, for a restart to carry
         on); False when it already was (never drain twice)."""
         with self._lock:
-            cursor = self._db.execute(
-                "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix, request) "
-                "VALUES (?, ?, ?, 'pending', '', ?, ?)",
-                (alert_id, node, actuator, time.time(), request),
+            cursor = self._write(
+                "remediation",
+                lambda: self._db.execute(
+                    "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix, "
+                    "request) VALUES (?, ?, ?, 'pending', '', ?, ?)",
+                    (alert_id, node, actuator, time.time(), request),
+                ),
             )
             return cursor.rowcount == 1
 
@@ -290,10 +428,13 @@ class StateStore:
         Counted first so that an attempt the service is killed in still counts: an actuator that
         brings the service down cannot be retried forever across restarts."""
         with self._lock:  # no RETURNING: SQLite before 3.35 lacks it
-            self._db.execute(
-                "UPDATE remediations SET attempts = attempts + 1, actuator = ? "
-                "WHERE alert_id = ? AND outcome = 'pending'",
-                (actuator, alert_id),
+            self._write(
+                "remediation",
+                lambda: self._db.execute(
+                    "UPDATE remediations SET attempts = attempts + 1, actuator = ? "
+                    "WHERE alert_id = ? AND outcome = 'pending'",
+                    (actuator, alert_id),
+                ),
             )
             row = self._db.execute(
                 "SELECT attempts FROM remediations WHERE alert_id = ? AND outcome = 'pending'", (alert_id,)
@@ -305,16 +446,22 @@ class StateStore:
     def note_failed_attempt(self, alert_id: int, detail: str) -> None:
         """Keep why the last attempt failed while the remediation waits for its next one."""
         with self._lock:
-            self._db.execute(
-                "UPDATE remediations SET detail = ?, at_unix = ? WHERE alert_id = ? AND outcome = 'pending'",
-                (detail, time.time(), alert_id),
+            self._write(
+                "remediation",
+                lambda: self._db.execute(
+                    "UPDATE remediations SET detail = ?, at_unix = ? WHERE alert_id = ? AND outcome = 'pending'",
+                    (detail, time.time(), alert_id),
+                ),
             )
 
     def finish_remediation(self, alert_id: int, outcome: str, detail: str) -> None:
         with self._lock:
-            self._db.execute(
-                "UPDATE remediations SET outcome = ?, detail = ?, at_unix = ? WHERE alert_id = ?",
-                (outcome, detail, time.time(), alert_id),
+            self._write(
+                "remediation",
+                lambda: self._db.execute(
+                    "UPDATE remediations SET outcome = ?, detail = ?, at_unix = ? WHERE alert_id = ?",
+                    (outcome, detail, time.time(), alert_id),
+                ),
             )
 
     def pending_remediations(self) -> list[PendingRemediation]:
@@ -348,9 +495,16 @@ class StateStore:
     def save_setting(self, key: str, value: str | None) -> None:
         with self._lock:
             if value is None:
-                self._db.execute("DELETE FROM settings WHERE key = ?", (key,))
+                self._write(
+                    "settings", lambda: self._db.execute("DELETE FROM settings WHERE key = ?", (key,))
+                )
             else:
-                self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
+                self._write(
+                    "settings",
+                    lambda: self._db.execute(
+                        "INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value)
+                    ),
+                )
 
     def setting(self, key: str) -> str | None:
         with self._lock:
@@ -365,11 +519,29 @@ class StateStore:
         return {(str(n), int(s)): int(q) for n, s, q in rows}
 
     def save_cursors(self, cursors: dict[tuple[str, int], int]) -> None:
+        """Store the highest sequence taken per (node, spool id), in one transaction; then each
+        node keeps only its SPOOLS_PER_NODE most recently seen spools."""
+        for (_, spool_id), sequence in cursors.items():
+            if not (0 <= spool_id <= MAX_STORED_INT and 0 <= sequence <= MAX_STORED_INT):
+                raise ValueError(f"cursor ({spool_id}, {sequence}) is beyond what the store keeps")
+        if not cursors:
+            return
+        now = time.time()
+        nodes = sorted({node for node, _ in cursors})
+
+        def write() -> None:
+            with self._transaction():
+                self._db.executemany(
+                    "INSERT INTO cursors (node, spool_id, last_sequence, seen_unix) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (node, spool_id) DO UPDATE SET "
+                    "last_sequence = MAX(last_sequence, excluded.last_sequence), seen_unix = excluded.seen_unix",
+                    [(n, s, q, now) for (n, s), q in cursors.items()],
+                )
+                self._db.executemany(
+                    "DELETE FROM cursors WHERE node = ? AND spool_id NOT IN (SELECT spool_id FROM cursors "
+                    "WHERE node = ? ORDER BY seen_unix DESC, spool_id LIMIT ?)",
+                    [(node, node, SPOOLS_PER_NODE) for node in nodes],
+                )
+
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "INSERT INTO cursors (node, spool_id, last_sequence) VALUES (?, ?, ?) ON CONFLICT (node, spool_id) "
-                "DO UPDATE SET last_sequence = MAX(last_sequence, excluded.last_sequence)",
-                [(n, s, q) for (n, s), q in cursors.items()],
-            )
-            self._db.execute("COMMIT")
+            self._write("cursors", write)

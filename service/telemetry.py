@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -24,6 +24,7 @@ from faultcast.readings import NodeSnapshot
 from faultcast.service.auth import AccessPolicy, AuthError, current, refuse
 from faultcast.service.limits import CallerLimits, OpenCount, TokenBucket
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.state import MAX_STORED_INT, SPOOLS_PER_NODE
 from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
@@ -55,6 +56,11 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         # One lock per (node, spool): check, store and advance happen together even when an old
         # stream of the same collector is still draining during its reconnect.
         self._key_locks: dict[tuple[str, int], threading.Lock] = {}
+        # Each node's spool ids, least recently opened first: at most SPOOLS_PER_NODE are kept.
+        self._spools: dict[str, OrderedDict[int, None]] = {}
+        for node, spool in self._last:
+            self._spools.setdefault(node, OrderedDict())[spool] = None
+        self.spools_forgotten = 0
 
     def Push(  # noqa: N802 (gRPC method name)
         self, request_iterator: Iterator[pb.PushRequest], context: grpc.ServicerContext
@@ -98,7 +104,36 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                 f"collector schema {hello.schema.schema_hash:#018x} has this service's hash but other "
                 f"scopes: {mismatch}; send the scopes exactly as Telemetry/GetSchema returns them",
             )
-        return (hello.node, hello.spool_id), None
+        if hello.spool_id > MAX_STORED_INT:
+            self._reject("malformed")
+            return ("", 0), (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"spool_id {hello.spool_id} is above 2^63-1; collectors draw spool ids below 2^63",
+            )
+        key = (hello.node, hello.spool_id)
+        self._remember_spool(key)
+        return key, None
+
+    def _remember_spool(self, key: tuple[str, int]) -> None:
+        """Keep the node's SPOOLS_PER_NODE most recently opened spools: a caller opening streams
+        with fresh spool ids forgets the oldest (whose replay, should it ever come, may then be
+        taken twice), instead of growing the cursors without bound."""
+        node, spool = key
+        with self._lock:
+            spools = self._spools.setdefault(node, OrderedDict())
+            spools[spool] = None
+            spools.move_to_end(spool)
+            while len(spools) > SPOOLS_PER_NODE:
+                oldest, _ = spools.popitem(last=False)
+                self._last.pop((node, oldest), None)
+                self._key_locks.pop((node, oldest), None)
+                self.spools_forgotten += 1
+                if self.metrics is not None:
+                    self.metrics.throttled.labels("spool_ids").inc()
+                log.warning(
+                    "node %s opened streams with more than %d spool ids; forgot the cursor of its oldest (%d)",
+                    node, SPOOLS_PER_NODE, oldest,
+                )  # fmt: skip
 
     def take(self, key: tuple[str, int], request: pb.PushRequest) -> pb.PushAck:
         """One message of an open stream: the sample taken (or refused, or a duplicate) and acked."""
@@ -119,6 +154,8 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
             self.metrics.rejects.labels(reason).inc()
 
     def _accept(self, key: tuple[str, int], sample: pb.NodeSample) -> pb.Rejection | None:
+        if key not in self._last:  # a stream whose spool was forgotten while it stayed open
+            self._remember_spool(key)
         with self._lock:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
@@ -131,6 +168,11 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
             reason = message = ""
             if sample.sequence == 0:
                 reason, message = "no_sequence", "sequence 0: collectors number samples from 1"
+            elif sample.sequence > MAX_STORED_INT:
+                # Refused and not acked: a cursor this high would make every later sample a duplicate.
+                self._reject("malformed")
+                log.warning("rejected sample %d from %s: sequence above 2^63-1", sample.sequence, key[0])
+                return pb.Rejection(sequence=sample.sequence, reason="sequence above 2^63-1")
             elif sample.node != key[0]:
                 reason, message = (
                     "wrong_node",

@@ -375,7 +375,7 @@ def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
             stream = Stream(
                 apb_grpc.AlertsStub(channel), apb.SubscribeRequest(nodes=[node], start=apb.START_FROM_HISTORY)
             )
-            assert stream.alert().id == 1
+            assert stream.alert().id > 0
             service.stopping.set()  # what stop() sets first; the stream must not claim the replay is done
             messages: list[apb.SubscribeResponse] = []
 

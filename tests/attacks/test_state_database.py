@@ -1,0 +1,107 @@
+"""A damaged state database is refused with one clear line, never taken for a fresh one; alert ids
+never go backwards, even when the database is replaced by a new one (issue 16, item 6)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from faultcast.service.state import StateError, StateStore
+from faultcast.v1 import alerts_pb2 as apb
+
+
+def _open_event(node: str = "node-0001", gpu: int = 0) -> apb.Alert:
+    return apb.Alert(node=node, gpu=gpu, state=apb.ALERT_STATE_OPEN, risk=0.5)
+
+
+def _filled(state_dir: Path, events: int = 35) -> StateStore:
+    store = StateStore.in_dir(state_dir)
+    store.append([_open_event(gpu=i % 8) for i in range(events)])
+    store.register_job("job-a", ["node-0001"])
+    store.save_setting("remediation_paused_by", "admin")
+    return store
+
+
+def _refusal(state_dir: Path) -> str:
+    with pytest.raises(StateError) as refused:
+        StateStore.in_dir(state_dir)
+    return str(refused.value)
+
+
+def test_a_zero_byte_database_is_refused_not_started_empty(tmp_path: Path) -> None:
+    _filled(tmp_path).close()
+    path = tmp_path / "faultcast-service.sqlite"
+    for leftover in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    path.write_bytes(b"")
+    message = _refusal(tmp_path)
+    assert str(path) in message and "empty" in message and "backup" in message
+    assert "\n" not in message  # one line
+
+
+def test_a_corrupt_page_is_refused_at_start(tmp_path: Path) -> None:
+    store = _filled(tmp_path, events=400)  # several pages of alert payloads
+    store.close()
+    path = tmp_path / "faultcast-service.sqlite"
+    with sqlite3.connect(path) as db:  # fold the WAL into the file, so the damage is in what is read
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    page = 4096
+    assert len(data) > 4 * page
+    data[3 * page : 3 * page + 12] = b"\xa5" * 12  # scribble over a page's b-tree header
+    path.write_bytes(bytes(data))
+    message = _refusal(tmp_path)
+    assert str(path) in message and ("damaged" in message or "cannot be read" in message)
+
+
+def test_a_half_truncated_database_is_refused_with_one_line(tmp_path: Path) -> None:
+    _filled(tmp_path, events=400).close()
+    path = tmp_path / "faultcast-service.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    message = _refusal(tmp_path)
+    assert str(path) in message and "\n" not in message
+
+
+def test_a_directory_in_place_of_the_database_is_refused_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "faultcast-service.sqlite").mkdir()
+    message = _refusal(tmp_path)
+    assert "is a directory" in message
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "faultcast-service.sqlite").write_bytes(b"not a database, but a text file\n" * 200)
+    assert "cannot be read" in _refusal(tmp_path)
+
+
+def test_alert_ids_never_go_backwards_when_the_database_is_replaced(tmp_path: Path) -> None:
+    old = _filled(tmp_path / "old", events=35)
+    last_old = old.last_id
+    old.close()
+    # The operator moved the damaged database away; the service starts on a new one.
+    new = StateStore.in_dir(tmp_path / "new")
+    (first_new,) = new.append([_open_event()])
+    assert first_new.id > last_old
+    # A subscriber that had read the old log up to its end and resumes after it misses nothing new.
+    assert [a.id for a in new.read_after(last_old)] == [first_new.id]
+    # Reopening the new database keeps counting from where it was, not from the clock again.
+    new.close()
+    again = StateStore.in_dir(tmp_path / "new")
+    (second,) = again.append([_open_event()])
+    assert second.id == first_new.id + 1
+    again.close()
+
+
+def test_an_existing_database_keeps_its_data_and_ids_across_a_restart(tmp_path: Path) -> None:
+    store = _filled(tmp_path)
+    last = store.last_id
+    store.close()
+    reopened = StateStore.in_dir(tmp_path)
+    assert reopened.last_id == last
+    assert reopened.jobs() == {"job-a": ["node-0001"]}
+    assert reopened.setting("remediation_paused_by") == "admin"
+    reopened.close()

@@ -1,0 +1,149 @@
+"""Integers from the wire are range-checked at the edge; no failed write poisons the shared database
+(issue 16, item 1). The probe: a collector pushing only for its own node sends a sequence >= 2^63;
+the cursor write died on OverflowError inside BEGIN IMMEDIATE, and from then on no node got an alert,
+RegisterJob answered OK without committing and cursors were never saved."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from faultcast import wire
+from faultcast.service.feed import push, twin_snapshots
+from faultcast.service.server import Service
+from faultcast.service.state import StateStore
+from faultcast.service.validation import Limits
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.live import TwinSource
+from faultcast.sim.schedule import Scenario
+from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from faultcast.v1 import telemetry_pb2 as tpb
+from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+
+FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
+NODE, GPU = 2, 3
+NAME = FLEET.node_name(NODE)
+ATTACKER = FLEET.node_name(0)
+FAIL_S = 10 * 3600.0
+STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)
+WAIT_S = 60.0
+
+
+def _attack(channel: grpc.Channel, sequences: list[int], spool_id: int = 7) -> list[tpb.PushAck]:
+    """The attacker's samples: real twin readings of its own node, numbered as it likes."""
+    source = TwinSource(FLEET, 0, [])
+    snapshots = [
+        replace(s, sequence=q) for s, q in zip(twin_snapshots(source, ATTACKER, len(sequences)), sequences)
+    ]
+    return push(channel, ATTACKER, snapshots, spool_id=spool_id)
+
+
+@pytest.fixture
+def served(service_model: Path, tmp_path: Path) -> Iterator[tuple[Service, grpc.Channel, Path]]:
+    model_dir = tmp_path / "model"
+    shutil.copytree(service_model, model_dir)
+    state = tmp_path / "state"
+    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+    port = service.start("127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield service, channel, state
+    channel.close()
+    if not service.stopping.is_set():
+        service.stop(0)
+
+
+def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
+    served: tuple[Service, grpc.Channel, Path],
+) -> None:
+    service, channel, state = served
+    acks = _attack(channel, [2**63, 2**64 - 1])
+    assert [len(a.rejections) for a in acks] == [1, 1]
+    assert all("2^63" in a.rejections[0].reason for a in acks)
+    assert acks[-1].acked_through == 0  # nothing taken: the next real sample is not a "duplicate"
+    later = _attack(channel, [5])
+    assert later[-1].acked_through == 5 and not later[-1].rejections
+    stub = apb_grpc.AlertsStub(channel)
+    stub.RegisterJob(apb.RegisterJobRequest(job_id="job-v", nodes=[NAME]))
+    received: queue.Queue[apb.Alert] = queue.Queue()
+    stream = stub.Subscribe(apb.SubscribeRequest(job_id="job-v"))
+
+    def listen() -> None:
+        try:
+            for event in stream:
+                if event.HasField("alert"):
+                    received.put(event.alert)
+        except grpc.RpcError:
+            pass  # cancelled at the end
+
+    threading.Thread(target=listen, daemon=True).start()
+    victim = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
+    acks = push(channel, NAME, twin_snapshots(victim, NAME, STEPS_BEFORE))
+    assert acks[-1].acked_through == STEPS_BEFORE
+    alert = received.get(timeout=WAIT_S)  # the victim node still gets its alert
+    assert alert.node == NAME and alert.state == apb.ALERT_STATE_OPEN
+    stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
+    stub.RegisterJob(apb.RegisterJobRequest(job_id="job-w", nodes=[ATTACKER]))
+    service.stop(0)
+    # What the service said it kept is on disk: read by a fresh store.
+    reopened = StateStore.in_dir(state)
+    assert set(reopened.jobs()) == {"job-v", "job-w"}
+    assert reopened.get(alert.id) is not None
+    cursors = reopened.load_cursors()
+    assert cursors[(NAME, 1)] == STEPS_BEFORE and cursors[(ATTACKER, 7)] == 5
+    reopened.close()
+
+
+def test_a_spool_id_beyond_2_63_is_refused_at_the_hello(served: tuple[Service, grpc.Channel, Path]) -> None:
+    service, channel, _ = served
+
+    def requests() -> Iterator[tpb.PushRequest]:
+        yield wire.hello(ATTACKER, 2**64 - 1)
+
+    with pytest.raises(grpc.RpcError) as refused:
+        list(tpb_grpc.TelemetryStub(channel).Push(requests()))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "spool_id" in refused.value.details()  # type: ignore[attr-defined]
+    assert service.telemetry.rejects["malformed"] == 1
+
+
+def test_a_failed_write_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """Whatever a write fails on, the next one works: the failure cannot poison the connection."""
+    store = StateStore.in_dir(tmp_path)
+    with pytest.raises(ValueError, match="beyond"):
+        store.save_cursors({("node-a", 1): 2**63})
+    store.save_cursors({("node-a", 1): 3})
+    poisoned = apb.Alert(node="node-a", gpu=0, state=apb.ALERT_STATE_OPEN, opened_id=2**64 - 1)
+    with pytest.raises(OverflowError):
+        store.append([apb.Alert(node="node-a", gpu=0, state=apb.ALERT_STATE_OPEN), poisoned])
+    (stored,) = store.append([apb.Alert(node="node-a", gpu=1, state=apb.ALERT_STATE_OPEN)])
+    store.register_job("job-a", ["node-a"])
+    store.close()
+    reopened = StateStore.in_dir(tmp_path)
+    assert reopened.load_cursors() == {("node-a", 1): 3}
+    assert [a.id for a in reopened.read_after(0)] == [stored.id]  # the failed batch left nothing
+    assert reopened.jobs() == {"job-a": ["node-a"]}
+    reopened.close()
+
+
+def test_a_collector_opening_streams_with_fresh_spool_ids_keeps_a_bounded_cursor_table(
+    served: tuple[Service, grpc.Channel, Path],
+) -> None:
+    """Issue 16, item 9: one collector made 23,122 cursor rows in 30 s with fresh spool ids."""
+    service, channel, state = served
+    for spool in range(1, 41):
+        _attack(channel, [1], spool_id=spool)
+    kept = {key for key in service.telemetry.cursors() if key[0] == ATTACKER}
+    assert kept == {(ATTACKER, spool) for spool in range(33, 41)}  # the 8 most recent
+    assert service.telemetry.spools_forgotten == 32
+    service.stop(0)
+    reopened = StateStore.in_dir(state)
+    assert {key for key in reopened.load_cursors() if key[0] == ATTACKER} == kept
+    reopened.close()
