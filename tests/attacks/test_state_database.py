@@ -37,7 +37,9 @@ def test_a_zero_byte_database_is_refused_not_started_empty(tmp_path: Path) -> No
         leftover.unlink(missing_ok=True)
     path.write_bytes(b"")
     message = _refusal(tmp_path)
-    assert str(path) in message and "empty" in message and "backup" in message
+    assert str(path) in message
+    assert "empty" in message
+    assert "backup" in message
     assert "\n" not in message  # one line
 
 
@@ -53,7 +55,8 @@ def test_a_corrupt_page_is_refused_at_start(tmp_path: Path) -> None:
     data[3 * page : 3 * page + 12] = b"\xa5" * 12  # scribble over a page's b-tree header
     path.write_bytes(bytes(data))
     message = _refusal(tmp_path)
-    assert str(path) in message and ("damaged" in message or "cannot be read" in message)
+    assert str(path) in message
+    assert "damaged" in message or "cannot be read" in message
 
 
 def test_a_half_truncated_database_is_refused_with_one_line(tmp_path: Path) -> None:
@@ -64,7 +67,8 @@ def test_a_half_truncated_database_is_refused_with_one_line(tmp_path: Path) -> N
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     message = _refusal(tmp_path)
-    assert str(path) in message and "\n" not in message
+    assert str(path) in message
+    assert "\n" not in message
 
 
 def test_a_directory_in_place_of_the_database_is_refused_with_one_line(tmp_path: Path) -> None:

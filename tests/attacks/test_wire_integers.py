@@ -5,9 +5,7 @@ RegisterJob answered OK without committing and cursors were never saved."""
 
 from __future__ import annotations
 
-import queue
 import shutil
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,28 +18,22 @@ from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.server import Service
 from faultcast.service.state import StateStore
 from faultcast.service.validation import Limits
-from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
-from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+from tests.attacks.victim import FLEET, NAME, STEPS_BEFORE, Subscriber, push_victim
 
-FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
-NODE, GPU = 2, 3
-NAME = FLEET.node_name(NODE)
 ATTACKER = FLEET.node_name(0)
-FAIL_S = 10 * 3600.0
-STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)
-WAIT_S = 60.0
 
 
 def _attack(channel: grpc.Channel, sequences: list[int], spool_id: int = 7) -> list[tpb.PushAck]:
     """The attacker's samples: real twin readings of its own node, numbered as it likes."""
     source = TwinSource(FLEET, 0, [])
     snapshots = [
-        replace(s, sequence=q) for s, q in zip(twin_snapshots(source, ATTACKER, len(sequences)), sequences)
+        replace(s, sequence=q)
+        for s, q in zip(twin_snapshots(source, ATTACKER, len(sequences)), sequences, strict=False)
     ]
     return push(channel, ATTACKER, snapshots, spool_id=spool_id)
 
@@ -69,27 +61,16 @@ def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
     assert all("2^63" in a.rejections[0].reason for a in acks)
     assert acks[-1].acked_through == 0  # nothing taken: the next real sample is not a "duplicate"
     later = _attack(channel, [5])
-    assert later[-1].acked_through == 5 and not later[-1].rejections
-    stub = apb_grpc.AlertsStub(channel)
-    stub.RegisterJob(apb.RegisterJobRequest(job_id="job-v", nodes=[NAME]))
-    received: queue.Queue[apb.Alert] = queue.Queue()
-    stream = stub.Subscribe(apb.SubscribeRequest(job_id="job-v"))
-
-    def listen() -> None:
-        try:
-            for event in stream:
-                if event.HasField("alert"):
-                    received.put(event.alert)
-        except grpc.RpcError:
-            pass  # cancelled at the end
-
-    threading.Thread(target=listen, daemon=True).start()
-    victim = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
-    acks = push(channel, NAME, twin_snapshots(victim, NAME, STEPS_BEFORE))
+    assert later[-1].acked_through == 5
+    assert not later[-1].rejections
+    subscriber = Subscriber(channel)
+    acks = push_victim(channel)
     assert acks[-1].acked_through == STEPS_BEFORE
-    alert = received.get(timeout=WAIT_S)  # the victim node still gets its alert
-    assert alert.node == NAME and alert.state == apb.ALERT_STATE_OPEN
-    stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
+    alert = subscriber.next_alert()  # the victim node still gets its alert
+    assert alert.node == NAME
+    assert alert.state == apb.ALERT_STATE_OPEN
+    subscriber.close()
+    stub = apb_grpc.AlertsStub(channel)
     stub.RegisterJob(apb.RegisterJobRequest(job_id="job-w", nodes=[ATTACKER]))
     service.stop(0)
     # What the service said it kept is on disk: read by a fresh store.
@@ -97,7 +78,8 @@ def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
     assert set(reopened.jobs()) == {"job-v", "job-w"}
     assert reopened.get(alert.id) is not None
     cursors = reopened.load_cursors()
-    assert cursors[(NAME, 1)] == STEPS_BEFORE and cursors[(ATTACKER, 7)] == 5
+    assert cursors[(NAME, 1)] == STEPS_BEFORE
+    assert cursors[(ATTACKER, 7)] == 5
     reopened.close()
 
 
@@ -109,8 +91,8 @@ def test_a_spool_id_beyond_2_63_is_refused_at_the_hello(served: tuple[Service, g
 
     with pytest.raises(grpc.RpcError) as refused:
         list(tpb_grpc.TelemetryStub(channel).Push(requests()))
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-    assert "spool_id" in refused.value.details()  # type: ignore[attr-defined]
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "spool_id" in str(refused.value.details())
     assert service.telemetry.rejects["malformed"] == 1
 
 
