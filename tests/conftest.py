@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -53,3 +55,25 @@ def service_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("service-model")
     train(open_dataset(data), out, TrainConfig(num_boost_round=80, negative_rate=0.05))
     return out
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB filesystem (tmpfs) to fill up. Mounting needs root: outside CI the tests that
+    use it are skipped without; in CI (CI=true) they fail instead, so the check cannot go quiet."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        reason = f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}"
+        missing_part(reason)
+    try:
+        yield where
+    finally:
+        # Lazily: a test that failed may still hold a spool open there.
+        subprocess.run(["umount", "--lazy", str(where)], check=True)

@@ -1,10 +1,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -210,30 +207,6 @@ def test_a_failing_spool_is_counted_and_the_scrapes_go_on(
 
 
 # -- a real full filesystem ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 4 MiB filesystem (tmpfs) to fill up. Mounting needs root: outside CI the tests that
-    use it are skipped without; in CI (CI=true) they fail instead, so the check cannot go quiet."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        reason = f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    try:
-        yield where
-    finally:
-        # Lazily: a test that failed may still hold a spool open there.
-        subprocess.run(["umount", "--lazy", str(where)], check=True)
 
 
 def test_on_a_full_disk_the_oldest_are_dropped_and_the_spool_grows_again_when_room_returns(
