@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from concurrent.futures import Executor
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from faultcast.model.artifact import FaultModel
-from faultcast.service.auth import AccessPolicy, AuthError, Principal, current, refuse
+from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, current, refuse
+from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
@@ -28,11 +30,14 @@ from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
 _POLL_S = 0.5  # how often a quiet stream checks that its subscriber is still there
 _BATCH = 1000  # events read from the log at a time
+_SQL_NODES = 64  # a live stream's nodes are filtered by SQLite up to this many, beyond by Python
 HEAD_ID_KEY = "faultcast-head-id"  # trailing metadata of an OUT_OF_RANGE refusal: the log's head
 _ACK_ACTIONS = ", ".join(name for name, value in apb.AckAction.items() if value != apb.ACK_ACTION_UNSPECIFIED)
 _STARTS = ", ".join(apb.StartFrom.keys())
+_SQLITE_MAX = 2**63 - 1  # the state database stores signed 64-bit integers
 
 Refusal = tuple[grpc.StatusCode, str]
+T = TypeVar("T")
 
 
 class Operations(Protocol):
@@ -57,11 +62,26 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         policy: AccessPolicy | None = None,
         *,
         serving_model: Callable[[], FaultModel],
+        limits: CallerLimits | None = None,
+        on_throttle: Callable[[str], None] = lambda what: None,
     ) -> None:
         """`policy`: who may read and acknowledge what (None: no checks, a servicer under test);
-        `serving_model`: the model serving now (it changes on reload), described in CaughtUp."""
+        `serving_model`: the model serving now (it changes on reload), described in CaughtUp;
+        `limits`: nodes per job and subscriptions per job, refusals reported to `on_throttle`."""
         self.store, self.remediator, self.stopping = store, remediator, stopping
         self.on_subscribers, self.policy, self.serving_model = on_subscribers, policy, serving_model
+        self.limits, self.on_throttle = limits or CallerLimits(), on_throttle
+        self.job_subscribers = OpenCount(self.limits.job_subscribers)
+
+    def _too_many_nodes(self, named: int) -> Refusal | None:
+        """More nodes than a job may hold: each Subscribe and listing filters the log by them."""
+        if named <= self.limits.job_nodes:
+            return None
+        self.on_throttle("job_nodes")
+        return (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{named} nodes named; a job holds at most {self.limits.job_nodes}",
+        )
 
     def _authorize(self, job_id: str, nodes: list[str], peer: str) -> Refusal | None:
         """A trainer names its own job, and only nodes registered to it; else the refusal."""
@@ -119,7 +139,9 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         A coroutine on the server's event loop (a thread each would cap subscribers); waiting for
         new events happens on the loop's executor, half a second at a time."""
         # Authorization first: whether another job exists is not a stranger's business.
-        refusal = self._authorize(request.job_id, list(request.nodes), context.peer())
+        refusal = self._too_many_nodes(len(request.nodes)) or self._authorize(
+            request.job_id, list(request.nodes), context.peer()
+        )
         nodes: list[str] = []
         if refusal is None:
             nodes, refusal = self._resolve(request.job_id, list(request.nodes))
@@ -137,9 +159,16 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 trailing_metadata=((HEAD_ID_KEY, str(head)),),
             )
         principal = current() if self.policy is not None else None
-        await context.send_initial_metadata(())  # the subscriber sees the subscription is open
+        job = request.job_id  # the job whose subscriptions this one counts against
+        if job and not self.job_subscribers.enter(job):
+            self.on_throttle("job_subscribers")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"job {job!r} has {self.limits.job_subscribers} subscriptions open already",
+            )
         self.on_subscribers(1)
         try:
+            await context.send_initial_metadata(())  # the subscriber sees the subscription is open
             cursor = request.resume_after
             if request.resume_after == 0 and request.start in (
                 apb.START_FROM_UNSPECIFIED,
@@ -164,22 +193,39 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE, "the service is stopping; resume after the last id"
                 )
-            cursor = head
             yield self._caught_up(head)
-            loop = asyncio.get_running_loop()
-            while not self.stopping.is_set():
-                await self._still_valid(principal, context)
-                seen = self.store.last_id
-                batch = self.store.read_after(cursor, nodes, _BATCH)
-                for alert in batch:
-                    yield apb.SubscribeResponse(alert=alert)
-                    cursor = alert.id
-                if len(batch) == 0:
-                    # Nothing for these nodes up to `seen`: skip past it, then wait for more.
-                    cursor = max(cursor, seen)
-                    await loop.run_in_executor(None, self.store.wait_beyond, seen, _POLL_S)
+            async for alert in self._live(head, nodes, principal, context):
+                yield apb.SubscribeResponse(alert=alert)
         finally:
             self.on_subscribers(-1)
+            if job:
+                self.job_subscribers.leave(job)
+
+    async def _live(
+        self,
+        cursor: int,
+        nodes: list[str],
+        principal: Principal | None,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[apb.Alert]:
+        """The events of `nodes` after `cursor`, as they are appended. An idle stream makes no
+        query; a long node list is matched here, not by SQLite (the few new events cost less to
+        check than thousands of names bound to every read, on the event loop)."""
+        wanted = frozenset(nodes) if len(nodes) > _SQL_NODES else None
+        loop = asyncio.get_running_loop()
+        while not self.stopping.is_set():
+            await self._still_valid(principal, context)
+            seen = self.store.last_id
+            if seen > cursor:
+                batch = self.store.read_after(cursor, None if wanted else nodes, _BATCH)
+                for alert in batch:
+                    cursor = alert.id
+                    if wanted is None or alert.node in wanted:
+                        yield alert
+                if len(batch) == _BATCH:
+                    continue  # more may be waiting
+                cursor = max(cursor, seen)  # nothing more for these nodes up to `seen`
+            await loop.run_in_executor(None, self.store.wait_beyond, seen, _POLL_S)
 
     async def _still_valid(
         self, principal: Principal | None, context: grpc.aio.ServicerContext[Any, Any]
@@ -200,7 +246,9 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         return apb.AcknowledgeResponse(accepted=True, remediation=self.remediator.on_ack(ack))
 
     def _check_ack(self, request: apb.AcknowledgeRequest, peer: str) -> Refusal | None:
-        """Why the acknowledgement is refused, or None."""
+        """Why the acknowledgement is refused, or None. The caller is authorised before anything is
+        looked up; to a trainer, an alert that does not exist is refused like another job's, so
+        the answer tells it nothing of alerts outside its own nodes."""
         if request.action not in apb.AckAction.values() or request.action == apb.ACK_ACTION_UNSPECIFIED:
             return (
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -211,6 +259,8 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "job_id is required: the registered job running on the alert's node",
             )
+        if request.step > _SQLITE_MAX:
+            return grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step} is beyond 2^63-1, the largest kept"
         refusal = self._authorize(request.job_id, [], peer)  # a trainer acts for its own job only
         if refusal is not None:
             return refusal
@@ -221,7 +271,16 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 f"job {request.job_id!r} is not registered: RegisterJob with its nodes first, so that "
                 "remediation knows what to requeue",
             )
-        alert = self.store.get(request.alert_id)
+        alert = self.store.get(request.alert_id)  # None too for an id beyond what SQLite holds
+        if not self._reads_every_alert() and (alert is None or alert.node not in registered):
+            if alert is not None:
+                self._authorize(request.job_id, [alert.node], peer)  # counts the attempt
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job {request.job_id!r} has no alert event {request.alert_id} to acknowledge: a job "
+                "acknowledges only alerts of the nodes it is registered on",
+            )
+        # An admin reads every alert anyway: the precise answer tells it nothing new.
         if alert is None:
             return grpc.StatusCode.NOT_FOUND, f"no alert event {request.alert_id}"
         if alert.state != apb.ALERT_STATE_OPEN:
@@ -230,9 +289,6 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 f"event {request.alert_id} is the CLEARED event of alert {alert.opened_id}; acknowledge "
                 f"the alert by its opened_id {alert.opened_id}",
             )
-        refusal = self._authorize(request.job_id, [alert.node], peer)  # counted as an auth refusal
-        if refusal is not None:
-            return refusal
         if alert.node not in registered:
             return (
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -242,12 +298,18 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             )
         return None
 
+    def _reads_every_alert(self) -> bool:
+        """Admins (and every caller with --insecure) may read any alert."""
+        return self.policy is None or current().role is Role.ADMIN
+
     def ListActiveAlerts(  # noqa: N802
         self, request: apb.ListActiveAlertsRequest, context: grpc.ServicerContext
     ) -> apb.ListActiveAlertsResponse:
         """The newest event of each open alert, oldest alert first, read from the log together with
         its head id (a listing and then Subscribe(resume_after=head_id) leave no gap)."""
-        refusal = self._authorize(request.job_id, list(request.nodes), context.peer())
+        refusal = self._too_many_nodes(len(request.nodes)) or self._authorize(
+            request.job_id, list(request.nodes), context.peer()
+        )
         if refusal is not None:
             context.abort(*refusal)
         nodes = (
@@ -261,40 +323,51 @@ class AlertsServicer(apb_grpc.AlertsServicer):
     def RegisterJob(  # noqa: N802
         self, request: apb.RegisterJobRequest, context: grpc.ServicerContext
     ) -> apb.RegisterJobResponse:
-        """Set the job's nodes (replacing an earlier registration)."""
+        """Set the job's nodes (replacing an earlier registration), at most `limits.job_nodes`."""
         if not request.job_id or not request.nodes:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
-        if not all(is_host_name(node) for node in request.nodes):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
         if self.policy is not None:
             try:
                 self.policy.check_job(current(), request.job_id, registering=True)
             except AuthError as denied:
                 context.abort(*refuse(self.policy, denied, context.peer()))
+        refusal = self._too_many_nodes(len(request.nodes))  # before the names are read one by one
+        if refusal is not None:
+            context.abort(*refusal)
+        if not all(is_host_name(node) for node in request.nodes):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
         self.store.register_job(request.job_id, list(request.nodes))
         return apb.RegisterJobResponse()
 
 
 class AdminServicer(apb_grpc.AdminServicer):
-    def __init__(self, operations: Operations) -> None:
-        self.operations = operations
+    """ReloadModel, GetRemediation, SetRemediation: coroutines on the server's event loop that run
+    their work on `executor`, which no other call uses, so that no load of other calls (the shared
+    worker threads all busy) keeps an admin from pausing remediation."""
 
-    def ReloadModel(  # noqa: N802
-        self, request: apb.ReloadModelRequest, context: grpc.ServicerContext
+    def __init__(self, operations: Operations, executor: Executor) -> None:
+        self.operations, self.executor = operations, executor
+
+    async def _run(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
+
+    async def ReloadModel(  # noqa: N802
+        self, request: apb.ReloadModelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> apb.ReloadModelResponse:
-        loaded, version, error = self.operations.reload(request.path or None)
+        loaded, version, error = await self._run(self.operations.reload, request.path or None)
         return apb.ReloadModelResponse(loaded=loaded, model_version=version, error=error)
 
-    def GetRemediation(  # noqa: N802
-        self, request: apb.GetRemediationRequest, context: grpc.ServicerContext
+    async def GetRemediation(  # noqa: N802
+        self, request: apb.GetRemediationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> apb.RemediationSettings:
-        return self.operations.remediation_settings()
+        return await self._run(self.operations.remediation_settings)
 
-    def SetRemediation(  # noqa: N802
-        self, request: apb.SetRemediationRequest, context: grpc.ServicerContext
+    async def SetRemediation(  # noqa: N802
+        self, request: apb.SetRemediationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> apb.RemediationSettings:
+        by = str(current())  # here: the executor's threads do not see the call's context
         try:
-            return self.operations.set_remediation(request, str(current()))
+            return await self._run(self.operations.set_remediation, request, by)
         except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raised already; for the type checker

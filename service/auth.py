@@ -1,10 +1,11 @@
 """Who may call what: callers' identities and the service's authorization policy.
 
-Every call except health checks passes the `AuthInterceptor`: it identifies the caller (a bearer
-token from the tokens file, else a client certificate's SPIFFE ID), refuses a role the method does
-not admit, and leaves the principal where the servicers find it (`current()`), because only they
-see what a request names: a collector pushes only for the node it is, a trainer reads and
-acknowledges only its own job's alerts, an admin reloads models and sets remediation.
+Every call passes the `AuthInterceptor`: it refuses a request that does not decode, identifies the
+caller (a bearer token from the tokens file, else a client certificate's SPIFFE ID; health checks
+need no identity), refuses a role the method does not admit, and leaves the principal where the
+servicers find it (`current()`), because only they see what a request names: a collector pushes
+only for the node it is, a trainer reads and acknowledges only its own job's alerts, an admin
+reloads models and sets remediation.
 
 A method this table does not name is refused (fail closed), except the reflection service, which
 any authenticated caller may use. `--insecure` admits every call as `INSECURE`, which may do all.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from faultcast.service.limits import CallerLimits, CallLimiter, OpenCount
 from faultcast.service.metrics import ServiceMetrics
@@ -272,15 +274,18 @@ class AccessPolicy:
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Admits each call (identity and role), then holds the caller to its share: unary calls
-    through a token bucket per caller, Subscribe streams under a cap per caller."""
+    through a token bucket per caller, Subscribe streams under a cap per caller. Health calls
+    need no identity. A request that does not decode is refused with INVALID_ARGUMENT and
+    counted (`on_malformed`), for every method: gRPC would answer UNKNOWN and log a traceback."""
 
     def __init__(
         self,
         policy: AccessPolicy,
         limits: CallerLimits | None = None,
         on_throttle: Callable[[str], None] = lambda what: None,
+        on_malformed: Callable[[], None] = lambda: None,
     ) -> None:
-        self.policy, self.on_throttle = policy, on_throttle
+        self.policy, self.on_throttle, self.on_malformed = policy, on_throttle, on_malformed
         limits = limits or CallerLimits()
         self.calls = CallLimiter(limits.calls_per_s, limits.call_burst)
         self.subscribers = OpenCount(limits.subscribers_per_caller)
@@ -293,9 +298,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler:
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(OPEN_PREFIXES):
+        if handler is None:
             return handler
+        method = handler_call_details.method
         guarded = self._guarded.get(method)
         if guarded is None:
             guarded = self._guarded[method] = _guarded(handler, self, method)
@@ -312,6 +317,23 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{principal}: too many calls; back off and retry"
         return principal
 
+    def enter(
+        self, request: Any, context: Any, call: _Call
+    ) -> Principal | tuple[grpc.StatusCode, str] | None:
+        """The caller (None for health, which needs no identity), or the status refusing the call."""
+        if request is MALFORMED:
+            return self.malformed()
+        if call.open:
+            return None
+        return self.admit(context, call.method, unary=call.unary)
+
+    def malformed(self) -> tuple[grpc.StatusCode, str]:
+        self.on_malformed()
+        return (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "the request is not a valid protobuf message of the method's type",
+        )
+
     @staticmethod
     def caller(principal: Principal, context: Any) -> str:
         """Whose share a call counts against: the identity, or without one (--insecure) the host."""
@@ -320,21 +342,69 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return f"{principal.role.value}/{principal.name}"
 
 
-def _wrap(behavior: Any, gate: AuthInterceptor, method: str, *, unary: bool, subscription: bool) -> Any:
+class _Malformed:
+    """What a request that does not decode becomes: the guarded handler refuses it."""
+
+
+MALFORMED = _Malformed()
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer`, answering MALFORMED instead of raising (gRPC runs it before any handler)."""
+    if deserializer is None:
+        return None
+    read = deserializer
+
+    def lenient(data: bytes) -> Any:
+        try:
+            return read(data)
+        except DecodeError:
+            return MALFORMED
+
+    return lenient
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    method: str
+    unary: bool  # one request, one answer: counted against the caller's call rate
+    subscription: bool  # one request, a stream of answers (Subscribe): capped per caller
+    request_stream: bool  # its messages are checked as they are read
+    open: bool  # health: no identity needed
+
+
+async def _checked(requests: AsyncIterator[Any], context: Any, gate: AuthInterceptor) -> AsyncIterator[Any]:
+    async for request in requests:
+        if request is MALFORMED:
+            await context.abort(*gate.malformed())
+        yield request
+
+
+def _checked_sync(requests: Iterator[Any], context: Any, gate: AuthInterceptor) -> Iterator[Any]:
+    for request in requests:
+        if request is MALFORMED:
+            context.abort(*gate.malformed())
+        yield request
+
+
+def _wrap(behavior: Any, gate: AuthInterceptor, call: _Call) -> Any:
     """The same kind of callable as `behavior` (coroutine, async generator, generator, function):
-    the server runs each kind differently. It admits the caller, then runs the behaviour with
-    the principal in `current()`."""
+    the server runs each kind differently. It checks the request and admits the caller, then runs
+    the behaviour with the principal in `current()`."""
     if inspect.isasyncgenfunction(behavior):
 
         async def async_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            admitted = gate.admit(context, method, unary=False)
+            admitted = gate.enter(request, context, call)
             if isinstance(admitted, tuple):
                 await context.abort(*admitted)
                 return
-            _current.set(admitted)
+            if admitted is not None:
+                _current.set(admitted)
+            if call.request_stream:
+                request = _checked(request, context, gate)
             # A request answered with a stream (Subscribe) is capped per caller; Push streams are
             # capped per node by the telemetry servicer.
-            caller = gate.caller(admitted, context) if subscription else ""
+            caller = gate.caller(admitted, context) if call.subscription and admitted is not None else ""
             if caller and not gate.subscribers.enter(caller):
                 gate.on_throttle("subscribers")
                 await context.abort(
@@ -353,29 +423,38 @@ def _wrap(behavior: Any, gate: AuthInterceptor, method: str, *, unary: bool, sub
     if inspect.iscoroutinefunction(behavior):
 
         async def coroutine(request: Any, context: Any) -> Any:
-            admitted = gate.admit(context, method, unary=unary)
+            admitted = gate.enter(request, context, call)
             if isinstance(admitted, tuple):
                 await context.abort(*admitted)
-            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
+            if admitted is not None:
+                _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
+            if call.request_stream:
+                request = _checked(request, context, gate)
             return await behavior(request, context)
 
         return coroutine
     if inspect.isgeneratorfunction(behavior):
 
         def stream(request: Any, context: Any) -> Iterator[Any]:
-            admitted = gate.admit(context, method, unary=False)
+            admitted = gate.enter(request, context, call)
             if isinstance(admitted, tuple):
                 context.abort(*admitted)
-            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
+            if admitted is not None:
+                _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
+            if call.request_stream:
+                request = _checked_sync(request, context, gate)
             yield from behavior(request, context)
 
         return stream
 
     def function(request: Any, context: Any) -> Any:
-        admitted = gate.admit(context, method, unary=unary)
+        admitted = gate.enter(request, context, call)
         if isinstance(admitted, tuple):
             context.abort(*admitted)
-        _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
+        if admitted is not None:
+            _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
+        if call.request_stream:
+            request = _checked_sync(request, context, gate)
         return behavior(request, context)
 
     return function
@@ -389,11 +468,16 @@ def _guarded(handler: Handler, gate: AuthInterceptor, method: str) -> Handler:
         (True, True): (grpc.stream_stream_rpc_method_handler, handler.stream_stream),
     }
     make, behavior = kinds[(handler.request_streaming, handler.response_streaming)]
-    unary = not handler.request_streaming and not handler.response_streaming
-    subscription = not handler.request_streaming and handler.response_streaming
+    call = _Call(
+        method,
+        unary=not handler.request_streaming and not handler.response_streaming,
+        subscription=not handler.request_streaming and handler.response_streaming,
+        request_stream=handler.request_streaming,
+        open=method.startswith(OPEN_PREFIXES),
+    )
     return make(
-        _wrap(behavior, gate, method, unary=unary, subscription=subscription),
-        request_deserializer=handler.request_deserializer,
+        _wrap(behavior, gate, call),
+        request_deserializer=_lenient(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
 

@@ -20,6 +20,10 @@ from faultcast.tls import TLSConfigError, add_server_arguments, server_tls
 
 log = logging.getLogger(__name__)
 
+# After SIGTERM the service stops in a few seconds (gRPC grace 2 s, then thread joins); past this,
+# something is stuck, and a process that neither serves nor exits is worse than one that exits.
+_STOP_LIMIT_S = 60.0
+
 
 def add_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="the prediction service: ingest, scoring, alerts, remediation")
@@ -29,7 +33,7 @@ def add_parser(commands: Any) -> None:
     serve.add_argument("--state-dir", type=Path, required=True, help="the durable alert log and cursors")
     serve.add_argument(
         "--max-threads", type=int, default=256,
-        help="threads for the alert and admin calls; each open Subscribe holds one (collectors' streams do not)",
+        help="threads for the alerts' unary calls (admins' calls have their own; no open stream holds one)",
     )  # fmt: skip
     serve.add_argument("--port-file", type=Path, help="write the bound gRPC port here once serving")
     serve.add_argument(
@@ -172,8 +176,11 @@ def run_serve(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     port = service.start(args.listen, max_threads=args.max_threads, tls=tls)
-    if args.prometheus_port:
-        start_http_server(args.prometheus_port, registry=service.metrics.registry)
+    exporter = (
+        start_http_server(args.prometheus_port, registry=service.metrics.registry)[0]
+        if args.prometheus_port
+        else None
+    )
     done = threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -205,5 +212,24 @@ def run_serve(args: argparse.Namespace) -> int:
     while not done.wait(0.5):
         pass
     log.info("stopping")
+    _exit_if_stuck(_STOP_LIMIT_S)
     service.stop()
+    if exporter is not None:  # /metrics goes with the service: Prometheus must see it down
+        exporter.shutdown()
+        exporter.server_close()
+    log.info("stopped")
     return 0
+
+
+def _exit_if_stuck(limit_s: float) -> None:
+    """Exit the process `limit_s` from now if it is still there, whatever holds it: the stop, or a
+    thread the interpreter waits for on exit (a daemon thread runs on while it waits)."""
+
+    def give_up() -> None:
+        log.critical("not stopped %.0f s after the signal; exiting without a clean stop", limit_s)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(limit_s, give_up)
+    timer.daemon = True
+    timer.start()

@@ -6,7 +6,11 @@
   the scoring queue stays bounded and collectors keep their samples in their spools meanwhile.
 - At most `streams_per_node` open Push streams per node (a reconnecting collector needs two).
 - Unary calls: a token bucket per caller, RESOURCE_EXHAUSTED when empty (the client backs off).
-- At most `subscribers_per_caller` open Subscribe streams per caller.
+- At most `subscribers_per_caller` open Subscribe streams per caller, and `job_subscribers` per job
+  named (whoever opened them).
+- At most `job_nodes` nodes per job (RegisterJob), or named in one request: every Subscribe and
+  listing of the job filters its alerts by them.
+- At most `health_watches` open health Watch streams in all (they need no identity).
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ class CallerLimits:
     calls_per_s: float = 100.0  # unary calls per caller (a job's ranks share one identity)
     call_burst: int = 2_000
     subscribers_per_caller: int = 1_024
+    job_nodes: int = 4_096  # the largest jobs run on a few thousand nodes; SQLite takes 32,766 names
+    job_subscribers: int = 1_024  # a guard per node (README), as many as one identity may open
+    health_watches: int = 1_024  # a few per client that watches; Check holds nothing open
 
     def __post_init__(self) -> None:
         for name in ("push_samples_per_s", "push_burst", "streams_per_node", "max_backlog", "calls_per_s",
-                     "call_burst", "subscribers_per_caller"):  # fmt: skip
+                     "call_burst", "subscribers_per_caller", "job_nodes", "job_subscribers",
+                     "health_watches"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from concurrent import futures
@@ -16,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from faultcast.model.alert_content import ActionPolicy
 from faultcast.model.artifact import FaultModel, ModelError, load
@@ -24,6 +25,7 @@ from faultcast.readings import NodeSnapshot
 from faultcast.service.alerting import AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
+from faultcast.service.health import ALL, Health
 from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
@@ -47,6 +49,8 @@ SERVICE_NAMES = (
     apb.DESCRIPTOR.services_by_name["Admin"].full_name,
 )
 _CURSOR_SAVE_S = 1.0
+_ADMIN_THREADS = 4  # admins' calls only: a pause must not queue behind anyone else's work
+_LOOP_WAIT_S = 10.0  # for the event loop to finish what it was handed (then the caller goes on)
 _SILENCE_CHECK_S = 1.0  # how often the scoring thread looks for nodes gone silent
 
 
@@ -108,8 +112,12 @@ class Service:
         self._aio_loop: asyncio.AbstractEventLoop | None = None
         self._aio_thread: threading.Thread | None = None
         self._pool: futures.ThreadPoolExecutor | None = None
+        self._admin_pool: futures.ThreadPoolExecutor | None = None
         self._cursor_thread: threading.Thread | None = None
-        self._health = health.HealthServicer()
+        # What health checks answer; `health.set_serving(...)` from any thread (service/health.py).
+        self.health = Health(
+            SERVICE_NAMES, max_watches=self.caller_limits.health_watches, on_throttle=self._throttled
+        )
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
         self._describe(model)
@@ -119,6 +127,9 @@ class Service:
 
     def _throttled(self, what: str) -> None:
         self.metrics.throttled.labels(what).inc()
+
+    def _malformed(self) -> None:
+        self.metrics.rejects.labels("malformed_message").inc()
 
     @property
     def model(self) -> FaultModel:
@@ -229,6 +240,8 @@ class Service:
         window = (
             request.drain_window_seconds if request.HasField("drain_window_seconds") else breaker.window_s
         )
+        if not math.isfinite(window):  # the breaker takes NaN (NaN <= 0 is False): a window never ending
+            raise ValueError(f"drain_window_seconds must be a finite number of seconds, not {window}")
         breaker.resize(max_drains, window)
         if request.HasField("paused"):
             self.remediator.paused_by = by if request.paused else None
@@ -249,9 +262,10 @@ class Service:
         the port is plaintext: only with an insecure policy, and a warning says so.
 
         The server is `grpc.aio` on its own event loop: every collector keeps a Push stream open,
-        and one loop carries them all (a sync server needs a thread per open stream). The other
-        services are plain methods run on `max_threads` threads; each Subscribe holds one while
-        it is open, so that many subscribers at most."""
+        and one loop carries them all (a sync server needs a thread per open stream), as do
+        Subscribe and health Watch streams: an open stream holds no thread. Acknowledge,
+        ListActiveAlerts and RegisterJob are plain methods run on `max_threads` shared threads;
+        admins' calls run on threads of their own, so that no load of others can hold them back."""
         if tls is None and not self.policy.insecure:
             raise ValueError(
                 "a policy that authenticates callers needs TLS (certificates and tokens travel in it)"
@@ -282,15 +296,15 @@ class Service:
         port = asyncio.run_coroutine_threadsafe(
             self._serve(address, max_threads, credentials), self._aio_loop
         ).result()
-        for name in ("", *SERVICE_NAMES):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.health.set_serving(ALL, True).result(timeout=_LOOP_WAIT_S)
         return port
 
     async def _serve(self, address: str, max_threads: int, credentials: grpc.ServerCredentials | None) -> int:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="faultcast-rpc")
+        self._admin_pool = futures.ThreadPoolExecutor(_ADMIN_THREADS, thread_name_prefix="faultcast-admin")
         server = grpc.aio.server(
             migration_thread_pool=self._pool,
-            interceptors=[AuthInterceptor(self.policy, self.caller_limits, self._throttled)],
+            interceptors=[AuthInterceptor(self.policy, self.caller_limits, self._throttled, self._malformed)],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         telemetry = AsyncTelemetryServicer(
@@ -300,11 +314,11 @@ class Service:
         tpb_grpc.add_TelemetryServicer_to_server(telemetry, server)
         alerts = AlertsServicer(
             self.store, self.remediator, self.stopping, self.metrics.subscribers.inc, self.policy,
-            serving_model=lambda: self.model,
+            serving_model=lambda: self.model, limits=self.caller_limits, on_throttle=self._throttled,
         )  # fmt: skip
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
-        apb_grpc.add_AdminServicer_to_server(AdminServicer(self), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        apb_grpc.add_AdminServicer_to_server(AdminServicer(self, self._admin_pool), server)
+        self.health.attach(server, asyncio.get_running_loop())
         enable_reflection(
             server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         )
@@ -320,20 +334,29 @@ class Service:
         return port
 
     async def _shutdown(self, server: grpc.aio.Server, grace_s: float) -> None:
-        await server.stop(grace_s)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        await server.stop(grace_s)  # after the grace period every call still open is cancelled
+        for pool in (self._pool, self._admin_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         # Subscribers wait on the loop's executor (half a second at most): let them finish first.
         await asyncio.get_running_loop().shutdown_default_executor()
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """Stop taking requests, finish the waiting scores, save the cursors, close the state."""
-        self._health.enter_graceful_shutdown()
+        """Stop taking requests, finish the waiting scores, save the cursors, close the state.
+        Bounded whatever is open: calls still open after `grace_s` are cancelled, and no open
+        stream holds a thread."""
+        self.health.enter_graceful_shutdown()  # before the server stops: watchers see NOT_SERVING
         self.stopping.set()
         with self._work:
             self._work.notify_all()
         if self._server is not None and self._aio_loop is not None:
-            asyncio.run_coroutine_threadsafe(self._shutdown(self._server, grace_s), self._aio_loop).result()
+            stopped = asyncio.run_coroutine_threadsafe(self._shutdown(self._server, grace_s), self._aio_loop)
+            try:
+                stopped.result(timeout=grace_s + _LOOP_WAIT_S)
+            except TimeoutError:
+                log.error(
+                    "the gRPC server did not stop within %.0f s; stopping the rest", grace_s + _LOOP_WAIT_S
+                )
             self._aio_loop.call_soon_threadsafe(self._aio_loop.stop)
             if self._aio_thread is not None:
                 self._aio_thread.join(timeout=10)
