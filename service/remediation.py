@@ -18,6 +18,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -130,7 +131,9 @@ class RetryPolicy:
 
 
 class CircuitBreaker:
-    """Allows at most `max_nodes` distinct nodes to be taken out per `window_s` of event time."""
+    """Allows at most `max_nodes` distinct nodes to be taken out per `window_s` of its owner's clock.
+    The owner keeps its window across restarts (`admissions`, `restore`): a service in a crash loop
+    must not start each run with a fresh allowance."""
 
     def __init__(self, max_nodes: int = 4, window_s: float = 3600.0) -> None:
         if max_nodes < 1 or window_s <= 0:
@@ -149,8 +152,7 @@ class CircuitBreaker:
 
     def allow(self, node: str, now_s: float) -> bool:
         with self._lock:
-            while self._taken and self._taken[0][0] <= now_s - self.window_s:
-                self._taken.popleft()
+            self._expire(now_s)
             if any(n == node for _, n in self._taken):
                 return True  # the same node again costs nothing more
             if len(self._taken) >= self.max_nodes:
@@ -163,3 +165,23 @@ class CircuitBreaker:
         """True when the next new node would be refused."""
         with self._lock:
             return sum(1 for t, _ in self._taken if t > now_s - self.window_s) >= self.max_nodes
+
+    def admissions(self, now_s: float) -> list[tuple[float, str]]:
+        """(time, node) of each node taken out within the window at `now_s`, oldest first."""
+        with self._lock:
+            self._expire(now_s)
+            return list(self._taken)
+
+    def restore(self, admissions: Iterable[tuple[float, str]]) -> None:
+        """Count again nodes an earlier run took out (times on this breaker's clock); a node listed
+        twice counts once, at its latest time (the longer it counts, the safer)."""
+        with self._lock:
+            latest: dict[str, float] = {}
+            for t, node in [*self._taken, *admissions]:
+                latest[node] = max(t, latest.get(node, t))
+            self._taken = deque(sorted((t, node) for node, t in latest.items()))
+
+    def _expire(self, now_s: float) -> None:
+        """Forget admissions that left the window (the lock held)."""
+        while self._taken and self._taken[0][0] <= now_s - self.window_s:
+            self._taken.popleft()

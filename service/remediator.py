@@ -16,6 +16,16 @@ once, when it first admits it. After the last attempt the remediation is "failed
 each attempt are on disk first, so a service killed mid-remediation carries it on at the next
 start (`resume`), with the attempts it already made counted: the actuator may then see one alert
 twice (the kill came after it acted, before the outcome was stored), which actuators tolerate.
+
+A restart keeps the rest too, in the store's settings in wall-clock time (the monotonic clock
+means nothing to the next process): the breaker's window, written before the actuator runs, so a
+crash loop cannot take out more nodes than one run may; and each grace deadline, so the drain comes
+at opened + grace whatever restarts came between, at once if it passed while the service was down.
+
+A write the store refuses (full disk, I/O error) stops nothing for good: it is counted, the work
+is kept (a claim, breaker admission or attempt count not written means the actuator has not run; an
+outcome not written is written later, the drain not repeated) and tried again every
+`store_retry_s` until the store takes writes.
 """
 
 from __future__ import annotations
@@ -24,10 +34,12 @@ import heapq
 import json
 import logging
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import TypeVar
 
 from faultcast.service.alerting import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
@@ -38,16 +50,25 @@ from faultcast.v1 import alerts_pb2 as apb
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+T = TypeVar("T")
+
+# Settings (StateStore.save_setting) that carry remediation across a restart, in unix time.
+GRACE_DEADLINES_KEY = "remediation_grace_deadlines"  # {opened_id: when its grace period ends}
+BREAKER_WINDOW_KEY = "remediation_breaker_window"  # [[when, node], ...] admitted within the window
+# Clear reasons after which a grace timer has nothing to do (others may be the failure itself).
+_RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
 
 
 @dataclass(frozen=True, slots=True)
 class _Task:
     """One remediation to attempt; `claimed` once its store row exists (a retry, or one resumed
-    after a restart), `admitted` once this process's circuit breaker has counted its node."""
+    after a restart), `admitted` once this process's circuit breaker has counted its node, `grace`
+    when its grace timer queued it (the deadline stays on disk until the claim is)."""
 
     remediation: Remediation
     claimed: bool = False
     admitted: bool = False
+    grace: bool = False
 
 
 def _plural(count: int, word: str) -> str:
@@ -65,47 +86,183 @@ class Remediator:
         breaker: CircuitBreaker | None = None,
         retry: RetryPolicy | None = None,
         clock: Clock = time.monotonic,
+        wall: Clock = time.time,
         rng: random.Random | None = None,
+        store_retry_s: float = 1.0,
     ) -> None:
+        """`clock` times everything in this process; `wall` dates what is kept for the next one.
+        `store_retry_s`: how soon work the store refused to record is tried again."""
         self.store, self.actuator, self.metrics = store, actuator, metrics
-        self.grace_s, self.clock = grace_s, clock
+        self.grace_s, self.clock, self.wall, self.store_retry_s = grace_s, clock, wall, store_retry_s
         self.breaker = breaker or CircuitBreaker()
         # Who paused remediation (SetRemediation), None while it runs; kept across restarts.
         self.paused_by: str | None = store.setting("remediation_paused_by")
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
-        self._deadlines: list[tuple[float, int]] = []  # (clock time, opened_id): grace timers
+        self._deadlines: list[tuple[float, int]] = []  # (clock time, opened_id): grace timers to look at
+        self._grace: dict[int, float] = {}  # opened_id -> clock time its grace ends, until it is settled
+        self._grace_dirty = False  # _grace changed since it was last written
+        self._save_lock = threading.Lock()  # what is persisted is written in the order it was read
         self._timed: set[int] = set()  # alerts whose grace timer started (once per alert)
         self._draining: dict[str, int] = {}  # node -> the alert it was last taken out for
         self._retry_at: list[tuple[float, int]] = []  # (clock time, alert id): backoff timers
         self._retrying: dict[int, _Task] = {}  # alert id -> the task its backoff timer runs
         self._work: list[_Task] = []
+        self._stalled: list[_Task] = []  # tasks a refused write stopped before the actuator ran
+        self._unwritten: list[tuple[Remediation, str, str]] = []  # outcomes the store refused
+        self._store_retry_at: float | None = None  # clock time to try refused writes again
+        self._store_failing = False  # for the log: one line when writes fail, one when they work again
         self._cv = threading.Condition()
         self._stopping = False
         self._resumed = False
         self._thread: threading.Thread | None = None
         self.done: list[tuple[Remediation, str, str]] = []  # (what, outcome, detail), in order
+        self._breaker_saved: list[tuple[float, str]] = []  # the breaker's window as last written
+        self._restore_breaker()
+        self._restore_grace()
         # Every outcome exists from the start, so the first failure shows in increase().
         for outcome in ("ok", "failed", "refused"):
             metrics.remediations.labels(actuator.name, outcome)
         metrics.circuit_open.set_function(lambda: 1.0 if self.breaker.is_open(self.clock()) else 0.0)
         metrics.remediation_retries_pending.set_function(lambda: float(len(self._retrying)))
 
+    # -- what a restart keeps -----------------------------------------------------------------
+
+    def _saved(self, key: str) -> object:
+        raw = self.store.setting(key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            log.error("state setting %s is unreadable (%r); going on without it", key, raw[:200])
+            return None
+
+    def _restore_breaker(self) -> None:
+        """Count again the nodes earlier runs took out within the window."""
+        saved = self._saved(BREAKER_WINDOW_KEY)
+        now, wall = self.clock(), self.wall()
+        admissions = []
+        for entry in saved if isinstance(saved, list) else []:
+            match entry:
+                case [int() | float() as at, str() as node]:
+                    # A wall clock set back since makes an admission count from now: longer, not shorter.
+                    admissions.append((now - max(0.0, wall - at), node))
+        self.breaker.restore(admissions)
+        self._breaker_saved = self.breaker.admissions(now)
+
+    def _save_breaker(self) -> None:
+        """Write the breaker's window when it changed; raises when the store refuses."""
+        now, wall = self.clock(), self.wall()
+        with self._save_lock:
+            taken = self.breaker.admissions(now)
+            if taken == self._breaker_saved:
+                return
+            value = json.dumps([[round(wall - (now - at), 3), node] for at, node in taken]) if taken else None
+            self._write(
+                "the circuit breaker's window", lambda: self.store.save_setting(BREAKER_WINDOW_KEY, value)
+            )
+            self._breaker_saved = taken
+
+    def _restore_grace(self) -> None:
+        """Arm the grace timers an earlier run left, at their original deadlines."""
+        saved = self._saved(GRACE_DEADLINES_KEY)
+        now, wall = self.clock(), self.wall()
+        for key, due in saved.items() if isinstance(saved, dict) else ():
+            if str(key).isdigit() and isinstance(due, int | float):
+                # A wall clock set back since must not stretch a deadline past a full grace period.
+                self._arm(int(key), now + min(due - wall, self.grace_s))
+
+    def _arm(self, opened_id: int, due: float) -> None:
+        """Start the alert's grace timer (the lock held, or before the worker runs)."""
+        self._timed.add(opened_id)
+        self._grace[opened_id] = due
+        heapq.heappush(self._deadlines, (due, opened_id))
+
+    def _settle(self, opened_id: int) -> None:
+        """The alert's grace timer has nothing left to do: forget its deadline."""
+        with self._cv:
+            if self._grace.pop(opened_id, None) is not None:
+                self._grace_dirty = True
+
+    def _save_grace(self) -> None:
+        """Write the grace deadlines when they changed; kept to be written later when refused."""
+        with self._save_lock:
+            with self._cv:
+                if not self._grace_dirty:
+                    return
+                self._grace_dirty = False
+                now, wall = self.clock(), self.wall()
+                due = {str(k): round(wall + (at - now), 3) for k, at in sorted(self._grace.items())}
+            value = json.dumps(due) if due else None
+            try:
+                self._write("grace deadlines", lambda: self.store.save_setting(GRACE_DEADLINES_KEY, value))
+            except sqlite3.OperationalError as exc:  # the timers still run here; only a kill would lose them
+                self._store_trouble(exc)
+                with self._cv:
+                    self._grace_dirty = True
+                    self._retry_store_later()
+
+    # -- writes the store may refuse -----------------------------------------------------------
+
+    def _write(self, what: str, write: Callable[[], T]) -> T:
+        """A store write; a refusal (full disk, I/O error) is counted and raised for the caller to
+        keep its work."""
+        try:
+            result = write()
+        except sqlite3.OperationalError:
+            self.metrics.state_write_failures.labels("remediation").inc()
+            raise
+        if self._store_failing:
+            self._store_failing = False
+            log.warning("the state database takes remediation's writes again (%s); carrying on", what)
+        return result
+
+    def _store_trouble(self, exc: sqlite3.Error) -> None:
+        """Say once that the store fails (each failed write is counted in _write)."""
+        if not self._store_failing:
+            self._store_failing = True
+            log.error(
+                "the state database failed remediation (%s): the work is kept and tried again every %.0f s; "
+                "no node is taken out before its claim is on disk",
+                exc, self.store_retry_s,
+            )  # fmt: skip
+
+    def _retry_store_later(self) -> None:
+        """Try refused writes again after store_retry_s (the lock held)."""
+        at = self.clock() + self.store_retry_s
+        if self._store_retry_at is None or at < self._store_retry_at:
+            self._store_retry_at = at
+        self._cv.notify_all()
+
     # -- inputs -----------------------------------------------------------------------------
 
     def on_alerts(self, alerts: Sequence[apb.Alert]) -> None:
         """A listener on the alert book: start the grace timer of each alert the first time one of
-        its events recommends snapshot-and-migrate."""
+        its events recommends snapshot-and-migrate; forget it once the risk fell."""
         with self._cv:
             for alert in alerts:
                 migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
                 key = alert.opened_id or alert.id
+                if alert.state == apb.ALERT_STATE_CLEARED and alert.clear_reason in _RISK_FELL:
+                    self._settle(key)
+                    continue
                 if alert.state != apb.ALERT_STATE_OPEN or not migrate or key in self._timed:
                     continue
-                if self._job_on(alert.node):
-                    self._timed.add(key)
-                    heapq.heappush(self._deadlines, (self.clock() + self.grace_s, key))
+                if self._may_have_job(alert.node):
+                    self._arm(key, self.clock() + self.grace_s)
+                    self._grace_dirty = True
             self._cv.notify_all()
+        self._save_grace()  # on disk before the alert is a second old, if the store takes it
+
+    def _may_have_job(self, node: str) -> bool:
+        """Whether a registered job runs on `node`; True when the store cannot say (the timer
+        checks again when it fires)."""
+        try:
+            return bool(self._job_on(node))
+        except sqlite3.OperationalError as exc:
+            self._store_trouble(exc)
+            return True
 
     def _newest(self, alert_id: int) -> apb.Alert | None:
         """The newest event of the alert that event `alert_id` belongs to (its CLEARED event once it
@@ -132,7 +289,7 @@ class Remediator:
             return f"noted; alert {alert.opened_id} recommends {what}: {alert.node} stays in service"
         if ack.action != apb.ACK_ACTION_SNAPSHOT_DONE:
             return f"noted; {alert.node} is drained after SNAPSHOT_DONE or in {self.grace_s:.0f} s"
-        return self._queue(alert, ack.job_id, ack.checkpoint_uri)
+        return self._queue(alert, ack.job_id, ack.checkpoint_uri)[1]
 
     # -- the decision -----------------------------------------------------------------------
 
@@ -142,35 +299,35 @@ class Remediator:
                 return job
         return ""
 
-    def _queue(self, alert: apb.Alert, job_id: str, checkpoint_uri: str) -> str:
+    def _queue(
+        self, alert: apb.Alert, job_id: str, checkpoint_uri: str, *, grace: bool = False
+    ) -> tuple[bool, str]:
+        """Queue the alert's remediation; (whether it was queued, what the service does, in words)."""
         job = job_id or self._job_on(alert.node)
         if not job:
-            return f"no registered job on {alert.node}: nothing to remediate"
+            return False, f"no registered job on {alert.node}: nothing to remediate"
         claimed = self.store.remediation(alert.opened_id)
         if claimed is not None:
             doing = "being remediated" if claimed[0] == "pending" else "already remediated"
-            return f"alert {alert.opened_id} is {doing}"
+            return False, f"alert {alert.opened_id} is {doing}"
         other = self._taken_out_for(alert.node, alert.opened_id)
         if other is not None:
-            return f"{alert.node} is already being taken out for alert {other}: not drained twice"
+            return False, f"{alert.node} is already being taken out for alert {other}: not drained twice"
         remediation = Remediation(
             alert_id=alert.opened_id, node=alert.node, gpu=alert.gpu, mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk, job_id=job, requeue=True, checkpoint_uri=checkpoint_uri,
         )  # fmt: skip
         with self._cv:
-            self._work.append(_Task(remediation))
+            self._work.append(_Task(remediation, grace=grace))
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
             self._cv.notify_all()
-        return f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
+        return True, f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
 
     def _risk_fell(self, opened_id: int) -> bool:
         """Whether the alert cleared because its risk fell back (its other endings, a GPU gone dark or
         a node gone silent, may be the failure itself: the node still goes)."""
         event = self.store.cleared_event(opened_id)
-        return event is not None and event.clear_reason in (
-            apb.CLEAR_REASON_RISK_FELL,
-            apb.CLEAR_REASON_SUPERSEDED,
-        )
+        return event is not None and event.clear_reason in _RISK_FELL
 
     def _taken_out_for(self, node: str, opened_id: int) -> int | None:
         """Another alert, still open, that `node` is being (or was) taken out for, if any: queued in
@@ -190,49 +347,57 @@ class Remediator:
     def resume(self) -> int:
         """Queue the remediations an earlier run claimed and never finished (it was killed, or
         stopped while they waited for a retry); returns how many. Once per Remediator: `start`
-        calls it, tests call it before `run_once`."""
+        calls it (and the worker again while the store cannot be read), tests call it before
+        `run_once`."""
         with self._cv:
             if self._resumed:
                 return 0
             self._resumed = True
+        try:
+            self._rearm_grace()
+            pending = self.store.pending_remediations()
+        except BaseException:
+            with self._cv:
+                self._resumed = False  # nothing queued yet: the next call starts over
+            raise
         tasks = []
-        for pending in self.store.pending_remediations():
-            remediation = self._request(pending)
+        for p in pending:
+            remediation = self._request(p)
             if remediation is None:
                 continue
-            if pending.attempts >= self.retry.max_attempts:
-                last = pending.detail or "no outcome stored"
+            if p.attempts >= self.retry.max_attempts:
+                last = p.detail or "no outcome stored"
                 self._finish(
                     remediation, "failed",
-                    f"{last}; gave up after {_plural(pending.attempts, 'attempt')} (the last cut off by a restart)",
+                    f"{last}; gave up after {_plural(p.attempts, 'attempt')} (the last cut off by a restart)",
                 )  # fmt: skip
                 continue
             log.warning(
                 "alert %d: remediation of %s left unfinished by an earlier run (%s begun); carrying on",
-                pending.alert_id, pending.node, _plural(pending.attempts, "attempt"),
+                p.alert_id, p.node, _plural(p.attempts, "attempt"),
             )  # fmt: skip
             tasks.append(_Task(remediation, claimed=True))
         with self._cv:
             self._work.extend(tasks)
             self._cv.notify_all()
-        self._rearm_grace()
+        self._save_grace()
         return len(tasks)
 
     def _rearm_grace(self) -> None:
-        """Grace timers live in memory: after a restart, every open snapshot-and-migrate alert on a
-        registered job's node that nobody claimed, acknowledged with SNAPSHOT_DONE or declined gets
-        a full grace period again."""
+        """Every open snapshot-and-migrate alert on a registered job's node that nobody claimed or
+        declined and whose deadline did not reach the disk (a version that kept none, or a write
+        refused before a kill) gets a full grace period from now."""
         for alert in self.store.open_alerts():
             if alert.action != apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE or not self._job_on(alert.node):
                 continue
-            if self.store.remediation(alert.opened_id) is not None:
+            if alert.opened_id in self._timed or self.store.remediation(alert.opened_id) is not None:
                 continue
             if any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert.opened_id)):
                 continue
             with self._cv:
                 if alert.opened_id not in self._timed:
-                    self._timed.add(alert.opened_id)
-                    heapq.heappush(self._deadlines, (self.clock() + self.grace_s, alert.opened_id))
+                    self._arm(alert.opened_id, self.clock() + self.grace_s)
+                    self._grace_dirty = True
 
     def _request(self, pending: PendingRemediation) -> Remediation | None:
         """The stored request of a pending remediation; one that cannot be read is finished as
@@ -254,58 +419,147 @@ class Remediator:
             due.append(heapq.heappop(timers)[1])
         return due
 
+    def _timeout(self, wait_s: float) -> float:
+        """How long the worker may sleep: until the next timer, at most `wait_s` (the lock held)."""
+        now = self.clock()
+        nexts = [timers[0][0] for timers in (self._deadlines, self._retry_at) if timers]
+        if self._store_retry_at is not None:
+            nexts.append(self._store_retry_at)
+        return min([wait_s, *(max(0.0, at - now) for at in nexts)])
+
+    def _refused_due(self) -> tuple[list[_Task], list[tuple[Remediation, str, str]]]:
+        """The work the store refused, once it is time to try again (the lock held)."""
+        if self._store_retry_at is None or self._store_retry_at > self.clock():
+            return [], []
+        self._store_retry_at = None
+        stalled, self._stalled = self._stalled, []
+        unwritten, self._unwritten = self._unwritten, []
+        return stalled, unwritten
+
     def run_once(self, wait_s: float = 0.0) -> int:
-        """Fire due grace and backoff timers and carry out queued remediations; returns how many
-        attempts were made."""
+        """Fire due grace and backoff timers, write refused outcomes and carry out queued
+        remediations; returns how many were taken up."""
         with self._cv:
             if wait_s > 0 and not self._work and not self._stopping:
-                timeout = wait_s
-                for timers in (self._deadlines, self._retry_at):
-                    if timers:
-                        timeout = min(timeout, max(0.0, timers[0][0] - self.clock()))
-                self._cv.wait(timeout)
+                self._cv.wait(self._timeout(wait_s))
             due = self._due(self._deadlines)
             retries = [self._retrying.pop(alert_id) for alert_id in self._due(self._retry_at)]
-        for alert_id in due:
-            alert = self._newest(alert_id)
-            # DECLINED leaves the node to the operator. A SNAPSHOT_DONE does not stop the timer: one
-            # given under snapshot-and-migrate queued the drain already (the claim stops a second),
-            # and one given while the alert only asked for a snapshot says nothing about the move.
-            if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert_id)):
-                continue
-            if self._risk_fell(alert_id):
-                log.info(
-                    "alert %d: the risk fell back before the grace period ended; nothing to do", alert_id
-                )
-                continue
-            log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
-            self._queue(alert, "", "")
+            stalled, unwritten = self._refused_due()
+        for r, outcome, detail in unwritten:
+            if self._store_outcome(r, outcome, detail):
+                self._finished(r, outcome, detail)
+        self._fire_all(due)
         with self._cv:
-            work, self._work = retries + self._work, []
-        for task in work:
-            self._attempt(task)
+            work, self._work = retries + stalled + self._work, []
+        self._attempt_all(work)
+        with self._cv:
+            backing_off = self._store_retry_at is not None
+        if not backing_off:
+            self._save_grace()
         return len(work)
+
+    def _fire_all(self, due: list[int]) -> None:
+        for i, alert_id in enumerate(due):
+            try:
+                self._fire(alert_id)
+            except sqlite3.OperationalError as exc:  # the store could not be read: look again later
+                self._store_trouble(exc)
+                with self._cv:
+                    heapq.heappush(self._deadlines, (self.clock() + self.store_retry_s, alert_id))
+            except BaseException:
+                with self._cv:  # the timers not yet looked at stay armed (firing again queues nothing twice)
+                    for later in due[i:]:
+                        heapq.heappush(self._deadlines, (self.clock(), later))
+                raise
+
+    def _fire(self, alert_id: int) -> None:
+        """The alert's grace period ended: remediate unless it was declined or the risk fell."""
+        with self._cv:
+            if alert_id not in self._grace:
+                return  # settled meanwhile
+        alert = self._newest(alert_id)
+        # DECLINED leaves the node to the operator. A SNAPSHOT_DONE does not stop the timer: one
+        # given under snapshot-and-migrate queued the drain already (the claim stops a second),
+        # and one given while the alert only asked for a snapshot says nothing about the move.
+        if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert_id)):
+            self._settle(alert_id)
+            return
+        if self._risk_fell(alert_id):
+            log.info("alert %d: the risk fell back before the grace period ended; nothing to do", alert_id)
+            self._settle(alert_id)
+            return
+        log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
+        queued, _ = self._queue(alert, "", "", grace=True)
+        if not queued:
+            self._settle(alert_id)
+
+    def _attempt_all(self, work: list[_Task]) -> None:
+        for i, task in enumerate(work):
+            try:
+                self._attempt(task)
+            except BaseException:
+                # The tasks not yet tried are kept; the one that raised is on disk if it was claimed,
+                # for the next start (trying it again here might drain twice).
+                with self._cv:
+                    self._work[:0] = work[i + 1 :]
+                raise
 
     def _attempt(self, task: _Task) -> None:
         r = task.remediation
-        if not task.claimed and (
-            self._taken_out_for(r.node, r.alert_id) is not None
-            or not self.store.claim_remediation(r.alert_id, r.node, self.actuator.name, json.dumps(asdict(r)))
-        ):
+        try:
+            if not task.claimed:
+                if not self._claim(task):
+                    return
+                task = replace(task, claimed=True)
+            if not task.admitted:
+                if not self._admit(r):
+                    return
+                task = replace(task, admitted=True)
+            attempts = self._write(
+                "an attempt", lambda: self.store.begin_attempt(r.alert_id, self.actuator.name)
+            )
+        except sqlite3.OperationalError as exc:  # nothing done yet: again once the store takes writes
+            self._store_trouble(exc)
+            with self._cv:
+                self._stalled.append(task)
+                self._retry_store_later()
             return
-        if not task.admitted and self.paused_by is not None:
+        self._act(task, attempts)
+
+    def _claim(self, task: _Task) -> bool:
+        """Claim the alert on disk; False when it is not remediated here (claimed before, or its
+        node is being taken out for another alert)."""
+        r = task.remediation
+        if self._taken_out_for(r.node, r.alert_id) is not None:
+            if task.grace:
+                self._settle(r.alert_id)
+            return False
+        request = json.dumps(asdict(r))
+        claimed = self._write(
+            "a claim", lambda: self.store.claim_remediation(r.alert_id, r.node, self.actuator.name, request)
+        )
+        self._settle(r.alert_id)  # claimed, now or before: its grace timer has nothing left to do
+        return claimed
+
+    def _admit(self, r: Remediation) -> bool:
+        """Whether the node may go (finished as refused otherwise); its admission is on disk first."""
+        if self.paused_by is not None:
             self._finish(r, "refused", f"remediation paused by {self.paused_by}; {r.node} left in service")
-            return
+            return False
         # The breaker counts the node once, at its first attempt here: a retry takes out no more
         # nodes, and must not be refused because the window moved on meanwhile.
-        if not task.admitted and not self.breaker.allow(r.node, self.clock()):
+        if not self.breaker.allow(r.node, self.clock()):
             detail = (
                 f"circuit breaker: {self.breaker.max_nodes} nodes already taken out in "
                 f"{self.breaker.window_s:.0f} s; {r.node} left in service"
             )
             self._finish(r, "refused", detail)
-            return
-        attempts = self.store.begin_attempt(r.alert_id, self.actuator.name)
+            return False
+        self._save_breaker()  # before the actuator runs: a kill right after must not forget the node
+        return True
+
+    def _act(self, task: _Task, attempts: int) -> None:
+        r = task.remediation
         if attempts > 1:
             self.metrics.remediation_retries.inc()
         try:
@@ -321,7 +575,12 @@ class Remediator:
             self._finish(r, "failed", f"{detail}; gave up after {_plural(attempts, 'attempt')}")
         else:
             delay_s = self.retry.delay_s(attempts, self._rng.random())
-            self.store.note_failed_attempt(r.alert_id, detail)
+            try:
+                self._write(
+                    "why an attempt failed", lambda: self.store.note_failed_attempt(r.alert_id, detail)
+                )
+            except sqlite3.OperationalError as exc:  # only the reason is lost; the retry goes on
+                self._store_trouble(exc)
             with self._cv:
                 self._retrying[r.alert_id] = replace(task, claimed=True, admitted=True)
                 heapq.heappush(self._retry_at, (self.clock() + delay_s, r.alert_id))
@@ -332,7 +591,29 @@ class Remediator:
             )  # fmt: skip
 
     def _finish(self, r: Remediation, outcome: str, detail: str) -> None:
-        self.store.finish_remediation(r.alert_id, outcome, detail)
+        if self._store_outcome(r, outcome, detail):
+            self._finished(r, outcome, detail)
+            return
+        log.warning(
+            "remediation of alert %d on %s: %s (%s); the outcome is written once the state database "
+            "takes writes (the remediation stays pending there meanwhile)",
+            r.alert_id, r.node, outcome, detail,
+        )  # fmt: skip
+
+    def _store_outcome(self, r: Remediation, outcome: str, detail: str) -> bool:
+        """Write the outcome; False when the store refused it (kept, to be written later)."""
+        try:
+            self._write("an outcome", lambda: self.store.finish_remediation(r.alert_id, outcome, detail))
+        except sqlite3.OperationalError as exc:
+            self._store_trouble(exc)
+            with self._cv:
+                self._unwritten.append((r, outcome, detail))
+                self._retry_store_later()
+            return False
+        return True
+
+    def _finished(self, r: Remediation, outcome: str, detail: str) -> None:
+        """The outcome is on disk: count it, and say it."""
         self.metrics.remediations.labels(self.actuator.name, outcome).inc()
         with self._cv:
             self.done.append((r, outcome, detail))
@@ -349,13 +630,25 @@ class Remediator:
     # -- the worker -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.resume()
+        try:
+            self.resume()
+        except sqlite3.OperationalError as exc:  # the worker tries again
+            self._store_trouble(exc)
         self._thread = threading.Thread(target=self._loop, name="faultcast-remediator", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stopping:
-            self.run_once(wait_s=1.0)
+            try:
+                self.resume()
+                self.run_once(wait_s=1.0)
+            except Exception:
+                # A bug, or the store failing where nothing expected it: what was not yet tried is
+                # kept (run_once puts it back); the worker goes on after a pause instead of dying.
+                log.exception("remediator: unexpected error; carrying on")
+                self.metrics.thread_restarts.labels("remediator").inc()
+                with self._cv:
+                    self._cv.wait_for(lambda: self._stopping, self.store_retry_s)
 
     def stop(self) -> None:
         with self._cv:
