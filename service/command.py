@@ -145,6 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from faultcast.service.auth import AccessPolicy, TokenBook
     from faultcast.service.metrics import ServiceMetrics
     from faultcast.service.server import Service
+    from faultcast.service.state import StateError
 
     metrics = ServiceMetrics()
     try:
@@ -172,7 +173,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 trainers_register=args.job_registration == "trainer", metrics=metrics,
             ),
         )  # fmt: skip
-    except ModelError as exc:
+    except (ModelError, StateError) as exc:  # one line: what is wrong and what to do
         log.error("%s", exc)
         return 2
     port = service.start(args.listen, max_threads=args.max_threads, tls=tls)

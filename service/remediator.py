@@ -44,7 +44,7 @@ from typing import TypeVar
 from faultcast.service.alerting import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation import Actuator, CircuitBreaker, Remediation, RetryPolicy
-from faultcast.service.state import Ack, PendingRemediation, StateStore
+from faultcast.service.state import Ack, PendingRemediation, StateStore, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -210,8 +210,9 @@ class Remediator:
         keep its work."""
         try:
             result = write()
-        except sqlite3.OperationalError:
-            self.metrics.state_write_failures.labels("remediation").inc()
+        except sqlite3.OperationalError as exc:
+            if not isinstance(exc, StateWriteError):  # the store counts its own (on_write_failed)
+                self.metrics.state_write_failures.labels("remediation").inc()
             raise
         if self._store_failing:
             self._store_failing = False

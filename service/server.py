@@ -8,6 +8,7 @@ the edges: arrival times (ingest lag, latency) and grace timers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
@@ -32,7 +33,8 @@ from faultcast.service.reflection import enable_reflection
 from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
-from faultcast.service.state import StateStore
+from faultcast.service.state import StateStore, StateWriteError
+from faultcast.service.supervise import start_supervised
 from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.validation import Limits
 from faultcast.tls import ServerTLS
@@ -81,7 +83,16 @@ class Service:
         self.policy = policy or AccessPolicy(insecure=True, metrics=self.metrics)
         self.caller_limits = caller_limits or CallerLimits()
         model = load(model_dir)  # a bad artifact at start is fatal: there is nothing to serve
-        self.store = StateStore.in_dir(state_dir)
+        self._warn_if_blind(model)
+        # What health checks answer; `health.set_serving(...)` from any thread (service/health.py).
+        self.health = Health(
+            SERVICE_NAMES, max_watches=self.caller_limits.health_watches, on_throttle=self._throttled
+        )
+        self.stopping = threading.Event()
+        # A damaged database is fatal (StateError): starting over in its place would lose the log.
+        self.store = StateStore.in_dir(
+            state_dir, on_writable=self._on_writable, on_write_failed=self._on_write_failed
+        )
         self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
         self.book = AlertBook(
             model,
@@ -89,6 +100,7 @@ class Service:
             self.metrics,
             actions=actions or ActionPolicy(),
             silent_after_steps=silent_after_steps,
+            stopping=self.stopping,
         )
         self.remediator = Remediator(
             self.store,
@@ -103,7 +115,6 @@ class Service:
         self.telemetry = TelemetryServicer(
             self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.load_cursors()
         )
-        self.stopping = threading.Event()
         self._work = threading.Condition()
         self._ready = 0  # completed steps waiting to be scored
         self.latest_event_s = 0.0  # event time of the newest sample taken (the demo's clock)
@@ -114,10 +125,6 @@ class Service:
         self._pool: futures.ThreadPoolExecutor | None = None
         self._admin_pool: futures.ThreadPoolExecutor | None = None
         self._cursor_thread: threading.Thread | None = None
-        # What health checks answer; `health.set_serving(...)` from any thread (service/health.py).
-        self.health = Health(
-            SERVICE_NAMES, max_watches=self.caller_limits.health_watches, on_throttle=self._throttled
-        )
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
         self._describe(model)
@@ -127,6 +134,36 @@ class Service:
 
     def _throttled(self, what: str) -> None:
         self.metrics.throttled.labels(what).inc()
+
+    def _on_write_failed(self, what: str) -> None:
+        self.metrics.state_write_failures.labels(what).inc()
+
+    def _on_writable(self, writable: bool, why: str) -> None:
+        """The state database stopped taking writes, or takes them again: health and the gauge say
+        so (probes and load balancers look elsewhere; FaultcastStateUnwritable fires)."""
+        self.metrics.state_writable.set(1.0 if writable else 0.0)
+        self.health.set_serving(ALL, writable)
+        if writable:
+            log.warning("the state database %s takes writes again; serving", self.store.path)
+        else:
+            log.error(
+                "the state database %s refuses writes (%s): health is NOT_SERVING; what could not be "
+                "written is held and retried",
+                self.store.path, why,
+            )  # fmt: skip
+
+    def _restarted(self, thread: str) -> None:
+        self.metrics.thread_restarts.labels(thread).inc()
+
+    @staticmethod
+    def _warn_if_blind(model: FaultModel) -> None:
+        # Training writes a threshold of 1 when none met the false-alarm budget: it never alerts.
+        if model.threshold >= 1.0:
+            log.error(
+                "model %s has alert threshold %.6g: it never raises an alert (training found no threshold "
+                "within the false-alarm budget); give it one with `faultcast goodput --apply` or retrain",
+                model_version(model), model.threshold,
+            )  # fmt: skip
 
     def _malformed(self) -> None:
         self.metrics.rejects.labels("malformed_message").inc()
@@ -178,7 +215,10 @@ class Service:
             now = self.telemetry.cursors()
             moved = {key: seq for key, seq in now.items() if saved.get(key) != seq}
             if moved:
-                self.store.save_cursors(moved)
+                try:
+                    self.store.save_cursors(moved)
+                except StateWriteError:
+                    continue  # reported by the store; what moved is saved at the next try
             saved = now
 
     def _loop(self) -> None:
@@ -192,6 +232,8 @@ class Service:
                 if time.monotonic() - checked >= _SILENCE_CHECK_S:
                     checked = time.monotonic()
                     self.book.check_silence()
+            except StateWriteError:
+                return  # only while stopping: the alert book logged the events it could not store
             except Exception:  # a scoring bug must not stop ingest; it is logged and counted
                 log.exception("scoring failed; the samples of this tick are lost, the service goes on")
                 self.metrics.rejects.labels("scoring_error").inc()
@@ -214,6 +256,7 @@ class Service:
                 self.metrics.model_reloads.labels("rejected").inc()
                 log.error("model reload refused, the old model keeps serving: %s", exc)
                 return False, model_version(self.model), str(exc)
+            self._warn_if_blind(model)
             carried = self.scorer.swap_model(model)
             self.book.swap_model(model, carried)
             self.model_dir = target
@@ -281,12 +324,8 @@ class Service:
                 "read and acknowledge alerts, reload the model and set remediation",
                 address,
             )
-        self._thread = threading.Thread(target=self._loop, name="faultcast-scoring", daemon=True)
-        self._thread.start()
-        self._cursor_thread = threading.Thread(
-            target=self._save_cursors, name="faultcast-cursors", daemon=True
-        )
-        self._cursor_thread.start()
+        self._thread = start_supervised("scoring", self._loop, self.stopping, self._restarted)
+        self._cursor_thread = start_supervised("cursors", self._save_cursors, self.stopping, self._restarted)
         self.remediator.start()
         self._aio_loop = asyncio.new_event_loop()
         self._aio_thread = threading.Thread(
@@ -296,7 +335,7 @@ class Service:
         port = asyncio.run_coroutine_threadsafe(
             self._serve(address, max_threads, credentials), self._aio_loop
         ).result()
-        self.health.set_serving(ALL, True).result(timeout=_LOOP_WAIT_S)
+        self.health.set_serving(ALL, self.store.writable).result(timeout=_LOOP_WAIT_S)
         return port
 
     async def _serve(self, address: str, max_threads: int, credentials: grpc.ServerCredentials | None) -> int:
@@ -363,9 +402,13 @@ class Service:
         for thread in (self._thread, self._cursor_thread):
             if thread is not None:
                 thread.join(timeout=10)
-        self.score_now()
+        with contextlib.suppress(StateWriteError):  # the alert book logged what it could not store
+            self.score_now()
         self.remediator.stop()
-        self.store.save_cursors(self.telemetry.cursors())
+        try:
+            self.store.save_cursors(self.telemetry.cursors())
+        except StateWriteError as exc:
+            log.error("%s; collectors will replay the samples since the last saved cursors", exc)
         self.store.close()
 
     def wait(self) -> None:

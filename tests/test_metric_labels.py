@@ -20,6 +20,8 @@ from faultcast.service.metrics import (
     BLANK_REASONS,
     MODEL_RELOAD_OUTCOMES,
     REJECT_REASONS,
+    STATE_WRITES,
+    THREADS,
     THROTTLED_WHAT,
     ServiceMetrics,
 )
@@ -34,6 +36,8 @@ LISTS: dict[str, tuple[str, ...]] = {
     "auth_denied": AUTH_DENIED_REASONS,
     "throttled": THROTTLED_WHAT,
     "model_reloads": MODEL_RELOAD_OUTCOMES,
+    "thread_restarts": THREADS,
+    "state_write_failures": STATE_WRITES,
 }
 # Callables that take a label value on the counter's behalf: name -> (counter, argument position).
 CARRIERS: dict[str, tuple[str, int]] = {
@@ -42,6 +46,8 @@ CARRIERS: dict[str, tuple[str, int]] = {
     "AuthError": ("auth_denied", 1),
     "on_throttle": ("throttled", 0),
     "_throttled": ("throttled", 0),
+    "_checked_write": ("state_write_failures", 0),  # StateStore._checked_write("jobs", ...)
+    "start_supervised": ("thread_restarts", 0),
 }
 
 
@@ -117,6 +123,8 @@ issues["h"] += 1
 reason, message = "i", "text"
 reason = "j"
 self.metrics.model_reloads.labels("k").inc()
+self._checked_write("l", lambda: db.execute("..."))
+start_supervised("m", self._loop, self.stopping, self._restarted)
 metrics.rejects.labels(variable).inc()
 log.warning("not a label %s", "x")
 other.labels("y")
@@ -127,6 +135,8 @@ other.labels("y")
         "auth_denied": {"d"},
         "throttled": {"f", "g"},
         "model_reloads": {"k"},
+        "state_write_failures": {"l"},
+        "thread_restarts": {"m"},
     }
 
 

@@ -351,6 +351,10 @@ def test_a_remediation_left_pending_by_an_older_version_is_surfaced_as_failed(tm
     path = tmp_path / "faultcast-service.sqlite"
     with sqlite3.connect(path) as db:  # the remediations table as it was before retries
         db.execute(
+            "CREATE TABLE alerts (id INTEGER PRIMARY KEY AUTOINCREMENT, node TEXT NOT NULL, gpu INTEGER NOT NULL, "
+            "state INTEGER NOT NULL, opened_id INTEGER NOT NULL, payload BLOB NOT NULL)"
+        )
+        db.execute(
             "CREATE TABLE remediations (alert_id INTEGER PRIMARY KEY, node TEXT NOT NULL, "
             "actuator TEXT NOT NULL, outcome TEXT NOT NULL, detail TEXT NOT NULL, at_unix REAL NOT NULL)"
         )

@@ -140,9 +140,12 @@ def _fill(disk: Path) -> Path:
 
 
 def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(small_disk: Path) -> None:
-    store = StateStore.in_dir(small_disk / "state")
-    store.register_job("j1", ["a"])
     clock, metrics, actuator = _Clock(), ServiceMetrics(), _Recording()
+    # Wired as the service wires it: the store counts its refused writes.
+    store = StateStore.in_dir(
+        small_disk / "state", on_write_failed=lambda what: metrics.state_write_failures.labels(what).inc()
+    )
+    store.register_job("j1", ["a"])
     remediator = Remediator(store, actuator, metrics, clock=clock)
     alert = _migrate(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))

@@ -1,0 +1,110 @@
+"""A full state disk must not silence alerting (issue 16, item 3). The probe filled the state
+directory: the cursor thread died, alerts raised meanwhile were lost although their samples had been
+acknowledged, and after space came back cursors were never saved again. Here the state directory is
+a real 4 MiB tmpfs filled to the last byte."""
+
+from __future__ import annotations
+
+import errno
+import queue
+import shutil
+import threading
+from pathlib import Path
+from typing import BinaryIO
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from faultcast.service.server import Service
+from faultcast.service.state import StateStore
+from faultcast.service.validation import Limits
+from faultcast.v1 import alerts_pb2 as apb
+from tests.attacks.victim import NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim
+
+
+def _write_until_full(out: BinaryIO, size: int) -> None:
+    while True:
+        out.write(b"\0" * size)
+
+
+def _fill(disk: Path) -> Path:
+    """Write a file until the filesystem has no byte left; returns it (delete it to free the disk)."""
+    filler = disk / "filler"
+    for size in (4096, 512, 64, 1):  # the last partial blocks too
+        with filler.open("ab", buffering=0) as out, pytest.raises(OSError, match="No space left") as full:
+            _write_until_full(out, size)
+        assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+class _HealthWatch:
+    """The server's health as a Watch stream reports it, statuses queued as they come."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        stub = health_pb2_grpc.HealthStub(channel)
+        self._stream = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+        self.statuses: queue.Queue[int] = queue.Queue()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        try:
+            for response in self._stream:
+                self.statuses.put(int(response.status))
+        except grpc.RpcError:
+            pass  # cancelled at the end
+
+    def wait_for(self, status: int) -> None:
+        while True:
+            try:
+                if self.statuses.get(timeout=WAIT_S) == status:
+                    return
+            except queue.Empty:
+                name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+                raise AssertionError(f"health never became {name} within {WAIT_S} s") from None
+
+    def close(self) -> None:
+        self._stream.cancel()
+
+
+def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_space_returns(
+    service_model: Path, small_disk: Path, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(service_model, model_dir)
+    state = small_disk / "state"
+    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+    port = service.start("127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        health = _HealthWatch(channel)
+        health.wait_for(health_pb2.HealthCheckResponse.SERVING)
+        subscriber = Subscriber(channel)
+        filler = _fill(small_disk)
+        acks = push_victim(channel)
+        assert acks[-1].acked_through == STEPS_BEFORE  # taken into memory, held until it can be stored
+        health.wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)  # the alert's write failed
+        assert service.metrics.state_writable._value.get() == 0
+        assert subscriber.alerts.empty()  # nothing is published before it is durable
+        filler.unlink()
+        alert = subscriber.next_alert()  # the alert held meanwhile, stored and delivered
+        assert alert.node == NAME
+        assert alert.state == apb.ALERT_STATE_OPEN
+        health.wait_for(health_pb2.HealthCheckResponse.SERVING)
+        assert service.metrics.state_writable._value.get() == 1
+        assert service.metrics.state_write_failures.labels("alerts")._value.get() >= 1
+        # The cursor thread survived the full disk: it saves again by itself.
+        poll = threading.Event()
+        for _ in range(int(WAIT_S / 0.2)):
+            if service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE:
+                break
+            poll.wait(0.2)  # the thread saves once a second: read what it wrote
+        assert service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE
+        subscriber.close()
+        health.close()
+    finally:
+        channel.close()
+        service.stop(0)
+    reopened = StateStore.in_dir(state)
+    assert reopened.get(alert.id) is not None
+    reopened.close()
