@@ -233,7 +233,7 @@ class StateStore:
                 self._db.execute("ROLLBACK")
             raise
 
-    def _write(self, what: str, write: Callable[[], T]) -> T:
+    def _checked_write(self, what: str, write: Callable[[], T]) -> T:
         """Run `write` (the lock held); a failure of the database becomes StateWriteError and is
         reported to `on_writable`, as is the first success after failures."""
         try:
@@ -261,7 +261,7 @@ class StateStore:
         """Store events in one transaction; returns them with their ids set (and an OPEN event's
         opened_id set to its own id). StateWriteError when the database refused them (none stored)."""
         with self._lock:
-            out = self._write("alerts", lambda: self._insert(alerts))
+            out = self._checked_write("alerts", lambda: self._insert(alerts))
             if out:
                 self.last_id = out[-1].id
                 self._appended.notify_all()
@@ -375,7 +375,7 @@ class StateStore:
 
     def register_job(self, job_id: str, nodes: Sequence[str]) -> None:
         with self._lock:
-            self._write(
+            self._checked_write(
                 "jobs",
                 lambda: self._db.execute(
                     "INSERT INTO jobs (job_id, nodes, registered_unix) VALUES (?, ?, ?) ON CONFLICT (job_id) "
@@ -391,7 +391,7 @@ class StateStore:
 
     def record_ack(self, ack: Ack) -> None:
         with self._lock:
-            self._write(
+            self._checked_write(
                 "acks",
                 lambda: self._db.execute(
                     "INSERT INTO acks (alert_id, job_id, action, step, checkpoint_uri, at_unix) "
@@ -412,7 +412,7 @@ class StateStore:
         """Mark the alert as being remediated, keeping `request` (what to do, for a restart to carry
         on); False when it already was (never drain twice)."""
         with self._lock:
-            cursor = self._write(
+            cursor = self._checked_write(
                 "remediation",
                 lambda: self._db.execute(
                     "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix, "
@@ -428,7 +428,7 @@ class StateStore:
         Counted first so that an attempt the service is killed in still counts: an actuator that
         brings the service down cannot be retried forever across restarts."""
         with self._lock:  # no RETURNING: SQLite before 3.35 lacks it
-            self._write(
+            self._checked_write(
                 "remediation",
                 lambda: self._db.execute(
                     "UPDATE remediations SET attempts = attempts + 1, actuator = ? "
@@ -446,7 +446,7 @@ class StateStore:
     def note_failed_attempt(self, alert_id: int, detail: str) -> None:
         """Keep why the last attempt failed while the remediation waits for its next one."""
         with self._lock:
-            self._write(
+            self._checked_write(
                 "remediation",
                 lambda: self._db.execute(
                     "UPDATE remediations SET detail = ?, at_unix = ? WHERE alert_id = ? AND outcome = 'pending'",
@@ -456,7 +456,7 @@ class StateStore:
 
     def finish_remediation(self, alert_id: int, outcome: str, detail: str) -> None:
         with self._lock:
-            self._write(
+            self._checked_write(
                 "remediation",
                 lambda: self._db.execute(
                     "UPDATE remediations SET outcome = ?, detail = ?, at_unix = ? WHERE alert_id = ?",
@@ -495,11 +495,11 @@ class StateStore:
     def save_setting(self, key: str, value: str | None) -> None:
         with self._lock:
             if value is None:
-                self._write(
+                self._checked_write(
                     "settings", lambda: self._db.execute("DELETE FROM settings WHERE key = ?", (key,))
                 )
             else:
-                self._write(
+                self._checked_write(
                     "settings",
                     lambda: self._db.execute(
                         "INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value)
@@ -544,4 +544,4 @@ class StateStore:
                 )
 
         with self._lock:
-            self._write("cursors", write)
+            self._checked_write("cursors", write)
