@@ -185,7 +185,7 @@ def test_one_alert_per_gpu_escalates_then_clears_and_the_log_keeps_it(
         (apb.EVENT_KIND_CLEARED, first.id, apb.CLEAR_REASON_RISK_FELL)
     ]
     assert book.active() == []
-    assert [a.id for a in store.read_after(0)] == [1, 2, 3]
+    assert [a.id for a in store.read_after(0)] == [first.id, first.id + 1, first.id + 2]
     store.close()
 
 
@@ -631,23 +631,4 @@ def test_only_a_score_at_the_threshold_escalates_an_alert(model: FaultModel, tmp
     assert {e.action for e in events} == {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY}
     events = book.observe([_step(model, "n7", 506, [hot] + [0.0] * (g - 1), "hbm_wear", 200.0)])
     assert [e.action for e in events] == [apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE]
-    store.close()
-
-
-def test_no_drain_when_the_risk_fell_back_before_the_grace_period_ended(tmp_path: Path) -> None:
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
-    store.register_job("j1", ["a", "b"])
-    remediator, actuator = _remediator(store, clock)
-    calm, dark = (_alert(store, node, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE) for node in ("a", "b"))
-    remediator.on_alerts([calm, dark])
-    store.append([
-        apb.Alert(node="a", gpu=1, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, opened_id=calm.id,
-                  action=calm.action, clear_reason=apb.CLEAR_REASON_RISK_FELL),
-        # GPUs gone dark may be the failure itself: that node still goes.
-        apb.Alert(node="b", gpu=1, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, opened_id=dark.id,
-                  action=dark.action, clear_reason=apb.CLEAR_REASON_GPU_DARK),
-    ])  # fmt: skip
-    clock.now += 61
-    remediator.run_once()
-    assert [r.node for r in actuator.seen] == ["b"]
     store.close()

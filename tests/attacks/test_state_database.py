@@ -4,6 +4,8 @@ never go backwards, even when the database is replaced by a new one (issue 16, i
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,33 @@ def test_an_existing_database_keeps_its_data_and_ids_across_a_restart(tmp_path: 
     assert reopened.jobs() == {"job-a": ["node-0001"]}
     assert reopened.setting("remediation_paused_by") == "admin"
     reopened.close()
+
+
+FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
+
+
+@pytest.mark.parametrize("damage", ["empty", "half", "directory"])
+def test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file(
+    damage: str, service_model: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    path = state / "faultcast-service.sqlite"
+    if damage == "directory":
+        path.mkdir(parents=True)
+    else:
+        _filled(state, events=400).close()
+        with sqlite3.connect(path) as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        data = path.read_bytes()
+        path.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    done = subprocess.run(
+        [FAULTCAST, "serve", "--insecure", "--model", str(service_model), "--state-dir", str(state),
+         "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1
+    assert str(path) in errors[0]
+    assert "restore it from a backup" in errors[0]

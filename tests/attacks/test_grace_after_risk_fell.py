@@ -1,0 +1,53 @@
+"""The grace timer drains no node whose alert cleared because the risk fell back (issue 16, item
+7): the README promises it, and the probe saw it drain one. A node whose alert cleared because its
+GPUs went dark still goes: that may be the failure itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.remediation import NoopActuator
+from faultcast.service.remediator import Remediator
+from faultcast.service.state import StateStore
+from faultcast.v1 import alerts_pb2 as apb
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _migrate(store: StateStore, node: str) -> apb.Alert:
+    alert = apb.Alert(
+        node=node, gpu=1, mode=apb.FAILURE_MODE_NVLINK, risk=0.8, state=apb.ALERT_STATE_OPEN,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+    )  # fmt: skip
+    return store.append([alert])[0]
+
+
+def _cleared(opened: apb.Alert, reason: apb.ClearReason.ValueType) -> apb.Alert:
+    return apb.Alert(
+        node=opened.node, gpu=opened.gpu, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
+        opened_id=opened.id, action=opened.action, clear_reason=reason,
+    )  # fmt: skip
+
+
+def test_no_drain_when_the_risk_fell_back_before_the_grace_period_ended(tmp_path: Path) -> None:
+    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store.register_job("j1", ["a", "b"])
+    actuator = NoopActuator()
+    remediator = Remediator(store, actuator, ServiceMetrics(), grace_s=60.0, clock=clock)
+    calm, dark = _migrate(store, "a"), _migrate(store, "b")
+    remediator.on_alerts([calm, dark])
+    cleared = store.append(
+        [_cleared(calm, apb.CLEAR_REASON_RISK_FELL), _cleared(dark, apb.CLEAR_REASON_GPU_DARK)]
+    )
+    remediator.on_alerts(cleared)
+    clock.now += 61
+    remediator.run_once()
+    assert [r.node for r in actuator.seen] == ["b"]
+    store.close()
