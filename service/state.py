@@ -13,10 +13,10 @@ lock; a condition variable wakes subscribers when an event is appended.
 
 A damaged database is never taken for a fresh one: a file that is empty, unreadable, fails SQLite's
 quick check or lacks the alert log refuses to open (`StateError`, one line naming the file and what
-to do). Alert ids never go backwards, even across a database replaced by a new one: a new log's ids
-start at the microseconds since the Unix epoch when it was created, so a subscriber's cursor from the
-old log is below every new id (it is refused as beyond the head until the new log passes it, and
-then resumes without a gap). A failed write (full disk, I/O error) leaves no transaction open on the
+to do). Alert ids never go backwards, even across a database replaced by a new one or restored from
+a backup: at every open the next id is at least the microseconds since the Unix epoch, so a
+subscriber's cursor from before is below every new id and it resumes without a gap. While the disk
+is full or unavailable at start the refusal says so (the database was not found damaged). A failed write (full disk, I/O error) leaves no transaction open on the
 shared connection, raises `StateWriteError` naming what was written, and is reported to
 `on_writable` until a write succeeds again; callers keep what they meant to write and retry.
 """
@@ -140,6 +140,39 @@ class Ack:
     checkpoint_uri: str
 
 
+# SQLite errors that say the disk or the file system is the trouble, not the database's contents.
+_UNAVAILABLE = (
+    "SQLITE_FULL",
+    "SQLITE_IOERR",
+    "SQLITE_CANTOPEN",
+    "SQLITE_BUSY",
+    "SQLITE_READONLY",
+    "SQLITE_PERM",
+)
+
+
+def _ids_from_the_clock(db: sqlite3.Connection) -> None:
+    """Give out alert ids from at least the microseconds since the Unix epoch, at every open: a new
+    log, a restored backup or a log whose seeding was cut off never gives out an id an earlier log
+    did (unless that log gave out more than a million ids per second of its life)."""
+    now_us = time.time_ns() // 1000
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'alerts'").fetchone()
+        if row is None:
+            top = db.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0]
+            db.execute(
+                "INSERT INTO sqlite_sequence (name, seq) VALUES ('alerts', ?)", (max(now_us, int(top)),)
+            )
+        elif int(row[0]) < now_us:
+            db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'alerts'", (now_us,))
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
 class StateStore:
     def __init__(
         self,
@@ -155,7 +188,8 @@ class StateStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.on_writable, self.on_write_failed = on_writable, on_write_failed
-        self.writable = True
+        self.writable = True  # False while some kind of write (`what`) fails and has not since worked
+        self._failing: set[str] = set()
         self._db = self._open(path)
         self._lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
@@ -168,7 +202,12 @@ class StateStore:
         if path.is_dir():
             raise _refusal(path, "is a directory, not a database file")
         wal = path.with_name(path.name + "-wal")
-        existed = path.exists() and (path.stat().st_size > 0 or (wal.exists() and wal.stat().st_size > 0))
+        wal_has_data = wal.exists() and wal.stat().st_size > 0
+        if not path.exists() and wal_has_data:
+            raise _refusal(
+                path, f"is missing while its write-ahead log {wal.name} is there: it was removed or lost"
+            )
+        existed = path.exists() and (path.stat().st_size > 0 or wal_has_data)
         if path.exists() and not existed:
             raise _refusal(path, "is empty (0 bytes): its contents were lost")
         try:
@@ -190,11 +229,14 @@ class StateStore:
                 for name, declaration in columns:
                     if name not in have:
                         db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
-            if not existed:
-                # A new log: ids start from the clock, above any id an earlier log gave out.
-                first = time.time_ns() // 1000
-                db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('alerts', ?)", (first,))
+            _ids_from_the_clock(db)
         except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorname", "").startswith(_UNAVAILABLE):
+                raise StateError(
+                    f"state database {path} cannot be opened ({exc}): the disk is full, read-only or "
+                    "unavailable; the database was not found damaged: free space or fix access to "
+                    f"{path.parent}, then start again"
+                ) from exc
             raise _refusal(path, f"cannot be read ({exc})") from exc
         return db
 
@@ -235,7 +277,7 @@ class StateStore:
 
     def _checked_write(self, what: str, write: Callable[[], T]) -> T:
         """Run `write` (the lock held); a failure of the database becomes StateWriteError and is
-        reported to `on_writable`, as is the first success after failures."""
+        reported to `on_writable`, as is the recovery once every kind of write that failed worked."""
         try:
             result = write()
         except sqlite3.Error as exc:
@@ -243,12 +285,18 @@ class StateStore:
                 raise  # a bug, not the disk
             if self.on_write_failed is not None:
                 self.on_write_failed(what)
-            self._writable(False, f"{what}: {exc}")
+            self._failing.add(what)
+            self._writable(f"{what}: {exc}")
             raise StateWriteError(what, exc) from exc
-        self._writable(True, "")
+        if self._failing:
+            # Only a write of the kind that failed says it works again: a small write that fits
+            # where a large one did not (or a no-op) must not report a recovery.
+            self._failing.discard(what)
+            self._writable("")
         return result
 
-    def _writable(self, writable: bool, why: str) -> None:
+    def _writable(self, why: str) -> None:
+        writable = not self._failing
         if writable == self.writable:
             return
         self.writable = writable

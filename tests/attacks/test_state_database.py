@@ -6,11 +6,13 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from faultcast.service.state import StateError, StateStore
+from faultcast.service.state import StateError, StateStore, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 
 
@@ -94,12 +96,105 @@ def test_alert_ids_never_go_backwards_when_the_database_is_replaced(tmp_path: Pa
     assert first_new.id > last_old
     # A subscriber that had read the old log up to its end and resumes after it misses nothing new.
     assert [a.id for a in new.read_after(last_old)] == [first_new.id]
-    # Reopening the new database keeps counting from where it was, not from the clock again.
     new.close()
     again = StateStore.in_dir(tmp_path / "new")
     (second,) = again.append([_open_event()])
-    assert second.id == first_new.id + 1
+    assert second.id > first_new.id
     again.close()
+
+
+def _copy_database(source: Path, target: Path) -> None:
+    """SQLite's online backup, as an operator takes one (and restores it)."""
+    with closing(sqlite3.connect(source)) as db, closing(sqlite3.connect(target)) as out:
+        db.backup(out)
+
+
+def test_alert_ids_never_go_backwards_when_a_backup_is_restored(tmp_path: Path) -> None:
+    live = tmp_path / "live" / "faultcast-service.sqlite"
+    _filled(live.parent, events=3).close()
+    _copy_database(live, tmp_path / "backup.sqlite")
+    store = StateStore.in_dir(live.parent)
+    given_out = [a.id for a in store.append([_open_event() for _ in range(5)])]  # lost with the restore
+    store.close()
+    for name in (live.name, f"{live.name}-wal", f"{live.name}-shm"):
+        (live.parent / name).unlink(missing_ok=True)
+    _copy_database(tmp_path / "backup.sqlite", live)
+    restored = StateStore.in_dir(live.parent)
+    (after,) = restored.append([_open_event()])
+    assert after.id > max(given_out)
+    restored.close()
+
+
+def test_a_start_cut_off_after_the_schema_does_not_give_out_ids_from_1(tmp_path: Path) -> None:
+    """A kill between creating the tables and seeding the ids left a log whose next id was 1."""
+    path = tmp_path / "faultcast-service.sqlite"
+    StateStore.in_dir(tmp_path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM sqlite_sequence")  # as if the seeding never happened
+    store = StateStore.in_dir(tmp_path)
+    (first,) = store.append([_open_event()])
+    assert first.id > 10**15  # from the clock, not 1
+    store.close()
+
+
+def test_a_write_ahead_log_without_its_database_is_refused(tmp_path: Path) -> None:
+    store = _filled(tmp_path)
+    path = tmp_path / "faultcast-service.sqlite"
+    wal = tmp_path / "faultcast-service.sqlite-wal"
+    keep = wal.read_bytes()
+    store.close()
+    path.unlink()
+    wal.write_bytes(keep or b"\0" * 4096)  # the log of writes the lost file had not taken in yet
+    assert "write-ahead log" in _refusal(tmp_path)
+
+
+def test_a_full_disk_at_start_is_named_as_such_not_as_damage(small_disk: Path) -> None:
+    state = small_disk / "state"
+    _filled(state).close()
+    for leftover in ("-wal", "-shm"):
+        (state / f"faultcast-service.sqlite{leftover}").unlink(missing_ok=True)
+    filler = small_disk / "filler"
+    with filler.open("ab", buffering=0) as out, pytest.raises(OSError, match="No space left"):
+        _write_until_full(out)
+    message = _refusal(state)
+    assert "full" in message
+    assert "not found damaged" in message
+    assert "backup" not in message
+    filler.unlink()
+    reopened = StateStore.in_dir(state)  # space is back: the same database, intact
+    assert reopened.jobs() == {"job-a": ["node-0001"]}
+    reopened.close()
+
+
+def _write_until_full(out: BinaryIO) -> None:
+    for size in (4096, 512, 1):
+        try:
+            while True:
+                out.write(b"\0" * size)
+        except OSError:
+            if size == 1:
+                raise
+
+
+def test_a_small_write_that_works_does_not_report_a_recovery_while_alert_writes_fail(
+    small_disk: Path,
+) -> None:
+    changes: list[bool] = []
+    store = StateStore.in_dir(small_disk / "state", on_writable=lambda ok, why: changes.append(ok))
+    filler = small_disk / "filler"
+    with filler.open("ab", buffering=0) as out, pytest.raises(OSError, match="No space left"):
+        _write_until_full(out)
+    big = [apb.Alert(node="node-0001", gpu=0, state=apb.ALERT_STATE_OPEN, cleared_reason="x" * 50_000)] * 40
+    with pytest.raises(StateWriteError):
+        store.append(big)
+    assert changes == [False]
+    store.save_setting("remediation_paused_by", None)  # a no-op delete: it "works"
+    assert changes == [False]
+    assert not store.writable
+    filler.unlink()
+    store.append(big)
+    assert changes == [False, True]
+    store.close()
 
 
 def test_an_existing_database_keeps_its_data_and_ids_across_a_restart(tmp_path: Path) -> None:
