@@ -36,6 +36,10 @@ _SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTIO
 _ACTION_RANK = {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY: 1, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE: 2}
 
 
+# Waits before sending an acknowledgement again after UNAVAILABLE (then it is given up, logged).
+_ACK_RETRY_S = (0.25, 0.5, 1.0, 2.0)
+
+
 class Guard:
     def __init__(
         self,
@@ -120,12 +124,26 @@ class Guard:
         request = apb.AcknowledgeRequest(
             alert_id=alert.id, job_id=self.job_id, action=action, step=step, checkpoint_uri=uri
         )
-        try:
-            reply = apb_grpc.AlertsStub(channel).Acknowledge(request, timeout=self.rpc_timeout_s)
-        except grpc.RpcError as exc:
-            log.warning("faultcast: acknowledging alert %d failed: %s", alert.id, _describe(exc))
-            return f"acknowledgement failed: {_describe(exc)}"
-        return reply.remediation
+        stub = apb_grpc.AlertsStub(channel)
+        for delay_s in (*_ACK_RETRY_S, None):
+            try:
+                return stub.Acknowledge(request, timeout=self.rpc_timeout_s).remediation
+            except grpc.RpcError as exc:
+                # UNAVAILABLE: the service kept nothing (its state disk refused the write, or it is
+                # restarting); a DECLINED or SNAPSHOT_DONE lost here would let a grace timer drain
+                # the node regardless, so it is sent again a few times.
+                retry = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
+                if not retry or delay_s is None:
+                    log.warning("faultcast: acknowledging alert %d failed: %s", alert.id, _describe(exc))
+                    return f"acknowledgement failed: {_describe(exc)}"
+                log.info(
+                    "faultcast: acknowledging alert %d: %s; again in %.2f s",
+                    alert.id,
+                    _describe(exc),
+                    delay_s,
+                )
+                threading.Event().wait(delay_s)
+        raise AssertionError("unreachable: the last attempt returns")
 
     # -- the background subscription ------------------------------------------------------------
 

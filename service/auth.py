@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from faultcast.service.limits import CallerLimits, CallLimiter, OpenCount
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.state import StateWriteError
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +431,10 @@ def _wrap(behavior: Any, gate: AuthInterceptor, call: _Call) -> Any:
                 _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
             if call.request_stream:
                 request = _checked(request, context, gate)
-            return await behavior(request, context)
+            try:
+                return await behavior(request, context)
+            except StateWriteError as exc:
+                await context.abort(*_unavailable(exc))
 
         return coroutine
     if inspect.isgeneratorfunction(behavior):
@@ -455,9 +459,18 @@ def _wrap(behavior: Any, gate: AuthInterceptor, call: _Call) -> Any:
             _current.set(admitted)  # type: ignore[arg-type]  # abort raised on a refusal
         if call.request_stream:
             request = _checked_sync(request, context, gate)
-        return behavior(request, context)
+        try:
+            return behavior(request, context)
+        except StateWriteError as exc:
+            context.abort(*_unavailable(exc))
 
     return function
+
+
+def _unavailable(exc: StateWriteError) -> tuple[grpc.StatusCode, str]:
+    """A call whose write the state disk refused: nothing of it was kept, the caller retries. Said
+    here, around every handler, so that none answers UNKNOWN with a traceback."""
+    return grpc.StatusCode.UNAVAILABLE, f"{exc}; nothing of this call was kept: retry it later"
 
 
 def _guarded(handler: Handler, gate: AuthInterceptor, method: str) -> Handler:

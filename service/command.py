@@ -188,15 +188,16 @@ def run_serve(args: argparse.Namespace) -> int:
         done.set()
 
     def reload() -> None:
-        try:
-            service.reload()
-        except Exception:  # a reload bug must not take the service down; the old model serves on
-            log.exception("model reload failed")
+        # Tokens first: a revocation must not wait for a model to load (or be refused).
         if tokens is not None:
             try:
                 log.info("tokens reloaded: %d accepted", tokens.reload())
             except (OSError, ValueError) as exc:  # the tokens in force stay in force
                 log.error("tokens file refused, the previous tokens stay in force: %s", exc)
+        try:
+            service.reload()
+        except Exception:  # a reload bug must not take the service down; the old model serves on
+            log.exception("model reload failed")
 
     def on_hup(signum: int, frame: FrameType | None) -> None:
         # Not in the handler itself: loading a model takes a while and may log.

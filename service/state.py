@@ -16,9 +16,11 @@ quick check or lacks the alert log refuses to open (`StateError`, one line namin
 to do). Alert ids never go backwards, even across a database replaced by a new one or restored from
 a backup: at every open the next id is at least the microseconds since the Unix epoch, so a
 subscriber's cursor from before is below every new id and it resumes without a gap. While the disk
-is full or unavailable at start the refusal says so (the database was not found damaged). A failed write (full disk, I/O error) leaves no transaction open on the
-shared connection, raises `StateWriteError` naming what was written, and is reported to
-`on_writable` until a write succeeds again; callers keep what they meant to write and retry.
+is full or unavailable at start the refusal says so (the database was not found damaged).
+
+A failed write (full disk, I/O error) leaves no transaction open on the shared connection and
+raises `StateWriteError` naming what was written; callers keep what they meant to write and retry.
+`on_writable` hears when writes start failing and when every kind that failed works again.
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ class Ack:
     step: int
     checkpoint_uri: str
 
+
+# Writes the service keeps in memory and retries itself when the database refuses them.
+_HELD_AND_RETRIED = frozenset({"alerts", "cursors", "remediation", "settings"})
+_ANY = ""  # a refused write its caller retries: any later write that works ends the trouble
 
 # SQLite errors that say the disk or the file system is the trouble, not the database's contents.
 _UNAVAILABLE = (
@@ -285,13 +291,14 @@ class StateStore:
                 raise  # a bug, not the disk
             if self.on_write_failed is not None:
                 self.on_write_failed(what)
-            self._failing.add(what)
+            # What the service holds and retries is failing until that very kind of write works
+            # (a small write that fits where a large one did not, or a no-op, proves nothing); a
+            # write the caller retries (a job, an ack) until any write works.
+            self._failing.add(what if what in _HELD_AND_RETRIED else _ANY)
             self._writable(f"{what}: {exc}")
             raise StateWriteError(what, exc) from exc
         if self._failing:
-            # Only a write of the kind that failed says it works again: a small write that fits
-            # where a large one did not (or a no-op) must not report a recovery.
-            self._failing.discard(what)
+            self._failing -= {what, _ANY}
             self._writable("")
         return result
 

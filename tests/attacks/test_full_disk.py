@@ -20,6 +20,7 @@ from faultcast.service.server import Service
 from faultcast.service.state import StateStore
 from faultcast.service.validation import Limits
 from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.victim import NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim
 
 
@@ -108,3 +109,51 @@ def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_
     reopened = StateStore.in_dir(state)
     assert reopened.get(alert.id) is not None
     reopened.close()
+
+
+def test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavailable(
+    service_model: Path, small_disk: Path, tmp_path: Path
+) -> None:
+    """Review of the fix: the alert book retried its write holding the lock a model reload needs,
+    so ReloadModel and then every admin call hung; refused writes answered UNKNOWN with a traceback,
+    and a pause answered UNKNOWN while it was in force."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(service_model, model_dir)
+    state = small_disk / "state"
+    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+    port = service.start("127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        health = _HealthWatch(channel)
+        health.wait_for(health_pb2.HealthCheckResponse.SERVING)
+        subscriber = Subscriber(channel)
+        filler = _fill(small_disk)
+        push_victim(channel)
+        health.wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)  # an alert event is held
+        admin = apb_grpc.AdminStub(channel)
+        reload = admin.ReloadModel(apb.ReloadModelRequest(), timeout=WAIT_S)
+        assert not reload.loaded
+        assert "refuses writes" in reload.error
+        paused = admin.SetRemediation(apb.SetRemediationRequest(paused=True), timeout=WAIT_S)
+        assert paused.paused  # in force at once, though not yet on disk
+        assert service.remediator.paused_by is not None
+        with pytest.raises(grpc.RpcError) as refused:
+            apb_grpc.AlertsStub(channel).RegisterJob(
+                apb.RegisterJobRequest(job_id="job-x", nodes=["node-0003"]), timeout=WAIT_S
+            )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "retry" in str(refused.value.details())
+        filler.unlink()
+        assert subscriber.next_alert().node == NAME
+        health.wait_for(health_pb2.HealthCheckResponse.SERVING)
+        poll = threading.Event()
+        for _ in range(int(WAIT_S / 0.2)):
+            if service.store.setting("remediation_paused_by") is not None:
+                break
+            poll.wait(0.2)  # the cursor thread stores the pause once the disk takes it
+        assert service.store.setting("remediation_paused_by") == service.remediator.paused_by
+        subscriber.close()
+        health.close()
+    finally:
+        channel.close()
+        service.stop(0)
