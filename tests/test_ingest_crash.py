@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -23,8 +19,8 @@ from faultcast.service.feed import twin_snapshots
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from tests.conftest import free_port
+from tests.serve_process import ServeProcess
 
-FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 FLEET = FleetConfig(nodes=4, days=1.0, seed=78, acceleration=1.0)
 NODE = 1
 NAME = FLEET.node_name(NODE)
@@ -34,57 +30,6 @@ WAIT_S = 60.0
 # the outage, and while the restarted service drains the spool.
 BEFORE, BURST, FROZEN, OUTAGE, DRAINING = 60, 100, 10, 50, 20
 WINDOW = 32
-
-
-class Service:
-    """One `faultcast serve` process on a fixed address, so the shipper's target stays valid."""
-
-    def __init__(self, model: Path, state: Path, port: int, log: Path) -> None:
-        self.log_path = log
-        self.port_file = state / "port"
-        self.port_file.unlink(missing_ok=True)
-        self.metrics_port = free_port()
-        self.log = log.open("ab")
-        self.process = subprocess.Popen(
-            [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", f"127.0.0.1:{port}",
-             "--port-file", str(self.port_file), "--prometheus-port", str(self.metrics_port),
-             "--max-clock-skew", "0", "--max-sample-age", "0", "--insecure"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.until(lambda: self.port_file.is_file() and self.port_file.read_text().strip() != "")
-
-    def until(self, ready: Callable[[], bool]) -> None:
-        """Wait for a condition this process brings about (polling is the only way to see it)."""
-        end = time.monotonic() + WAIT_S
-        while not ready():
-            if self.process.poll() is not None:
-                raise AssertionError(f"faultcast serve exited with {self.process.returncode}:\n{self.tail()}")
-            if time.monotonic() > end:
-                raise AssertionError(f"not within {WAIT_S} s\n{self.tail()}")
-            time.sleep(0.02)
-
-    def metric(self, name: str) -> float:
-        """The value of an unlabelled series; 0 when the service has not exported it (yet)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
-            for line in reply.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    def exposition(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
-            text: str = reply.read().decode()
-        return text
-
-    def tail(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()[-3000:]
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
 
 
 def _cursor(state: Path, spool_id: int) -> int:
@@ -103,15 +48,15 @@ def _wait(spool: Spool, predicate: Callable[[], bool], what: str) -> None:
 
 
 @pytest.fixture
-def services() -> Iterator[list[Service]]:
-    started: list[Service] = []
+def services() -> Iterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
     yield started
     for service in started:
         service.close()
 
 
 def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
-    service_model: Path, tmp_path: Path, services: list[Service]
+    service_model: Path, tmp_path: Path, services: list[ServeProcess]
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
@@ -130,7 +75,7 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
     shipper = Shipper(
         f"127.0.0.1:{port}", spool, NAME, window=WINDOW, backoff=Backoff(initial=0.05, maximum=0.2), seed=1
     )
-    first = Service(service_model, state, port, log)
+    first = ServeProcess(service_model, state, log, listen=f"127.0.0.1:{port}")
     services.append(first)
     shipper.start()
     try:
@@ -160,7 +105,7 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
         assert spool.depth == spool.last_sequence - acked_at_kill
         assert spool.acked_through == acked_at_kill
 
-        second = Service(service_model, state, port, log)
+        second = ServeProcess(service_model, state, log, listen=f"127.0.0.1:{port}")
         services.append(second)
         append(DRAINING)
         last = spool.last_sequence
@@ -173,8 +118,8 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
     assert spool.dropped == 0
     assert spool.dropped_no_space == 0
     assert shipper.stats.rejected == 0
-    taken = second.metric("faultcast_ingest_node_samples_total")
-    duplicates = second.metric("faultcast_ingest_duplicates_total")
+    taken = second.metric("faultcast_ingest_node_samples_total") or 0.0
+    duplicates = second.metric("faultcast_ingest_duplicates_total") or 0.0
     # The shipper resends everything after acked_at_kill. The restarted service refuses as duplicates
     # exactly the samples its predecessor had persisted as taken (its cursor is saved every second,
     # so it may trail the acks, or, by a hair, lead them), and takes the rest once each.

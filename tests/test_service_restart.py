@@ -8,12 +8,8 @@ import os
 import queue
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -26,64 +22,13 @@ from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
-from tests.conftest import free_port
+from tests.serve_process import ServeProcess
 
-FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU, FAIL_S = 1, 6, 8 * 3600.0
 NAME = FLEET.node_name(NODE)
 BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)
 WAIT_S = 60.0
-
-
-class Served:
-    """One `faultcast serve` process."""
-
-    def __init__(self, model: Path, state: Path, log: Path) -> None:
-        self.port_file = state / "port"
-        self.port_file.unlink(missing_ok=True)
-        self.metrics_port = free_port()
-        self.log = log.open("ab")
-        self.process = subprocess.Popen(
-            [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", "127.0.0.1:0",
-             "--port-file", str(self.port_file), "--prometheus-port", str(self.metrics_port),
-             "--max-clock-skew", "0", "--max-sample-age", "0", "--insecure"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        _until(
-            lambda: self.port_file.is_file() and self.port_file.read_text().strip() != "", self.process, log
-        )
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{int(self.port_file.read_text())}")
-
-    def metric(self, line_prefix: str) -> float | None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
-            for line in reply.read().decode().splitlines():
-                if line.startswith(line_prefix):
-                    return float(line.rsplit(" ", 1)[1])
-        return None
-
-    def close(self) -> None:
-        self.channel.close()
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
-
-
-def _until(
-    ready: Callable[[], bool], process: subprocess.Popen[bytes] | None = None, log: Path | None = None
-) -> None:
-    """Wait for a condition another process brings about (polling is the only way to see it)."""
-    end = time.monotonic() + WAIT_S
-    while time.monotonic() < end:
-        if ready():
-            return
-        if process is not None and process.poll() is not None:
-            tail = log.read_text()[-3000:] if log is not None else ""
-            raise AssertionError(f"faultcast serve exited with {process.returncode}:\n{tail}")
-        time.sleep(0.05)
-    tail = log.read_text()[-3000:] if log is not None else ""
-    raise AssertionError(f"not within {WAIT_S} s\n{tail}")
 
 
 def _cursor(state: Path) -> int:
@@ -120,19 +65,19 @@ def _get(alerts: queue.Queue[apb.Alert]) -> apb.Alert:
 
 
 @pytest.fixture
-def served(service_model: Path, tmp_path: Path) -> Iterator[list[Served]]:
-    started: list[Served] = []
+def served(service_model: Path, tmp_path: Path) -> Iterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
     yield started
     for s in started:
         s.close()
 
 
 def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
-    service_model: Path, tmp_path: Path, served: list[Served]
+    service_model: Path, tmp_path: Path, served: list[ServeProcess]
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    first = Served(service_model, state, tmp_path / "serve.log")
+    first = ServeProcess(service_model, state, tmp_path / "serve.log")
     served.append(first)
     assert "INSECURE" in (tmp_path / "serve.log").read_text()  # --insecure says so at start
     apb_grpc.AlertsStub(first.channel).RegisterJob(apb.RegisterJobRequest(job_id="job-r", nodes=[NAME]))
@@ -142,14 +87,14 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     push(first.channel, NAME, sent)
     opened = _get(alerts)
     assert (opened.state, opened.node, opened.gpu) == (apb.ALERT_STATE_OPEN, NAME, GPU)
-    _until(lambda: _cursor(state) == BEFORE)
+    first.until(lambda: _cursor(state) == BEFORE)
     seen = opened.id
     while not alerts.empty():
         seen = alerts.get_nowait().id  # escalations of the same alert, if any
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
 
-    second = Served(service_model, state, tmp_path / "serve.log")
+    second = ServeProcess(service_model, state, tmp_path / "serve.log")
     served.append(second)
     resumed = _subscribe(second.channel, seen)
     replay = sent[-2:]  # the collector resends what it had not seen acked
@@ -171,11 +116,7 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     assert _get(from_start).id == opened.id  # the log survived the kill
 
     second.process.send_signal(signal.SIGHUP)
-    _until(
-        lambda: second.metric('faultcast_model_reloads_total{outcome="ok"}') == 1.0,
-        second.process,
-        tmp_path / "serve.log",
-    )
+    second.until(lambda: second.metric('faultcast_model_reloads_total{outcome="ok"}') == 1.0)
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=WAIT_S) == 0
     if os.environ.get("FAULTCAST_KEEP_LOGS"):

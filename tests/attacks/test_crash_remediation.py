@@ -10,20 +10,15 @@ a monotonic and a wall clock the test moves (the monotonic one starts again, as 
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
-import grpc
 import pytest
 
 from faultcast.service.feed import push, twin_snapshots
@@ -36,9 +31,8 @@ from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
-from tests.conftest import free_port
+from tests.serve_process import ServeProcess
 
-FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 GPU, FAIL_S = 6, 8 * 3600.0
 BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)  # samples up to 5 min before the failure
@@ -91,60 +85,18 @@ def webhook() -> Iterator[str]:
     httpd.server_close()
 
 
-class _Served:
-    """One `faultcast serve` process with the webhook actuator."""
+class _Served(ServeProcess):
+    """One `faultcast serve` process (with the webhook actuator among its flags)."""
 
     def __init__(self, model: Path, state: Path, log: Path, *flags: str) -> None:
-        self.log_path, self.state = log, state
-        port_file = state / "port"
-        port_file.unlink(missing_ok=True)
-        self.metrics_port = free_port()
-        self.log = log.open("ab")
-        self.process = subprocess.Popen(
-            [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", "127.0.0.1:0",
-             "--port-file", str(port_file), "--prometheus-port", str(self.metrics_port),
-             "--max-clock-skew", "0", "--max-sample-age", "0", "--insecure", *flags],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.until(lambda: port_file.is_file() and port_file.read_text().strip() != "")
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{int(port_file.read_text())}")
-
-    def until(self, ready: Callable[[], bool]) -> None:
-        """Wait for a condition this process brings about (polling is the only way to see it)."""
-        end = time.monotonic() + WAIT_S
-        while not ready():
-            if self.process.poll() is not None:
-                raise AssertionError(f"faultcast serve exited with {self.process.returncode}:\n{self.tail()}")
-            if time.monotonic() > end:
-                raise AssertionError(f"not within {WAIT_S} s\n{self.tail()}")
-            time.sleep(0.05)
-
-    def metric(self, series: str) -> float | None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
-            for line in reply.read().decode().splitlines():
-                if line.startswith(series + " "):
-                    return float(line.rsplit(" ", 1)[1])
-        return None
+        super().__init__(model, state, log, *flags)
+        self.state = state
 
     def raise_alert(self, node: int) -> None:
         """Push a twin node's samples up to 5 min before an HBM failure: a snapshot-and-migrate alert."""
         name = FLEET.node_name(node)
         source = TwinSource(FLEET, node, [Scenario("hbm_wear", node, GPU, FAIL_S, 40 * 60.0)])
         push(self.channel, name, twin_snapshots(source, name, BEFORE))
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)  # no finally, no atexit: what is on disk is all there is
-        self.process.wait()
-
-    def tail(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()[-3000:]
-
-    def close(self) -> None:
-        self.channel.close()
-        if self.process.poll() is None:
-            self.kill()
-        self.log.close()
 
 
 @pytest.fixture
