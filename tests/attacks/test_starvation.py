@@ -21,7 +21,7 @@ from faultcast.service.limits import CallerLimits
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.tokened import Tokened, tokened_service
-from tests.test_service_restart import Served
+from tests.serve_process import ServeProcess
 
 WATCHES = 300  # the probe's number: more than the 256 worker threads `serve` starts with
 WAIT_S = 30.0  # detects a hang; an answered call takes milliseconds
@@ -182,7 +182,9 @@ def test_admin_pauses_remediation_under_watches_subscriptions_and_a_flood_of_cal
 def test_serve_exits_on_sigterm_with_watch_streams_and_a_subscription_open(
     service_model: Path, tmp_path: Path
 ) -> None:
-    served = Served(service_model, tmp_path / "state", tmp_path / "serve.log")
+    state = tmp_path / "state"
+    state.mkdir()
+    served = ServeProcess(service_model, state, tmp_path / "serve.log")
     try:
         health = health_pb2_grpc.HealthStub(served.channel)
         watches = [health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT_S) for _ in range(3)]
