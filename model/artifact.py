@@ -31,6 +31,11 @@ REQUIRED_FILES = ("model.txt", "calibration.json", "logistic.json")  # `save` al
 # Bounds on what a manifest may say, beyond which a value is a typo or an attack, never a setting:
 MAX_GPUS_PER_NODE = 64  # HGX/DGX nodes have 8, DGX-2 16; more would size per-slot arrays by a typo
 MAX_WINDOW_STEPS = 10_000  # a feature window's ring buffer, per GPU (a week of minutes)
+# The grid's step: collectors sample at most once a second, so a finer grid only adds steps without
+# samples, and a tiny one turns every sample's step number into an overflow (1e-300 s: every Push
+# failed) or into millions of steps per sample (1e-6 s: one sample froze the service).
+MIN_CADENCE_S = 1.0
+MAX_HORIZON_STEPS = 10_000  # horizon_s / cadence_s: the alert policy's k and the labels count steps in it
 MAX_POLICY_STEPS = 1_000_000  # clear_steps and dark_steps: ~2 years of minutes; the API sends uint32
 NEVER_SLACK = 1e-6  # training's "never" threshold is 1.0, or 1e-9 above a top risk that may be 1.0
 
@@ -274,12 +279,16 @@ def load(path: Path) -> FaultModel:
 def check_settings(where: Path, manifest: dict[str, Any]) -> Settings:
     """The manifest's serving settings, each checked; raises ModelError naming the first bad one."""
     features = _section(where, manifest, "features")
-    cadence = _number(where, features, "features.cadence_s", low=0.0, allowed="a number of seconds > 0")
+    cadence_allowed = f"a number of seconds >= {MIN_CADENCE_S:g} (collectors sample at most once a second)"
+    cadence = _number(where, features, "features.cadence_s", low=0.0, allowed=cadence_allowed)
+    if cadence < MIN_CADENCE_S:
+        _refuse(where, "features.cadence_s", cadence, cadence_allowed)
     windows = _windows(where, features.get("windows_s", _MISSING), cadence)
     gpus = _whole(where, features, "features.gpus_per_node", 1, MAX_GPUS_PER_NODE)
     horizon = _number(where, manifest, "horizon_s", low=0.0, allowed="a number of seconds > 0")
-    if horizon < cadence:
-        _refuse(where, "horizon_s", horizon, f"at least one scoring step (features.cadence_s = {cadence:g})")
+    if not cadence <= horizon <= MAX_HORIZON_STEPS * cadence:
+        _refuse(where, "horizon_s", horizon,
+                f"from one to {MAX_HORIZON_STEPS} scoring steps (features.cadence_s = {cadence:g})")  # fmt: skip
     threshold = _trained_threshold(where, manifest, "threshold")
     # The buckets are this code's (alert content reads TTF_BUCKETS_S): a model built for others is refused.
     if manifest.get("ttf_buckets_s", list(TTF_BUCKETS_S)) != list(TTF_BUCKETS_S):
@@ -352,12 +361,17 @@ def _whole(where: Path, data: dict[str, Any], key: str, low: int, high: int, why
 
 
 def _windows(where: Path, value: object, cadence: float) -> tuple[float, ...]:
-    """Feature windows: increasing, finite, positive, each a ring buffer of at most MAX_WINDOW_STEPS."""
-    allowed = (f"a non-empty list of increasing numbers of seconds > 0, at most {MAX_WINDOW_STEPS} steps "
+    """Feature windows: increasing, finite, each from one step (a shorter window would be one step
+    anyway, its name a lie) to MAX_WINDOW_STEPS steps (its ring buffer, per GPU)."""
+    allowed = (f"a non-empty list of increasing numbers of seconds, from one to {MAX_WINDOW_STEPS} steps "
                f"of features.cadence_s = {cadence:g}")  # fmt: skip
     if not isinstance(value, list) or not value or not all(_is_number(w) and w > 0 for w in value):
         _refuse(where, "features.windows_s", value, allowed)
-    if any(b <= a for a, b in itertools.pairwise(value)) or value[-1] / cadence > MAX_WINDOW_STEPS:
+    if (
+        any(b <= a for a, b in itertools.pairwise(value))
+        or value[0] < cadence
+        or value[-1] / cadence > MAX_WINDOW_STEPS
+    ):
         _refuse(where, "features.windows_s", value, allowed)
     return tuple(float(w) for w in value)
 

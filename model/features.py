@@ -117,6 +117,16 @@ class _Ring:
         row: np.ndarray = self.data[self.pos + self.size - k]
         return row
 
+    def push_many(self, rows: np.ndarray, count: int) -> None:
+        """As `count` pushes of which `rows` are the last min(count, size), oldest first (the earlier
+        ones would be overwritten): O(size) whatever `count`."""
+        if len(rows) != min(count, self.size):
+            raise ValueError(f"{len(rows)} rows for {count} pushes into a ring of {self.size}")
+        at = (self.pos + count - len(rows) + np.arange(len(rows))) % self.size
+        self.data[at] = rows
+        self.data[at + self.size] = rows
+        self.pos = (self.pos + count) % self.size
+
     def fill_slots(self, slots: np.ndarray, value: np.ndarray | float) -> None:
         self.data[:, slots] = value
 
@@ -171,11 +181,11 @@ class _Windowed:
             count, total, squares = diff[..., 0], diff[..., 1], diff[..., 2]
             mean = _nan_div(total, count)
             out.append(mean)
+            if not self.full:
+                continue  # nor an EWMA: only full series show one
             a = self.alpha[k]
             e = self.ewma[k]
             self.ewma[k] = np.where(seen, np.where(np.isnan(e), x, e + a * (x - e)), e)
-            if not self.full:
-                continue
             var = np.maximum(_nan_div(squares, count) - mean * mean, 0.0)
             recent = self.values.last(w)
             half = max(1, w // 2)
@@ -187,6 +197,23 @@ class _Windowed:
             out += [np.sqrt(var), np.fmin.reduce(recent, axis=0), np.fmax.reduce(recent, axis=0), slope,
                     self.ewma[k].copy()]  # fmt: skip
         return out
+
+    def skip(self, count: int, x: np.ndarray) -> None:
+        """The state `count` calls of `update(x)` would leave, in O(window) work: for steps that
+        read nothing (NaN), or 0 (the presence series of absent GPUs). Such steps only move the
+        running count, by whole numbers, so the totals are exact; the EWMA does not move (it is
+        only kept for full series, which read NaN here)."""
+        seen = ~np.isnan(x)
+        if np.any(x[seen] != 0.0) or (self.full and seen.any()):
+            raise ValueError("only steps that read nothing, or 0 in a series without an EWMA, can be skipped")
+        n, s = x.shape
+        kept = min(count, self.totals.size)
+        done = np.arange(count - kept + 1, count + 1, dtype=np.float64)  # pushes done, of the last kept
+        step = np.stack([seen, np.zeros_like(x), np.zeros_like(x)], axis=-1)  # count, sum, squares
+        totals = self.total[None] + done[:, None, None, None] * step[None]
+        self.totals.push_many(totals.reshape(kept, n, s * 3), count)
+        self.values.push_many(np.broadcast_to(x, (kept, n, s)), count)
+        self.total = totals[-1]
 
     def names(self, series: Sequence[str], label: Sequence[str]) -> list[str]:
         out = []
@@ -241,6 +268,12 @@ class _Rates:
             # Events per second over the window; missing when the counter was never read in it.
             out.append(np.where(window[:, g:] > 0, window[:, :g] / (w * self.cadence_s), np.nan))
         return out
+
+    def skip(self, count: int) -> None:
+        """The state `count` updates reading nothing would leave: the last values stay, the totals
+        stand still, and the ring fills with them (O(window) work)."""
+        kept = min(count, self.totals.size)
+        self.totals.push_many(np.broadcast_to(self.total, (kept, *self.total.shape)), count)
 
     @staticmethod
     def names(groups: Sequence[tuple[str, tuple[str, ...]]], labels: Sequence[str]) -> list[str]:
@@ -303,6 +336,22 @@ class FeatureEngine:
         self._rates.reset(slots)
         self._last_seen[slots] = -1
         self._base[slots] = math.nan
+
+    def skip(self, count: int) -> None:
+        """Advance `count` grid steps in which nothing was read (every GPU and node absent), in work
+        independent of `count`: the state is exactly what `count` calls of `update` with all-NaN
+        inputs would leave (windows empty once the gap outlasts them; EWMAs, counters' last values,
+        last-seen steps and thermal baselines held), so the features of the next step are too."""
+        if count <= 0:
+            return
+        n, nodes = self.slots, self.nodes
+        self._gauges.skip(count, np.full((n, len(WINDOW_GAUGES)), math.nan))
+        self._flags.skip(count, np.full((n, len(FLAGS)), math.nan))
+        self._rates.skip(count)
+        self._present.skip(count, np.zeros((n, 1)))  # absent GPUs read 0 in the presence series
+        self._node_rates.skip(count)
+        self._node_gauges.skip(count, np.full((nodes, len(NODE_GAUGES)), math.nan))
+        # _last_seen and the thermal baseline (_base) change only where a GPU is seen.
 
     def update(self, step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
         """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this

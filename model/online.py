@@ -5,6 +5,13 @@ across nodes. This adapter lays them on the model's grid exactly as `dataset.rep
 (the last sample of a GPU within a step wins; a new UUID in a slot restarts its history; a
 node's devices roll up with `faultcast.rollup`) and advances the engine when a step is complete:
 once a sample `lateness_steps` steps newer has arrived. Event time throughout.
+
+A step in which no sample arrived is stepped through like any other (its GPUs absent), but only the
+first `empty_steps` of a run of them: the rest of the run is skipped in one move
+(`FeatureEngine.skip`), which leaves the engine exactly as stepping through would, and is not
+handed out. So a sample that jumps ahead in time (a clock set wrong, or a caller's choice: one stamped
+at the epoch and the next one now is ~3e7 steps) costs a few steps of work, not one per step of the
+gap; the features of the next sample are the same either way.
 """
 
 from __future__ import annotations
@@ -16,11 +23,16 @@ import numpy as np
 from faultcast.catalogue import Scope, index_of, metrics_for
 from faultcast.model.dataset import Step
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.incidents import AlertPolicy
 from faultcast.readings import GpuReading, NodeSnapshot
 from faultcast.rollup import rollup_network
 
 _GPU_COLUMNS = np.array([index_of(Scope.GPU)[name] for name in GPU_INPUTS])
 _SCOPES = (Scope.IB_PORT, Scope.INTERFACE, Scope.PEER)
+# The most steps without a sample handed out in a row (the rest of the run is skipped). The alert
+# policy counts them to see a GPU go dark (its dark_steps, 3 by default; the scorer hands out that
+# many); past 64 (an hour of minutes) a jump's work would no longer be small.
+MAX_EMPTY_STEPS = 64
 
 
 class LateSample(ValueError):  # noqa: N818 (a reason for a reject counter, not a programming error)
@@ -36,7 +48,13 @@ class OnlineFeatures:
         *,
         lateness_steps: int = 1,
         first_step: int = 0,
+        empty_steps: int = AlertPolicy().dark_steps,
     ) -> None:
+        """`empty_steps`: how many steps without a sample in a row are handed out (at least 1,
+        at most MAX_EMPTY_STEPS); the rest of such a run is skipped, not handed out."""
+        if not 1 <= empty_steps <= MAX_EMPTY_STEPS:
+            raise ValueError(f"empty_steps is {empty_steps}, it must be from 1 to {MAX_EMPTY_STEPS}")
+        self.empty_steps = empty_steps
         self.config = config
         self.nodes = list(nodes)
         self._node_index = {name: i for i, name in enumerate(self.nodes)}
@@ -51,6 +69,8 @@ class OnlineFeatures:
         self._last_uuid: list[str | None] = [None] * self.engine.slots
         self._is_h100 = np.zeros(self.engine.slots)
         self.next_step = first_step  # the first step not yet handed to the engine
+        self._empty_run = 0  # steps without a sample handed out since the last step with one
+        self.skipped = 0  # steps skipped in all, never handed out
 
     def step_of(self, time_unix_nano: int) -> int:
         return int((time_unix_nano / 1e9 - self.start_s) // self.config.cadence_s)
@@ -78,9 +98,22 @@ class OnlineFeatures:
         return self._advance(max(self._pending, default=self.next_step - 1))
 
     def _advance(self, through: int) -> list[Step]:
+        """Hand out the steps up to `through`: at most len(pending) + empty_steps + 1 engine steps
+        (the pending ones are at most lateness + 1), whatever the span."""
         out = []
         while self.next_step <= through:
             step = self.next_step
+            if step not in self._pending:
+                if self._empty_run >= self.empty_steps:
+                    # The rest of this run without samples: up to the next pending step, or past `through`.
+                    end = min((s for s in self._pending if s <= through), default=through + 1)
+                    self.engine.skip(end - step)
+                    self.skipped += end - step
+                    self.next_step = end
+                    continue
+                self._empty_run += 1
+            else:
+                self._empty_run = 0
             gpus, nets = self._pending.pop(step, ({}, {}))
             gpu, net = self._empty()
             changed = []

@@ -5,10 +5,16 @@ incoming 1 s samples are resampled exactly as training laid its table, and one n
 ahead never makes another node's samples late. A node's grid step is complete once a sample of a
 later step arrives; completed steps wait in a queue and `score_pending` scores all their GPUs in one
 LightGBM call (the risk, the mode head and the time-to-failure head).
+
+A node whose samples jump ahead in event time (a clock set wrong, or a caller stamping samples as it
+likes) costs a few steps of work, not one per step of the gap: the first steps without a sample are
+scored (the alert policy's dark_steps of them, so that its GPUs go dark as always) and the rest are
+skipped in one move that leaves its features exactly as stepping through would (`OnlineFeatures`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
@@ -16,9 +22,11 @@ import numpy as np
 
 from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
-from faultcast.model.online import LateSample, OnlineFeatures
+from faultcast.model.online import MAX_EMPTY_STEPS, LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
 from faultcast.service.validation import SampleRejected
+
+log = logging.getLogger(__name__)
 
 # Rows scored at least this share of the threshold get the mode and time-to-failure heads too: at or
 # under the hold level of the shipped policy, so that every score that holds an alert open has them.
@@ -52,6 +60,13 @@ class ScoredStep:
 class _Node:
     online: OnlineFeatures
     uuids: list[str]
+    jumped: bool = False  # a gap longer than its windows was logged
+
+
+def _empty_steps(model: FaultModel) -> int:
+    """Steps without a sample scored in a row: what the policy needs to see a GPU go dark, capped
+    (a policy asking more than MAX_EMPTY_STEPS sees at most that many per gap)."""
+    return min(model.policy.dark_steps, MAX_EMPTY_STEPS)
 
 
 class Scorer:
@@ -86,10 +101,23 @@ class Scorer:
                 self._nodes[snapshot.node] = node
             for gpu in snapshot.gpus:
                 node.uuids[gpu.index] = gpu.uuid
+            before = node.online.skipped
             try:
                 steps = node.online.add(snapshot)
             except LateSample as exc:
                 raise SampleRejected("late", str(exc)) from exc
+            skipped = node.online.skipped - before
+            if skipped >= max(self.model.feature_config.window_steps()) and not node.jumped:
+                # Past the longest window the node's windows restart empty, as after a restart of
+                # the service: worth a line (once per node) since its scores lose their history.
+                node.jumped = True
+                log.warning(
+                    "node %r: no sample for %d model steps of its event time (an outage, or its clock "
+                    "jumped: this sample is stamped %d s); past the first %d, they were skipped unscored, "
+                    "its features as if stepped through: its windows start empty. Logged once per node",
+                    snapshot.node, skipped + node.online.empty_steps, snapshot.time_unix_nano // 1_000_000_000,
+                    node.online.empty_steps,
+                )  # fmt: skip
             uuids = tuple(node.uuids)
             for s in steps:
                 g = self.model.feature_config.gpus_per_node
@@ -104,7 +132,12 @@ class Scorer:
         config = self.model.feature_config
         step = int(snapshot.time_unix_nano / 1e9 // config.cadence_s)
         online = OnlineFeatures(
-            config, [snapshot.node], 0.0, lateness_steps=self.lateness_steps, first_step=step
+            config,
+            [snapshot.node],
+            0.0,
+            lateness_steps=self.lateness_steps,
+            first_step=step,
+            empty_steps=_empty_steps(self.model),
         )
         return _Node(online, [""] * config.gpus_per_node)
 
@@ -156,4 +189,6 @@ class Scorer:
             if not same:
                 self._nodes.clear()
                 self._queue.clear()
+            for node in self._nodes.values():
+                node.online.empty_steps = _empty_steps(model)
             return same

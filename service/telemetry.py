@@ -3,6 +3,8 @@
 A thin servicer over plain functions (gRPC Python examples convention). What happens to an
 accepted sample is the sink's business: the scoring pipeline, or a list in a test. A sink may refuse
 a sample by raising `SampleRejected`; that is counted by reason and acked like any other rejection.
+Any other exception from the sink (a bug, or a sample no check foresaw) rejects that one sample as
+"scoring_error", logged with its traceback, and the stream goes on: it never ends a collector's stream.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         for node, spool in self._last:
             self._spools.setdefault(node, OrderedDict())[spool] = None
         self.spools_forgotten = 0
+        self._failures_traced: set[type[Exception]] = set()  # sink failures logged with a traceback
 
     def Push(  # noqa: N802 (gRPC method name)
         self, request_iterator: Iterator[pb.PushRequest], context: grpc.ServicerContext
@@ -185,15 +188,35 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                     reason, message = "malformed", str(exc)
                 except SampleRejected as exc:
                     reason, message = exc.reason, str(exc)
+                except Exception as exc:  # the sink's failure is this sample's, not the stream's
+                    reason, message = (
+                        "scoring_error",
+                        f"the service failed on this sample ({type(exc).__name__})",
+                    )
+                    self._log_failure(sample.sequence, key[0], exc)
             if reason:
                 self._reject(reason)
             # A rejected sample is acked too: resending cannot fix it.
             with self._lock:
                 self._last[key] = max(last, sample.sequence)
         if reason:
-            log.warning("rejected sample %d from %s: %s", sample.sequence, key[0], message)
+            if reason != "scoring_error":  # logged already, with what failed
+                log.warning("rejected sample %d from %s: %s", sample.sequence, key[0], message)
             return pb.Rejection(sequence=sample.sequence, reason=message)
         return None
+
+    def _log_failure(self, sequence: int, node: str, exc: Exception) -> None:
+        """One line per failed sample; the traceback with the first failure of each kind (a sample
+        that fails will often fail again on every Push: the log keeps one traceback of it)."""
+        if type(exc) in self._failures_traced:
+            log.error("rejected sample %d from %r: the sink failed on it (%r); the stream goes on",
+                      sequence, node, exc)  # fmt: skip
+            return
+        self._failures_traced.add(type(exc))
+        log.exception(
+            "rejected sample %d from %r: the sink failed on it (%r); the stream goes on (later failures "
+            "of this kind are logged without the traceback)", sequence, node, exc,
+        )  # fmt: skip
 
     def _take(self, snapshot: NodeSnapshot) -> None:
         now = self.clock()

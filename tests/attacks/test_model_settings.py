@@ -2,24 +2,42 @@
 item 8): the probe set the threshold to -5 (88 alerts) and NaN (the service went silently blind),
 k to 0, clear_steps and horizon_s to -1, and every one was accepted on load and on reload. Each bad
 value is refused with the file, the key and what is allowed; at start that is fatal, on reload the
-old model keeps serving."""
+old model keeps serving.
+
+A second probe scaled the windows with a tiny cadence (each window as many steps as before, names
+and hash recomputed): cadence 1e-300 s loaded and every Push then died with OverflowError (UNKNOWN,
+the stream ended); 1e-6 s loaded and one sample froze the event loop. The cadence now has a floor
+of 1 s, each window is at least one step and the horizon at most 10,000; and whatever the sink
+raises rejects that one sample ("scoring_error"), never the stream."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import math
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from faultcast import wire
 from faultcast.model.artifact import ModelError, load
-from faultcast.model.features import FeatureConfig, feature_schema_hash
+from faultcast.model.features import FeatureConfig, FeatureEngine, feature_schema_hash
+from faultcast.readings import NodeSnapshot
+from faultcast.service.feed import twin_snapshots
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
+from faultcast.service.telemetry import AsyncTelemetryServicer, TelemetryServicer
+from faultcast.sim.live import TwinSource
+from faultcast.v1 import telemetry_pb2 as tpb
+from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+from tests.attacks.victim import FLEET, WAIT_S
 
 Manifest = dict[str, Any]
 
@@ -55,6 +73,31 @@ def _set(*path: str, value: object) -> Callable[[Manifest], None]:
         where[path[-1]] = value
 
     return edit
+
+
+def _features(**changes: object) -> Callable[[Manifest], None]:
+    """Feature settings changed with their feature names recomputed (the names carry the windows),
+    as an attacker would: refused for the value itself, not for names that no longer match."""
+
+    def edit(manifest: Manifest) -> None:
+        features = manifest["features"]
+        features.update(changes)
+        config = FeatureConfig(
+            cadence_s=features["cadence_s"],
+            windows_s=tuple(features["windows_s"]),
+            gpus_per_node=features["gpus_per_node"],
+        )
+        features["names"] = list(FeatureEngine(config, 1).names)
+
+    return edit
+
+
+def _scaled(cadence_s: float) -> Callable[[Manifest], None]:
+    """The cadence set and the windows scaled with it: each window as many steps as before, so the
+    cap on window steps does not see it."""
+    shipped = FeatureConfig()  # the service model's: 60 s, 5, 15 and 60 minutes
+    scale = cadence_s / shipped.cadence_s
+    return _features(cadence_s=cadence_s, windows_s=[w * scale for w in shipped.windows_s])
 
 
 def _drop(*path: str) -> Callable[[Manifest], None]:
@@ -105,6 +148,11 @@ BAD_MANIFESTS = [
     ("features.cadence_s", _set("features", "cadence_s", value=-60)),
     ("features.cadence_s", _set("features", "cadence_s", value=NAN)),
     ("features.cadence_s", _set("features", "cadence_s", value=1e-300)),  # windows of 10^303 steps
+    ("features.cadence_s", _scaled(1e-300)),  # loaded, then every step number overflowed
+    ("features.cadence_s", _scaled(1e-6)),  # loaded, then one sample froze the event loop
+    ("features.cadence_s", _scaled(0.5)),  # finer than collectors sample
+    ("features.windows_s", _features(windows_s=[30.0, 900.0, 3600.0])),  # a window under one step
+    ("horizon_s", _set("horizon_s", value=60.0 * 10_001)),  # 10,001 steps of 60 s
     ("features.gpus_per_node", _set("features", "gpus_per_node", value=0)),
     ("features.gpus_per_node", _set("features", "gpus_per_node", value=True)),
     ("features.gpus_per_node", _set("features", "gpus_per_node", value=8.0)),
@@ -181,6 +229,14 @@ def test_the_good_model_still_loads(service_model: Path) -> None:
     assert model.policy.k >= 1
 
 
+def test_a_one_second_grid_still_loads(service_model: Path, tmp_path: Path) -> None:
+    """The floor is the collectors' fastest sampling, 1 s: a model on that grid loads (the
+    benchmark's twin samples every second), with windows and horizon in range."""
+    model = load(_variant(service_model, tmp_path / "fine", _scaled(1.0)))
+    assert model.feature_config.cadence_s == 1.0
+    assert model.feature_config.window_steps() == FeatureConfig().window_steps()
+
+
 @pytest.mark.parametrize("never", [1.0, 1.0 + 1e-9])
 def test_training_s_never_threshold_still_loads(service_model: Path, tmp_path: Path, never: float) -> None:
     """Training writes 1.0 (or 1e-9 above the top risk) when no threshold met its false-alarm
@@ -204,6 +260,8 @@ def test_a_service_refuses_to_start_on_an_impossible_model(service_model: Path, 
         ("alert_policy.k", _set("alert_policy", "k", value=0)),
         ("alert_policy.clear_steps", _set("alert_policy", "clear_steps", value=-1)),
         ("horizon_s", _set("horizon_s", value=-1)),
+        ("features.cadence_s", _scaled(1e-300)),
+        ("features.cadence_s", _scaled(1e-6)),
     ],
 )
 def test_a_reload_to_an_impossible_model_is_refused_and_the_old_one_keeps_serving(
@@ -228,3 +286,58 @@ def test_a_reload_to_an_impossible_model_is_refused_and_the_old_one_keeps_servin
         assert service.book.tracker.thresholds.tolist() == [threshold]
     finally:
         service.stop()
+
+
+# -- a sink that fails on a sample -----------------------------------------------------------------
+
+
+def test_a_sink_failing_on_one_sample_rejects_that_sample_and_the_stream_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the 1e-300 model did to every sample (OverflowError in the scorer), here on the second
+    of four samples and again on the third: each is rejected as "scoring_error" with one log line
+    (the traceback the first time), and the samples after it on the same stream are taken."""
+    taken: list[NodeSnapshot] = []
+
+    def sink(snapshot: NodeSnapshot) -> None:
+        if snapshot.sequence in (2, 3):
+            raise OverflowError("cannot convert float infinity to integer")
+        taken.append(snapshot)
+
+    core = TelemetryServicer(sink)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def serve() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()
+        tpb_grpc.add_TelemetryServicer_to_server(AsyncTelemetryServicer(core), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    server, port = asyncio.run_coroutine_threadsafe(serve(), loop).result()
+    samples = list(twin_snapshots(TwinSource(FLEET, 0, []), "node-a", 4))
+
+    def requests() -> Iterator[tpb.PushRequest]:
+        yield wire.hello("node-a", 1)
+        for snapshot in samples:
+            yield tpb.PushRequest(sample=wire.to_proto(snapshot))
+
+    try:
+        with (
+            caplog.at_level(logging.ERROR, logger="faultcast.service.telemetry"),
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
+            acks = list(tpb_grpc.TelemetryStub(channel).Push(requests(), timeout=WAIT_S))
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(WAIT_S)
+    assert [s.sequence for s in taken] == [1, 4]
+    assert [[r.sequence for r in a.rejections] for a in acks] == [[], [2], [3], []]
+    assert "OverflowError" in acks[1].rejections[0].reason
+    assert acks[-1].acked_through == 4
+    assert core.rejects == {"scoring_error": 2}
+    failures = [r for r in caplog.records if "sink failed" in r.getMessage()]
+    assert [r.exc_info is not None for r in failures] == [True, False]  # one traceback of a kind
