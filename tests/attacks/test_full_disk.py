@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import queue
-import shutil
 import threading
 from pathlib import Path
 from typing import BinaryIO
@@ -16,12 +15,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from faultcast.service.server import Service
 from faultcast.service.state import StateStore
-from faultcast.service.validation import Limits
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
-from tests.attacks.victim import NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim
+from tests.attacks.victim import NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim, serving
 
 
 def _write_until_full(out: BinaryIO, size: int) -> None:
@@ -71,13 +68,8 @@ class _HealthWatch:
 def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_space_returns(
     service_model: Path, small_disk: Path, tmp_path: Path
 ) -> None:
-    model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
     state = small_disk / "state"
-    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
-    port = service.start("127.0.0.1:0")
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    with serving(service_model, state, tmp_path) as (service, channel):
         health = _HealthWatch(channel)
         health.wait_for(health_pb2.HealthCheckResponse.SERVING)
         subscriber = Subscriber(channel)
@@ -103,9 +95,6 @@ def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_
         assert service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE
         subscriber.close()
         health.close()
-    finally:
-        channel.close()
-        service.stop(0)
     reopened = StateStore.in_dir(state)
     assert reopened.get(alert.id) is not None
     reopened.close()
@@ -117,13 +106,8 @@ def test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavail
     """Review of the fix: the alert book retried its write holding the lock a model reload needs,
     so ReloadModel and then every admin call hung; refused writes answered UNKNOWN with a traceback,
     and a pause answered UNKNOWN while it was in force."""
-    model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
     state = small_disk / "state"
-    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
-    port = service.start("127.0.0.1:0")
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    with serving(service_model, state, tmp_path) as (service, channel):
         health = _HealthWatch(channel)
         health.wait_for(health_pb2.HealthCheckResponse.SERVING)
         subscriber = Subscriber(channel)
@@ -154,6 +138,3 @@ def test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavail
         assert service.store.setting("remediation_paused_by") == service.remediator.paused_by
         subscriber.close()
         health.close()
-    finally:
-        channel.close()
-        service.stop(0)

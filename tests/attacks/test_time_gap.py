@@ -9,7 +9,6 @@ one move that leaves the engine exactly as stepping through them would."""
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,13 +27,16 @@ from faultcast.readings import NodeSnapshot
 from faultcast.service.feed import twin_snapshots
 from faultcast.service.scoring import Scorer
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
-from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
-from tests.attacks.victim import FLEET, NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim
+from tests.attacks.victim import (
+    FLEET,
+    WAIT_S,
+    assert_victim_alerted,
+    serving,
+)
 
 ATTACKER = FLEET.node_name(0)
 SECOND_NS = 1_000_000_000
@@ -63,17 +65,8 @@ def _push_stamped(channel: grpc.Channel, stamps: list[int]) -> list[tpb.PushAck]
 
 @pytest.fixture
 def served(service_model: Path, tmp_path: Path) -> Iterator[tuple[Service, grpc.Channel]]:
-    model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
-    service = Service(
-        model_dir, tmp_path / "state", limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0
-    )
-    port = service.start("127.0.0.1:0")
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield service, channel
-    channel.close()
-    if not service.stopping.is_set():
-        service.stop(0)
+    with serving(service_model, tmp_path / "state", tmp_path) as running:
+        yield running
 
 
 GAPS: dict[str, Callable[[int], list[int]]] = {
@@ -94,13 +87,7 @@ def test_a_jump_in_event_time_leaves_the_service_answering_and_the_victim_alerte
     assert acks[-1].acked_through == len(stamps)
     checked = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT_S)
     assert checked.status == health_pb2.HealthCheckResponse.SERVING
-    subscriber = Subscriber(channel)
-    acks = push_victim(channel)
-    assert acks[-1].acked_through == STEPS_BEFORE
-    alert = subscriber.next_alert()  # the victim node still gets its alert
-    assert alert.node == NAME
-    assert alert.state == apb.ALERT_STATE_OPEN
-    subscriber.close()
+    assert_victim_alerted(channel)  # the victim node still gets its alert
 
 
 # -- the work one sample costs ----------------------------------------------------------------------

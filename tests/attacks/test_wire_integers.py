@@ -5,7 +5,6 @@ RegisterJob answered OK without committing and cursors were never saved."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,13 +16,12 @@ from faultcast import wire
 from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.server import Service
 from faultcast.service.state import StateStore
-from faultcast.service.validation import Limits
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
-from tests.attacks.victim import FLEET, NAME, STEPS_BEFORE, Subscriber, push_victim
+from tests.attacks.victim import FLEET, NAME, STEPS_BEFORE, assert_victim_alerted, serving
 
 ATTACKER = FLEET.node_name(0)
 
@@ -40,16 +38,8 @@ def _attack(channel: grpc.Channel, sequences: list[int], spool_id: int = 7) -> l
 
 @pytest.fixture
 def served(service_model: Path, tmp_path: Path) -> Iterator[tuple[Service, grpc.Channel, Path]]:
-    model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
-    state = tmp_path / "state"
-    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
-    port = service.start("127.0.0.1:0")
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield service, channel, state
-    channel.close()
-    if not service.stopping.is_set():
-        service.stop(0)
+    with serving(service_model, tmp_path / "state", tmp_path) as (service, channel):
+        yield service, channel, tmp_path / "state"
 
 
 def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
@@ -63,13 +53,7 @@ def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
     later = _attack(channel, [5])
     assert later[-1].acked_through == 5
     assert not later[-1].rejections
-    subscriber = Subscriber(channel)
-    acks = push_victim(channel)
-    assert acks[-1].acked_through == STEPS_BEFORE
-    alert = subscriber.next_alert()  # the victim node still gets its alert
-    assert alert.node == NAME
-    assert alert.state == apb.ALERT_STATE_OPEN
-    subscriber.close()
+    alert = assert_victim_alerted(channel)  # the victim node still gets its alert
     stub = apb_grpc.AlertsStub(channel)
     stub.RegisterJob(apb.RegisterJobRequest(job_id="job-w", nodes=[ATTACKER]))
     service.stop(0)

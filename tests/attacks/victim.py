@@ -5,11 +5,17 @@ still gets its alert."""
 from __future__ import annotations
 
 import queue
+import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import grpc
 
 from faultcast.service.feed import push, twin_snapshots
+from faultcast.service.server import Service
+from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
@@ -57,3 +63,35 @@ def push_victim(channel: grpc.Channel, steps: int = STEPS_BEFORE) -> list[tpb.Pu
     """The victim node's samples up to 5 minutes before its GPU fails."""
     source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
     return push(channel, NAME, twin_snapshots(source, NAME, steps))
+
+
+@contextmanager
+def serving(model: Path, state: Path, scratch: Path) -> Iterator[tuple[Service, grpc.Channel]]:
+    """A started service on a copy of `model` (under `scratch`) with its state in `state`, without
+    clock limits (twin samples are from the past), and a channel to it; stopped at the end unless
+    the test stopped it."""
+    model_dir = scratch / "model"
+    shutil.copytree(model, model_dir)
+    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+    port = service.start("127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield service, channel
+    finally:
+        channel.close()
+        if not service.stopping.is_set():
+            service.stop(0)
+
+
+def assert_victim_alerted(channel: grpc.Channel) -> apb.Alert:
+    """The victim node's samples, then its alert, as its job's subscriber receives it."""
+    subscriber = Subscriber(channel)
+    try:
+        acks = push_victim(channel)
+        assert acks[-1].acked_through == STEPS_BEFORE
+        alert = subscriber.next_alert()
+        assert alert.node == NAME
+        assert alert.state == apb.ALERT_STATE_OPEN
+        return alert
+    finally:
+        subscriber.close()
