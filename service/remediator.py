@@ -44,7 +44,8 @@ from typing import TypeVar
 from faultcast.service.alerting import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation import Actuator, CircuitBreaker, Remediation, RetryPolicy
-from faultcast.service.state import Ack, PendingRemediation, StateStore, StateWriteError
+from faultcast.service.state import Ack, PendingRemediation, StateStore
+from faultcast.service.supervise import start_supervised
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class Remediator:
         self._store_retry_at: float | None = None  # clock time to try refused writes again
         self._store_failing = False  # for the log: one line when writes fail, one when they work again
         self._cv = threading.Condition()
-        self._stopping = False
+        self._stopped = threading.Event()  # stop(): the worker and its supervisor end
         self._resumed = False
         self._thread: threading.Thread | None = None
         self.done: list[tuple[Remediation, str, str]] = []  # (what, outcome, detail), in order
@@ -206,21 +207,16 @@ class Remediator:
     # -- writes the store may refuse -----------------------------------------------------------
 
     def _write(self, what: str, write: Callable[[], T]) -> T:
-        """A store write; a refusal (full disk, I/O error) is counted and raised for the caller to
-        keep its work."""
-        try:
-            result = write()
-        except sqlite3.OperationalError as exc:
-            if not isinstance(exc, StateWriteError):  # the store counts its own (on_write_failed)
-                self.metrics.state_write_failures.labels("remediation").inc()
-            raise
+        """A store write; a refusal (full disk, I/O error; the store counts it) is raised for the
+        caller to keep its work, and the first write that works after refusals is logged."""
+        result = write()
         if self._store_failing:
             self._store_failing = False
             log.warning("the state database takes remediation's writes again (%s); carrying on", what)
         return result
 
     def _store_trouble(self, exc: sqlite3.Error) -> None:
-        """Say once that the store fails (each failed write is counted in _write)."""
+        """Say once that the store fails (the store counts each failed write)."""
         if not self._store_failing:
             self._store_failing = True
             log.error(
@@ -441,7 +437,7 @@ class Remediator:
         """Fire due grace and backoff timers, write refused outcomes and carry out queued
         remediations; returns how many were taken up."""
         with self._cv:
-            if wait_s > 0 and not self._work and not self._stopping:
+            if wait_s > 0 and not self._work and not self._stopped.is_set():
                 self._cv.wait(self._timeout(wait_s))
             due = self._due(self._deadlines)
             retries = [self._retrying.pop(alert_id) for alert_id in self._due(self._retry_at)]
@@ -635,25 +631,21 @@ class Remediator:
             self.resume()
         except sqlite3.OperationalError as exc:  # the worker tries again
             self._store_trouble(exc)
-        self._thread = threading.Thread(target=self._loop, name="faultcast-remediator", daemon=True)
-        self._thread.start()
+        # Supervised like the service's other threads: a bug, or the store failing where nothing
+        # expected it, restarts the loop (what was not yet tried is kept: run_once puts it back).
+        self._thread = start_supervised("remediator", self._loop, self._stopped, self._restarted)
+
+    def _restarted(self, thread: str) -> None:
+        self.metrics.thread_restarts.labels(thread).inc()
 
     def _loop(self) -> None:
-        while not self._stopping:
-            try:
-                self.resume()
-                self.run_once(wait_s=1.0)
-            except Exception:
-                # A bug, or the store failing where nothing expected it: what was not yet tried is
-                # kept (run_once puts it back); the worker goes on after a pause instead of dying.
-                log.exception("remediator: unexpected error; carrying on")
-                self.metrics.thread_restarts.labels("remediator").inc()
-                with self._cv:
-                    self._cv.wait_for(lambda: self._stopping, self.store_retry_s)
+        while not self._stopped.is_set():
+            self.resume()
+            self.run_once(wait_s=1.0)
 
     def stop(self) -> None:
+        self._stopped.set()
         with self._cv:
-            self._stopping = True
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
