@@ -31,6 +31,7 @@ from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from tests.attacks.remediation_parts import migrate_alert
 from tests.serve_process import ServeProcess
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
@@ -236,19 +237,11 @@ def _remediator(
     return remediator, actuator, store
 
 
-def _migrate(store: StateStore, node: str) -> apb.Alert:
-    alert = apb.Alert(
-        node=node, gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.9,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
-    )  # fmt: skip
-    return store.append([alert])[0]
-
-
 def _opened(path: Path, clocks: _Clocks, node: str = "a") -> apb.Alert:
     """An alert opened under a first remediator, which is then abandoned 1 s later (killed)."""
     first, _, store = _remediator(path, clocks)
     store.register_job("j1", ["a", "b", "c", "d"])
-    alert = _migrate(store, node)
+    alert = migrate_alert(store, node)
     first.on_alerts([alert])
     clocks.advance(1.0)
     return alert
@@ -298,7 +291,7 @@ def test_the_deadline_of_an_alert_whose_risk_fell_is_dropped_and_not_fired_after
     clocks = _Clocks()
     first, _, store = _remediator(tmp_path, clocks)
     store.register_job("j1", ["a", "b"])
-    calm, hot = _migrate(store, "a"), _migrate(store, "b")
+    calm, hot = migrate_alert(store, "a"), migrate_alert(store, "b")
     first.on_alerts([calm, hot])
     (cleared,) = store.append([
         apb.Alert(node="a", gpu=1, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
@@ -318,14 +311,14 @@ def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path:
     first, _, store = _remediator(tmp_path, clocks, CircuitBreaker(max_nodes=2, window_s=600.0))
     store.register_job("j1", ["a", "b", "c", "d"])
     for node in ("a", "b"):
-        first.on_ack(Ack(_migrate(store, node).id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
+        first.on_ack(Ack(migrate_alert(store, node).id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     first.run_once()
     assert [outcome for _, outcome, _ in first.done] == ["ok", "ok"]
 
     clocks.restart(down_s=100.0)  # killed; back 100 s later, with a fresh breaker from the command line
     second, actuator, store = _remediator(tmp_path, clocks, CircuitBreaker(max_nodes=2, window_s=600.0))
     assert second.breaker.is_open(clocks.mono())
-    third = _migrate(store, "c")
+    third = migrate_alert(store, "c")
     second.on_ack(Ack(third.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     second.run_once()
     assert actuator.seen == []
@@ -335,7 +328,7 @@ def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path:
     )
     clocks.advance(501.0)  # the first two were taken out 601 s ago by the wall clock
     assert not second.breaker.is_open(clocks.mono())
-    second.on_ack(Ack(_migrate(store, "d").id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
+    second.on_ack(Ack(migrate_alert(store, "d").id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     second.run_once()
     assert [r.node for r in actuator.seen] == ["d"]
     # Only admissions within the window stay on disk.

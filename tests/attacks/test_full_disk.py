@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -65,18 +66,36 @@ class _HealthWatch:
         self._stream.cancel()
 
 
+def _full_with_an_alert_held(channel: grpc.Channel, disk: Path) -> tuple[_HealthWatch, Subscriber, Path]:
+    """Fill the disk, then push the victim's samples: its alert's write is refused and held, and
+    health turns NOT_SERVING. Returns the health watch, the victim's subscriber and the filler."""
+    health = _HealthWatch(channel)
+    health.wait_for(health_pb2.HealthCheckResponse.SERVING)
+    subscriber = Subscriber(channel)
+    filler = _fill(disk)
+    acks = push_victim(channel)
+    assert acks[-1].acked_through == STEPS_BEFORE  # taken into memory, held until it can be stored
+    health.wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)  # the alert's write failed
+    return health, subscriber, filler
+
+
+def _eventually(done: Callable[[], bool]) -> bool:
+    """Whether `done()` holds within WAIT_S: for what a service thread writes once a second, which
+    only reading it shows."""
+    poll = threading.Event()
+    for _ in range(int(WAIT_S / 0.2)):
+        if done():
+            return True
+        poll.wait(0.2)
+    return done()
+
+
 def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_space_returns(
     service_model: Path, small_disk: Path, tmp_path: Path
 ) -> None:
     state = small_disk / "state"
     with serving(service_model, state, tmp_path) as (service, channel):
-        health = _HealthWatch(channel)
-        health.wait_for(health_pb2.HealthCheckResponse.SERVING)
-        subscriber = Subscriber(channel)
-        filler = _fill(small_disk)
-        acks = push_victim(channel)
-        assert acks[-1].acked_through == STEPS_BEFORE  # taken into memory, held until it can be stored
-        health.wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)  # the alert's write failed
+        health, subscriber, filler = _full_with_an_alert_held(channel, small_disk)
         assert service.metrics.state_writable._value.get() == 0
         assert subscriber.alerts.empty()  # nothing is published before it is durable
         filler.unlink()
@@ -87,12 +106,7 @@ def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_
         assert service.metrics.state_writable._value.get() == 1
         assert service.metrics.state_write_failures.labels("alerts")._value.get() >= 1
         # The cursor thread survived the full disk: it saves again by itself.
-        poll = threading.Event()
-        for _ in range(int(WAIT_S / 0.2)):
-            if service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE:
-                break
-            poll.wait(0.2)  # the thread saves once a second: read what it wrote
-        assert service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE
+        assert _eventually(lambda: service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE)
         subscriber.close()
         health.close()
     reopened = StateStore.in_dir(state)
@@ -108,12 +122,7 @@ def test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavail
     and a pause answered UNKNOWN while it was in force."""
     state = small_disk / "state"
     with serving(service_model, state, tmp_path) as (service, channel):
-        health = _HealthWatch(channel)
-        health.wait_for(health_pb2.HealthCheckResponse.SERVING)
-        subscriber = Subscriber(channel)
-        filler = _fill(small_disk)
-        push_victim(channel)
-        health.wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)  # an alert event is held
+        health, subscriber, filler = _full_with_an_alert_held(channel, small_disk)
         admin = apb_grpc.AdminStub(channel)
         reload = admin.ReloadModel(apb.ReloadModelRequest(), timeout=WAIT_S)
         assert not reload.loaded
@@ -130,11 +139,8 @@ def test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavail
         filler.unlink()
         assert subscriber.next_alert().node == NAME
         health.wait_for(health_pb2.HealthCheckResponse.SERVING)
-        poll = threading.Event()
-        for _ in range(int(WAIT_S / 0.2)):
-            if service.store.setting("remediation_paused_by") is not None:
-                break
-            poll.wait(0.2)  # the cursor thread stores the pause once the disk takes it
+        # The cursor thread stores the pause once the disk takes it.
+        assert _eventually(lambda: service.store.setting("remediation_paused_by") is not None)
         assert service.store.setting("remediation_paused_by") == service.remediator.paused_by
         subscriber.close()
         health.close()

@@ -11,22 +11,7 @@ from faultcast.service.remediation import NoopActuator
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import StateStore
 from faultcast.v1 import alerts_pb2 as apb
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _migrate(store: StateStore, node: str) -> apb.Alert:
-    alert = apb.Alert(
-        node=node, gpu=1, mode=apb.FAILURE_MODE_NVLINK, risk=0.8, state=apb.ALERT_STATE_OPEN,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
-    )  # fmt: skip
-    return store.append([alert])[0]
+from tests.attacks.remediation_parts import Clock, migrate_alert
 
 
 def _cleared(opened: apb.Alert, reason: apb.ClearReason.ValueType) -> apb.Alert:
@@ -37,11 +22,11 @@ def _cleared(opened: apb.Alert, reason: apb.ClearReason.ValueType) -> apb.Alert:
 
 
 def test_no_drain_when_the_risk_fell_back_before_the_grace_period_ended(tmp_path: Path) -> None:
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store, clock = StateStore.in_dir(tmp_path), Clock()
     store.register_job("j1", ["a", "b"])
     actuator = NoopActuator()
     remediator = Remediator(store, actuator, ServiceMetrics(), grace_s=60.0, clock=clock)
-    calm, dark = _migrate(store, "a"), _migrate(store, "b")
+    calm, dark = migrate_alert(store, "a"), migrate_alert(store, "b")
     remediator.on_alerts([calm, dark])
     cleared = store.append(
         [_cleared(calm, apb.CLEAR_REASON_RISK_FELL), _cleared(dark, apb.CLEAR_REASON_GPU_DARK)]

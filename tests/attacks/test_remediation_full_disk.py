@@ -23,17 +23,10 @@ from faultcast.service.remediation import Outcome, Remediation, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
+from tests.attacks.remediation_parts import Clock, migrate_alert
 
 WAIT_S = 30.0
 WRITES = ("claim_remediation", "begin_attempt", "note_failed_attempt", "finish_remediation", "save_setting")
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _Disk:
@@ -89,14 +82,6 @@ class _Recording:
         return Outcome(True, f"drained {remediation.node}")
 
 
-def _migrate(store: StateStore, node: str) -> apb.Alert:
-    alert = apb.Alert(
-        node=node, gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.9,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
-    )  # fmt: skip
-    return store.append([alert])[0]
-
-
 def _failures(metrics: ServiceMetrics) -> float:
     return (
         metrics.registry.get_sample_value("faultcast_state_write_failures_total", {"what": "remediation"})
@@ -141,14 +126,14 @@ def _fill(disk: Path) -> Path:
 
 
 def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(small_disk: Path) -> None:
-    clock, metrics, actuator = _Clock(), ServiceMetrics(), _Recording()
+    clock, metrics, actuator = Clock(), ServiceMetrics(), _Recording()
     # Wired as the service wires it: the store counts its refused writes.
     store = StateStore.in_dir(
         small_disk / "state", on_write_failed=lambda what: metrics.state_write_failures.labels(what).inc()
     )
     store.register_job("j1", ["a"])
     remediator = Remediator(store, actuator, metrics, clock=clock)
-    alert = _migrate(store, "a")
+    alert = migrate_alert(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
     filler = _fill(small_disk)
     for _ in range(3):
@@ -169,12 +154,12 @@ def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(s
 def test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back(
     store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock, metrics, actuator = _Clock(), ServiceMetrics(), _Recording()
+    clock, metrics, actuator = Clock(), ServiceMetrics(), _Recording()
     remediator = Remediator(store, actuator, metrics, grace_s=60.0, clock=clock)
     disk = _Disk(store, monkeypatch)
     remediator.start()
     try:
-        first = _migrate(store, "a")
+        first = migrate_alert(store, "a")
         disk.fill()
         remediator.on_alerts([first])  # its deadline cannot be written: kept in memory, not raised
         clock.now += 61
@@ -183,7 +168,7 @@ def test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back(
         disk.free()
         clock.now += 2
         assert remediator.wait_done(1, WAIT_S)
-        second = _migrate(store, "b")  # new alerts after space came back are drained too
+        second = migrate_alert(store, "b")  # new alerts after space came back are drained too
         remediator.on_alerts([second])
         clock.now += 61
         assert remediator.wait_done(2, WAIT_S)
@@ -209,11 +194,11 @@ def test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back(
 def test_a_refused_write_is_retried_and_the_node_drained_once(
     store: StateStore, monkeypatch: pytest.MonkeyPatch, write: str
 ) -> None:
-    clock, metrics = _Clock(), ServiceMetrics()
+    clock, metrics = Clock(), ServiceMetrics()
     disk = _Disk(store, monkeypatch)
     actuator = _Recording()
     remediator = Remediator(store, actuator, metrics, clock=clock)
-    alert = _migrate(store, "a")
+    alert = migrate_alert(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, "s3://ckpt/3"))
     disk.fill(write)
     for _ in range(5):  # the disk stays full for a while
@@ -236,12 +221,12 @@ def test_a_refused_write_is_retried_and_the_node_drained_once(
 def test_a_failed_attempt_whose_detail_cannot_be_written_is_still_retried(
     store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock, metrics = _Clock(), ServiceMetrics()
+    clock, metrics = Clock(), ServiceMetrics()
     disk = _Disk(store, monkeypatch)
     actuator = _Recording(failures=1)
     policy = RetryPolicy(initial_s=5.0, multiplier=2.0, max_s=60.0, max_attempts=3, jitter=0.0)
     remediator = Remediator(store, actuator, metrics, clock=clock, retry=policy)
-    alert = _migrate(store, "a")
+    alert = migrate_alert(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
     disk.fill("note_failed_attempt")
     remediator.run_once()
@@ -256,13 +241,13 @@ def test_a_failed_attempt_whose_detail_cannot_be_written_is_still_retried(
 def test_a_disk_that_fills_during_the_drain_keeps_the_outcome_and_drains_once(
     store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock, metrics = _Clock(), ServiceMetrics()
+    clock, metrics = Clock(), ServiceMetrics()
     disk = _Disk(store, monkeypatch)
     actuator = _Recording(on_call=disk.fill)  # the disk fills while the scheduler drains the node
     remediator = Remediator(store, actuator, metrics, clock=clock)
     remediator.start()
     try:
-        alert = _migrate(store, "a")
+        alert = migrate_alert(store, "a")
         remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
         disk.wait_refused("finish_remediation")
         assert store.remediation(alert.id) == ("pending", "")
@@ -284,7 +269,7 @@ def test_a_disk_that_fills_during_the_drain_keeps_the_outcome_and_drains_once(
 def test_an_unexpected_error_in_the_worker_is_counted_and_the_drain_still_happens(
     store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock, metrics, actuator = _Clock(), ServiceMetrics(), _Recording()
+    clock, metrics, actuator = Clock(), ServiceMetrics(), _Recording()
     remediator = Remediator(store, actuator, metrics, grace_s=60.0, clock=clock)
     acks, raised = store.acks, threading.Event()
 
@@ -297,7 +282,7 @@ def test_an_unexpected_error_in_the_worker_is_counted_and_the_drain_still_happen
     monkeypatch.setattr(store, "acks", broken_once)  # read when the grace timer fires
     remediator.start()
     try:
-        alert = _migrate(store, "a")
+        alert = migrate_alert(store, "a")
         remediator.on_alerts([alert])
         clock.now += 61
         assert remediator.wait_done(1, WAIT_S)

@@ -1,0 +1,26 @@
+"""What the remediation attack tests share: a clock the test moves, and a snapshot-and-migrate
+alert in the store."""
+
+from __future__ import annotations
+
+from faultcast.service.state import StateStore
+from faultcast.v1 import alerts_pb2 as apb
+
+
+class Clock:
+    """A clock that stands still until the test moves `now`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def migrate_alert(store: StateStore, node: str) -> apb.Alert:
+    """A stored OPEN alert on `node` recommending snapshot-and-migrate (what a grace timer drains)."""
+    alert = apb.Alert(
+        node=node, gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.9,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
+    )  # fmt: skip
+    return store.append([alert])[0]
