@@ -23,7 +23,7 @@ from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, cur
 from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
-from faultcast.service.state import Ack, StateStore
+from faultcast.service.state import MAX_STORED_INT, Ack, StateStore
 from faultcast.service.validation import is_host_name
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -34,7 +34,6 @@ _SQL_NODES = 64  # a live stream's nodes are filtered by SQLite up to this many,
 HEAD_ID_KEY = "faultcast-head-id"  # trailing metadata of an OUT_OF_RANGE refusal: the log's head
 _ACK_ACTIONS = ", ".join(name for name, value in apb.AckAction.items() if value != apb.ACK_ACTION_UNSPECIFIED)
 _STARTS = ", ".join(apb.StartFrom.keys())
-_SQLITE_MAX = 2**63 - 1  # the state database stores signed 64-bit integers
 
 Refusal = tuple[grpc.StatusCode, str]
 T = TypeVar("T")
@@ -259,7 +258,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "job_id is required: the registered job running on the alert's node",
             )
-        if request.step > _SQLITE_MAX:
+        if request.step > MAX_STORED_INT:
             return grpc.StatusCode.INVALID_ARGUMENT, f"step {request.step} is beyond 2^63-1, the largest kept"
         refusal = self._authorize(request.job_id, [], peer)  # a trainer acts for its own job only
         if refusal is not None:

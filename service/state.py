@@ -371,7 +371,7 @@ class StateStore:
             )
 
     def get(self, alert_id: int) -> apb.Alert | None:
-        if not 0 < alert_id < 2**63:  # beyond SQLite's integers: no such event
+        if not 0 < alert_id <= MAX_STORED_INT:  # beyond SQLite's integers: no such event
             return None
         with self._lock:
             row = self._db.execute("SELECT payload FROM alerts WHERE id = ?", (alert_id,)).fetchone()
