@@ -14,6 +14,7 @@ import json
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     """The same job run straight through, with no service and no Slurm."""
     import subprocess
 
-    out = tmp_path_factory.mktemp("reference")
-    subprocess.run(_torchrun(out, out / "snapshots"), check=True, timeout=WAIT_S, capture_output=True)
+    # It takes seconds; a run stuck past the watchdog (once in CI, inside torchrun or gloo, before
+    # this watchdog existed) is shown as a warning with its stacks and run once more: the reference
+    # is the test's yardstick, not the behaviour under test.
+    for attempt in (1, 2):
+        out = tmp_path_factory.mktemp("reference")
+        command = _torchrun(out, out / "snapshots", "--watchdog-s", str(WAIT_S / 3))
+        run = subprocess.run(command, timeout=WAIT_S, capture_output=True, text=True)
+        if run.returncode == 0:
+            break
+        report = f"reference run {attempt} failed (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-8000:]}"
+        if attempt == 2:
+            raise AssertionError(report)
+        warnings.warn(report, stacklevel=1)
     final: dict[str, torch.Tensor] = torch.load(out / "final.pt")
     return final
 
