@@ -62,8 +62,8 @@ from typing import Any
 import grpc
 import numpy as np
 
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
-from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.remediation import NoopActuator
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
@@ -92,17 +92,11 @@ SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTION
 
 
 def train_quick_model(path: Path) -> Path:
-    """The service tests' recipe (tests/conftest.py `service_model`): a 32-node twin over 6 days at
-    200x the failure rate, 80 boosting rounds."""
-    from faultcast.model.dataset import open_dataset
-    from faultcast.model.train import TrainConfig, train
-    from faultcast.sim.writer import simulate
+    """The demo model (faultcast.demo.model's recipe, as the service tests use it)."""
+    from faultcast.demo.model import train_demo_model
 
     print(f"training a quick model into {path} (about a minute)", flush=True)
-    with tempfile.TemporaryDirectory() as data:
-        simulate(FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0), Path(data), [])
-        train(open_dataset(Path(data)), path, TrainConfig(num_boost_round=80, negative_rate=0.05))
-    return path
+    return train_demo_model(path)
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,9 @@ import numpy as np
 from prometheus_client.metrics import MetricWrapperBase
 
 from faultcast import wire
+from faultcast.demo.feed import twin_snapshots
 from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
-from faultcast.service.feed import twin_snapshots
 from faultcast.service.metrics import LATENCY_BUCKETS_S
 from faultcast.service.scoring import ScoredStep
 from faultcast.service.server import Service
@@ -83,19 +83,11 @@ _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # (grpc-stubs lags gr
 
 
 def ensure_model(path: Path) -> Path:
-    """The benchmark model: the service tests' recipe (32-node twin, 6 days, 80 trees), trained once
-    into `path` (about 40 s here) and reused after."""
-    if (path / "manifest.json").exists():
-        return path
-    from faultcast.model.dataset import open_dataset
-    from faultcast.model.train import TrainConfig, train
-    from faultcast.sim.writer import simulate
+    """The benchmark model: the demo model (faultcast.demo.model's recipe, as the service tests use
+    it), trained once into `path` (about a minute here) and reused after."""
+    from faultcast.demo.model import ensure_model as train_once
 
-    print(f"training the benchmark model into {path} (once, about a minute)", flush=True)
-    with tempfile.TemporaryDirectory() as data:
-        simulate(FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0), Path(data), [])
-        path.mkdir(parents=True, exist_ok=True)
-        train(open_dataset(Path(data)), path, TrainConfig(num_boost_round=80, negative_rate=0.05))
+    train_once(path)
     return path
 
 

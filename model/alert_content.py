@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
-from faultcast.sim.modes import MODES, Level
+from faultcast.modes import MODES_WITH_PRECURSOR
+from faultcast.modes import NODE_LEVEL_MODES as NODE_LEVEL_MODES
 
-# Modes whose failure takes a whole node: an alert for them is one per node (gpu -1).
-NODE_LEVEL_MODES = frozenset(m.name for m in MODES if m.level is Level.NODE)
-PREDICTABLE_MODES = frozenset(m.name for m in MODES if m.predictable)
+# Modes whose failure takes a whole node (NODE_LEVEL_MODES) get one alert per node (gpu -1); only
+# modes with a precursor get a time to failure.
+PREDICTABLE_MODES = MODES_WITH_PRECURSOR
 TTF_QUANTILES = (0.1, 0.5, 0.9)
 
 

@@ -55,7 +55,7 @@ from faultcast.catalogue import (
 from faultcast.dcgm import RATIO_OR_PERCENT, readable_names
 from faultcast.model.dataset import DataError
 from faultcast.rollup import NETWORK_COLUMNS, rollup_network
-from faultcast.sim.writer import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
+from faultcast.schemas import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
 
 log = logging.getLogger(__name__)
 

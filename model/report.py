@@ -21,14 +21,13 @@ import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
 from faultcast.catalogue import Kind, by_name
-from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, Step, replay
 from faultcast.model.evaluate import (
     WARMUP_S,
 )
 from faultcast.model.outcomes import DEFAULT_PERIODS, PredictionPeriods, ScoredPeriod, catches, incidents
-from faultcast.sim.modes import MODES
+from faultcast.modes import NODE_LEVEL_MODES, FailureMode
 
 METHODS = ("model", "logistic", "rules")
 COLORS = {"model": "tab:blue", "logistic": "tab:orange", "rules": "tab:green", "model_dcgm": "tab:purple"}
@@ -254,7 +253,7 @@ PRECURSORS: dict[str, tuple[str, ...]] = {
     "detachment": ("nvml_call_seconds", "nvml_failed_calls", "sample_missing"),
     "firmware": ("gpu_temp", "power_usage", "xid_119_events", "xid_120_events"),
 }
-NODE_LEVEL = frozenset(m.name for m in MODES if m.level.value == "node")
+NODE_LEVEL = NODE_LEVEL_MODES
 
 
 def is_cumulative(metric: str) -> bool:
@@ -441,7 +440,7 @@ def plot_signals(
 
 def plot_failure_overview(failures: pd.DataFrame, nodes: Sequence[str]) -> Figure:
     """Failures per mode, per node (stacked by mode) and over time (one row per node)."""
-    modes = [m.name for m in MODES]
+    modes = [m.value for m in FailureMode]
     colors = {mode: matplotlib.colormaps["tab10"](i) for i, mode in enumerate(modes)}
     fig = Figure(figsize=(10, 10))
     axes = fig.subplots(3, 1, gridspec_kw={"height_ratios": [1, 1, 1.4]})

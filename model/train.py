@@ -27,7 +27,7 @@ from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, score_per
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, choose_threshold
-from faultcast.sim.modes import MODES, Level
+from faultcast.modes import NODE_LEVEL_MODES as _NODE_MODES
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class _Sampler:
         self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
         self.rng = np.random.default_rng(seed)
         self.rows = Rows()
-        self.node_modes = np.array([m.name for m in MODES if m.level is Level.NODE], dtype=object)
+        self.node_modes = np.array(sorted(m.value for m in _NODE_MODES), dtype=object)
 
     def __call__(self, step: Step) -> None:
         positive, ttf, mode = self.labels.at(step.time_s, self.nodes, self.g)

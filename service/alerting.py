@@ -44,6 +44,7 @@ from faultcast.model.alert_content import (
 )
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
+from faultcast.modes import FailureMode
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
@@ -52,15 +53,9 @@ from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
 
+# The contract's name for each failure mode comes from the mode itself (faultcast.modes).
 MODE_TO_PB: dict[str, apb.FailureMode.ValueType] = {
-    "hbm_wear": apb.FAILURE_MODE_HBM_WEAR,
-    "cooling": apb.FAILURE_MODE_COOLING,
-    "power": apb.FAILURE_MODE_POWER,
-    "nvlink": apb.FAILURE_MODE_NVLINK,
-    "pcie": apb.FAILURE_MODE_PCIE,
-    "infiniband": apb.FAILURE_MODE_NETWORK,
-    "detachment": apb.FAILURE_MODE_DETACHMENT,
-    "firmware": apb.FAILURE_MODE_FIRMWARE,
+    m.value: apb.FailureMode.Value(m.proto_name) for m in FailureMode
 }
 PB_TO_MODE = {v: k for k, v in MODE_TO_PB.items()}
 ACTION_TO_PB: dict[Action, apb.RecommendedAction.ValueType] = {

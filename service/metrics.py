@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from faultcast.sim.modes import MODES
+from faultcast.modes import FailureMode
 
 # Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -69,7 +69,7 @@ THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator")
 # What the service writes to its state database (a failed write is retried and counted).
 STATE_WRITES: tuple[str, ...] = ("alerts", "cursors", "remediation", "jobs", "acks", "settings")
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
-ALERT_MODES: tuple[str, ...] = (*(m.name for m in MODES), "unknown")
+ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
 
 

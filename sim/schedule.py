@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
-from faultcast.sim.modes import BY_NAME, MODES, Level, ModeSpec
+from faultcast.sim.modes import BY_NAME, MODES, ModeSpec
 from faultcast.sim.streams import Stream, rng
 
 _MIN_LEAD_S = 60.0

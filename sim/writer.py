@@ -26,30 +26,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultcast import __version__
-from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH, Scope, metrics_for
-from faultcast.rollup import NETWORK_COLUMNS, NETWORK_WIDE, rollup_network
+from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH
+from faultcast.modes import Level
+from faultcast.rollup import NETWORK_COLUMNS, rollup_network
+from faultcast.schemas import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA, TIMESTAMP
 from faultcast.sim.config import FleetConfig
-from faultcast.sim.generate import GPU_WIDE
-from faultcast.sim.modes import MODES, Level
+from faultcast.sim.modes import MODES
 from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Failure, Scenario
-
-GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
-_TS = pa.timestamp("ns", tz="UTC")
-_DICT = pa.dictionary(pa.int32(), pa.string())
-
-TELEMETRY_SCHEMA = pa.schema(
-    [("timestamp", _TS), ("node", _DICT), ("gpu", pa.int16()), ("uuid", _DICT), ("model", _DICT)]
-    + [
-        (name, pa.float64() if wide else pa.float32())
-        for name, wide in zip(GPU_COLUMNS, GPU_WIDE, strict=True)
-    ]
-)
-NETWORK_SCHEMA = pa.schema(
-    [("timestamp", _TS), ("node", _DICT)]
-    + [(name, pa.float64() if name in NETWORK_WIDE else pa.float32()) for name in NETWORK_COLUMNS]
-)
-FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "description")
 
 
 def _dictionary(indices: np.ndarray, names: list[str]) -> pa.DictionaryArray:
@@ -96,7 +80,7 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
             uuid_idx = (node_idx * g + gpu_idx) * swaps + repl
             uuids = [twins[s // g].uuid(s % g, r) for s in range(config.nodes * g) for r in range(swaps)]
             columns: list[pa.Array] = [
-                pa.array(np.repeat(stamps, config.nodes * g)[present], _TS),
+                pa.array(np.repeat(stamps, config.nodes * g)[present], TIMESTAMP),
                 _dictionary(node_idx, node_names),
                 pa.array(gpu_idx.astype(np.int16)),
                 _dictionary(uuid_idx.reshape(-1), uuids),
@@ -120,7 +104,7 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
                 node_present
             ]
             net_columns: list[pa.Array] = [
-                pa.array(np.repeat(stamps, config.nodes)[node_present], _TS),
+                pa.array(np.repeat(stamps, config.nodes)[node_present], TIMESTAMP),
                 _dictionary(net_nodes, node_names),
             ]
             net_columns += [pa.array(agg[name].reshape(-1)[node_present], NETWORK_SCHEMA.field(name).type)

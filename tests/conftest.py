@@ -38,23 +38,16 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def service_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model good enough to catch a clear HBM precursor, for the service's tests: a 32-node twin
-    over 6 days at 200x the failure rate, trained with few trees (about 40 s here). For a faster
+    """A model good enough to catch a clear HBM precursor, for the service's tests: the demo model
+    (faultcast.demo.model: a 32-node twin over 6 days at 200x the failure rate, few trees). For a faster
     edit-run loop, FAULTCAST_TEST_SERVICE_MODEL names a model directory trained that way to use instead
     (never set in CI)."""
     cached = os.environ.get("FAULTCAST_TEST_SERVICE_MODEL")
     if cached:
         return Path(cached)
-    from faultcast.model.dataset import open_dataset
-    from faultcast.model.train import TrainConfig, train
-    from faultcast.sim.config import FleetConfig
-    from faultcast.sim.writer import simulate
+    from faultcast.demo.model import train_demo_model
 
-    data = tmp_path_factory.mktemp("service-data")
-    simulate(FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0), data, [])
-    out = tmp_path_factory.mktemp("service-model")
-    train(open_dataset(data), out, TrainConfig(num_boost_round=80, negative_rate=0.05))
-    return out
+    return train_demo_model(tmp_path_factory.mktemp("service-model"), tmp_path_factory.mktemp("service-data"))
 
 
 @pytest.fixture

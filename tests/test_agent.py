@@ -9,9 +9,9 @@ from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.fake_nvml import FakeNvml
 from faultcast.collector.nvml import NvmlSource
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.collector.spool import Spool
 from faultcast.readings import Reading, unpack
+from faultcast.sim.realtime import SimulatedSource
 
 
 class BrokenSource:

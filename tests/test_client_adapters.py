@@ -14,7 +14,7 @@ import grpc
 import pytest
 import torch
 
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.remediation import NoopActuator
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from faultcast.client.snapshots import SnapshotStore
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.server import Service
 from faultcast.service.slurm import SlurmActuator
 from faultcast.service.validation import Limits

@@ -7,8 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import Scope, index_of, metrics_for
 from faultcast.collector.exporter import GPU_LABELS, SnapshotExporter
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+from faultcast.sim.realtime import SimulatedSource
 
 
 def _exposition(snapshot: NodeSnapshot | None) -> dict[str, list[tuple[str, dict[str, str], float]]]:

@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from faultcast import wire
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
 from faultcast.service.auth import AccessPolicy, TokenBook, digest
-from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.limits import CallerLimits, TokenBucket
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service

@@ -14,19 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model.alert_content import NODE_LEVEL_MODES
-from faultcast.model.artifact import ModelError, load
-from faultcast.model.dataset import Failure as LoggedFailure
-from faultcast.model.dataset import FailureLog
-from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import Outcome as Verdict
-from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
-from faultcast.model.threshold_file import write as write_threshold
-from faultcast.service.server import Service
-from faultcast.sim.goodput import study
-from faultcast.sim.goodput.engine import Failure, JobCosts, Outcome, Policy, Scenario, simulate
-from faultcast.sim.goodput.interval import daly_interval, young_interval
-from faultcast.sim.goodput.process import (
+from faultcast.goodput import study
+from faultcast.goodput.engine import Failure, JobCosts, Outcome, Policy, Scenario, simulate
+from faultcast.goodput.interval import daly_interval, young_interval
+from faultcast.goodput.process import (
     LLAMA3_DAYS,
     LLAMA3_GPUS,
     LLAMA3_UNEXPECTED,
@@ -36,7 +27,16 @@ from faultcast.sim.goodput.process import (
     failure_rates,
     scenario,
 )
-from faultcast.sim.goodput.replay import model_digest, samples_at
+from faultcast.goodput.replay import model_digest, samples_at
+from faultcast.model.alert_content import NODE_LEVEL_MODES
+from faultcast.model.artifact import ModelError, load
+from faultcast.model.dataset import Failure as LoggedFailure
+from faultcast.model.dataset import FailureLog
+from faultcast.model.incidents import AlertPolicy
+from faultcast.model.outcomes import Outcome as Verdict
+from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
+from faultcast.model.threshold_file import write as write_threshold
+from faultcast.service.server import Service
 
 # Round numbers so every case below can be followed on paper: 1,000 s of compute, then a 100 s
 # checkpoint; a crash is noticed after 100 s and the restart takes 200 s, as does a migration.

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from faultcast.client import Guard
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.remediation import NoopActuator
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service

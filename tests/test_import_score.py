@@ -31,9 +31,10 @@ from faultcast.model.outcomes import Outcome
 from faultcast.model.score import CSV_FIELDS, ScoredAlert, score
 from faultcast.model.train import TrainConfig, train
 from faultcast.rollup import NETWORK_COLUMNS
+from faultcast.schemas import FAILURE_FIELDS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario
-from faultcast.sim.writer import FAILURE_FIELDS, NETWORK_SCHEMA, TELEMETRY_SCHEMA, simulate
+from faultcast.sim.writer import simulate
 
 H = 3600.0
 DCGM_COLUMNS = [m.name for m in metrics_for(Scope.GPU) if m.dcgm is not None]

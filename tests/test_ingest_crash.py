@@ -15,7 +15,7 @@ import pytest
 from faultcast import wire
 from faultcast.collector.shipper import Backoff, Shipper
 from faultcast.collector.spool import Spool
-from faultcast.service.feed import twin_snapshots
+from faultcast.demo.feed import twin_snapshots
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from tests.conftest import free_port

@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from faultcast import wire
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, digest
-from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
 from faultcast.service.state import Ack

@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast import wire
 from faultcast.catalogue import Scope, index_of
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
-from faultcast.service.feed import push, twin_snapshots
 from faultcast.service.remediation import NoopActuator
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service

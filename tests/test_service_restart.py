@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario

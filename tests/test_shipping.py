@@ -13,11 +13,11 @@ from faultcast import wire
 from faultcast.catalogue import SCHEMA_HASH, Scope, metrics_for
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.shipper import Backoff, Shipper
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.collector.spool import Spool
 from faultcast.readings import NodeSnapshot
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.telemetry import TelemetryServicer, create_server
+from faultcast.sim.realtime import SimulatedSource
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
 

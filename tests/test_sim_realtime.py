@@ -17,12 +17,12 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import Reading
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
+from faultcast.sim.realtime import SimulatedSource
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 S = 10**9

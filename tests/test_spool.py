@@ -8,9 +8,9 @@ import pytest
 
 from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.collector.spool import Spool
 from faultcast.readings import unpack
+from faultcast.sim.realtime import SimulatedSource
 from faultcast.v1 import telemetry_pb2 as pb
 
 

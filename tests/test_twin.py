@@ -13,13 +13,15 @@ import pandas as pd
 import pytest
 
 from faultcast.catalogue import Scope, metrics_for
+from faultcast.modes import Level
 from faultcast.rollup import NETWORK_COLUMNS, rollup_network
+from faultcast.schemas import GPU_COLUMNS
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
-from faultcast.sim.modes import MODES, Level
+from faultcast.sim.modes import MODES
 from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario, node_schedule
-from faultcast.sim.writer import GPU_COLUMNS, simulate
+from faultcast.sim.writer import simulate
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 # Small but eventful: many failures, repairs inside the horizon, several chunks.
@@ -396,7 +398,7 @@ def test_the_simulate_command_writes_the_four_files(tmp_path: Path) -> None:
 def test_scenarios_parse_from_the_command_line_with_clear_errors() -> None:
     from argparse import ArgumentTypeError
 
-    from faultcast.sim.command import parse_scenario
+    from faultcast.cli.simulate import parse_scenario
 
     assert parse_scenario("hbm_wear:2:5:90m") == Scenario("hbm_wear", 2, 5, 5400.0, None)
     assert parse_scenario("infiniband:1::2h:20m") == Scenario("infiniband", 1, None, 7200.0, 1200.0)

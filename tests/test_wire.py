@@ -8,8 +8,8 @@ import pytest
 
 from faultcast import wire
 from faultcast.catalogue import SCHEMA_HASH
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.readings import NodeSnapshot
+from faultcast.sim.realtime import SimulatedSource
 from faultcast.v1 import telemetry_pb2 as pb
 
 

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import pytest
 
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation import CircuitBreaker, NoopActuator
 from faultcast.service.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY, Remediator

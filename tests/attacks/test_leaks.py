@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.limits import CallerLimits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource

@@ -27,10 +27,10 @@ import grpc
 import pytest
 
 from faultcast import wire
+from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import ModelError, load
 from faultcast.model.features import FeatureConfig, FeatureEngine, feature_schema_hash
 from faultcast.readings import NodeSnapshot
-from faultcast.service.feed import twin_snapshots
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.service.telemetry import AsyncTelemetryServicer, TelemetryServicer

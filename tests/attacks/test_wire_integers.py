@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from faultcast import wire
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.server import Service
 from faultcast.service.state import StateStore
 from faultcast.sim.live import TwinSource

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from faultcast.service.feed import push, twin_snapshots
+from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultcast.sim.goodput.engine import JobCosts, Outcome, Policy, Scenario, simulate
-from faultcast.sim.goodput.interval import daly_interval
-from faultcast.sim.goodput.process import AlertSample, Draw, draw, job_mtbf_s, scenario
-from faultcast.sim.goodput.replay import Replay
+from faultcast.goodput.engine import JobCosts, Outcome, Policy, Scenario, simulate
+from faultcast.goodput.interval import daly_interval
+from faultcast.goodput.process import AlertSample, Draw, draw, job_mtbf_s, scenario
+from faultcast.goodput.replay import Replay
 
 ORACLE_LEAD_S = 1800.0
 

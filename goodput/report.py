@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
 
-from faultcast.sim.goodput.study import Job, PolicyResult, SweepPoint, gpu_hours, lost_s
+from faultcast.goodput.study import Job, PolicyResult, SweepPoint, gpu_hours, lost_s
 
 # What the wall time went to, in the order the plot stacks it.
 BUCKETS: tuple[tuple[str, str], ...] = (

@@ -1,4 +1,4 @@
-"""`faultcast demo` (what `make run` runs): the whole loop on the fleet twin, at accelerated time.
+"""The end-to-end demo (`faultcast demo`, what `make run` runs): the whole loop on the fleet twin, at accelerated time.
 
 Collector processes (`faultcast collect --source simulated`) each simulate one node, with failures
 ordered on cue, and push their samples to a service with default limits (the twin's clock starts in
@@ -13,7 +13,6 @@ or false; and the false alarms per 1,000 GPU-days.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import subprocess
@@ -29,8 +28,9 @@ import grpc
 
 from faultcast.durations import parse_duration
 from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
+from faultcast.modes import Level
 from faultcast.service.alerting import PB_TO_MODE
-from faultcast.sim.modes import BY_NAME, Level
+from faultcast.sim.modes import BY_NAME
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
@@ -54,9 +54,7 @@ class Failure:
     def parse(text: str) -> Failure:
         parts = text.split(":")
         if len(parts) not in (4, 5) or parts[0] not in BY_NAME:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], MODE one of {', '.join(BY_NAME)}"
-            )
+            raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], MODE one of {', '.join(BY_NAME)}")
         lead = parse_duration(parts[4]) if len(parts) == 5 else None
         return Failure(parts[0], int(parts[1]), int(parts[2]), parse_duration(parts[3]), lead)
 
@@ -88,41 +86,26 @@ def node_name(i: int) -> str:
     return f"node-{i:04d}"
 
 
-def add_parser(commands: Any) -> None:
-    demo = commands.add_parser("demo", help="the end-to-end demo on the fleet twin (what `make run` runs)")
-    demo.add_argument("--nodes", type=int, default=4, help="simulated nodes (8 GPUs each)")
-    demo.add_argument("--speed", type=float, default=240.0, help="simulated seconds per wall-clock second")
-    demo.add_argument(
-        "--failure", type=Failure.parse, action="append", dest="failures", metavar="MODE:NODE:GPU:AT[:LEAD]",
-        help="order a failure (repeatable); default: HBM, firmware, NVLink and PCIe failures over ~3 hours",
-    )  # fmt: skip
-    demo.add_argument("--model", type=Path, default=Path("out/demo-model"), help="trained here on first run")
-    demo.add_argument("--out", type=Path, default=Path("out/demo"), help="logs and state of the run")
-    demo.add_argument("--prometheus-port", type=int, default=9401, help="the service's /metrics")
-    demo.set_defaults(handler=run_demo)
+@dataclass(frozen=True)
+class DemoSettings:
+    """What `faultcast demo` takes: the fleet, its pace, the failures on cue and where things go."""
+
+    nodes: int = 4  # simulated nodes, 8 GPUs each
+    speed: float = 240.0  # simulated seconds per wall-clock second
+    failures: tuple[Failure, ...] = DEFAULT_FAILURES
+    model: Path = Path("out/demo-model")  # trained here on first run
+    out: Path = Path("out/demo")  # logs and state of the run
+    prometheus_port: int = 9401  # the service's /metrics
 
 
-def ensure_model(model_dir: Path) -> None:
-    """Train the demo model when there is none: a 32-node twin over 6 days at 200x the failure rate."""
-    if (model_dir / "manifest.json").is_file():
-        return
-    from faultcast.model.dataset import open_dataset
-    from faultcast.model.train import TrainConfig, train
-    from faultcast.sim.config import FleetConfig
-    from faultcast.sim.writer import simulate
-
-    print(f"no model in {model_dir}: training one on a 32-node, 6-day fleet twin (about a minute, once)")
-    with tempfile.TemporaryDirectory() as data:
-        simulate(FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0), Path(data), [])
-        train(open_dataset(Path(data)), model_dir, TrainConfig(num_boost_round=80, negative_rate=0.05))
-
-
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: DemoSettings) -> int:
+    """Run the demo to its end (or SIGINT/SIGTERM) and print its summary; returns the exit code."""
     from prometheus_client import start_http_server
 
+    from faultcast.demo.model import ensure_model
     from faultcast.service.server import Service
 
-    failures: list[Failure] = list(args.failures or DEFAULT_FAILURES)
+    failures: list[Failure] = list(args.failures)
     ensure_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     _log_to(args.out / "service.log")
@@ -196,7 +179,7 @@ def _log_to(path: Path) -> None:
 
 
 def _collector(
-    i: int, port: int, sim_start: int, args: argparse.Namespace, failures: list[Failure]
+    i: int, port: int, sim_start: int, args: DemoSettings, failures: list[Failure]
 ) -> subprocess.Popen[bytes]:
     interval = TWIN_INTERVAL_S / args.speed
     command = [

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultcast.sim.goodput.engine import Failure, Scenario
-from faultcast.sim.modes import MODES, Level
+from faultcast.goodput.engine import Failure, Scenario
+from faultcast.modes import Level
+from faultcast.sim.modes import MODES
 
 LLAMA3_UNEXPECTED = 419
 LLAMA3_GPUS = 16_384

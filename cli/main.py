@@ -16,26 +16,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from faultcast.collector import command as collect_command
+    # Each subcommand's module imports its library lazily, so `faultcast --help` stays quick.
+    from faultcast.cli import collect, demo, goodput, import_score, model, serve, simulate
 
-    collect_command.add_parser(commands)
-    from faultcast.sim import command as simulate_command
-
-    simulate_command.add_parser(commands)
-    from faultcast.sim.goodput import command as goodput_command
-
-    goodput_command.add_parser(commands)
-    from faultcast.model import command as model_command
-
-    model_command.add_parsers(commands)
-    from faultcast.model import import_command
-
-    import_command.add_parsers(commands)
-    from faultcast.service import command as serve_command
-
-    serve_command.add_parser(commands)
-    from faultcast.service import demo
-
+    collect.add_parser(commands)
+    simulate.add_parser(commands)
+    goodput.add_parser(commands)
+    model.add_parsers(commands)
+    import_score.add_parsers(commands)
+    serve.add_parser(commands)
     demo.add_parser(commands)
     metrics = commands.add_parser("metrics", help="print the metric catalogue as a Markdown table")
     metrics.set_defaults(handler=_print_catalogue)

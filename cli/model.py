@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration
 
 
-def add_parsers(commands: Any) -> None:
+def add_parsers(commands: Subcommands) -> None:
     train = commands.add_parser(
         "train", help="train the failure-prediction model on telemetry and a failure log"
     )

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from faultcast.goodput.process import AlertSample
 from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, FailureLog
@@ -34,7 +35,6 @@ from faultcast.model.outcomes import (
     ScoredPeriod,
     incidents,
 )
-from faultcast.sim.goodput.process import AlertSample
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
+from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration, parse_limit
 from faultcast.service.auth import Role, digest
 from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy, WebhookActuator
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _STOP_LIMIT_S = 60.0
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     serve = commands.add_parser("serve", help="the prediction service: ingest, scoring, alerts, remediation")
     serve.add_argument("--model", type=Path, required=True, help="the model directory (faultcast train)")
     serve.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (HOST:PORT)")

@@ -17,20 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from faultcast.catalogue import Scope
+from faultcast.cli.simulate import parse_scenario
+from faultcast.cli.types import Subcommands
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
 from faultcast.collector.nvml import DEFAULT_TIMEOUT_S, NvmlSource, NvmlUnavailable, nvml_available
 from faultcast.collector.probes import PeerProber, parse_peer
 from faultcast.collector.shipper import Shipper
-from faultcast.collector.simulated import SimulatedSource
 from faultcast.collector.source import Source
 from faultcast.collector.spool import DEFAULT_MAX_SAMPLES, Spool
 from faultcast.collector.table import render_table
 from faultcast.dcgm import Vocabulary
 from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
-from faultcast.sim.command import parse_scenario
+from faultcast.sim.realtime import SimulatedSource
 from faultcast.tls import ChannelFactory, TLSConfigError, add_client_arguments, client_channel_factory
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def default_spool_path(node: str) -> Path:
     return root / "faultcast" / f"spool-{node}.sqlite"
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     p: argparse.ArgumentParser = commands.add_parser(
         "collect", help="read GPU and network metrics, serve /metrics, ship samples to the service"
     )

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
+from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration
+from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
-from faultcast.sim.modes import BY_NAME, Level
+from faultcast.sim.modes import BY_NAME
 from faultcast.sim.schedule import Scenario
 
 
@@ -39,7 +40,7 @@ def parse_scenario(text: str) -> Scenario:
     )
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     p: argparse.ArgumentParser = commands.add_parser(
         "simulate", help="run the fleet twin and write telemetry, network, failure log and manifest"
     )

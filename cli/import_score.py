@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration
 
 
-def add_parsers(commands: Any) -> None:
+def add_parsers(commands: Subcommands) -> None:
     imp = commands.add_parser(
         "import-prometheus",
         help="turn a Prometheus range-query export (dcgm-exporter's classic or DCGM 4.6's canonical names) and a "

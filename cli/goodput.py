@@ -13,16 +13,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration
-from faultcast.sim.goodput.engine import JobCosts, Outcome
-from faultcast.sim.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
-from faultcast.sim.goodput.replay import Replay
+from faultcast.goodput.engine import JobCosts, Outcome
+from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
+from faultcast.goodput.replay import Replay
 
 log = logging.getLogger(__name__)
 _DAY_S = 86_400.0
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     p = commands.add_parser(
         "goodput",
         help="simulate a long training job: effective training time with and without faultcast",
@@ -78,11 +79,11 @@ def costs_of(args: argparse.Namespace) -> JobCosts:
 
 
 def run_goodput(args: argparse.Namespace) -> int:
+    from faultcast.demo.model import ensure_model
+    from faultcast.goodput import report, study
+    from faultcast.goodput.replay import model_digest
     from faultcast.model.artifact import ModelError, load
     from faultcast.model.threshold_file import write
-    from faultcast.service.demo import ensure_model
-    from faultcast.sim.goodput import report, study
-    from faultcast.sim.goodput.replay import model_digest
 
     try:
         if min(args.gpus, args.replications, args.sweep_replications) < 1 or not args.days > 0:
@@ -165,9 +166,9 @@ def run_goodput(args: argparse.Namespace) -> int:
 
 def replayed(args: argparse.Namespace, model: Any) -> Replay:
     """The model's replay: from the cache when its inputs are the same, else computed and cached."""
+    from faultcast.goodput import replay as rp
     from faultcast.model.dataset import open_dataset
     from faultcast.model.evaluate import held_out_part
-    from faultcast.sim.goodput import replay as rp
 
     if args.replay_data is not None:
         data_dir = args.replay_data
@@ -237,7 +238,7 @@ def _met(ok: bool) -> str:
 def _json(
     job: Any, results: Any, points: Any, best: Any, result: Replay, basis: dict[str, Any]
 ) -> dict[str, Any]:
-    from faultcast.sim.goodput.study import gpu_hours, lost_s
+    from faultcast.goodput.study import gpu_hours, lost_s
 
     return {
         "basis": basis,

@@ -1,0 +1,44 @@
+"""`faultcast demo`: the end-to-end demo on the fleet twin (faultcast.demo.run)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from faultcast.cli.types import Subcommands
+from faultcast.demo.run import DEFAULT_FAILURES, DemoSettings, Failure, run_demo
+
+_DEFAULTS = DemoSettings()
+
+
+def _failure(text: str) -> Failure:
+    try:
+        return Failure.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_parser(commands: Subcommands) -> None:
+    demo = commands.add_parser("demo", help="the end-to-end demo on the fleet twin (what `make run` runs)")
+    demo.add_argument("--nodes", type=int, default=_DEFAULTS.nodes, help="simulated nodes (8 GPUs each)")
+    demo.add_argument(
+        "--speed", type=float, default=_DEFAULTS.speed, help="simulated seconds per wall-clock second"
+    )
+    demo.add_argument(
+        "--failure", type=_failure, action="append", dest="failures", metavar="MODE:NODE:GPU:AT[:LEAD]",
+        help="order a failure (repeatable); default: HBM, firmware, NVLink and PCIe failures over ~3 hours",
+    )  # fmt: skip  # one argument per call reads better than the formatter's split
+    demo.add_argument("--model", type=Path, default=_DEFAULTS.model, help="trained here on first run")
+    demo.add_argument("--out", type=Path, default=_DEFAULTS.out, help="logs and state of the run")
+    demo.add_argument(
+        "--prometheus-port", type=int, default=_DEFAULTS.prometheus_port, help="the service's /metrics"
+    )
+    demo.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = DemoSettings(
+        nodes=args.nodes, speed=args.speed, failures=tuple(args.failures or DEFAULT_FAILURES),
+        model=args.model, out=args.out, prometheus_port=args.prometheus_port,
+    )  # fmt: skip  # one line per group of settings
+    return run_demo(settings)

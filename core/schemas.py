@@ -1,0 +1,29 @@
+"""The data files every fleet source writes and every reader expects (the twin's `faultcast simulate`,
+`faultcast import` from Prometheus, a real failure log): column names and Arrow types.
+
+    telemetry.parquet  one row per GPU per step: timestamp, node, gpu, uuid, model, then the catalogue's
+                       GPU metrics (counters float64, gauges float32)
+    network.parquet    one row per node per step: timestamp, node, then the rolled-up network metrics
+    failures.csv       the failure log: FAILURE_FIELDS, gpu empty for a node-level failure
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from faultcast.catalogue import Scope, metrics_for
+from faultcast.rollup import NETWORK_COLUMNS, NETWORK_WIDE, is_wide
+
+GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
+TIMESTAMP = pa.timestamp("ns", tz="UTC")
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+TELEMETRY_SCHEMA = pa.schema(
+    [("timestamp", TIMESTAMP), ("node", _DICT), ("gpu", pa.int16()), ("uuid", _DICT), ("model", _DICT)]
+    + [(m.name, pa.float64() if is_wide(m) else pa.float32()) for m in metrics_for(Scope.GPU)]
+)
+NETWORK_SCHEMA = pa.schema(
+    [("timestamp", TIMESTAMP), ("node", _DICT)]
+    + [(name, pa.float64() if name in NETWORK_WIDE else pa.float32()) for name in NETWORK_COLUMNS]
+)
+FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "description")

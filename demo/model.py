@@ -1,0 +1,35 @@
+"""The demo model's one recipe: a 32-node twin over 6 days at 200x the failure rate, trained with few
+trees (about a minute here). The demo, the goodput study's default, the benchmarks and the test
+suite's `service_model` fixture all train it this way, so they all see the same model."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from faultcast.model.dataset import open_dataset
+from faultcast.model.train import TrainConfig, train
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.writer import simulate
+
+DEMO_FLEET = FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0)
+DEMO_TRAINING = TrainConfig(num_boost_round=80, negative_rate=0.05)
+
+
+def train_demo_model(out: Path, data: Path | None = None) -> Path:
+    """Simulate the demo twin (into `data`, or a temporary directory) and train the demo model into
+    `out`; returns `out`."""
+    if data is not None:
+        simulate(DEMO_FLEET, data, [])
+        train(open_dataset(data), out, DEMO_TRAINING)
+        return out
+    with tempfile.TemporaryDirectory() as scratch:
+        return train_demo_model(out, Path(scratch))
+
+
+def ensure_model(model_dir: Path) -> None:
+    """Train the demo model into `model_dir` when there is none there."""
+    if (model_dir / "manifest.json").is_file():
+        return
+    print(f"no model in {model_dir}: training one on a 32-node, 6-day fleet twin (about a minute, once)")
+    train_demo_model(model_dir)

@@ -1,0 +1,102 @@
+"""Imports point one way, from vocabulary to tools (../shared/DESIGN.md, "Layout"):
+
+    core  <-  collector, sim (physics only), model  <-  service  <-  demo, goodput  <-  cli
+    client  <-  proto only
+
+Each folder's modules may import only the layers listed for it below; the simulator is a data source
+like any fleet, so no production package imports it. Checked on the source (every `import` and
+`from ... import`, lazy ones inside functions included), not on what happens to be loaded.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO = "faultcast.v1"
+# Folder -> its package, and the packages it may import besides itself and the standard library.
+CORE = "faultcast"
+ALLOWED: dict[str, tuple[str, set[str]]] = {
+    "core": (CORE, {PROTO}),
+    "collector": ("faultcast.collector", {CORE, PROTO}),
+    "sim": ("faultcast.sim", {CORE}),
+    "model": ("faultcast.model", {CORE}),
+    "service": ("faultcast.service", {CORE, PROTO, "faultcast.model"}),
+    "client": ("faultcast.client", {PROTO}),
+    "demo": ("faultcast.demo", {CORE, PROTO, "faultcast.model", "faultcast.service", "faultcast.sim"}),
+    "goodput": (
+        "faultcast.goodput",
+        {CORE, PROTO, "faultcast.model", "faultcast.service", "faultcast.sim", "faultcast.demo"},
+    ),
+    "cli": (
+        "faultcast.cli",
+        {
+            CORE,
+            PROTO,
+            "faultcast.collector",
+            "faultcast.model",
+            "faultcast.service",
+            "faultcast.sim",
+            "faultcast.demo",
+            "faultcast.goodput",
+        },
+    ),
+}
+PACKAGES = sorted({package for package, _ in ALLOWED.values()} | {PROTO}, key=len, reverse=True)
+# `python -m faultcast` must live in the top package's folder, yet it only starts the command line.
+ENTRY_POINTS = {ROOT / "core" / "__main__.py": {"faultcast.cli"}}
+
+
+def _imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {n for n in names if n == CORE or n.startswith(CORE + ".")}
+
+
+def _package_of(module: str) -> str:
+    """The layer a faultcast module belongs to: the longest known package that prefixes it."""
+    for package in PACKAGES:
+        if module == package or module.startswith(package + "."):
+            return package
+    return CORE
+
+
+def _violations(folder: str) -> list[str]:
+    own, allowed = ALLOWED[folder]
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        permitted = {own, *allowed, *ENTRY_POINTS.get(path, set())}
+        for module in sorted(_imported(path)):
+            if _package_of(module) not in permitted:
+                found.append(f"{path.relative_to(ROOT)} imports {module}")
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_imports_point_from_vocabulary_to_tools(folder: str) -> None:
+    assert _violations(folder) == []
+
+
+def test_the_check_sees_a_wrong_way_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker itself: a model module importing the simulator, lazily, is found."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "bad.py").write_text("def f():\n    from faultcast.sim.modes import MODES\n")
+    (tmp_path / "model" / "good.py").write_text("from faultcast.catalogue import METRICS\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert _violations("model") == [
+        "model/bad.py imports faultcast.sim.modes",
+        "model/bad.py imports faultcast.sim.modes.MODES",
+    ]
+
+
+def test_every_package_folder_is_checked() -> None:
+    folders = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench", "examples"}
+    assert folders <= set(ALLOWED) | {"proto"}, folders - set(ALLOWED)
