@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 
 from faultcast.cli.types import Subcommands
-from faultcast.demo.run import DEFAULT_FAILURES, DemoSettings, Failure, run_demo
+from faultcast.demo.run import DEFAULT_FAILURES, CuedFailure, DemoSettings, run_demo
 
 _DEFAULTS = DemoSettings()
 
 
-def _failure(text: str) -> Failure:
+def _failure(text: str) -> CuedFailure:
     try:
-        return Failure.parse(text)
+        return CuedFailure.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

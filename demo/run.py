@@ -41,7 +41,7 @@ TWIN_INTERVAL_S = 60.0  # one twin step per scrape: the model's cadence
 
 
 @dataclass(frozen=True)
-class Failure:
+class CuedFailure:
     """A failure ordered on cue: MODE:NODE:GPU:AT[:LEAD] as `faultcast collect --scenario` takes it."""
 
     mode: str
@@ -51,12 +51,12 @@ class Failure:
     lead_s: float | None = None
 
     @staticmethod
-    def parse(text: str) -> Failure:
+    def parse(text: str) -> CuedFailure:
         parts = text.split(":")
         if len(parts) not in (4, 5) or parts[0] not in BY_NAME:
             raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], MODE one of {', '.join(BY_NAME)}")
         lead = parse_duration(parts[4]) if len(parts) == 5 else None
-        return Failure(parts[0], int(parts[1]), int(parts[2]), parse_duration(parts[3]), lead)
+        return CuedFailure(parts[0], int(parts[1]), int(parts[2]), parse_duration(parts[3]), lead)
 
     def arg(self) -> str:
         lead = f":{self.lead_s:.0f}s" if self.lead_s is not None else ""
@@ -64,10 +64,10 @@ class Failure:
 
 
 DEFAULT_FAILURES = (
-    Failure("hbm_wear", 0, 3, 100 * 60.0, 45 * 60.0),
-    Failure("firmware", 3, 0, 115 * 60.0),
-    Failure("nvlink", 1, 5, 130 * 60.0, 50 * 60.0),
-    Failure("pcie", 2, 1, 160 * 60.0, 45 * 60.0),
+    CuedFailure("hbm_wear", 0, 3, 100 * 60.0, 45 * 60.0),
+    CuedFailure("firmware", 3, 0, 115 * 60.0),
+    CuedFailure("nvlink", 1, 5, 130 * 60.0, 50 * 60.0),
+    CuedFailure("pcie", 2, 1, 160 * 60.0, 45 * 60.0),
 )
 
 
@@ -92,7 +92,7 @@ class DemoSettings:
 
     nodes: int = 4  # simulated nodes, 8 GPUs each
     speed: float = 240.0  # simulated seconds per wall-clock second
-    failures: tuple[Failure, ...] = DEFAULT_FAILURES
+    failures: tuple[CuedFailure, ...] = DEFAULT_FAILURES
     model: Path = Path("out/demo-model")  # trained here on first run
     out: Path = Path("out/demo")  # logs and state of the run
     prometheus_port: int = 9401  # the service's /metrics
@@ -105,7 +105,7 @@ def run_demo(args: DemoSettings) -> int:
     from faultcast.demo.model import ensure_model
     from faultcast.service.server import Service
 
-    failures: list[Failure] = list(args.failures)
+    failures: list[CuedFailure] = list(args.failures)
     ensure_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     _log_to(args.out / "service.log")
@@ -146,7 +146,7 @@ def run_demo(args: DemoSettings) -> int:
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        announced: set[Failure] = set()
+        announced: set[CuedFailure] = set()
         wall_end = time.monotonic() + end_s / args.speed + 30.0
         while not stop.is_set() and time.monotonic() < wall_end:
             now_s = service.latest_event_s - sim_start  # the service's view of simulated time
@@ -179,7 +179,7 @@ def _log_to(path: Path) -> None:
 
 
 def _collector(
-    i: int, port: int, sim_start: int, args: DemoSettings, failures: list[Failure]
+    i: int, port: int, sim_start: int, args: DemoSettings, failures: list[CuedFailure]
 ) -> subprocess.Popen[bytes]:
     interval = TWIN_INTERVAL_S / args.speed
     command = [
@@ -201,7 +201,7 @@ def _clock(sim_s: float) -> str:
     return f"sim {minutes // 60:02d}:{minutes % 60:02d}"
 
 
-def _credited(alert: apb.Alert, f: Failure) -> bool:
+def _credited(alert: apb.Alert, f: CuedFailure) -> bool:
     """Whether failure `f` is where the alert's evidence pointed: its GPU, or its node for a
     node-level alert and a node-level failure (the rule of model/outcomes.py)."""
     node_level = BY_NAME[f.mode].level is Level.NODE
@@ -209,8 +209,8 @@ def _credited(alert: apb.Alert, f: Failure) -> bool:
 
 
 def _judge(
-    alert: apb.Alert, failures: list[Failure], sim_start: int, periods: PredictionPeriods
-) -> tuple[Outcome, Failure | None, float]:
+    alert: apb.Alert, failures: list[CuedFailure], sim_start: int, periods: PredictionPeriods
+) -> tuple[Outcome, CuedFailure | None, float]:
     """The alert's outcome by the first failure it credits after it opened, that failure, and the
     lead in seconds."""
     t = alert.time_unix_nano / 1e9 - sim_start
@@ -221,7 +221,7 @@ def _judge(
 
 
 def _verdict(
-    alert: apb.Alert, failures: list[Failure], sim_start: int, periods: PredictionPeriods, opened: bool
+    alert: apb.Alert, failures: list[CuedFailure], sim_start: int, periods: PredictionPeriods, opened: bool
 ) -> str:
     """What the twin does next; an alert's outcome is judged from when it opened, so updates only say
     how far the failure is."""
@@ -241,7 +241,7 @@ def _verdict(
 def _listen(
     stream: Any,
     stub: apb_grpc.AlertsStub,
-    failures: list[Failure],
+    failures: list[CuedFailure],
     sim_start: int,
     periods: PredictionPeriods,
     seen: Seen,
@@ -293,7 +293,7 @@ def _listen(
 
 
 def _summary(
-    failures: list[Failure],
+    failures: list[CuedFailure],
     seen: Seen,
     periods: PredictionPeriods,
     sim_start: int,

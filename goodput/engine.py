@@ -45,7 +45,7 @@ class JobCosts:
 
 
 @dataclass(frozen=True, slots=True)
-class Failure:
+class JobFailure:
     time_s: float  # since the job started
     mode: str
     alert_s: float | None  # when an alert named its node (None: no alert)
@@ -56,7 +56,7 @@ class Failure:
 @dataclass(frozen=True, slots=True)
 class Scenario:
     wall_s: float
-    failures: tuple[Failure, ...]
+    failures: tuple[JobFailure, ...]
     false_alarms: tuple[float, ...]  # alerts on nodes that do not fail (times)
 
     def oracle(self, lead_s: float) -> Scenario:
@@ -64,7 +64,7 @@ class Scenario:
         return Scenario(
             self.wall_s,
             tuple(
-                Failure(f.time_s, f.mode, max(0.0, f.time_s - lead_s), f.takes_node, f.repair_s)
+                JobFailure(f.time_s, f.mode, max(0.0, f.time_s - lead_s), f.takes_node, f.repair_s)
                 for f in self.failures
             ),
             (),
@@ -261,7 +261,7 @@ class _Job:
         if self.state is _State.RUNNING and self.snapshot_at is None:
             self.snapshot_at = self.t + self.costs.react_s
 
-    def on_failure(self, index: int, failure: Failure) -> None:
+    def on_failure(self, index: int, failure: JobFailure) -> None:
         if index in self.drained:
             self.out.averted += 1
             return

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultcast.goodput.engine import Failure, Scenario
+from faultcast.goodput.engine import JobFailure, Scenario
 from faultcast.modes import Level
 from faultcast.sim.modes import MODES
 
@@ -110,7 +110,7 @@ def scenario(d: Draw, alerts: AlertSample, gpus: int, days: float) -> Scenario:
         leads = alerts.leads_for(mode)
         lead = leads[min(int(pick * len(leads)), len(leads) - 1)] if leads else None
         alert = None if lead is None else max(0.0, float(t) - lead)
-        failures.append(Failure(float(t), mode, alert, mode != UNMODELLED, float(repair)))
+        failures.append(JobFailure(float(t), mode, alert, mode != UNMODELLED, float(repair)))
     wall = days * _DAY_S
     return Scenario(wall, tuple(failures), false_alarm_times(d, alerts.false_alarms_per_gpu_day * gpus, wall))
 

@@ -22,7 +22,7 @@ from faultcast.catalogue import TRACKED_XIDS, Kind, Scope, index_of, metrics_for
 from faultcast.rollup import is_wide
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.fleet import NodeTraits, ambient_c
-from faultcast.sim.schedule import Failure, NodeSchedule, in_windows
+from faultcast.sim.schedule import NodeSchedule, ScheduledFailure, in_windows
 from faultcast.sim.streams import Stream, rng
 
 NAN = math.nan
@@ -286,7 +286,7 @@ class _Effects:
         self.retrans_per_min = np.zeros(n)
 
 
-def _precursor(fx: _Effects, f: Failure, r: np.random.Generator, dt_min: float) -> None:
+def _precursor(fx: _Effects, f: ScheduledFailure, r: np.random.Generator, dt_min: float) -> None:
     """Add one failure's precursor to the effects; p runs from 0 to 1 over the precursor window."""
     t = fx.t
     window = (t >= f.precursor_start_s) & (t < f.fail_s)

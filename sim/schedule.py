@@ -28,7 +28,7 @@ _GAP_MEDIAN_S, _GAP_SIGMA = 20 * 60.0, 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Failure:
+class ScheduledFailure:
     node: int
     gpu: int | None  # None for a node-level failure
     mode: str
@@ -83,14 +83,14 @@ class Scenario:
 @dataclass(frozen=True)
 class NodeSchedule:
     node: int
-    failures: tuple[Failure, ...]  # sorted by failure time
+    failures: tuple[ScheduledFailure, ...]  # sorted by failure time
     reloads_s: tuple[float, ...]  # healthy driver reloads (counter resets)
     jobs: tuple[tuple[float, float], ...]  # (start, end) of the jobs on this node's pod
 
-    def gpu_failures(self, gpu: int) -> list[Failure]:
+    def gpu_failures(self, gpu: int) -> list[ScheduledFailure]:
         return [f for f in self.failures if f.gpu == gpu]
 
-    def node_failures(self) -> list[Failure]:
+    def node_failures(self) -> list[ScheduledFailure]:
         return [f for f in self.failures if f.gpu is None]
 
 
@@ -100,7 +100,7 @@ def _lognormal(r: np.random.Generator, median: float, sigma: float) -> float:
 
 def _draw(
     r: np.random.Generator, spec: ModeSpec, node: int, gpu: int | None, fail_s: float, earliest_s: float
-) -> Failure:
+) -> ScheduledFailure:
     lead = 0.0
     if spec.predictable:
         lead = min(max(_lognormal(r, spec.lead_median_s, spec.lead_sigma), _MIN_LEAD_S), _MAX_LEAD_S)
@@ -110,7 +110,7 @@ def _draw(
     codes, probs = zip(*spec.xids, strict=True)
     xid = int(r.choice(codes, p=np.asarray(probs) / sum(probs)))
     draws = tuple(float(u) for u in r.random(6))
-    return Failure(node, gpu, spec.name, fail_s, lead, strength, downtime, xid, draws=draws)
+    return ScheduledFailure(node, gpu, spec.name, fail_s, lead, strength, downtime, xid, draws=draws)
 
 
 def _arrivals(
@@ -121,11 +121,11 @@ def _arrivals(
     blocked: Sequence[tuple[float, float]],
     node: int,
     gpu: int | None,
-) -> list[Failure]:
+) -> list[ScheduledFailure]:
     """Poisson arrivals over [0, horizon) for one GPU (or node), skipping its dark periods and `blocked`."""
     rates = np.array([s.rate_per_day * accel / 86_400.0 for s in specs])
     total = float(rates.sum())
-    out: list[Failure] = []
+    out: list[ScheduledFailure] = []
     if total <= 0:
         return out
     t = 0.0
@@ -158,7 +158,7 @@ def _jobs(config: FleetConfig, node: int) -> tuple[tuple[float, float], ...]:
     return tuple(jobs)
 
 
-def _overlaps(f: Failure, s: Failure) -> bool:
+def _overlaps(f: ScheduledFailure, s: ScheduledFailure) -> bool:
     same_target = f.gpu is None or s.gpu is None or f.gpu == s.gpu
     return same_target and f.precursor_start_s < s.return_s and s.precursor_start_s < f.return_s
 
@@ -189,7 +189,7 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
         draws = tuple(
             float(u) for u in rng(config.seed, Stream.SCHEDULE, node, 20_000, round(s.fail_s)).random(6)
         )
-        scripted.append(Failure(node, s.gpu, s.mode, s.fail_s, min(lead, s.fail_s), s.strength,
+        scripted.append(ScheduledFailure(node, s.gpu, s.mode, s.fail_s, min(lead, s.fail_s), s.strength,
                                 spec.downtime_median_s, xid, scripted=True, draws=draws))  # fmt: skip
     # A scripted failure wins over random ones that would overlap it on the same GPU or node.
     failures = [f for f in failures if not any(_overlaps(f, s) for s in scripted)] + scripted

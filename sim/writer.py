@@ -33,7 +33,7 @@ from faultcast.schemas import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEM
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.modes import MODES
 from faultcast.sim.node import NodeTwin
-from faultcast.sim.schedule import Failure, Scenario
+from faultcast.sim.schedule import Scenario, ScheduledFailure
 
 
 def _dictionary(indices: np.ndarray, names: list[str]) -> pa.DictionaryArray:
@@ -122,7 +122,9 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
     return manifest
 
 
-def _write_failures(config: FleetConfig, path: Path, failures: list[Failure], twins: list[NodeTwin]) -> None:
+def _write_failures(
+    config: FleetConfig, path: Path, failures: list[ScheduledFailure], twins: list[NodeTwin]
+) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(FAILURE_FIELDS)
@@ -145,7 +147,7 @@ def _write_failures(config: FleetConfig, path: Path, failures: list[Failure], tw
 def _manifest(
     config: FleetConfig,
     scenarios: tuple[Scenario, ...],
-    failures: list[Failure],
+    failures: list[ScheduledFailure],
     rows: int,
     network_rows: int,
     seconds: float,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from faultcast.goodput import study
-from faultcast.goodput.engine import Failure, JobCosts, Outcome, Policy, Scenario, simulate
+from faultcast.goodput.engine import JobCosts, JobFailure, Outcome, Policy, Scenario, simulate
 from faultcast.goodput.interval import daly_interval, young_interval
 from faultcast.goodput.process import (
     LLAMA3_DAYS,
@@ -48,8 +48,8 @@ PREDICTIVE = Policy("b", 1000.0, acts_on_alerts=True)
 WALL = 10_000.0
 
 
-def hbm(at: float, alert: float | None) -> Failure:
-    return Failure(at, "hbm_wear", alert, takes_node=True, repair_s=500.0)
+def hbm(at: float, alert: float | None) -> JobFailure:
+    return JobFailure(at, "hbm_wear", alert, takes_node=True, repair_s=500.0)
 
 
 def buckets_add_up(o: Outcome) -> None:
@@ -119,7 +119,7 @@ def test_a_false_alarm_costs_a_snapshot_and_a_migration_and_without_spares_waits
 
 
 def test_a_failure_outside_the_hardware_takes_no_spare() -> None:
-    software = Failure(2550, UNMODELLED, None, takes_node=False, repair_s=0.0)
+    software = JobFailure(2550, UNMODELLED, None, takes_node=False, repair_s=0.0)
     o = simulate(Scenario(WALL, (software,), ()), PERIODIC, COSTS, spares=0)
     assert o.spare_wait_s == 0
     assert o.useful_s == pytest.approx(8550)
@@ -135,7 +135,7 @@ def test_every_second_is_accounted_for_in_busy_random_scenarios() -> None:
     for _ in range(20):
         times = np.sort(rng.uniform(0, wall, 120))
         failures = tuple(
-            Failure(float(t), "hbm_wear", float(t - rng.uniform(0, 4000)) if rng.random() < 0.6 else None,
+            JobFailure(float(t), "hbm_wear", float(t - rng.uniform(0, 4000)) if rng.random() < 0.6 else None,
                     bool(rng.random() < 0.8), float(rng.uniform(0, 50_000)))
             for t in times
         )  # fmt: skip
