@@ -64,7 +64,7 @@ import numpy as np
 
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
-from faultcast.service.remediation import NoopActuator
+from faultcast.service.actuators import NoopActuator
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig

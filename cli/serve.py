@@ -13,8 +13,8 @@ from types import FrameType
 
 from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration, parse_limit
+from faultcast.service.actuators import Actuator, CircuitBreaker, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.auth import Role, digest
-from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.validation import Limits
 from faultcast.tls import TLSConfigError, add_server_arguments, server_tls
 

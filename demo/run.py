@@ -29,7 +29,7 @@ import grpc
 from faultcast.durations import parse_duration
 from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
 from faultcast.modes import Level
-from faultcast.service.alerting import PB_TO_MODE
+from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.sim.modes import BY_NAME
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc

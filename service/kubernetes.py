@@ -21,7 +21,7 @@ import re
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from faultcast.service.remediation import Outcome, Remediation
+from faultcast.service.actuators import Outcome, Remediation
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api, V1Taint

@@ -41,9 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TypeVar
 
-from faultcast.service.alerting import PB_TO_MODE
+from faultcast.service.actuators import Actuator, CircuitBreaker, Remediation, RetryPolicy
+from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import Actuator, CircuitBreaker, Remediation, RetryPolicy
 from faultcast.service.state import Ack, PendingRemediation, StateStore
 from faultcast.service.supervise import start_supervised
 from faultcast.v1 import alerts_pb2 as apb

@@ -23,14 +23,14 @@ from grpc_health.v1 import health_pb2
 from faultcast.model.alert_content import ActionPolicy
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
-from faultcast.service.alerting import AlertBook
+from faultcast.service.actuators import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
+from faultcast.service.alert_book import AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.health import ALL, Health
 from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
-from faultcast.service.remediation import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
 from faultcast.service.state import StateStore, StateWriteError

@@ -18,7 +18,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 
-from faultcast.service.remediation import Outcome, Remediation
+from faultcast.service.actuators import Outcome, Remediation
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from faultcast.service.actuators import NoopActuator
 from faultcast.service.api import HEAD_ID_KEY
 from faultcast.service.model_info import model_info
-from faultcast.service.remediation import NoopActuator
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.v1 import alerts_pb2 as apb

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.remediation import NoopActuator
+from faultcast.service.actuators import NoopActuator
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig

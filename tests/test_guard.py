@@ -11,7 +11,7 @@ import pytest
 
 from faultcast.client import Guard
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.remediation import NoopActuator
+from faultcast.service.actuators import NoopActuator
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits

@@ -22,8 +22,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
+from faultcast.service.actuators import Remediation
 from faultcast.service.kubernetes import ANNOTATION_KEY, TAINT_KEY, KubernetesActuator, label_value
-from faultcast.service.remediation import Remediation
 from tests.conftest import free_port
 
 Json = dict[str, Any]

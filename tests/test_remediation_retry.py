@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from faultcast.service.actuators import CircuitBreaker, Outcome, Remediation, RetryPolicy
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import CircuitBreaker, Outcome, Remediation, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
 from faultcast.v1 import alerts_pb2 as apb
@@ -239,7 +239,7 @@ _KILLED_IN_THE_ACTUATOR = textwrap.dedent(
     import sys, threading
     from pathlib import Path
     from faultcast.service.metrics import ServiceMetrics
-    from faultcast.service.remediation import Outcome, Remediation
+    from faultcast.service.actuators import Outcome, Remediation
     from faultcast.service.remediator import Remediator
     from faultcast.service.state import Ack, StateStore
     from faultcast.v1 import alerts_pb2 as apb

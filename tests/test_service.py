@@ -26,7 +26,7 @@ from faultcast.catalogue import Scope, index_of
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
-from faultcast.service.remediation import NoopActuator
+from faultcast.service.actuators import NoopActuator
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits

@@ -20,9 +20,9 @@ from faultcast.model.artifact import FaultModel, load
 from faultcast.model.incidents import AlertPolicy, CloseReason, IncidentTracker
 from faultcast.model.outcomes import ScoredPeriod, incidents
 from faultcast.readings import NodeSnapshot
-from faultcast.service.alerting import AlertBook
+from faultcast.service.actuators import CircuitBreaker, NoopActuator, Outcome, Remediation, RetryPolicy
+from faultcast.service.alert_book import AlertBook
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import CircuitBreaker, NoopActuator, Outcome, Remediation, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import ScoredStep
 from faultcast.service.state import Ack, StateStore

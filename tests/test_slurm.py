@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from faultcast.service.remediation import Remediation
+from faultcast.service.actuators import Remediation
 from faultcast.service.slurm import SlurmActuator, SlurmError, parse_node_line
 from tests.conftest import require_binary
 from tests.slurm_cluster import SlurmCluster, running_cluster

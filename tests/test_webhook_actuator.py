@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import pytest
 
+from faultcast.service.actuators import Remediation, RetryPolicy, WebhookActuator
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import Remediation, RetryPolicy, WebhookActuator
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore
 from faultcast.v1 import alerts_pb2 as apb

@@ -22,8 +22,8 @@ from typing import ClassVar
 import pytest
 
 from faultcast.demo.feed import push, twin_snapshots
+from faultcast.service.actuators import CircuitBreaker, NoopActuator
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import CircuitBreaker, NoopActuator
 from faultcast.service.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY, Remediator
 from faultcast.service.state import Ack, StateStore
 from faultcast.sim.config import FleetConfig

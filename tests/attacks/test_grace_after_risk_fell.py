@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from faultcast.service.actuators import NoopActuator
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import NoopActuator
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import StateStore
 from faultcast.v1 import alerts_pb2 as apb

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from faultcast.service.actuators import Outcome, Remediation, RetryPolicy
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation import Outcome, Remediation, RetryPolicy
 from faultcast.service.remediator import Remediator
 from faultcast.service.state import Ack, StateStore, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb

@@ -1,4 +1,5 @@
-"""Remediation: what the service does to a node once an alert on it is acted on.
+"""Actuators: what the service does to a node once an alert on it is acted on, and the retry
+policy and circuit breaker every actuator runs behind (when to act is `remediator.Remediator`).
 
 An actuator takes one `Remediation` (drain this node, requeue this job) and reports an `Outcome`;
 it never raises for an expected failure (a node the scheduler does not know, a refused request): the
