@@ -145,7 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from faultcast.service.auth import AccessPolicy, TokenBook
     from faultcast.service.metrics import ServiceMetrics
     from faultcast.service.server import Service
-    from faultcast.service.state import StateError
+    from faultcast.service.state_db import StateError
 
     metrics = ServiceMetrics()
     try:

@@ -48,7 +48,8 @@ from faultcast.modes import FailureMode
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
-from faultcast.service.state import StateStore, StateWriteError
+from faultcast.service.state import StateStore
+from faultcast.service.state_db import StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -137,13 +138,13 @@ class AlertBook:
         self._restored: dict[str, list[apb.Alert]] = {}
         self._use(model)
         started = self.clock()
-        for alert in store.open_alerts():
+        for alert in store.alerts.open_now():
             self._restored.setdefault(alert.node, []).append(alert)
             self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).inc()
             # Not heard since this start: silent if it stays quiet for the limit while others speak.
             self._heard.setdefault(alert.node, _Heard(-math.inf, started))
         self._orphans: list[apb.Alert] = []  # restored alerts none of whose GPUs is free: they clear
-        for name, during in json.loads(store.setting(_SILENT_SETTING) or "{}").items():
+        for name, during in json.loads(store.settings.get(_SILENT_SETTING) or "{}").items():
             self._silent[str(name)] = bool(during)
             self.metrics.node_silent.labels(str(name), "true" if during else "false").set(1.0)
         self.metrics.silent_nodes.set_function(lambda: float(len(self._silent)))
@@ -277,7 +278,7 @@ class AlertBook:
         delay_s, refused_since = _STORE_RETRY_S[0], 0.0
         while True:
             try:
-                saved = self.store.append(events)
+                saved = self.store.alerts.append(events)
             except StateWriteError as exc:
                 self.metrics.state_writes_waiting.set(len(events))
                 if not refused_since:
@@ -468,7 +469,7 @@ class AlertBook:
     def _save_silent(self) -> None:
         """Keep the silent nodes across restarts; a refused write is tried again at the next check."""
         try:
-            self.store.save_setting(
+            self.store.settings.save(
                 _SILENT_SETTING, json.dumps(self._silent, sort_keys=True) if self._silent else None
             )
         except StateWriteError:

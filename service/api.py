@@ -23,7 +23,9 @@ from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, cur
 from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
-from faultcast.service.state import MAX_STORED_INT, Ack, StateStore
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
+from faultcast.service.state_db import MAX_STORED_INT
 from faultcast.service.validation import is_host_name
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -87,7 +89,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         if self.policy is None:
             return None
         try:
-            self.policy.check_nodes(current(), job_id, nodes, self.store.jobs().get(job_id, []))
+            self.policy.check_nodes(current(), job_id, nodes, self.store.jobs.all().get(job_id, []))
         except AuthError as denied:
             return refuse(self.policy, denied, peer)
         return None
@@ -98,7 +100,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             return nodes, None
         if not job_id:
             return [], (grpc.StatusCode.INVALID_ARGUMENT, "name the nodes or a registered job id")
-        registered = self.store.jobs().get(job_id)
+        registered = self.store.jobs.all().get(job_id)
         if registered is None:
             return [], (
                 grpc.StatusCode.NOT_FOUND,
@@ -148,7 +150,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             refusal = self._check_start(request)
         if refusal is not None:
             await context.abort(*refusal)
-        head = self.store.last_id  # the replay ends here, the live part starts after it
+        head = self.store.alerts.last_id  # the replay ends here, the live part starts after it
         if request.resume_after > head:
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
@@ -173,13 +175,13 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 apb.START_FROM_UNSPECIFIED,
                 apb.START_FROM_OPEN_ALERTS,
             ):
-                opened, head = self.store.open_alerts_at_head(nodes)  # read together with its head
+                opened, head = self.store.alerts.open_at_head(nodes)  # read together with its head
                 for alert in opened:
                     yield apb.SubscribeResponse(alert=alert)
             elif request.resume_after > 0 or request.start == apb.START_FROM_HISTORY:
                 while not self.stopping.is_set():
                     await self._still_valid(principal, context)
-                    batch = self.store.read_after(cursor, nodes, _BATCH, through=head)
+                    batch = self.store.alerts.read_after(cursor, nodes, _BATCH, through=head)
                     for alert in batch:
                         yield apb.SubscribeResponse(alert=alert)
                     if len(batch) < _BATCH:
@@ -214,9 +216,9 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         loop = asyncio.get_running_loop()
         while not self.stopping.is_set():
             await self._still_valid(principal, context)
-            seen = self.store.last_id
+            seen = self.store.alerts.last_id
             if seen > cursor:
-                batch = self.store.read_after(cursor, None if wanted else nodes, _BATCH)
+                batch = self.store.alerts.read_after(cursor, None if wanted else nodes, _BATCH)
                 for alert in batch:
                     cursor = alert.id
                     if wanted is None or alert.node in wanted:
@@ -224,7 +226,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 if len(batch) == _BATCH:
                     continue  # more may be waiting
                 cursor = max(cursor, seen)  # nothing more for these nodes up to `seen`
-            await loop.run_in_executor(None, self.store.wait_beyond, seen, _POLL_S)
+            await loop.run_in_executor(None, self.store.alerts.wait_beyond, seen, _POLL_S)
 
     async def _still_valid(
         self, principal: Principal | None, context: grpc.aio.ServicerContext[Any, Any]
@@ -263,14 +265,14 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         refusal = self._authorize(request.job_id, [], peer)  # a trainer acts for its own job only
         if refusal is not None:
             return refusal
-        registered = self.store.jobs().get(request.job_id)
+        registered = self.store.jobs.all().get(request.job_id)
         if registered is None:
             return (
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {request.job_id!r} is not registered: RegisterJob with its nodes first, so that "
                 "remediation knows what to requeue",
             )
-        alert = self.store.get(request.alert_id)  # None too for an id beyond what SQLite holds
+        alert = self.store.alerts.get(request.alert_id)  # None too for an id beyond what SQLite holds
         if not self._reads_every_alert() and (alert is None or alert.node not in registered):
             if alert is not None:
                 self._authorize(request.job_id, [alert.node], peer)  # counts the attempt
@@ -316,7 +318,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             if request.nodes or request.job_id
             else None
         )
-        alerts, head = self.store.open_alerts_at_head(nodes)
+        alerts, head = self.store.alerts.open_at_head(nodes)
         return apb.ListActiveAlertsResponse(alerts=sorted(alerts, key=lambda a: a.opened_id), head_id=head)
 
     def RegisterJob(  # noqa: N802
@@ -335,7 +337,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             context.abort(*refusal)
         if not all(is_host_name(node) for node in request.nodes):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
-        self.store.register_job(request.job_id, list(request.nodes))
+        self.store.jobs.register(request.job_id, list(request.nodes))
         return apb.RegisterJobResponse()
 
 

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 
 from faultcast.service.limits import CallerLimits, CallLimiter, OpenCount
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.state import StateWriteError
+from faultcast.service.state_db import StateWriteError
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,9 @@ from typing import TypeVar
 from faultcast.service.actuators import Actuator, CircuitBreaker, Remediation, RetryPolicy
 from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.state import Ack, PendingRemediation, StateStore
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
+from faultcast.service.state_remediations import PendingRemediation
 from faultcast.service.supervise import start_supervised
 from faultcast.v1 import alerts_pb2 as apb
 
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 T = TypeVar("T")
 
-# Settings (StateStore.save_setting) that carry remediation across a restart, in unix time.
+# Settings (StateStore.settings) that carry remediation across a restart, in unix time.
 GRACE_DEADLINES_KEY = "remediation_grace_deadlines"  # {opened_id: when its grace period ends}
 BREAKER_WINDOW_KEY = "remediation_breaker_window"  # [[when, node], ...] admitted within the window
 # Clear reasons after which a grace timer has nothing to do (others may be the failure itself).
@@ -97,7 +99,7 @@ class Remediator:
         self.grace_s, self.clock, self.wall, self.store_retry_s = grace_s, clock, wall, store_retry_s
         self.breaker = breaker or CircuitBreaker()
         # Who paused remediation (SetRemediation), None while it runs; kept across restarts.
-        self.paused_by: str | None = store.setting("remediation_paused_by")
+        self.paused_by: str | None = store.settings.get("remediation_paused_by")
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self._deadlines: list[tuple[float, int]] = []  # (clock time, opened_id): grace timers to look at
@@ -130,7 +132,7 @@ class Remediator:
     # -- what a restart keeps -----------------------------------------------------------------
 
     def _saved(self, key: str) -> object:
-        raw = self.store.setting(key)
+        raw = self.store.settings.get(key)
         if raw is None:
             return None
         try:
@@ -161,7 +163,7 @@ class Remediator:
                 return
             value = json.dumps([[round(wall - (now - at), 3), node] for at, node in taken]) if taken else None
             self._write(
-                "the circuit breaker's window", lambda: self.store.save_setting(BREAKER_WINDOW_KEY, value)
+                "the circuit breaker's window", lambda: self.store.settings.save(BREAKER_WINDOW_KEY, value)
             )
             self._breaker_saved = taken
 
@@ -197,7 +199,7 @@ class Remediator:
                 due = {str(k): round(wall + (at - now), 3) for k, at in sorted(self._grace.items())}
             value = json.dumps(due) if due else None
             try:
-                self._write("grace deadlines", lambda: self.store.save_setting(GRACE_DEADLINES_KEY, value))
+                self._write("grace deadlines", lambda: self.store.settings.save(GRACE_DEADLINES_KEY, value))
             except sqlite3.OperationalError as exc:  # the timers still run here; only a kill would lose them
                 self._store_trouble(exc)
                 with self._cv:
@@ -264,18 +266,18 @@ class Remediator:
     def _newest(self, alert_id: int) -> apb.Alert | None:
         """The newest event of the alert that event `alert_id` belongs to (its CLEARED event once it
         has cleared, which still names the node and the last recommended action)."""
-        event = self.store.get(alert_id)
-        return None if event is None else self.store.newest_event(event.opened_id or event.id)
+        event = self.store.alerts.get(alert_id)
+        return None if event is None else self.store.alerts.newest_event(event.opened_id or event.id)
 
     def on_ack(self, ack: Ack) -> str:
         """Record an acknowledgement (of the alert, whichever of its events it names); returns what
         the service will do, in words."""
         alert = self._newest(ack.alert_id)
         if alert is None:
-            self.store.record_ack(ack)
+            self.store.acks.record(ack)
             return f"no alert {ack.alert_id}"
         ack = replace(ack, alert_id=alert.opened_id or alert.id)
-        self.store.record_ack(ack)
+        self.store.acks.record(ack)
         if ack.action == apb.ACK_ACTION_DECLINED:
             return f"declined: {alert.node} stays in service; the operator decides"
         if self._risk_fell(alert.opened_id):
@@ -291,7 +293,7 @@ class Remediator:
     # -- the decision -----------------------------------------------------------------------
 
     def _job_on(self, node: str) -> str:
-        for job, nodes in sorted(self.store.jobs().items()):
+        for job, nodes in sorted(self.store.jobs.all().items()):
             if node in nodes:
                 return job
         return ""
@@ -303,7 +305,7 @@ class Remediator:
         job = job_id or self._job_on(alert.node)
         if not job:
             return False, f"no registered job on {alert.node}: nothing to remediate"
-        claimed = self.store.remediation(alert.opened_id)
+        claimed = self.store.remediations.of(alert.opened_id)
         if claimed is not None:
             doing = "being remediated" if claimed[0] == "pending" else "already remediated"
             return False, f"alert {alert.opened_id} is {doing}"
@@ -323,20 +325,20 @@ class Remediator:
     def _risk_fell(self, opened_id: int) -> bool:
         """Whether the alert cleared because its risk fell back (its other endings, a GPU gone dark or
         a node gone silent, may be the failure itself: the node still goes)."""
-        event = self.store.cleared_event(opened_id)
+        event = self.store.alerts.cleared_event(opened_id)
         return event is not None and event.clear_reason in _RISK_FELL
 
     def _taken_out_for(self, node: str, opened_id: int) -> int | None:
         """Another alert, still open, that `node` is being (or was) taken out for, if any: queued in
         this process, or claimed in the store (by this run or an earlier one) and not failed."""
         queued = self._draining.get(node)
-        if queued is not None and queued != opened_id and self.store.cleared_event(queued) is None:
+        if queued is not None and queued != opened_id and self.store.alerts.cleared_event(queued) is None:
             return queued
-        for other, outcome in self.store.remediations_on(node):
+        for other, outcome in self.store.remediations.on_node(node):
             if (
                 other != opened_id
                 and outcome in ("pending", "ok")
-                and self.store.cleared_event(other) is None
+                and self.store.alerts.cleared_event(other) is None
             ):
                 return other
         return None
@@ -352,7 +354,7 @@ class Remediator:
             self._resumed = True
         try:
             self._rearm_grace()
-            pending = self.store.pending_remediations()
+            pending = self.store.remediations.pending()
         except BaseException:
             with self._cv:
                 self._resumed = False  # nothing queued yet: the next call starts over
@@ -384,12 +386,12 @@ class Remediator:
         """Every open snapshot-and-migrate alert on a registered job's node that nobody claimed or
         declined and whose deadline did not reach the disk (a version that kept none, or a write
         refused before a kill) gets a full grace period from now."""
-        for alert in self.store.open_alerts():
+        for alert in self.store.alerts.open_now():
             if alert.action != apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE or not self._job_on(alert.node):
                 continue
-            if alert.opened_id in self._timed or self.store.remediation(alert.opened_id) is not None:
+            if alert.opened_id in self._timed or self.store.remediations.of(alert.opened_id) is not None:
                 continue
-            if any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert.opened_id)):
+            if any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks.of(alert.opened_id)):
                 continue
             with self._cv:
                 if alert.opened_id not in self._timed:
@@ -478,7 +480,7 @@ class Remediator:
         # DECLINED leaves the node to the operator. A SNAPSHOT_DONE does not stop the timer: one
         # given under snapshot-and-migrate queued the drain already (the claim stops a second),
         # and one given while the alert only asked for a snapshot says nothing about the move.
-        if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks(alert_id)):
+        if alert is None or any(a.action == apb.ACK_ACTION_DECLINED for a in self.store.acks.of(alert_id)):
             self._settle(alert_id)
             return
         if self._risk_fell(alert_id):
@@ -513,7 +515,7 @@ class Remediator:
                     return
                 task = replace(task, admitted=True)
             attempts = self._write(
-                "an attempt", lambda: self.store.begin_attempt(r.alert_id, self.actuator.name)
+                "an attempt", lambda: self.store.remediations.begin_attempt(r.alert_id, self.actuator.name)
             )
         except sqlite3.OperationalError as exc:  # nothing done yet: again once the store takes writes
             self._store_trouble(exc)
@@ -533,7 +535,7 @@ class Remediator:
             return False
         request = json.dumps(asdict(r))
         claimed = self._write(
-            "a claim", lambda: self.store.claim_remediation(r.alert_id, r.node, self.actuator.name, request)
+            "a claim", lambda: self.store.remediations.claim(r.alert_id, r.node, self.actuator.name, request)
         )
         self._settle(r.alert_id)  # claimed, now or before: its grace timer has nothing left to do
         return claimed
@@ -574,7 +576,7 @@ class Remediator:
             delay_s = self.retry.delay_s(attempts, self._rng.random())
             try:
                 self._write(
-                    "why an attempt failed", lambda: self.store.note_failed_attempt(r.alert_id, detail)
+                    "why an attempt failed", lambda: self.store.remediations.note_failed_attempt(r.alert_id, detail)
                 )
             except sqlite3.OperationalError as exc:  # only the reason is lost; the retry goes on
                 self._store_trouble(exc)
@@ -600,7 +602,7 @@ class Remediator:
     def _store_outcome(self, r: Remediation, outcome: str, detail: str) -> bool:
         """Write the outcome; False when the store refused it (kept, to be written later)."""
         try:
-            self._write("an outcome", lambda: self.store.finish_remediation(r.alert_id, outcome, detail))
+            self._write("an outcome", lambda: self.store.remediations.finish(r.alert_id, outcome, detail))
         except sqlite3.OperationalError as exc:
             self._store_trouble(exc)
             with self._cv:

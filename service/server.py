@@ -33,7 +33,8 @@ from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
-from faultcast.service.state import StateStore, StateWriteError
+from faultcast.service.state import StateStore
+from faultcast.service.state_db import StateWriteError
 from faultcast.service.supervise import start_supervised
 from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.validation import Limits
@@ -113,7 +114,7 @@ class Service:
         self.book.listen(self.remediator.on_alerts)
         self.limits = replace(limits or Limits(), gpus_per_node=model.feature_config.gpus_per_node)
         self.telemetry = TelemetryServicer(
-            self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.load_cursors()
+            self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.cursors.load()
         )
         self._work = threading.Condition()
         self._ready = 0  # completed steps waiting to be scored
@@ -218,7 +219,7 @@ class Service:
             moved = {key: seq for key, seq in now.items() if saved.get(key) != seq}
             if moved:
                 try:
-                    self.store.save_cursors(moved)
+                    self.store.cursors.save(moved)
                 except StateWriteError:
                     continue  # reported by the store; what moved is saved at the next try
             saved = now
@@ -312,7 +313,7 @@ class Service:
         if not self._pause_unsaved:
             return
         try:
-            self.store.save_setting("remediation_paused_by", self.remediator.paused_by)
+            self.store.settings.save("remediation_paused_by", self.remediator.paused_by)
         except StateWriteError as exc:
             log.error("%s: the remediation pause is in force but would not outlive a restart yet", exc)
             return
@@ -428,7 +429,7 @@ class Service:
             self.score_now()
         self.remediator.stop()
         try:
-            self.store.save_cursors(self.telemetry.cursors())
+            self.store.cursors.save(self.telemetry.cursors())
         except StateWriteError as exc:
             log.error("%s; collectors will replay the samples since the last saved cursors", exc)
         self.store.close()

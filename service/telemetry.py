@@ -26,7 +26,8 @@ from faultcast.readings import NodeSnapshot
 from faultcast.service.auth import AccessPolicy, AuthError, current, refuse
 from faultcast.service.limits import CallerLimits, OpenCount, TokenBucket
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.state import MAX_STORED_INT, SPOOLS_PER_NODE
+from faultcast.service.state_cursors import SPOOLS_PER_NODE
+from faultcast.service.state_db import MAX_STORED_INT
 from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc

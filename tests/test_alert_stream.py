@@ -116,11 +116,11 @@ def _refusal(call: object) -> grpc.RpcError:
 def test_a_live_subscription_is_caught_up_at_once_and_names_the_serving_model(served: Served) -> None:
     node = _node()
     store = served.service.store
-    store.append([_opened(node)])
+    store.alerts.append([_opened(node)])
     stream = Stream(served.stub, apb.SubscribeRequest(nodes=[node], start=apb.START_FROM_LIVE))
     try:
         marker = stream.caught_up()
-        assert marker.head_id == store.last_id
+        assert marker.head_id == store.alerts.last_id
         model = served.service.model
         assert marker.model == model_info(model)
         assert marker.model.version == model_version(model)
@@ -132,7 +132,7 @@ def test_a_live_subscription_is_caught_up_at_once_and_names_the_serving_model(se
             model.policy.clear_steps,
         )
         assert 0 < marker.model.hold_threshold <= marker.model.threshold
-        (live,) = store.append([_opened(node, gpu=1)])
+        (live,) = store.alerts.append([_opened(node, gpu=1)])
         assert stream.alert() == live  # the alert open before the subscription was not replayed
     finally:
         stream.close()
@@ -144,16 +144,16 @@ def test_a_new_subscriber_gets_the_newest_event_of_each_open_alert_and_nothing_s
 ) -> None:
     node, elsewhere = _node(), _node()
     store = served.service.store
-    (first,) = store.append([_opened(node, gpu=0)])
-    (update,) = store.append([_updated(first)])
-    (gone,) = store.append([_opened(node, gpu=1)])
-    store.append([_cleared(gone), _opened(elsewhere)])
-    (still,) = store.append([_opened(node, gpu=2)])
+    (first,) = store.alerts.append([_opened(node, gpu=0)])
+    (update,) = store.alerts.append([_updated(first)])
+    (gone,) = store.alerts.append([_opened(node, gpu=1)])
+    store.alerts.append([_cleared(gone), _opened(elsewhere)])
+    (still,) = store.alerts.append([_opened(node, gpu=2)])
     stream = Stream(served.stub, apb.SubscribeRequest(nodes=[node], start=start))
     try:
         assert [stream.alert().id, stream.alert().id] == [update.id, still.id]
-        assert stream.caught_up().head_id == store.last_id
-        (cleared,) = store.append([_cleared(still)])
+        assert stream.caught_up().head_id == store.alerts.last_id
+        (cleared,) = store.alerts.append([_cleared(still)])
         assert stream.alert() == cleared
     finally:
         stream.close()
@@ -167,7 +167,7 @@ def test_history_is_replayed_in_order_then_caught_up_then_live_with_nothing_lost
     store = served.service.store
     before = [
         a
-        for a in store.append(
+        for a in store.alerts.append(
             [_opened(n, gpu=i % 8, padding=2000) for i in range(2500) for n in (node, other)]
         )
         if a.node == node
@@ -178,7 +178,7 @@ def test_history_is_replayed_in_order_then_caught_up_then_live_with_nothing_lost
 
     def append_meanwhile() -> None:
         for _ in range(20):
-            appended.extend(a for a in store.append([_opened(node), _opened(other)]) if a.node == node)
+            appended.extend(a for a in store.alerts.append([_opened(node), _opened(other)]) if a.node == node)
 
     appender = threading.Thread(target=append_meanwhile)
     appender.start()
@@ -203,21 +203,21 @@ def test_history_is_replayed_in_order_then_caught_up_then_live_with_nothing_lost
 def test_a_cursor_resumes_after_itself_and_sees_every_later_event_of_its_nodes(served: Served) -> None:
     node = _node()
     store = served.service.store
-    (a,) = store.append([_opened(node)])
-    b, _ = store.append([_updated(a), _opened(_node())])
-    (c,) = store.append([_cleared(a)])
+    (a,) = store.alerts.append([_opened(node)])
+    b, _ = store.alerts.append([_updated(a), _opened(_node())])
+    (c,) = store.alerts.append([_cleared(a)])
     stream = Stream(served.stub, apb.SubscribeRequest(nodes=[node], resume_after=a.id))
     try:
         assert [stream.alert(), stream.alert()] == [b, c]  # cleared events too: a cursor misses nothing
-        assert stream.caught_up().head_id == store.last_id
+        assert stream.caught_up().head_id == store.alerts.last_id
     finally:
         stream.close()
 
 
 def test_a_cursor_beyond_the_head_is_refused_out_of_range_naming_the_head(served: Served) -> None:
     node = _node()
-    served.service.store.append([_opened(node)])
-    head = served.service.store.last_id
+    served.service.store.alerts.append([_opened(node)])
+    head = served.service.store.alerts.last_id
     refused = _refusal(
         lambda: Stream(served.stub, apb.SubscribeRequest(nodes=[node], resume_after=head + 1000)).next()
     )
@@ -238,7 +238,7 @@ def test_a_cursor_beyond_the_head_is_refused_out_of_range_naming_the_head(served
 def test_a_start_choice_with_a_cursor_or_an_undefined_one_is_invalid(
     served: Served, request_: apb.SubscribeRequest
 ) -> None:
-    served.service.store.append([_opened("node-x")])  # the cursor is within the log
+    served.service.store.alerts.append([_opened("node-x")])  # the cursor is within the log
     refused = _refusal(lambda: Stream(served.stub, request_).next())
     assert isinstance(refused, grpc.Call)
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -252,14 +252,14 @@ def test_listing_then_resuming_from_its_head_id_leaves_no_gap(served: Served) ->
     store = served.service.store
     empty = served.stub.ListActiveAlerts(apb.ListActiveAlertsRequest(nodes=[node]))
     assert list(empty.alerts) == []
-    assert empty.head_id == store.last_id > 0  # an empty listing still says where the log is
-    (a,) = store.append([_opened(node)])
-    (b,) = store.append([_opened(node, gpu=1)])
-    (a2,) = store.append([_updated(a)])
+    assert empty.head_id == store.alerts.last_id > 0  # an empty listing still says where the log is
+    (a,) = store.alerts.append([_opened(node)])
+    (b,) = store.alerts.append([_opened(node, gpu=1)])
+    (a2,) = store.alerts.append([_updated(a)])
     listing = served.stub.ListActiveAlerts(apb.ListActiveAlertsRequest(nodes=[node]))
     assert [x.id for x in listing.alerts] == [a2.id, b.id]  # newest event of each, oldest alert first
-    assert listing.head_id == store.last_id
-    (after,) = store.append([_cleared(b)])
+    assert listing.head_id == store.alerts.last_id
+    (after,) = store.alerts.append([_cleared(b)])
     stream = Stream(served.stub, apb.SubscribeRequest(nodes=[node], resume_after=listing.head_id))
     try:
         assert stream.alert() == after
@@ -278,8 +278,8 @@ def registered(served: Served) -> tuple[str, apb.Alert, apb.Alert, apb.Alert]:
     job = f"job-{node}"
     served.stub.RegisterJob(apb.RegisterJobRequest(job_id=job, nodes=[node]))
     store = served.service.store
-    opened, gone = store.append([_opened(node, gpu=0), _opened(node, gpu=1)])
-    update, cleared = store.append([_updated(opened), _cleared(gone)])
+    opened, gone = store.alerts.append([_opened(node, gpu=0), _opened(node, gpu=1)])
+    update, cleared = store.alerts.append([_updated(opened), _cleared(gone)])
     return job, opened, update, cleared
 
 
@@ -317,7 +317,7 @@ def test_acknowledgements_are_validated_without_authentication(
             f"opened_id {cleared.opened_id}",
         ),
         "no such event": (
-            _ack(store.last_id + 100, job, apb.ACK_ACTION_RECEIVED),
+            _ack(store.alerts.last_id + 100, job, apb.ACK_ACTION_RECEIVED),
             grpc.StatusCode.NOT_FOUND,
             "",
         ),
@@ -327,8 +327,8 @@ def test_acknowledgements_are_validated_without_authentication(
         refused = _refusal(lambda request=request: served.stub.Acknowledge(request))
         assert isinstance(refused, grpc.Call)
         assert (refused.code(), says in (refused.details() or "")) == (code, True), (what, refused.details())
-    assert store.acks(opened.id) == []  # nothing refused was recorded
-    assert store.acks(cleared.id) == []
+    assert store.acks.of(opened.id) == []  # nothing refused was recorded
+    assert store.acks.of(cleared.id) == []
     assert served.service.remediator.done == []
 
 
@@ -341,7 +341,7 @@ def test_any_open_event_of_an_alert_may_be_acknowledged(
         reply = served.stub.Acknowledge(_ack(event.id, job, apb.ACK_ACTION_RECEIVED))
         assert reply.accepted
         # Recorded for the alert (under which of its ids is the remediator's business).
-        assert [a.job_id for a in store.acks(opened.id) + store.acks(update.id)] == [job] * n
+        assert [a.job_id for a in store.acks.of(opened.id) + store.acks.of(update.id)] == [job] * n
 
 
 def test_snapshot_done_for_an_alert_whose_risk_fell_back_drains_nothing(
@@ -351,7 +351,7 @@ def test_snapshot_done_for_an_alert_whose_risk_fell_back_drains_nothing(
     reply = served.stub.Acknowledge(_ack(cleared.opened_id, job, apb.ACK_ACTION_SNAPSHOT_DONE))
     assert reply.accepted
     assert "nothing to remediate" in reply.remediation
-    assert served.service.store.remediation(cleared.opened_id) is None
+    assert served.service.store.remediations.of(cleared.opened_id) is None
 
 
 def test_a_job_registration_names_real_nodes(served: Served) -> None:
@@ -368,7 +368,7 @@ def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
 ) -> None:
     service = Service(service_model, tmp_path)
     node = _node()
-    service.store.append([_opened(node, padding=2000) for _ in range(3000)])
+    service.store.alerts.append([_opened(node, padding=2000) for _ in range(3000)])
     port = service.start("127.0.0.1:0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -166,7 +166,7 @@ def _alert_and_migrate(cluster: SlurmCluster, faultcast: Faultcast, tmp_path: Pa
     job.wait("the job to hold at its step", lambda: bool(job.events("holding")))
     node = job.events("holding")[0]["node"]
     assert cluster.job(job.job_id) == ("RUNNING", node)
-    assert faultcast.service.store.jobs() == {job.job_id: [node]}  # the guard registered the job
+    assert faultcast.service.store.jobs.all() == {job.job_id: [node]}  # the guard registered the job
 
     source = TwinSource(FLEET, TWIN_NODE, [Scenario("hbm_wear", TWIN_NODE, GPU, FAIL_S, 40 * 60.0)])
     with grpc.insecure_channel(faultcast.target) as channel:
@@ -221,7 +221,7 @@ def test_a_predicted_failure_moves_the_job_and_it_finishes_bit_identical(
         faultcast.service.score_now()
         after = stub.ListActiveAlerts(apb.ListActiveAlertsRequest(nodes=[node]))
     assert not after.alerts
-    assert faultcast.service.store.cleared_reason(before.alerts[0].opened_id) == "gpu dark"
+    assert faultcast.service.store.alerts.cleared_reason(before.alerts[0].opened_id) == "gpu dark"
 
 
 def test_a_false_alarm_costs_one_snapshot_and_one_migration(

@@ -44,7 +44,7 @@ def test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node(
         service.start(f"127.0.0.1:{port}")
         try:
             assert guard.wait_connected(WAIT_S), guard.last_error
-            assert service.store.jobs() == {"job-g": [NAME]}  # the guard registered its job
+            assert service.store.jobs.all() == {"job-g": [NAME]}  # the guard registered its job
             source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 push(channel, NAME, twin_snapshots(source, NAME, int((FAIL_S - 5 * 60) / 60)))
@@ -75,11 +75,11 @@ def test_the_guard_starts_from_open_alerts_resumes_after_the_marker_and_survives
     service = Service(service_model, tmp_path, limits=Limits(max_future_s=0, max_age_s=0))
     port = service.start("127.0.0.1:0")
     store = service.store
-    (stale,) = store.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, gpu=0)])
-    store.append([apb.Alert(node=NAME, gpu=0, state=apb.ALERT_STATE_CLEARED, opened_id=stale.id)])
-    (still,) = store.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, gpu=1)])
+    (stale,) = store.alerts.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, gpu=0)])
+    store.alerts.append([apb.Alert(node=NAME, gpu=0, state=apb.ALERT_STATE_CLEARED, opened_id=stale.id)])
+    (still,) = store.alerts.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, gpu=1)])
     guard = Guard(f"127.0.0.1:{port}", "job-c", [NAME], backoff_s=(0.05, 0.2))
-    guard.last_id = store.last_id + 1000  # a cursor from a log this service never had
+    guard.last_id = store.alerts.last_id + 1000  # a cursor from a log this service never had
     try:
         guard.start()
         assert guard.wait_caught_up(WAIT_S), guard.last_error
@@ -87,7 +87,7 @@ def test_the_guard_starts_from_open_alerts_resumes_after_the_marker_and_survives
         pending = guard.pending()
         assert pending is not None
         assert pending.id == still.id
-        assert guard.last_id == store.last_id  # the marker's head: a reconnect resumes after it
+        assert guard.last_id == store.alerts.last_id  # the marker's head: a reconnect resumes after it
         assert guard.model is not None
         assert guard.model.version == model_version(service.model)
         assert any(
@@ -116,7 +116,7 @@ def test_an_update_asks_for_another_snapshot_only_when_it_escalates(
         def event(
             kind: apb.EventKind.ValueType, action: apb.RecommendedAction.ValueType, opened: int
         ) -> apb.Alert:
-            (stored,) = service.store.append(
+            (stored,) = service.store.alerts.append(
                 [
                     apb.Alert(
                         node=NAME,
@@ -161,14 +161,14 @@ def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
     guard = Guard(f"127.0.0.1:{port}", "job-r", [NAME], backoff_s=(0.05, 0.2)).start()
     try:
         assert guard.wait_caught_up(WAIT_S)
-        (alert,) = first.store.append(
+        (alert,) = first.store.alerts.append(
             [apb.Alert(node=NAME, gpu=1, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED,
                        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)]
         )  # fmt: skip
         update = apb.Alert()
         update.CopyFrom(alert)
         update.id, update.kind = 0, apb.EVENT_KIND_UPDATED
-        first.store.append([update])
+        first.store.alerts.append([update])
         assert guard.wait_for_alert(WAIT_S) is not None
         guard.snapshot_done(5, "file:///s/5")
         assert guard.wait_seen(2, WAIT_S)
@@ -181,7 +181,7 @@ def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
     try:
         assert guard.wait_connected(WAIT_S), guard.last_error
         assert guard.wait_caught_up(WAIT_S)
-        (fresh,) = second.store.append(
+        (fresh,) = second.store.alerts.append(
             [apb.Alert(node=NAME, gpu=5, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED,
                        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)]
         )  # fmt: skip

@@ -46,7 +46,8 @@ CARRIERS: dict[str, tuple[str, int]] = {
     "AuthError": ("auth_denied", 1),
     "on_throttle": ("throttled", 0),
     "_throttled": ("throttled", 0),
-    "_checked_write": ("state_write_failures", 0),  # StateStore._checked_write("jobs", ...)
+    "checked_write": ("state_write_failures", 0),  # StateDatabase.checked_write("jobs", ...)
+    "checked_write_locked": ("state_write_failures", 0),
     "start_supervised": ("thread_restarts", 0),
 }
 
@@ -123,7 +124,8 @@ issues["h"] += 1
 reason, message = "i", "text"
 reason = "j"
 self.metrics.model_reloads.labels("k").inc()
-self._checked_write("l", lambda: db.execute("..."))
+self._db.checked_write("l", lambda db: db.execute("..."))
+db.checked_write_locked("l", lambda db: db.execute("..."))
 start_supervised("m", self._loop, self.stopping, self._restarted)
 metrics.rejects.labels(variable).inc()
 log.warning("not a label %s", "x")

@@ -18,7 +18,8 @@ import pytest
 from faultcast.service.actuators import CircuitBreaker, Outcome, Remediation, RetryPolicy
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediator import Remediator
-from faultcast.service.state import Ack, StateStore
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
 from faultcast.v1 import alerts_pb2 as apb
 
 START_S = 1000.0
@@ -69,7 +70,7 @@ def _migrate_alert(store: StateStore, node: str) -> apb.Alert:
         node=node, gpu=2, mode=apb.FAILURE_MODE_NVLINK, risk=0.8,
         action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
     )  # fmt: skip
-    return store.append([alert])[0]
+    return store.alerts.append([alert])[0]
 
 
 def _snapshot_done(remediator: Remediator, alert: apb.Alert) -> str:
@@ -92,7 +93,7 @@ def _value(metrics: ServiceMetrics, name: str, **labels: str) -> float:
 @pytest.fixture
 def store(tmp_path: Path) -> StateStore:
     store = StateStore.in_dir(tmp_path)
-    store.register_job("j1", ["a", "b", "c"])
+    store.jobs.register("j1", ["a", "b", "c"])
     return store
 
 
@@ -105,7 +106,7 @@ def test_a_failing_actuator_is_retried_with_exponential_backoff_and_remediated_o
     alert = _migrate_alert(store, "a")
     _snapshot_done(remediator, alert)
     assert remediator.run_once() == 1
-    assert store.remediation(alert.id) == ("pending", "RuntimeError: scheduler down (call 1)")
+    assert store.remediations.of(alert.id) == ("pending", "RuntimeError: scheduler down (call 1)")
     assert _value(metrics, "faultcast_remediation_retries_pending") == 1
     assert "being remediated" in _snapshot_done(remediator, alert)
 
@@ -115,7 +116,7 @@ def test_a_failing_actuator_is_retried_with_exponential_backoff_and_remediated_o
     [(remediation, outcome, detail)] = remediator.done
     assert (remediation.alert_id, outcome) == (alert.id, "ok")
     assert detail == "drained a (on attempt 5)"
-    assert store.remediation(alert.id) == ("ok", detail)
+    assert store.remediations.of(alert.id) == ("ok", detail)
     assert _value(metrics, "faultcast_remediation_retries_total") == len(actuator.calls) - 1
     assert _value(metrics, "faultcast_remediation_retries_pending") == 0
     assert _value(metrics, "faultcast_remediations_total", actuator="flaky", outcome="ok") == 1
@@ -142,7 +143,7 @@ def test_after_the_last_attempt_the_remediation_fails_with_the_last_error(
     [(_, outcome, detail)] = remediator.done
     assert outcome == "failed"
     assert detail == "RuntimeError: scheduler down (call 3); gave up after 3 attempts"
-    assert store.remediation(alert.id) == ("failed", detail)
+    assert store.remediations.of(alert.id) == ("failed", detail)
     assert _value(metrics, "faultcast_remediations_total", actuator="flaky", outcome="failed") == 1
     assert _value(metrics, "faultcast_remediation_retries_total") == 2
     assert _value(metrics, "faultcast_remediation_retries_pending") == 0
@@ -241,7 +242,8 @@ _KILLED_IN_THE_ACTUATOR = textwrap.dedent(
     from faultcast.service.metrics import ServiceMetrics
     from faultcast.service.actuators import Outcome, Remediation
     from faultcast.service.remediator import Remediator
-    from faultcast.service.state import Ack, StateStore
+    from faultcast.service.state import StateStore
+    from faultcast.service.state_acks import Ack
     from faultcast.v1 import alerts_pb2 as apb
 
     class Hang:
@@ -252,8 +254,8 @@ _KILLED_IN_THE_ACTUATOR = textwrap.dedent(
             raise AssertionError("not reached")
 
     store = StateStore.in_dir(Path(sys.argv[1]))
-    store.register_job("j1", ["a"])
-    alert = store.append([apb.Alert(
+    store.jobs.register("j1", ["a"])
+    alert = store.alerts.append([apb.Alert(
         node="a", gpu=2, mode=apb.FAILURE_MODE_NVLINK, risk=0.8,
         action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
     )])[0]
@@ -282,7 +284,7 @@ def test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start(tmp_pa
 
     clock, metrics = _Clock(), ServiceMetrics()
     store = StateStore.in_dir(tmp_path)
-    assert store.remediation(alert_id) == ("pending", "")
+    assert store.remediations.of(alert_id) == ("pending", "")
     actuator = _Flaky(clock, {})
     remediator = Remediator(store, actuator, metrics, clock=clock, retry=NO_JITTER)
     assert remediator.run_once() == 0  # nothing queued in this process yet
@@ -293,7 +295,7 @@ def test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start(tmp_pa
     assert (remediation.alert_id, remediation.node, remediation.job_id) == (alert_id, "a", "j1")
     assert remediation.checkpoint_uri == "s3://ckpt/9"
     assert (outcome, detail) == ("ok", "drained a (on attempt 2)")  # the cut-off attempt counts
-    assert store.remediation(alert_id) == ("ok", detail)
+    assert store.remediations.of(alert_id) == ("ok", detail)
     assert _value(metrics, "faultcast_remediation_retries_total") == 1
     store.close()
     again = StateStore.in_dir(tmp_path)
@@ -305,7 +307,7 @@ def test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start(tmp_pa
 def test_a_retry_waiting_at_shutdown_is_carried_on_with_its_attempts_counted(tmp_path: Path) -> None:
     policy = RetryPolicy(initial_s=5.0, multiplier=2.0, max_s=300.0, max_attempts=3, jitter=0.0)
     store, clock = StateStore.in_dir(tmp_path), _Clock()
-    store.register_job("j1", ["a"])
+    store.jobs.register("j1", ["a"])
     first = Remediator(store, _Flaky(clock, {"a": 100}), ServiceMetrics(), clock=clock, retry=policy)
     alert = _migrate_alert(store, "a")
     _snapshot_done(first, alert)
@@ -321,14 +323,14 @@ def test_a_retry_waiting_at_shutdown_is_carried_on_with_its_attempts_counted(tmp
     assert len(actuator.calls) == 2  # attempts 2 and 3
     [(_, outcome, detail)] = second.done
     assert (outcome, detail) == ("failed", "HTTP 503 (call 2); gave up after 3 attempts")
-    assert store.pending_remediations() == []
+    assert store.remediations.pending() == []
     store.close()
 
 
 def test_an_actuator_that_kills_the_service_is_not_retried_forever(tmp_path: Path) -> None:
     policy = RetryPolicy(initial_s=5.0, multiplier=2.0, max_s=300.0, max_attempts=3, jitter=0.0)
     store = StateStore.in_dir(tmp_path)
-    store.register_job("j1", ["a"])
+    store.jobs.register("j1", ["a"])
     dying = Remediator(store, _Dying(), ServiceMetrics(), retry=policy)
     _snapshot_done(dying, _migrate_alert(store, "a"))
     kills = 0
@@ -343,7 +345,7 @@ def test_an_actuator_that_kills_the_service_is_not_retried_forever(tmp_path: Pat
     [(_, outcome, detail)] = dying.done
     assert outcome == "failed"
     assert detail == "no outcome stored; gave up after 3 attempts (the last cut off by a restart)"
-    assert store.pending_remediations() == []
+    assert store.remediations.pending() == []
     store.close()
 
 
@@ -365,7 +367,7 @@ def test_a_remediation_left_pending_by_an_older_version_is_surfaced_as_failed(tm
     remediator = Remediator(store, actuator, ServiceMetrics())
     assert remediator.resume() == 0
     assert actuator.calls == []
-    outcome, detail = store.remediation(7) or ("", "")
+    outcome, detail = store.remediations.of(7) or ("", "")
     assert outcome == "failed"
     assert "drain a by hand" in detail
     store.close()

@@ -25,7 +25,7 @@ from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, digest
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
-from faultcast.service.state import Ack
+from faultcast.service.state_acks import Ack
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
@@ -154,7 +154,7 @@ def test_a_collector_may_not_read_alerts_register_jobs_or_reload_the_model(secur
 
 def test_a_trainer_reads_and_acknowledges_only_its_own_jobs_alerts(secured: Secured) -> None:
     store = secured.service.store
-    mine, theirs = store.append(
+    mine, theirs = store.alerts.append(
         [
             apb.Alert(
                 node=node,
@@ -194,8 +194,8 @@ def test_a_trainer_reads_and_acknowledges_only_its_own_jobs_alerts(secured: Secu
         ]
         codes = [_code(call) for call in refused]
     assert codes == [grpc.StatusCode.PERMISSION_DENIED] * len(refused)
-    assert [a.job_id for a in store.acks(theirs.id)] == []  # the rogue acknowledgement left no trace
-    assert [a.job_id for a in store.acks(mine.id)] == ["job-1"]
+    assert [a.job_id for a in store.acks.of(theirs.id)] == []  # the rogue acknowledgement left no trace
+    assert [a.job_id for a in store.acks.of(mine.id)] == ["job-1"]
 
 
 def test_only_admins_register_jobs_when_the_scheduler_does_it() -> None:
@@ -213,7 +213,7 @@ def test_an_admin_reloads_the_model_and_registers_any_job(secured: Secured) -> N
         reply = apb_grpc.AdminStub(channel).ReloadModel(apb.ReloadModelRequest())
         apb_grpc.AlertsStub(channel).RegisterJob(apb.RegisterJobRequest(job_id="job-9", nodes=["node-c"]))
     assert reply.loaded
-    assert secured.service.store.jobs()["job-9"] == ["node-c"]
+    assert secured.service.store.jobs.all()["job-9"] == ["node-c"]
 
 
 def test_an_admin_pauses_remediation_and_resizes_the_breaker_and_a_trainer_may_not(secured: Secured) -> None:
@@ -226,8 +226,8 @@ def test_an_admin_pauses_remediation_and_resizes_the_breaker_and_a_trainer_may_n
     with secured.channel("alice") as channel:
         admin = apb_grpc.AdminStub(channel)
         paused = admin.SetRemediation(apb.SetRemediationRequest(paused=True, max_drains=2))
-        store.register_job("job-p", ["node-p"])
-        (alert,) = store.append(
+        store.jobs.register("job-p", ["node-p"])
+        (alert,) = store.alerts.append(
             [
                 apb.Alert(
                     node="node-p",
@@ -250,7 +250,7 @@ def test_an_admin_pauses_remediation_and_resizes_the_breaker_and_a_trainer_may_n
     assert "paused by admin 'alice'" in detail
     assert bad == grpc.StatusCode.INVALID_ARGUMENT
     assert (resumed.paused, resumed.max_drains) == (False, 2)  # unset fields keep their value
-    assert store.setting("remediation_paused_by") is None
+    assert store.settings.get("remediation_paused_by") is None
 
 
 def test_bearer_tokens_identify_callers_and_a_revoked_token_ends_its_open_stream(secured: Secured) -> None:

@@ -179,7 +179,7 @@ def test_the_failure_clears_the_alert_as_the_gpu_goes_dark(running: Running) -> 
 
 def test_a_late_subscriber_resumes_after_its_last_id_with_no_gap(running: Running) -> None:
     stub = apb_grpc.AlertsStub(running.channel)
-    last = running.service.store.last_id
+    last = running.service.store.alerts.last_id
     everything = _read_log(stub, 0, last)
     assert [a.id for a in everything] == sorted(a.id for a in everything)
     assert len(everything) >= 2

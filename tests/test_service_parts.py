@@ -25,7 +25,8 @@ from faultcast.service.alert_book import AlertBook
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import ScoredStep
-from faultcast.service.state import Ack, StateStore
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
 from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
@@ -91,7 +92,7 @@ def test_the_service_raises_and_clears_exactly_the_incidents_the_offline_evaluat
         for n in range(nodes):  # each node fed on its own, as the service does
             cols = slice(n * g, (n + 1) * g)
             book.observe([_scored(served, f"n{n}", t, risk[t, cols], modes[t, cols], present[t, cols])])
-    events = store.read_after(0, limit=100_000)
+    events = store.alerts.read_after(0, limit=100_000)
     store.close()
     opened = [
         (int(e.time_unix_nano // 60_000_000_000), e.node, e.gpu)
@@ -185,7 +186,7 @@ def test_one_alert_per_gpu_escalates_then_clears_and_the_log_keeps_it(
         (apb.EVENT_KIND_CLEARED, first.id, apb.CLEAR_REASON_RISK_FELL)
     ]
     assert book.active() == []
-    assert [a.id for a in store.read_after(0)] == [first.id, first.id + 1, first.id + 2]
+    assert [a.id for a in store.alerts.read_after(0)] == [first.id, first.id + 1, first.id + 2]
     store.close()
 
 
@@ -193,7 +194,7 @@ def test_a_long_precursor_with_a_change_of_mode_is_one_alert_with_updates_and_on
     model: FaultModel, tmp_path: Path
 ) -> None:
     store = StateStore.in_dir(tmp_path)
-    store.register_job("job-1", ["n5"])
+    store.jobs.register("job-1", ["n5"])
     metrics = ServiceMetrics()
     book = AlertBook(model, store, metrics, actions=ActionPolicy(migrate_within_s=900, migrate_risk=0.99))
     actuator = NoopActuator()
@@ -249,7 +250,7 @@ def test_open_alerts_survive_a_restart_and_ids_keep_increasing(model: FaultModel
     g = model.feature_config.gpus_per_node
     for t in range(3):
         book.observe([_step(model, "n3", 50 + t, [0.95] + [0.0] * (g - 1), "hbm_wear")])
-    opened = store.open_alerts()
+    opened = store.alerts.open_now()
     store.close()
     reopened = StateStore.in_dir(tmp_path)
     book = AlertBook(model, reopened, ServiceMetrics())
@@ -369,7 +370,7 @@ def test_an_alert_left_open_by_a_run_whose_node_never_returns_clears_as_silent(
     (cleared,) = book.check_silence()
     assert (cleared.node, cleared.clear_reason) == ("gone", apb.CLEAR_REASON_NODE_SILENT)
     assert {a.node for a in book.active()} == {"back"}
-    assert {a.node for a in reopened.open_alerts()} == {"back"}
+    assert {a.node for a in reopened.alerts.open_now()} == {"back"}
     reopened.close()
 
 
@@ -378,7 +379,7 @@ def test_a_restart_restores_overlapping_alerts_without_orphans(model: FaultModel
     g = model.feature_config.gpus_per_node
     # A node-level alert and a GPU alert on the same node, as a previous run left them (the node-level
     # one's GPU list stale: it names GPU 1, which the GPU alert holds).
-    node_alert, gpu_alert, duplicate = store.append([
+    node_alert, gpu_alert, duplicate = store.alerts.append([
         apb.Alert(node="n9", gpu=-1, mode=apb.FAILURE_MODE_NETWORK, state=apb.ALERT_STATE_OPEN,
                   kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[0, 1]),
         apb.Alert(node="n9", gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, state=apb.ALERT_STATE_OPEN,
@@ -397,7 +398,7 @@ def test_a_restart_restores_overlapping_alerts_without_orphans(model: FaultModel
         (duplicate.id, apb.CLEAR_REASON_SUPERSEDED),
     ]  # fmt: skip
     assert book.active() == []
-    assert store.open_alerts() == []
+    assert store.alerts.open_now() == []
     (active,) = [m for m in metrics.registry.collect() if m.name == "faultcast_active_alerts"]
     assert all(sample.value == 0 for sample in active.samples)
     store.close()
@@ -479,7 +480,7 @@ def _alert(store: StateStore, node: str, action: apb.RecommendedAction.ValueType
     alert = apb.Alert(
         node=node, gpu=1, mode=apb.FAILURE_MODE_NVLINK, risk=0.8, action=action, state=apb.ALERT_STATE_OPEN
     )
-    return store.append([alert])[0]
+    return store.alerts.append([alert])[0]
 
 
 def _remediator(store: StateStore, clock: _Clock, **kw: object) -> tuple[Remediator, NoopActuator]:
@@ -490,7 +491,7 @@ def _remediator(store: StateStore, clock: _Clock, **kw: object) -> tuple[Remedia
 
 def test_without_snapshot_done_the_node_is_drained_after_the_grace_period(tmp_path: Path) -> None:
     store, clock = StateStore.in_dir(tmp_path), _Clock()
-    store.register_job("j1", ["a", "b"])
+    store.jobs.register("j1", ["a", "b"])
     remediator, actuator = _remediator(store, clock)
     migrate = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
     declined = _alert(store, "b", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
@@ -508,14 +509,14 @@ def test_without_snapshot_done_the_node_is_drained_after_the_grace_period(tmp_pa
     assert [(r.node, r.job_id, r.alert_id) for r in actuator.seen] == [("a", "j1", migrate.id)]
     clock.now += 3600
     assert remediator.run_once() == 0  # nothing else is due, ever
-    assert store.remediation(migrate.id) == ("ok", "noop: would drain a")
+    assert store.remediations.of(migrate.id) == ("ok", "noop: would drain a")
     store.close()
 
 
 def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contained(tmp_path: Path) -> None:
     store, clock = StateStore.in_dir(tmp_path), _Clock()
     nodes = [f"n{i}" for i in range(4)]
-    store.register_job("big", nodes)
+    store.jobs.register("big", nodes)
     remediator, _actuator = _remediator(store, clock, breaker=CircuitBreaker(max_nodes=2, window_s=600))
     for node in nodes:
         alert = _alert(store, node, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
@@ -529,7 +530,7 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     assert not remediator.breaker.is_open(clock.now)
     # No retries here (tests/test_remediation_retry.py has them): the one failure is final.
     broken = Remediator(store, _Raising(), ServiceMetrics(), clock=clock, retry=RetryPolicy(max_attempts=1))
-    store.register_job("big", [*nodes, "n4"])
+    store.jobs.register("big", [*nodes, "n4"])
     alert = _alert(store, "n4", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)  # n0..n1 are out already
     broken.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     broken.run_once()
@@ -559,7 +560,7 @@ def test_a_reload_that_restarts_the_features_keeps_open_alerts_for_the_new_model
 
 def test_two_alerts_on_one_node_drain_it_once_in_one_process_and_across_a_restart(tmp_path: Path) -> None:
     store, clock = StateStore.in_dir(tmp_path), _Clock()
-    store.register_job("j1", ["a"])
+    store.jobs.register("j1", ["a"])
     remediator, actuator = _remediator(store, clock)
     first = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
     second = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
@@ -569,7 +570,7 @@ def test_two_alerts_on_one_node_drain_it_once_in_one_process_and_across_a_restar
     assert [r.alert_id for r in actuator.seen] == [first.id]
     # Both acknowledged before the worker wakes: still once.
     store2, clock2 = StateStore.in_dir(tmp_path / "two"), _Clock()
-    store2.register_job("j1", ["a"])
+    store2.jobs.register("j1", ["a"])
     remediator2, actuator2 = _remediator(store2, clock2)
     one, two = (_alert(store2, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE) for _ in range(2))
     assert "noop: drain a" in remediator2.on_ack(Ack(one.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
@@ -588,7 +589,7 @@ def test_two_alerts_on_one_node_drain_it_once_in_one_process_and_across_a_restar
 
 def test_a_grace_timer_survives_an_earlier_snapshot_and_a_restart(tmp_path: Path) -> None:
     store, clock = StateStore.in_dir(tmp_path), _Clock()
-    store.register_job("j1", ["a", "b"])
+    store.jobs.register("j1", ["a", "b"])
     remediator, actuator = _remediator(store, clock)
     # SNAPSHOT_DONE while the alert only asked for a snapshot; then it escalates and the job hangs.
     snapshot = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
@@ -600,7 +601,7 @@ def test_a_grace_timer_survives_an_earlier_snapshot_and_a_restart(tmp_path: Path
         apb.EVENT_KIND_UPDATED,
         apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
     )
-    (escalated,) = store.append([escalated])
+    (escalated,) = store.alerts.append([escalated])
     remediator.on_alerts([escalated])
     clock.now += 61
     remediator.run_once()

@@ -108,10 +108,10 @@ def test_a_client_from_the_proto_files_alone_subscribes_acknowledges_and_pushes(
     client = Client(stubs, port)
     try:
         caught_up = client.next("caught_up")
-        assert caught_up["head_id"] == served.store.last_id
+        assert caught_up["head_id"] == served.store.alerts.last_id
         assert caught_up["model_version"] == model_version(served.model)
-        assert served.store.jobs() == {JOB: [NODE]}
-        (alert,) = served.store.append(
+        assert served.store.jobs.all() == {JOB: [NODE]}
+        (alert,) = served.store.alerts.append(
             [
                 apb.Alert(
                     node=NODE, gpu=2, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED, risk=0.7,
@@ -124,9 +124,9 @@ def test_a_client_from_the_proto_files_alone_subscribes_acknowledges_and_pushes(
         acknowledged = client.next("acknowledged")
         assert acknowledged["accepted"]
         assert f"drain {NODE}" in acknowledged["remediation"]
-        assert [a.job_id for a in served.store.acks(alert.id)] == [JOB]
+        assert [a.job_id for a in served.store.acks.of(alert.id)] == [JOB]
         listed = client.next("listed")
-        assert listed == {"step": "listed", "ids": [alert.id], "head_id": served.store.last_id}
+        assert listed == {"step": "listed", "ids": [alert.id], "head_id": served.store.alerts.last_id}
         schema = client.next("schema")
         assert schema["hash_matches"]
         assert schema["described"]

@@ -15,7 +15,8 @@ import pytest
 from faultcast.service.actuators import Remediation, RetryPolicy, WebhookActuator
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediator import Remediator
-from faultcast.service.state import Ack, StateStore
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
 from faultcast.v1 import alerts_pb2 as apb
 from tests.conftest import free_port
 
@@ -81,12 +82,12 @@ def test_a_remediation_through_a_webhook_that_answers_503_is_retried_until_ok(
 ) -> None:
     _Receiver.first = [503, 503]
     store, metrics = StateStore.in_dir(tmp_path), ServiceMetrics()
-    store.register_job("1234", ["gpu-17"])
+    store.jobs.register("1234", ["gpu-17"])
     opened = apb.Alert(
         node="gpu-17", gpu=3, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.61, state=apb.ALERT_STATE_OPEN,
         action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
     )  # fmt: skip
-    alert = store.append([opened])[0]
+    alert = store.alerts.append([opened])[0]
     actuator = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/drain")
     # Real time on the worker thread: waits small enough for a test, still doubling.
     policy = RetryPolicy(initial_s=0.05, multiplier=2.0, max_s=1.0, max_attempts=4, jitter=0.0)
@@ -103,5 +104,5 @@ def test_a_remediation_through_a_webhook_that_answers_503_is_retried_until_ok(
     assert [body["alert_id"] for _, body, _ in _Receiver.received] == [alert.id] * 3
     assert metrics.registry.get_sample_value("faultcast_remediation_retries_total") == 2
     assert metrics.registry.get_sample_value("faultcast_remediation_retries_pending") == 0
-    assert store.remediation(alert.id) == ("ok", detail)
+    assert store.remediations.of(alert.id) == ("ok", detail)
     store.close()

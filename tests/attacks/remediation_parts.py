@@ -23,4 +23,4 @@ def migrate_alert(store: StateStore, node: str) -> apb.Alert:
         node=node, gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.9,
         action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
     )  # fmt: skip
-    return store.append([alert])[0]
+    return store.alerts.append([alert])[0]

@@ -25,7 +25,8 @@ from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.actuators import CircuitBreaker, NoopActuator
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY, Remediator
-from faultcast.service.state import Ack, StateStore
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
@@ -240,7 +241,7 @@ def _remediator(
 def _opened(path: Path, clocks: _Clocks, node: str = "a") -> apb.Alert:
     """An alert opened under a first remediator, which is then abandoned 1 s later (killed)."""
     first, _, store = _remediator(path, clocks)
-    store.register_job("j1", ["a", "b", "c", "d"])
+    store.jobs.register("j1", ["a", "b", "c", "d"])
     alert = migrate_alert(store, node)
     first.on_alerts([alert])
     clocks.advance(1.0)
@@ -259,7 +260,7 @@ def test_the_grace_deadline_survives_a_kill_and_fires_at_opened_plus_grace(tmp_p
     clocks.advance(2.0)
     second.run_once()  # 61 s after it opened, not 60 s after the restart
     assert [r.alert_id for r in actuator.seen] == [alert.id]
-    assert store.setting(GRACE_DEADLINES_KEY) is None  # fired: nothing left on disk
+    assert store.settings.get(GRACE_DEADLINES_KEY) is None  # fired: nothing left on disk
     clocks.advance(3600.0)
     assert second.run_once() == 0
 
@@ -290,15 +291,15 @@ def test_the_deadline_of_an_alert_whose_risk_fell_is_dropped_and_not_fired_after
 ) -> None:
     clocks = _Clocks()
     first, _, store = _remediator(tmp_path, clocks)
-    store.register_job("j1", ["a", "b"])
+    store.jobs.register("j1", ["a", "b"])
     calm, hot = migrate_alert(store, "a"), migrate_alert(store, "b")
     first.on_alerts([calm, hot])
-    (cleared,) = store.append([
+    (cleared,) = store.alerts.append([
         apb.Alert(node="a", gpu=1, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
                   opened_id=calm.id, action=calm.action, clear_reason=apb.CLEAR_REASON_RISK_FELL),
     ])  # fmt: skip
     first.on_alerts([cleared])
-    assert set(json.loads(store.setting(GRACE_DEADLINES_KEY) or "{}")) == {str(hot.id)}  # kept small
+    assert set(json.loads(store.settings.get(GRACE_DEADLINES_KEY) or "{}")) == {str(hot.id)}  # kept small
     clocks.restart(down_s=600.0)
     second, actuator, _ = _remediator(tmp_path, clocks)
     second.resume()
@@ -309,7 +310,7 @@ def test_the_deadline_of_an_alert_whose_risk_fell_is_dropped_and_not_fired_after
 def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path: Path) -> None:
     clocks = _Clocks()
     first, _, store = _remediator(tmp_path, clocks, CircuitBreaker(max_nodes=2, window_s=600.0))
-    store.register_job("j1", ["a", "b", "c", "d"])
+    store.jobs.register("j1", ["a", "b", "c", "d"])
     for node in ("a", "b"):
         first.on_ack(Ack(migrate_alert(store, node).id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     first.run_once()
@@ -322,7 +323,7 @@ def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path:
     second.on_ack(Ack(third.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     second.run_once()
     assert actuator.seen == []
-    assert store.remediation(third.id) == (
+    assert store.remediations.of(third.id) == (
         "refused",
         "circuit breaker: 2 nodes already taken out in 600 s; c left in service",
     )
@@ -332,4 +333,4 @@ def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path:
     second.run_once()
     assert [r.node for r in actuator.seen] == ["d"]
     # Only admissions within the window stay on disk.
-    assert [node for _, node in json.loads(store.setting(BREAKER_WINDOW_KEY) or "[]")] == ["d"]
+    assert [node for _, node in json.loads(store.settings.get(BREAKER_WINDOW_KEY) or "[]")] == ["d"]

@@ -106,11 +106,11 @@ def test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_
         assert service.metrics.state_writable._value.get() == 1
         assert service.metrics.state_write_failures.labels("alerts")._value.get() >= 1
         # The cursor thread survived the full disk: it saves again by itself.
-        assert _eventually(lambda: service.store.load_cursors().get((NAME, 1)) == STEPS_BEFORE)
+        assert _eventually(lambda: service.store.cursors.load().get((NAME, 1)) == STEPS_BEFORE)
         subscriber.close()
         health.close()
     reopened = StateStore.in_dir(state)
-    assert reopened.get(alert.id) is not None
+    assert reopened.alerts.get(alert.id) is not None
     reopened.close()
 
 
@@ -140,7 +140,7 @@ def test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavail
         assert subscriber.next_alert().node == NAME
         health.wait_for(health_pb2.HealthCheckResponse.SERVING)
         # The cursor thread stores the pause once the disk takes it.
-        assert _eventually(lambda: service.store.setting("remediation_paused_by") is not None)
-        assert service.store.setting("remediation_paused_by") == service.remediator.paused_by
+        assert _eventually(lambda: service.store.settings.get("remediation_paused_by") is not None)
+        assert service.store.settings.get("remediation_paused_by") == service.remediator.paused_by
         subscriber.close()
         health.close()

@@ -23,12 +23,12 @@ def _cleared(opened: apb.Alert, reason: apb.ClearReason.ValueType) -> apb.Alert:
 
 def test_no_drain_when_the_risk_fell_back_before_the_grace_period_ended(tmp_path: Path) -> None:
     store, clock = StateStore.in_dir(tmp_path), Clock()
-    store.register_job("j1", ["a", "b"])
+    store.jobs.register("j1", ["a", "b"])
     actuator = NoopActuator()
     remediator = Remediator(store, actuator, ServiceMetrics(), grace_s=60.0, clock=clock)
     calm, dark = migrate_alert(store, "a"), migrate_alert(store, "b")
     remediator.on_alerts([calm, dark])
-    cleared = store.append(
+    cleared = store.alerts.append(
         [_cleared(calm, apb.CLEAR_REASON_RISK_FELL), _cleared(dark, apb.CLEAR_REASON_GPU_DARK)]
     )
     remediator.on_alerts(cleared)

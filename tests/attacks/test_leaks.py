@@ -50,18 +50,18 @@ def _code(error: grpc.RpcError) -> grpc.StatusCode:
 
 def test_acknowledge_answers_alike_for_an_absent_alert_and_another_jobs_alerts(tokened: Tokened) -> None:
     store = tokened.service.store
-    store.register_job("job-a", ["node-1", "node-3"])
-    store.register_job("job-b", ["node-2"])
-    opened, elsewhere, own = store.append(
+    store.jobs.register("job-a", ["node-1", "node-3"])
+    store.jobs.register("job-b", ["node-2"])
+    opened, elsewhere, own = store.alerts.append(
         [
             apb.Alert(node=node, gpu=0, state=apb.ALERT_STATE_OPEN, risk=0.9)
             for node in ("node-1", "node-3", "node-2")
         ]
     )
-    (cleared,) = store.append(
+    (cleared,) = store.alerts.append(
         [apb.Alert(node="node-1", gpu=0, state=apb.ALERT_STATE_CLEARED, opened_id=opened.id)]
     )
-    absent = store.last_id + 1000
+    absent = store.alerts.last_id + 1000
     with tokened.channel("job-b") as channel:
         stub = apb_grpc.AlertsStub(channel)
 
@@ -86,7 +86,7 @@ def test_acknowledge_answers_alike_for_an_absent_alert_and_another_jobs_alerts(t
     told = " ".join(shapes.values())
     for secret in ("CLEARED", "node-3", "node-1"):
         assert secret not in told
-    assert [store.acks(a.id) for a in (opened, elsewhere)] == [[], []]  # no trace of the refused ones
+    assert [store.acks.of(a.id) for a in (opened, elsewhere)] == [[], []]  # no trace of the refused ones
 
 
 # -- what one job may hold -------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_a_job_of_80000_nodes_and_300_subscriptions_is_held_to_its_caps(tokened:
     with tokened.channel("job-c") as channel, tokened.channel("alice") as admin:
         stub = apb_grpc.AlertsStub(channel)
         too_many = _refusal(lambda: stub.RegisterJob(apb.RegisterJobRequest(job_id="job-c", nodes=huge)))
-        assert "job-c" not in tokened.service.store.jobs()
+        assert "job-c" not in tokened.service.store.jobs.all()
         stub.RegisterJob(
             apb.RegisterJobRequest(job_id="job-c", nodes=huge[: limits.job_nodes]), timeout=WAIT_S
         )
@@ -176,8 +176,8 @@ def test_integers_beyond_what_sqlite_holds_and_non_finite_windows_are_invalid_ar
     tokened: Tokened,
 ) -> None:
     store = tokened.service.store
-    store.register_job("job-a", ["node-1", "node-3"])
-    (alert,) = store.append([apb.Alert(node="node-1", gpu=1, state=apb.ALERT_STATE_OPEN, risk=0.9)])
+    store.jobs.register("job-a", ["node-1", "node-3"])
+    (alert,) = store.alerts.append([apb.Alert(node="node-1", gpu=1, state=apb.ALERT_STATE_OPEN, risk=0.9)])
     with tokened.channel("job-a") as channel, tokened.channel("alice") as admin_channel:
         stub = apb_grpc.AlertsStub(channel)
 
@@ -199,4 +199,4 @@ def test_integers_beyond_what_sqlite_holds_and_non_finite_windows_are_invalid_ar
     assert refused == [grpc.StatusCode.INVALID_ARGUMENT] * 4
     assert beyond == grpc.StatusCode.PERMISSION_DENIED
     assert after == window  # nothing changed
-    assert [a.step for a in store.acks(alert.id)] == [2**63 - 1]
+    assert [a.step for a in store.acks.of(alert.id)] == [2**63 - 1]

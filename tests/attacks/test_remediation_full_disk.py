@@ -21,12 +21,20 @@ import pytest
 from faultcast.service.actuators import Outcome, Remediation, RetryPolicy
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediator import Remediator
-from faultcast.service.state import Ack, StateStore, StateWriteError
+from faultcast.service.state import StateStore
+from faultcast.service.state_acks import Ack
+from faultcast.service.state_db import StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
 
 WAIT_S = 30.0
-WRITES = ("claim_remediation", "begin_attempt", "note_failed_attempt", "finish_remediation", "save_setting")
+WRITES = (
+    "remediations.claim",
+    "remediations.begin_attempt",
+    "remediations.note_failed_attempt",
+    "remediations.finish",
+    "settings.save",
+)
 
 
 class _Disk:
@@ -36,8 +44,10 @@ class _Disk:
         self.full: set[str] = set()
         self.refused: list[str] = []
         self._refusal = threading.Condition()
-        for name in WRITES:
-            monkeypatch.setattr(store, name, self._guard(name, getattr(store, name)))
+        for name in WRITES:  # "part.method" of the store
+            part, method = name.split(".")
+            target = getattr(store, part)
+            monkeypatch.setattr(target, method, self._guard(name, getattr(target, method)))
 
     def _guard(self, name: str, write: Callable[..., object]) -> Callable[..., object]:
         def guarded(*args: object, **kwargs: object) -> object:
@@ -100,7 +110,7 @@ def _worker_alive() -> bool:
 @pytest.fixture
 def store(tmp_path: Path) -> StateStore:
     store = StateStore.in_dir(tmp_path)
-    store.register_job("j1", ["a", "b"])
+    store.jobs.register("j1", ["a", "b"])
     return store
 
 
@@ -131,7 +141,7 @@ def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(s
     store = StateStore.in_dir(
         small_disk / "state", on_write_failed=lambda what: metrics.state_write_failures.labels(what).inc()
     )
-    store.register_job("j1", ["a"])
+    store.jobs.register("j1", ["a"])
     remediator = Remediator(store, actuator, metrics, clock=clock)
     alert = migrate_alert(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
@@ -140,12 +150,12 @@ def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(s
         remediator.run_once()  # the claim is refused: nothing is drained that is not on disk
         clock.now += 1.0
     assert actuator.seen == []
-    assert store.remediation(alert.id) is None
+    assert store.remediations.of(alert.id) is None
     assert _failures(metrics) >= 2
     filler.unlink()
     remediator.run_once()
     assert [r.alert_id for r in actuator.seen] == [alert.id]
-    assert store.remediation(alert.id) == ("ok", "drained a")
+    assert store.remediations.of(alert.id) == ("ok", "drained a")
     clock.now += 3600.0
     assert remediator.run_once() == 0
     store.close()
@@ -163,7 +173,7 @@ def test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back(
         disk.fill()
         remediator.on_alerts([first])  # its deadline cannot be written: kept in memory, not raised
         clock.now += 61
-        disk.wait_refused("claim_remediation")
+        disk.wait_refused("remediations.claim")
         assert actuator.seen == []  # no claim on disk, no drain
         disk.free()
         clock.now += 2
@@ -176,8 +186,8 @@ def test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back(
     finally:
         remediator.stop()
     assert [r.alert_id for r in actuator.seen] == [first.id, second.id]
-    assert store.remediation(first.id) == ("ok", "drained a")
-    assert store.remediation(second.id) == ("ok", "drained b")
+    assert store.remediations.of(first.id) == ("ok", "drained a")
+    assert store.remediations.of(second.id) == ("ok", "drained b")
     assert len(disk.refused) >= 2  # the deadline and the claim at least
     assert _restarts(metrics) == 0  # store failures are handled where they happen
 
@@ -185,10 +195,10 @@ def test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back(
 @pytest.mark.parametrize(
     "write",
     [
-        "claim_remediation",  # the claim: nothing is done until it is on disk
-        "save_setting",  # the breaker's admission: nothing is done until it is on disk
-        "begin_attempt",  # the attempt count: nothing is done until it is on disk
-        "finish_remediation",  # the outcome, after the drain: written later, the drain not repeated
+        "remediations.claim",  # the claim: nothing is done until it is on disk
+        "settings.save",  # the breaker's admission: nothing is done until it is on disk
+        "remediations.begin_attempt",  # the attempt count: nothing is done until it is on disk
+        "remediations.finish",  # the outcome, after the drain: written later, the drain not repeated
     ],
 )
 def test_a_refused_write_is_retried_and_the_node_drained_once(
@@ -204,7 +214,7 @@ def test_a_refused_write_is_retried_and_the_node_drained_once(
     for _ in range(5):  # the disk stays full for a while
         remediator.run_once()
         clock.now += 1.0
-    assert len(actuator.seen) == (1 if write == "finish_remediation" else 0)
+    assert len(actuator.seen) == (1 if write == "remediations.finish" else 0)
     assert len(disk.refused) >= 2  # refused, and refused again when retried
     assert remediator.done == []
     disk.free()
@@ -213,7 +223,7 @@ def test_a_refused_write_is_retried_and_the_node_drained_once(
     assert [r.checkpoint_uri for r in actuator.seen] == ["s3://ckpt/3"]  # the acknowledged request, once
     [(remediation, outcome, detail)] = remediator.done
     assert (remediation.alert_id, outcome, detail) == (alert.id, "ok", "drained a")  # attempt 1, not 2
-    assert store.remediation(alert.id) == ("ok", "drained a")
+    assert store.remediations.of(alert.id) == ("ok", "drained a")
     clock.now += 3600.0
     assert remediator.run_once() == 0
 
@@ -228,14 +238,14 @@ def test_a_failed_attempt_whose_detail_cannot_be_written_is_still_retried(
     remediator = Remediator(store, actuator, metrics, clock=clock, retry=policy)
     alert = migrate_alert(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
-    disk.fill("note_failed_attempt")
+    disk.fill("remediations.note_failed_attempt")
     remediator.run_once()
-    assert disk.refused == ["note_failed_attempt"]
+    assert disk.refused == ["remediations.note_failed_attempt"]
     disk.free()
     clock.now += 5.0
     remediator.run_once()
     assert len(actuator.seen) == 2
-    assert store.remediation(alert.id) == ("ok", "drained a (on attempt 2)")
+    assert store.remediations.of(alert.id) == ("ok", "drained a (on attempt 2)")
 
 
 def test_a_disk_that_fills_during_the_drain_keeps_the_outcome_and_drains_once(
@@ -249,8 +259,8 @@ def test_a_disk_that_fills_during_the_drain_keeps_the_outcome_and_drains_once(
     try:
         alert = migrate_alert(store, "a")
         remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
-        disk.wait_refused("finish_remediation")
-        assert store.remediation(alert.id) == ("pending", "")
+        disk.wait_refused("remediations.finish")
+        assert store.remediations.of(alert.id) == ("pending", "")
         actuator.on_call = None
         disk.free()
         # The worker parks the outcome for a retry a second later by the test's clock, after the
@@ -263,7 +273,7 @@ def test_a_disk_that_fills_during_the_drain_keeps_the_outcome_and_drains_once(
     finally:
         remediator.stop()
     assert len(actuator.seen) == 1
-    assert store.remediation(alert.id) == ("ok", "drained a")
+    assert store.remediations.of(alert.id) == ("ok", "drained a")
 
 
 def test_an_unexpected_error_in_the_worker_is_counted_and_the_drain_still_happens(
@@ -271,7 +281,7 @@ def test_an_unexpected_error_in_the_worker_is_counted_and_the_drain_still_happen
 ) -> None:
     clock, metrics, actuator = Clock(), ServiceMetrics(), _Recording()
     remediator = Remediator(store, actuator, metrics, grace_s=60.0, clock=clock)
-    acks, raised = store.acks, threading.Event()
+    acks, raised = store.acks.of, threading.Event()
 
     def broken_once(alert_id: int) -> list[Ack]:
         if not raised.is_set():
@@ -279,7 +289,7 @@ def test_an_unexpected_error_in_the_worker_is_counted_and_the_drain_still_happen
             raise RuntimeError("a bug")
         return acks(alert_id)
 
-    monkeypatch.setattr(store, "acks", broken_once)  # read when the grace timer fires
+    monkeypatch.setattr(store.acks, "of", broken_once)  # read when the grace timer fires
     remediator.start()
     try:
         alert = migrate_alert(store, "a")

@@ -36,7 +36,7 @@ def tokened(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def _open_alert(tokened: Tokened, node: str) -> apb.Alert:
-    (alert,) = tokened.service.store.append(
+    (alert,) = tokened.service.store.alerts.append(
         [apb.Alert(node=node, gpu=0, state=apb.ALERT_STATE_OPEN, risk=0.9)]
     )
     return alert
@@ -128,7 +128,7 @@ def test_admin_pauses_remediation_under_watches_subscriptions_and_a_flood_of_cal
     with tokened_service(service_model, tmp_path, max_threads=4) as tokened:
         store = tokened.service.store
         for job, node in (("job-a", "node-1"), ("job-b", "node-2"), ("job-c", "node-2")):
-            store.register_job(job, [node])
+            store.jobs.register(job, [node])
         stop, calls = threading.Event(), [0]
         refused: set[grpc.StatusCode] = set()
 

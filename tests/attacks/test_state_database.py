@@ -12,7 +12,8 @@ from typing import BinaryIO
 
 import pytest
 
-from faultcast.service.state import StateError, StateStore, StateWriteError
+from faultcast.service.state import StateStore
+from faultcast.service.state_db import StateError, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 
 
@@ -22,9 +23,9 @@ def _open_event(node: str = "node-0001", gpu: int = 0) -> apb.Alert:
 
 def _filled(state_dir: Path, events: int = 35) -> StateStore:
     store = StateStore.in_dir(state_dir)
-    store.append([_open_event(gpu=i % 8) for i in range(events)])
-    store.register_job("job-a", ["node-0001"])
-    store.save_setting("remediation_paused_by", "admin")
+    store.alerts.append([_open_event(gpu=i % 8) for i in range(events)])
+    store.jobs.register("job-a", ["node-0001"])
+    store.settings.save("remediation_paused_by", "admin")
     return store
 
 
@@ -88,17 +89,17 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
 
 def test_alert_ids_never_go_backwards_when_the_database_is_replaced(tmp_path: Path) -> None:
     old = _filled(tmp_path / "old", events=35)
-    last_old = old.last_id
+    last_old = old.alerts.last_id
     old.close()
     # The operator moved the damaged database away; the service starts on a new one.
     new = StateStore.in_dir(tmp_path / "new")
-    (first_new,) = new.append([_open_event()])
+    (first_new,) = new.alerts.append([_open_event()])
     assert first_new.id > last_old
     # A subscriber that had read the old log up to its end and resumes after it misses nothing new.
-    assert [a.id for a in new.read_after(last_old)] == [first_new.id]
+    assert [a.id for a in new.alerts.read_after(last_old)] == [first_new.id]
     new.close()
     again = StateStore.in_dir(tmp_path / "new")
-    (second,) = again.append([_open_event()])
+    (second,) = again.alerts.append([_open_event()])
     assert second.id > first_new.id
     again.close()
 
@@ -114,13 +115,13 @@ def test_alert_ids_never_go_backwards_when_a_backup_is_restored(tmp_path: Path) 
     _filled(live.parent, events=3).close()
     _copy_database(live, tmp_path / "backup.sqlite")
     store = StateStore.in_dir(live.parent)
-    given_out = [a.id for a in store.append([_open_event() for _ in range(5)])]  # lost with the restore
+    given_out = [a.id for a in store.alerts.append([_open_event() for _ in range(5)])]  # lost with the restore
     store.close()
     for name in (live.name, f"{live.name}-wal", f"{live.name}-shm"):
         (live.parent / name).unlink(missing_ok=True)
     _copy_database(tmp_path / "backup.sqlite", live)
     restored = StateStore.in_dir(live.parent)
-    (after,) = restored.append([_open_event()])
+    (after,) = restored.alerts.append([_open_event()])
     assert after.id > max(given_out)
     restored.close()
 
@@ -132,7 +133,7 @@ def test_a_start_cut_off_after_the_schema_does_not_give_out_ids_from_1(tmp_path:
     with sqlite3.connect(path) as db:
         db.execute("DELETE FROM sqlite_sequence")  # as if the seeding never happened
     store = StateStore.in_dir(tmp_path)
-    (first,) = store.append([_open_event()])
+    (first,) = store.alerts.append([_open_event()])
     assert first.id > 10**15  # from the clock, not 1
     store.close()
 
@@ -162,7 +163,7 @@ def test_a_full_disk_at_start_is_named_as_such_not_as_damage(small_disk: Path) -
     assert "backup" not in message
     filler.unlink()
     reopened = StateStore.in_dir(state)  # space is back: the same database, intact
-    assert reopened.jobs() == {"job-a": ["node-0001"]}
+    assert reopened.jobs.all() == {"job-a": ["node-0001"]}
     reopened.close()
 
 
@@ -186,25 +187,25 @@ def test_a_small_write_that_works_does_not_report_a_recovery_while_alert_writes_
         _write_until_full(out)
     big = [apb.Alert(node="node-0001", gpu=0, state=apb.ALERT_STATE_OPEN, cleared_reason="x" * 50_000)] * 40
     with pytest.raises(StateWriteError):
-        store.append(big)
+        store.alerts.append(big)
     assert changes == [False]
-    store.save_setting("remediation_paused_by", None)  # a no-op delete: it "works"
+    store.settings.save("remediation_paused_by", None)  # a no-op delete: it "works"
     assert changes == [False]
     assert not store.writable
     filler.unlink()
-    store.append(big)
+    store.alerts.append(big)
     assert changes == [False, True]
     store.close()
 
 
 def test_an_existing_database_keeps_its_data_and_ids_across_a_restart(tmp_path: Path) -> None:
     store = _filled(tmp_path)
-    last = store.last_id
+    last = store.alerts.last_id
     store.close()
     reopened = StateStore.in_dir(tmp_path)
-    assert reopened.last_id == last
-    assert reopened.jobs() == {"job-a": ["node-0001"]}
-    assert reopened.setting("remediation_paused_by") == "admin"
+    assert reopened.alerts.last_id == last
+    assert reopened.jobs.all() == {"job-a": ["node-0001"]}
+    assert reopened.settings.get("remediation_paused_by") == "admin"
     reopened.close()
 
 

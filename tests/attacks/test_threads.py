@@ -22,7 +22,7 @@ def test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again(
     model_dir = tmp_path / "model"
     shutil.copytree(service_model, model_dir)
     service = Service(model_dir, tmp_path / "state", limits=Limits(max_future_s=0, max_age_s=0))
-    save = service.store.save_cursors
+    save = service.store.cursors.save
     calls = 0
     saved_again = threading.Event()
 
@@ -34,14 +34,14 @@ def test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again(
         save(cursors)
         saved_again.set()
 
-    service.store.save_cursors = dies_once  # type: ignore[method-assign]
+    service.store.cursors.save = dies_once  # type: ignore[method-assign]
     port = service.start("127.0.0.1:0")
     try:
         with caplog.at_level(logging.ERROR, logger="faultcast.service.supervise"):
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 assert push_victim(channel, steps=10)[-1].acked_through == 10
             assert saved_again.wait(WAIT_S), "the cursor thread never saved again after it died"
-        assert service.store.load_cursors()[(NAME, 1)] == 10
+        assert service.store.cursors.load()[(NAME, 1)] == 10
         assert service.metrics.thread_restarts.labels("cursors")._value.get() == 1
         assert any("the cursors thread died" in r.getMessage() for r in caplog.records)
     finally:

@@ -59,9 +59,9 @@ def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
     service.stop(0)
     # What the service said it kept is on disk: read by a fresh store.
     reopened = StateStore.in_dir(state)
-    assert set(reopened.jobs()) == {"job-v", "job-w"}
-    assert reopened.get(alert.id) is not None
-    cursors = reopened.load_cursors()
+    assert set(reopened.jobs.all()) == {"job-v", "job-w"}
+    assert reopened.alerts.get(alert.id) is not None
+    cursors = reopened.cursors.load()
     assert cursors[(NAME, 1)] == STEPS_BEFORE
     assert cursors[(ATTACKER, 7)] == 5
     reopened.close()
@@ -84,18 +84,18 @@ def test_a_failed_write_leaves_no_transaction_open(tmp_path: Path) -> None:
     """Whatever a write fails on, the next one works: the failure cannot poison the connection."""
     store = StateStore.in_dir(tmp_path)
     with pytest.raises(ValueError, match="beyond"):
-        store.save_cursors({("node-a", 1): 2**63})
-    store.save_cursors({("node-a", 1): 3})
+        store.cursors.save({("node-a", 1): 2**63})
+    store.cursors.save({("node-a", 1): 3})
     poisoned = apb.Alert(node="node-a", gpu=0, state=apb.ALERT_STATE_OPEN, opened_id=2**64 - 1)
     with pytest.raises(OverflowError):
-        store.append([apb.Alert(node="node-a", gpu=0, state=apb.ALERT_STATE_OPEN), poisoned])
-    (stored,) = store.append([apb.Alert(node="node-a", gpu=1, state=apb.ALERT_STATE_OPEN)])
-    store.register_job("job-a", ["node-a"])
+        store.alerts.append([apb.Alert(node="node-a", gpu=0, state=apb.ALERT_STATE_OPEN), poisoned])
+    (stored,) = store.alerts.append([apb.Alert(node="node-a", gpu=1, state=apb.ALERT_STATE_OPEN)])
+    store.jobs.register("job-a", ["node-a"])
     store.close()
     reopened = StateStore.in_dir(tmp_path)
-    assert reopened.load_cursors() == {("node-a", 1): 3}
-    assert [a.id for a in reopened.read_after(0)] == [stored.id]  # the failed batch left nothing
-    assert reopened.jobs() == {"job-a": ["node-a"]}
+    assert reopened.cursors.load() == {("node-a", 1): 3}
+    assert [a.id for a in reopened.alerts.read_after(0)] == [stored.id]  # the failed batch left nothing
+    assert reopened.jobs.all() == {"job-a": ["node-a"]}
     reopened.close()
 
 
@@ -111,5 +111,5 @@ def test_a_collector_opening_streams_with_fresh_spool_ids_keeps_a_bounded_cursor
     assert service.telemetry.spools_forgotten == 32
     service.stop(0)
     reopened = StateStore.in_dir(state)
-    assert {key for key in reopened.load_cursors() if key[0] == ATTACKER} == kept
+    assert {key for key in reopened.cursors.load() if key[0] == ATTACKER} == kept
     reopened.close()
