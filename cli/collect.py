@@ -18,6 +18,7 @@ from typing import Any
 
 from faultcast.catalogue import Scope
 from faultcast.cli.simulate import parse_scenario
+from faultcast.cli.tls_args import client_tls_options
 from faultcast.cli.types import Subcommands
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     channels: ChannelFactory | None = None
     if args.service and not args.once:
         try:
-            channels = client_channel_factory(args)
+            channels = client_channel_factory(client_tls_options(args))
         except TLSConfigError as exc:
             print(f"faultcast: --service: {exc}", file=sys.stderr)
             return 2

@@ -1,3 +1,5 @@
+"""`python -m faultcast`: the same command line as `faultcast`."""
+
 import sys
 
 from faultcast.cli import main

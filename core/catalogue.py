@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 
 CATALOGUE_VERSION = "2"
+"""Bumped by hand with every catalogue change; written into the wire schema, manifests and model artifacts
+(an artifact of another version is refused). The wire itself compares SCHEMA_HASH."""
 
 
 class Scope(enum.Enum):
@@ -29,11 +31,15 @@ class Scope(enum.Enum):
 
 
 class Kind(enum.Enum):
+    """The Prometheus type of a metric; a counter's per-step increase is what features use."""
+
     GAUGE = "gauge"
     COUNTER = "counter"  # monotonic until a reset (driver reload, reboot)
 
 
 class Source(enum.Enum):
+    """Where the collector reads a metric: documentation (`faultcast metrics` prints it); no code branches on it."""
+
     NVML = "nvml"
     PROCFS = "procfs"
     SYSFS = "sysfs"
@@ -300,6 +306,7 @@ _COLLECTOR_METRICS: tuple[Metric, ...] = tuple(
 FAMILY_HELP: dict[str, str] = {"faultcast_xid_events_total": "Xid events seen by this collector, by Xid code."}
 
 METRICS: tuple[Metric, ...] = _GPU_METRICS + _NETWORK_METRICS + _COLLECTOR_METRICS
+"""Every metric once; within a scope, in wire order (use metrics_for(scope) for one scope)."""
 
 # fmt: on
 
@@ -317,6 +324,7 @@ def index_of(scope: Scope) -> dict[str, int]:
 
 
 def by_name(name: str) -> Metric:
+    """The catalogue entry called `name`, any scope; KeyError when there is none."""
     for metric in METRICS:
         if metric.name == name:
             return metric
@@ -330,6 +338,7 @@ def _schema_hash() -> int:
 
 
 SCHEMA_HASH: int = _schema_hash()
+"""Fingerprint of the catalogue's wire layout; a collector and a service talk only when theirs agree."""
 
 
 def _check_unique() -> None:

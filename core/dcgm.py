@@ -69,6 +69,7 @@ LABELS: dict[Vocabulary, LabelNames] = {
     Vocabulary.CLASSIC: LabelNames("Hostname", "DCGM_FI_DRIVER_VERSION"),
     Vocabulary.CANONICAL: LabelNames("hostname", "DCGM_FI_SYSTEM_DRIVER_VERSION"),
 }
+"""The node and driver-version label names of each vocabulary."""
 
 # Typed counter in dcgm-exporter's default-counters.csv / dcp-metrics-included.csv (the rest of
 # what the catalogue exports under a DCGM name is a gauge there, or absent from them and a gauge).

@@ -42,6 +42,7 @@ class FailureMode(StrEnum):
 
     @property
     def level(self) -> Level:
+        """What it takes out: one GPU, or the whole node (then every GPU of it is down)."""
         return _FACTS[self].level
 
     @property
@@ -56,6 +57,7 @@ class FailureMode(StrEnum):
 
     @property
     def description(self) -> str:
+        """One human sentence on how it unfolds, for help texts and reports."""
         return _FACTS[self].description
 
     @classmethod
@@ -108,4 +110,6 @@ _FACTS: dict[FailureMode, _Facts] = {
 }  # fmt: skip  # one mode per block: level, precursor, proto name, then its description
 
 NODE_LEVEL_MODES = frozenset(m for m in FailureMode if m.level is Level.NODE)
+"""The modes whose `level` is NODE."""
 MODES_WITH_PRECURSOR = frozenset(m for m in FailureMode if m.has_precursor)
+"""The modes a model can catch: those whose `has_precursor` is True."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from faultcast.catalogue import Scope, index_of, metrics_for
 
 NAN = math.nan
+"""The value of a missing reading (never zero); test with math.isnan, NaN != NaN."""
 
 
 def pack(scope: Scope, values: Mapping[str, float]) -> tuple[float, ...]:
@@ -50,6 +51,7 @@ class GpuReading:
     driver_version: str = ""  # "550.127.08"
 
     def get(self, name: str) -> float:
+        """The value of GPU metric `name` (NaN when missing); KeyError for a name not in the GPU scope."""
         return self.values[index_of(Scope.GPU)[name]]
 
 
@@ -62,6 +64,7 @@ class DeviceReading:
     values: tuple[float, ...]  # aligned with metrics_for(scope)
 
     def get(self, name: str) -> float:
+        """The value of metric `name` (NaN when missing); KeyError for a name not in this device's scope."""
         return self.values[index_of(self.scope)[name]]
 
 
@@ -97,6 +100,10 @@ class NodeSnapshot:
         collector: Mapping[str, float],
         notes: Iterable[str] = (),
     ) -> NodeSnapshot:
+        """One snapshot from the readings of a node's sources: GPUs sorted by index, devices in the
+        order given; the last reading that carries a host array or a time wins (a simulated source's
+        virtual clock overrides `time_unix_nano`); no host reading gives an all-NaN host array.
+        `collector` is packed like pack(Scope.COLLECTOR, ...) and raises KeyError the same way."""
         gpus: list[GpuReading] = []
         devices: list[DeviceReading] = []
         host: tuple[float, ...] | None = None

@@ -13,12 +13,18 @@ import numpy as np
 from faultcast.catalogue import Kind, Metric, Scope, metrics_for
 
 IB_METRICS = metrics_for(Scope.IB_PORT)
+"""The InfiniBand port metrics, in the order of the last axis of rollup_network's `ib`."""
 IF_METRICS = metrics_for(Scope.INTERFACE)
+"""The interface metrics, in the order of the last axis of rollup_network's `iface`."""
 PEER_METRICS = metrics_for(Scope.PEER)
+"""The peer metrics, in the order of the last axis of rollup_network's `peers`."""
 HOST_METRICS = metrics_for(Scope.HOST)
+"""The host metrics, in the order of the last axis of rollup_network's `host`."""
 NETWORK_COLUMNS: tuple[str, ...] = tuple(
     m.name for ms in (IF_METRICS, IB_METRICS, PEER_METRICS, HOST_METRICS) for m in ms
 )
+"""The columns rollup_network returns (interface, port, peer, then host metrics): network.parquet's
+value columns."""
 _WORST_PORT = frozenset({"ib_port_state", "ib_port_phys_state", "ib_port_rate_gbps"})
 
 
@@ -31,6 +37,7 @@ def is_wide(metric: Metric) -> bool:
 NETWORK_WIDE = frozenset(
     m.name for ms in (IB_METRICS, IF_METRICS, PEER_METRICS, HOST_METRICS) for m in ms if is_wide(m)
 )
+"""The network columns kept as float64 (see is_wide); the others are float32."""
 
 
 def rollup_network(

@@ -15,15 +15,20 @@ from faultcast.catalogue import Scope, metrics_for
 from faultcast.rollup import NETWORK_COLUMNS, NETWORK_WIDE, is_wide
 
 GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
+"""telemetry.parquet's metric columns, in catalogue order (after its five identity columns)."""
 TIMESTAMP = pa.timestamp("ns", tz="UTC")
+"""The Arrow type of every `timestamp` column: nanoseconds, UTC."""
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 TELEMETRY_SCHEMA = pa.schema(
     [("timestamp", TIMESTAMP), ("node", _DICT), ("gpu", pa.int16()), ("uuid", _DICT), ("model", _DICT)]
     + [(m.name, pa.float64() if is_wide(m) else pa.float32()) for m in metrics_for(Scope.GPU)]
 )
+"""telemetry.parquet: one row per GPU per step."""
 NETWORK_SCHEMA = pa.schema(
     [("timestamp", TIMESTAMP), ("node", _DICT)]
     + [(name, pa.float64() if name in NETWORK_WIDE else pa.float32()) for name in NETWORK_COLUMNS]
 )
+"""network.parquet: one row per node per step, the node's devices rolled up (faultcast.rollup)."""
 FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "description")
+"""failures.csv's header, in order; `mode` is a FailureMode value, `gpu` and `uuid` empty for a node-level failure."""

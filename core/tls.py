@@ -8,6 +8,11 @@ Who a caller is (the service decides what it may do: faultcast.service.auth):
   (ROLE: collector, trainer or admin; NAME: the node, the job id, the operator).
 
 Plaintext only by `--insecure`, which says so in the log at start.
+
+The flags (add_server_arguments, add_client_arguments) and the settings the library reads
+(ServerTLSOptions, ClientTLSOptions: the same names, typed) are kept apart, so a program that
+builds its settings without argparse uses the same checks; faultcast.cli.tls_args turns parsed
+flags into settings.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import grpc
 log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.Channel]
+"""Opens a channel to a target ("host:port") with the credentials chosen once, at start."""
 
 
 class TLSConfigError(ValueError):
@@ -30,6 +36,8 @@ class TLSConfigError(ValueError):
 
 
 def read_pem(path: Path, what: str) -> bytes:
+    """The bytes of a PEM file; TLSConfigError naming `what` and the file when it is unreadable or
+    holds no -----BEGIN line (a key in DER form, say)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -54,7 +62,22 @@ def read_token(path: Path) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerTLSOptions:
+    """The service's transport-security settings, as given (the flags of add_server_arguments);
+    server_tls checks them. Paths are not read here."""
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    tokens_file: Path | None = None
+    insecure: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ServerTLS:
+    """Checked TLS settings of the service: its certificate chain and key, and the CA client
+    certificates must chain to (None: no mTLS, callers prove who they are by bearer token)."""
+
     cert: Path
     key: Path
     # Clients must present a certificate this CA signed (mTLS). gRPC Python cannot ask for an
@@ -63,6 +86,8 @@ class ServerTLS:
     client_ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:
+        """gRPC server credentials from the files, read now; TLSConfigError when one is unreadable or
+        not PEM (a certificate and key that do not match fail later, when the server binds)."""
         pair = (read_pem(self.key, "TLS key"), read_pem(self.cert, "TLS certificate"))
         if self.client_ca is None:
             return grpc.ssl_server_credentials([pair])
@@ -72,50 +97,60 @@ class ServerTLS:
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the service's security flags. The TLS ones have ServerTLSOptions' field names as their
+    destinations; --trust-domain and --job-registration are read by the service's authorization."""
     group = parser.add_argument_group("transport security (TLS, mTLS, bearer tokens)")
     group.add_argument("--tls-cert", type=Path, help="the service's certificate chain (PEM)")
     group.add_argument("--tls-key", type=Path, help="the service's private key (PEM)")
     group.add_argument(
-        "--tls-client-ca", type=Path,
+        "--tls-client-ca",
+        type=Path,
         help="verify client certificates against this CA (mTLS); identities are SPIFFE IDs "
         "spiffe://DOMAIN/ROLE/NAME",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--tokens-file", type=Path,
+        "--tokens-file",
+        type=Path,
         help="bearer tokens accepted: lines 'sha256:HEX ROLE NAME' (faultcast token); re-read on SIGHUP",
-    )  # fmt: skip
+    )
     group.add_argument(
         "--trust-domain", help="accept only SPIFFE IDs of this trust domain (default: any the CA signed)"
     )
     group.add_argument(
-        "--job-registration", choices=["trainer", "admin"], default="trainer",
+        "--job-registration",
+        choices=["trainer", "admin"],
+        default="trainer",
         help="who may register a job's nodes: the job's own trainer, or only admins (a scheduler prolog)",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--insecure", action="store_true",
+        "--insecure",
+        action="store_true",
         help="plaintext gRPC with no authentication: every caller may do everything (tests, a laptop)",
-    )  # fmt: skip
+    )
 
 
-def server_tls(args: argparse.Namespace) -> ServerTLS | None:
-    """The TLS settings the flags ask for; None with --insecure. Raises TLSConfigError on a
-    contradiction, so a typo never falls back to plaintext."""
-    wants_tls = any((args.tls_cert, args.tls_key, args.tls_client_ca, args.tokens_file))
-    if args.insecure:
+def server_tls(settings: ServerTLSOptions | argparse.Namespace) -> ServerTLS | None:
+    """The TLS settings asked for; None with `insecure`. Raises TLSConfigError on a contradiction,
+    so a typo never falls back to plaintext. Files are not read here (ServerTLS.credentials does).
+
+    A parsed argparse.Namespace with the same attribute names is still accepted, for callers not yet
+    moved to faultcast.cli.tls_args.server_tls_options."""
+    wants_tls = any((settings.tls_cert, settings.tls_key, settings.tls_client_ca, settings.tokens_file))
+    if settings.insecure:
         if wants_tls:
             raise TLSConfigError("--insecure contradicts the TLS flags given; choose one")
         return None
-    if not (args.tls_cert and args.tls_key):
+    if not (settings.tls_cert and settings.tls_key):
         raise TLSConfigError(
             "give --tls-cert and --tls-key (and --tls-client-ca and/or --tokens-file to know who calls), "
             "or --insecure for plaintext without authentication"
         )
-    if args.tls_client_ca is None and args.tokens_file is None:
+    if settings.tls_client_ca is None and settings.tokens_file is None:
         raise TLSConfigError(
             "TLS without --tls-client-ca or --tokens-file cannot tell collectors, trainers and admins "
             "apart; give one or both"
         )
-    return ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca)
+    return ServerTLS(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
 # -- clients ----------------------------------------------------------------------------------
@@ -138,7 +173,21 @@ def channel_credentials(
     return grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
 
 
+@dataclass(frozen=True, slots=True)
+class ClientTLSOptions:
+    """A client's settings for reaching the service, as given (the flags of add_client_arguments);
+    client_channel_factory checks them."""
+
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    token_file: Path | None = None  # re-read at every new channel, so a rotated token is picked up
+    tls_server_name: str | None = None  # the name the service's certificate must carry, if not the host
+    insecure: bool = False
+
+
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add a client's flags for reaching the service; their destinations are ClientTLSOptions' field names."""
     group = parser.add_argument_group("connecting to the service (TLS, mTLS, bearer token)")
     group.add_argument("--tls-ca", type=Path, help="the CA that signed the service's certificate (PEM)")
     group.add_argument("--tls-cert", type=Path, help="this client's certificate (PEM), for mTLS")
@@ -154,26 +203,29 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def client_channel_factory(args: argparse.Namespace) -> ChannelFactory:
-    """Channels as the flags ask; raises TLSConfigError when they contradict or name bad files.
+def client_channel_factory(settings: ClientTLSOptions) -> ChannelFactory:
+    """Channels as the settings ask; raises TLSConfigError now when they contradict or name bad files.
     The token file is re-read for every channel, so a rotated token is picked up on reconnect."""
-    if args.insecure:
-        if any((args.tls_ca, args.tls_cert, args.tls_key, args.token_file)):
+    if settings.insecure:
+        if any((settings.tls_ca, settings.tls_cert, settings.tls_key, settings.token_file)):
             raise TLSConfigError("--insecure contradicts the TLS flags given; choose one")
         log.warning("connecting without TLS or authentication (--insecure)")
         return grpc.insecure_channel
-    if args.tls_ca is None and args.token_file is None and args.tls_cert is None:
+    if settings.tls_ca is None and settings.token_file is None and settings.tls_cert is None:
         raise TLSConfigError(
             "give --tls-ca (with --tls-cert/--tls-key or --token-file), or --insecure for plaintext"
         )
-    channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)  # fail now, not at first connect
-    if args.token_file is not None:
-        read_token(args.token_file)
-    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    # Fail now, not at the first connect.
+    channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key)
+    if settings.token_file is not None:
+        read_token(settings.token_file)
+    options = (
+        [("grpc.ssl_target_name_override", settings.tls_server_name)] if settings.tls_server_name else []
+    )
 
     def secure(target: str) -> grpc.Channel:
-        token = read_token(args.token_file) if args.token_file is not None else None
-        credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key, token)
+        token = read_token(settings.token_file) if settings.token_file is not None else None
+        credentials = channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key, token)
         return grpc.secure_channel(target, credentials, options=options)
 
     return secure

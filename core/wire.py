@@ -58,12 +58,16 @@ def described_schema() -> pb.MetricSchema:
 
 
 def hello(node: str, spool_id: int) -> pb.PushRequest:
+    """The first message of a collector's push stream: its node, version and schema(). The service
+    keeps its acknowledged sequence per (node, spool_id); spool_id must be below 2^63."""
     return pb.PushRequest(
         hello=pb.PushHello(node=node, collector_version=__version__, schema=schema(), spool_id=spool_id)
     )
 
 
 def to_proto(snapshot: NodeSnapshot) -> pb.NodeSample:
+    """Encode a snapshot, stamped with this catalogue's SCHEMA_HASH; from_proto is its inverse
+    (identity labels such as pci_bus_id are not on the wire)."""
     return pb.NodeSample(
         sequence=snapshot.sequence,
         time_unix_nano=snapshot.time_unix_nano,
