@@ -26,7 +26,8 @@ from typing import Any
 import pynvml
 
 from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource, _Lane, _stop_lanes
+from faultcast.collector.lanes import Lane, stop_lanes
+from faultcast.collector.nvml import NvmlSource
 
 TARGET_SECONDS = 2e-3
 
@@ -87,7 +88,7 @@ def cpu_seconds_per_run(fn: Callable[[], object], runs: int) -> float:
 
 def handoff_seconds(lanes: int, jobs_per_lane: int, runs: int) -> float:
     """CPU per scrape of handing no-op jobs to worker lanes and waiting for each: the threading alone."""
-    pool = [_Lane(f"bench{i}") for i in range(lanes)]
+    pool = [Lane(f"bench{i}") for i in range(lanes)]
 
     def noop() -> None:
         return None
@@ -101,7 +102,7 @@ def handoff_seconds(lanes: int, jobs_per_lane: int, runs: int) -> float:
 
     cpu_seconds_per_run(scrape, max(runs // 10, 1))  # warm-up: threads started
     seconds = cpu_seconds_per_run(scrape, runs)
-    _stop_lanes(pool)
+    stop_lanes(pool)
     return seconds
 
 

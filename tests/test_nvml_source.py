@@ -15,7 +15,8 @@ import pytest
 
 from faultcast.catalogue import TRACKED_XIDS, Scope, metrics_for
 from faultcast.collector.fake_nvml import FakeHang, FakeNvml
-from faultcast.collector.nvml import NvmlSource, NvmlUnavailable, _handle_key, nvml_available
+from faultcast.collector.nvml import NvmlSource, NvmlUnavailable, nvml_available
+from faultcast.collector.nvml_xid import handle_key
 from faultcast.collector.source import Source
 from faultcast.readings import GpuReading, Reading
 
@@ -446,8 +447,8 @@ def test_event_device_handles_match_by_address() -> None:
     again = ctypes.cast(0x7F00_1000, pynvml.c_nvmlDevice_t)
     other = ctypes.cast(0x7F00_2000, pynvml.c_nvmlDevice_t)
     assert first is not again
-    assert _handle_key(first) == _handle_key(again)
-    assert _handle_key(first) != _handle_key(other)
+    assert handle_key(first) == handle_key(again)
+    assert handle_key(first) != handle_key(other)
 
 
 def test_an_unreadable_link_leaves_the_sums_missing_but_not_the_worst_link(fake: FakeNvml) -> None:
