@@ -65,6 +65,7 @@ import numpy as np
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
 from faultcast.service.actuators import NoopActuator
+from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
@@ -345,8 +346,11 @@ def run(args: argparse.Namespace, model: Path, root: Path) -> int:
     load_start = os.getloadavg()
     trials = make_trials(args.trials, args.node)
     alerts = AlertLog(args.node)
-    service = Service(
-        model, root / "state", actuator=NoopActuator(), limits=Limits(max_future_s=0, max_age_s=0)
+    service = Service.open(
+        model,
+        root / "state",
+        ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)),
+        actuator=NoopActuator(),
     )
     service.book.listen(alerts.on_emitted)
     port = service.start("127.0.0.1:0")

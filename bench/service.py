@@ -62,6 +62,7 @@ from faultcast import wire
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
+from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import LATENCY_BUCKETS_S
 from faultcast.service.scoring import ScoredStep
 from faultcast.service.server import Service
@@ -492,7 +493,9 @@ def ingest_in_process(
     gRPC, its threads and the load generator. Its scoring thread runs as usual."""
     requests = [[tpb.PushRequest(sample=tpb.NodeSample.FromString(b)) for b in steps] for steps in pool]
     with tempfile.TemporaryDirectory() as state:
-        service = Service(model_dir, Path(state), limits=Limits(max_future_s=0, max_age_s=0))
+        service = Service.open(
+            model_dir, Path(state), ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0))
+        )
         probe = Probe(service, keep_rows)
         service.start("127.0.0.1:0", max_threads=8)
         context: Any = None  # Push only touches the context to abort a bad hello
@@ -613,7 +616,8 @@ def report_phase(out: PhaseOutcome, offered: float | None, cores: int) -> None:
         print(f"  service CPU per 1,000 GPU-samples: {out.service_cpu_s / out.gpu_samples * 1e6:.1f} ms")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The bench's options (--quick shrinks the defaults; options given still win)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help=f"model artifact (default: train one into {DEFAULT_MODEL})")
     p.add_argument("--nodes", type=int, default=1250)
@@ -646,122 +650,129 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 100 nodes, 6 s per phase")
     if p.parse_args(argv).quick:  # smaller defaults; options given still win
         p.set_defaults(nodes=100, duration=6.0, warmup=1.5, first_step_s=3.0, pool_nodes=2, pool_steps=120,
-                       rows=2_000, channels=4, inproc=2.0)  # fmt: skip
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR)
+                       rows=2_000, channels=4, inproc=2.0)  # fmt: skip  # the quick run's sizes, grouped as they read
+    return p, p.parse_args(argv)
 
-    model_dir = args.model or ensure_model(DEFAULT_MODEL)
-    cores = os.cpu_count() or 1
-    t = time.perf_counter()
-    pool = make_pool(args.pool_nodes, args.pool_steps, args.gpus_per_node, args.seed)
-    pool_s = time.perf_counter() - t
-    workers = args.rpc_workers or 64
+
+def print_setup(
+    args: argparse.Namespace,
+    model_dir: Path,
+    model: FaultModel,
+    port: int,
+    pool: list[list[bytes]],
+    pool_s: float,
+) -> None:
+    """What is measured, on what machine, with which samples."""
+    config = model.feature_config
     gpus = args.nodes * args.gpus_per_node
+    workers = args.rpc_workers or 64
+    print(
+        f"service bench: {gpus:,} GPUs ({args.nodes:,} nodes x {args.gpus_per_node}) pushing to "
+        f"127.0.0.1:{port}; model {model_dir} ({model.booster.num_trees()} trees, "
+        f"{len(model.feature_names)} features, cadence {config.cadence_s:g} s)"
+    )
+    print(
+        f"machine: {os.cpu_count() or 1} CPU cores, shared by the service (this process: Push on one asyncio "
+        f"loop, {workers} threads for the other calls) and {args.generators} load generator process(es) "
+        f"({args.channels} connections each, asyncio): the generator's CPU is taken from the service's"
+    )
+    print(
+        f"sample pool: {args.pool_nodes} twin nodes x {args.pool_steps} steps at 1 s, "
+        f"{sum(len(b) for s in pool for b in s) / sum(len(s) for s in pool) / 1024:.1f} KiB per "
+        f"node sample, generated in {pool_s:.1f} s"
+    )
 
-    with tempfile.TemporaryDirectory() as state:
-        service = Service(model_dir, Path(state), limits=Limits(max_future_s=0, max_age_s=0))
-        model = service.model
-        config = model.feature_config
-        if args.gpus_per_node > config.gpus_per_node:
-            p.error(f"the model serves {config.gpus_per_node} GPUs per node")
-        probe = Probe(service, args.rows)
-        port = service.start("127.0.0.1:0", max_threads=workers)
-        print(
-            f"service bench: {gpus:,} GPUs ({args.nodes:,} nodes x {args.gpus_per_node}) pushing to "
-            f"127.0.0.1:{port}; model {model_dir} ({model.booster.num_trees()} trees, "
-            f"{len(model.feature_names)} features, cadence {config.cadence_s:g} s)"
-        )
-        print(
-            f"machine: {cores} CPU cores, shared by the service (this process: Push on one asyncio loop, "
-            f"{workers} threads for the other calls) and {args.generators} load generator process(es) "
-            f"({args.channels} connections each, asyncio): the generator's CPU is taken from the service's"
-        )
-        print(
-            f"sample pool: {args.pool_nodes} twin nodes x {args.pool_steps} steps at 1 s, "
-            f"{sum(len(b) for s in pool for b in s) / sum(len(s) for s in pool) / 1024:.1f} KiB per "
-            f"node sample, generated in {pool_s:.1f} s"
-        )
-        ctx = mp.get_context("spawn")
-        pipes: list[Connection] = []
-        procs = []
-        target = f"127.0.0.1:{port}"
-        for g in range(args.generators):
-            mine, theirs = ctx.Pipe()
-            share = list(range(g, args.nodes, args.generators))
-            proc = ctx.Process(target=_generator_main, args=(theirs, target, pool, share), daemon=True)
-            proc.start()
-            pipes.append(mine)
-            procs.append(proc)
-        cadence = config.cadence_s
-        grid = DEFAULT_START_UNIX_S // int(cadence) * int(cadence)
-        outcomes: list[tuple[PhaseOutcome, float | None]] = []
-        try:
-            spec_a = PhaseSpec(
-                name="a",
-                paced=True,
-                duration_s=args.duration,
-                warmup_s=args.warmup,
-                first_time_s=grid + cadence - args.first_step_s,  # every node completes a step then
-                spread_s=0.0,
-                window=args.window,
-                channels=args.channels,
-                seed=args.seed,
-                gpus_per_node=args.gpus_per_node,
-                cadence_s=cadence,
-            )
-            if "a" in args.phases:
-                outcomes.append((run_phase(probe, pipes, spec_a), float(gpus)))
-            if "b" in args.phases:
-                # New nodes a day on, their event times spread over the grid.
-                spec_b = replace(
-                    spec_a,
-                    name="b",
-                    paced=False,
-                    first_time_s=grid + 86_400.0,
-                    spread_s=cadence,
-                    seed=args.seed + 1,
-                )
-                outcomes.append((run_phase(probe, pipes, spec_b), None))
-        finally:
-            for pipe in pipes:
-                with contextlib.suppress(OSError):
-                    pipe.send(None)
-            for proc in procs:
-                proc.join(timeout=10)
-            service.stop()
 
-    for outcome, offered in outcomes:
-        report_phase(outcome, offered, cores)
+def start_generators(
+    args: argparse.Namespace, target: str, pool: list[list[bytes]]
+) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
+    """The load generator processes, each with its share of the nodes; their pipes and processes."""
+    ctx = mp.get_context("spawn")
+    pipes: list[Connection] = []
+    procs: list[mp.process.BaseProcess] = []
+    for g in range(args.generators):
+        mine, theirs = ctx.Pipe()
+        share = list(range(g, args.nodes, args.generators))
+        proc = ctx.Process(target=_generator_main, args=(theirs, target, pool, share), daemon=True)
+        proc.start()
+        pipes.append(mine)
+        procs.append(proc)
+    return pipes, procs
 
-    captured = list(probe.rows)
-    if args.inproc > 0:
-        inproc = ingest_in_process(
-            model_dir, pool, args.nodes, args.inproc, grid + 2 * 86_400.0, cadence, args.rows
-        )
-        print(
-            f"\nthe same ingest without gRPC: {args.nodes:,} nodes' Push servicers driven round robin from one "
-            f"thread, {inproc.seconds:.1f} s, scoring thread running"
-        )
-        print(
-            f"  ingest without gRPC:              {inproc.gpu_samples / inproc.seconds:,.0f} GPU-samples/s "
-            f"({inproc.node_samples / inproc.seconds:,.0f} node-samples/s)"
-        )
-        print(
-            f"  service CPU per 1,000 GPU-samples: {inproc.cpu_s / max(inproc.gpu_samples, 1) * 1e6:.1f} ms "
-            f"({inproc.cpu_s / inproc.seconds:.0%} of a core)"
-        )
-        print(f"  sample-to-alert latency, exact:   {exact_quantiles(inproc.latency)}")
-        captured += inproc.rows
 
-    rows = np.concatenate(captured) if captured else np.zeros((0, len(model.feature_names)))
-    if not len(rows):
-        print("\nno grid step was scored: no feature rows for the ceiling (run longer)")
-        return 1
-    x = np.resize(rows, (args.rows, rows.shape[1])).astype(rows.dtype)
+def stop_generators(pipes: list[Connection], procs: list[mp.process.BaseProcess]) -> None:
+    for pipe in pipes:
+        with contextlib.suppress(OSError):
+            pipe.send(None)
+    for proc in procs:
+        proc.join(timeout=10)
+
+
+def run_phases(
+    args: argparse.Namespace, probe: Probe, pipes: list[Connection], grid: int, cadence: float
+) -> list[tuple[PhaseOutcome, float | None]]:
+    """Phase a (paced: every node completes a step at once) and b (unpaced, new nodes a day on),
+    as --phases asks; each outcome with the load offered (GPU-samples/s, None when unpaced)."""
+    outcomes: list[tuple[PhaseOutcome, float | None]] = []
+    spec_a = PhaseSpec(
+        name="a",
+        paced=True,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        first_time_s=grid + cadence - args.first_step_s,  # every node completes a step then
+        spread_s=0.0,
+        window=args.window,
+        channels=args.channels,
+        seed=args.seed,
+        gpus_per_node=args.gpus_per_node,
+        cadence_s=cadence,
+    )
+    if "a" in args.phases:
+        outcomes.append((run_phase(probe, pipes, spec_a), float(args.nodes * args.gpus_per_node)))
+    if "b" in args.phases:
+        # New nodes a day on, their event times spread over the grid.
+        spec_b = replace(
+            spec_a,
+            name="b",
+            paced=False,
+            first_time_s=grid + 86_400.0,
+            spread_s=cadence,
+            seed=args.seed + 1,
+        )
+        outcomes.append((run_phase(probe, pipes, spec_b), None))
+    return outcomes
+
+
+def report_in_process(
+    args: argparse.Namespace, model_dir: Path, pool: list[list[bytes]], grid: int, cadence: float
+) -> list[np.ndarray]:
+    """The same ingest without gRPC, printed; returns the feature rows it captured."""
+    inproc = ingest_in_process(
+        model_dir, pool, args.nodes, args.inproc, grid + 2 * 86_400.0, cadence, args.rows
+    )
+    print(
+        f"\nthe same ingest without gRPC: {args.nodes:,} nodes' Push servicers driven round robin from one "
+        f"thread, {inproc.seconds:.1f} s, scoring thread running"
+    )
+    print(
+        f"  ingest without gRPC:              {inproc.gpu_samples / inproc.seconds:,.0f} GPU-samples/s "
+        f"({inproc.node_samples / inproc.seconds:,.0f} node-samples/s)"
+    )
+    print(
+        f"  service CPU per 1,000 GPU-samples: {inproc.cpu_s / max(inproc.gpu_samples, 1) * 1e6:.1f} ms "
+        f"({inproc.cpu_s / inproc.seconds:.0%} of a core)"
+    )
+    print(f"  sample-to-alert latency, exact:   {exact_quantiles(inproc.latency)}")
+    return list(inproc.rows)
+
+
+def report_ceiling(model: FaultModel, rows: np.ndarray, batch: int) -> float:
+    """LightGBM's own speed on a batch of real feature rows, head by head; returns model.risk's rate."""
+    x = np.resize(rows, (batch, rows.shape[1])).astype(rows.dtype)
     risk_rate = rows_per_second(model.risk, x, 7)
     heads_rate = rows_per_second(all_heads(model), x, 5)
     print(
-        f"\nLightGBM ceiling: a batch of {args.rows:,} real feature rows (from {len(rows):,} captured from the "
+        f"\nLightGBM ceiling: a batch of {batch:,} real feature rows (from {len(rows):,} captured from the "
         f"services' scoring), {model.booster.num_trees()} trees, services stopped, median of rounds"
     )
     print(f"  model.risk batch prediction:      {risk_rate:,.0f} rows/s")
@@ -779,8 +790,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  median_ttf_s (a Python loop):     {ttf_rate:,.0f} rows/s")
     print(f"  all of score_pending's heads:     {heads_rate:,.0f} rows/s")
-    if not outcomes:
-        return 0
+    return risk_rate
+
+
+def report_ratios(
+    outcomes: list[tuple[PhaseOutcome, float | None]], risk_rate: float, cadence: float
+) -> None:
+    """The best phase's ingest against the raw predict rate."""
     best = max(outcomes, key=lambda o: o[0].rate)[0]
     ratio = best.rate / risk_rate
     print(
@@ -792,6 +808,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{best.rate / cadence / risk_rate:.5f} (one row per GPU per {cadence:g} s grid step)"
     )
 
+
+def report_targets(outcomes: list[tuple[PhaseOutcome, float | None]]) -> None:
+    """Whether the sustained rate and the paced phase's p99 latency meet the targets."""
     print("\ntargets:")
     top = max(o.rate for o, _ in outcomes)
     print(
@@ -806,6 +825,52 @@ def main(argv: list[str] | None = None) -> int:
             f"  p99 sample-to-alert <= {TARGET_P99_S * 1e3:.0f} ms at the offered load: {verdict} "
             f"({p99 * 1e3:.1f} ms)"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, args = parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+
+    model_dir = args.model or ensure_model(DEFAULT_MODEL)
+    cores = os.cpu_count() or 1
+    t = time.perf_counter()
+    pool = make_pool(args.pool_nodes, args.pool_steps, args.gpus_per_node, args.seed)
+    pool_s = time.perf_counter() - t
+
+    with tempfile.TemporaryDirectory() as state:
+        service = Service.open(
+            model_dir, Path(state), ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0))
+        )
+        model = service.model
+        cadence = model.feature_config.cadence_s
+        if args.gpus_per_node > model.feature_config.gpus_per_node:
+            p.error(f"the model serves {model.feature_config.gpus_per_node} GPUs per node")
+        probe = Probe(service, args.rows)
+        port = service.start("127.0.0.1:0", max_threads=args.rpc_workers or 64)
+        print_setup(args, model_dir, model, port, pool, pool_s)
+        pipes, procs = start_generators(args, f"127.0.0.1:{port}", pool)
+        grid = DEFAULT_START_UNIX_S // int(cadence) * int(cadence)
+        try:
+            outcomes = run_phases(args, probe, pipes, grid, cadence)
+        finally:
+            stop_generators(pipes, procs)
+            service.stop()
+
+    for outcome, offered in outcomes:
+        report_phase(outcome, offered, cores)
+
+    captured = list(probe.rows)
+    if args.inproc > 0:
+        captured += report_in_process(args, model_dir, pool, grid, cadence)
+    rows = np.concatenate(captured) if captured else np.zeros((0, len(model.feature_names)))
+    if not len(rows):
+        print("\nno grid step was scored: no feature rows for the ceiling (run longer)")
+        return 1
+    risk_rate = report_ceiling(model, rows, args.rows)
+    if not outcomes:
+        return 0
+    report_ratios(outcomes, risk_rate, cadence)
+    report_targets(outcomes)
     return 0
 
 

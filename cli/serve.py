@@ -13,8 +13,9 @@ from types import FrameType
 
 from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration, parse_limit
-from faultcast.service.actuators import Actuator, CircuitBreaker, NoopActuator, RetryPolicy, WebhookActuator
+from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.auth import Role, digest
+from faultcast.service.config import ServiceConfig
 from faultcast.service.validation import Limits
 from faultcast.tls import TLSConfigError, add_server_arguments, server_tls
 
@@ -138,6 +139,25 @@ def _inventory(path: Path | None) -> frozenset[str]:
     return names
 
 
+def service_config(args: argparse.Namespace) -> ServiceConfig:
+    """The service's tunables from `faultcast serve`'s flags; ValueError (or OSError, SystemExit for
+    the nodes file) on a value the service cannot run with."""
+    return ServiceConfig(
+        limits=Limits(
+            max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)
+        ),
+        grace_s=args.grace,
+        max_drains=args.max_drains,
+        drain_window_s=args.drain_window,
+        retry=RetryPolicy(
+            initial_s=args.remediation_backoff,
+            max_s=args.remediation_backoff_max,
+            max_attempts=args.remediation_attempts,
+        ),
+        silent_after_steps=args.silent_after,
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
@@ -149,10 +169,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     metrics = ServiceMetrics()
     try:
-        retry = RetryPolicy(
-            initial_s=args.remediation_backoff, max_s=args.remediation_backoff_max,
-            max_attempts=args.remediation_attempts,
-        )  # fmt: skip
+        config = service_config(args)
         tls = server_tls(args)
         if tls is not None:
             tls.credentials()  # unreadable certificates fail here, before anything starts
@@ -161,18 +178,13 @@ def run_serve(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     try:
-        service = Service(
-            args.model, args.state_dir, actuator=make_actuator(args),
-            limits=Limits(
-                max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)
-            ),
-            grace_s=args.grace, breaker=CircuitBreaker(args.max_drains, args.drain_window),
-            metrics=metrics, retry=retry, silent_after_steps=args.silent_after,
+        service = Service.open(
+            args.model, args.state_dir, config, actuator=make_actuator(args), metrics=metrics,
             policy=None if tls is None else AccessPolicy(
                 tokens=tokens, trust_domain=args.trust_domain,
                 trainers_register=args.job_registration == "trainer", metrics=metrics,
             ),
-        )  # fmt: skip
+        )  # fmt: skip  # the policy's arguments grouped as they read, not one per line
     except (ModelError, StateError) as exc:  # one line: what is wrong and what to do
         log.error("%s", exc)
         return 2

@@ -103,6 +103,7 @@ def run_demo(args: DemoSettings) -> int:
     from prometheus_client import start_http_server
 
     from faultcast.demo.model import ensure_model
+    from faultcast.service.config import ServiceConfig
     from faultcast.service.server import Service
 
     failures: list[CuedFailure] = list(args.failures)
@@ -111,7 +112,7 @@ def run_demo(args: DemoSettings) -> int:
     _log_to(args.out / "service.log")
     with tempfile.TemporaryDirectory(dir=args.out) as state:
         # Default limits: the twin's clock starts in the past (below), so it never runs ahead.
-        service = Service(args.model, Path(state), grace_s=30.0)
+        service = Service.open(args.model, Path(state), ServiceConfig(grace_s=30.0))
         port = service.start("127.0.0.1:0")
         start_http_server(args.prometheus_port, registry=service.metrics.registry)
         names = [node_name(i) for i in range(args.nodes)]

@@ -576,7 +576,8 @@ class Remediator:
             delay_s = self.retry.delay_s(attempts, self._rng.random())
             try:
                 self._write(
-                    "why an attempt failed", lambda: self.store.remediations.note_failed_attempt(r.alert_id, detail)
+                    "why an attempt failed",
+                    lambda: self.store.remediations.note_failed_attempt(r.alert_id, detail),
                 )
             except sqlite3.OperationalError as exc:  # only the reason is lost; the retry goes on
                 self._store_trouble(exc)

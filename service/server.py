@@ -20,15 +20,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
-from faultcast.model.alert_content import ActionPolicy
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
-from faultcast.service.actuators import Actuator, CircuitBreaker, NoopActuator, RetryPolicy
+from faultcast.service.actuators import Actuator, NoopActuator
 from faultcast.service.alert_book import AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
+from faultcast.service.config import ServiceConfig
 from faultcast.service.health import ALL, Health
-from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
 from faultcast.service.remediator import Remediator
@@ -37,7 +36,6 @@ from faultcast.service.state import StateStore
 from faultcast.service.state_db import StateWriteError
 from faultcast.service.supervise import start_supervised
 from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
-from faultcast.service.validation import Limits
 from faultcast.tls import ServerTLS
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -55,64 +53,61 @@ _CURSOR_SAVE_S = 1.0
 _ADMIN_THREADS = 4  # admins' calls only: a pause must not queue behind anyone else's work
 _LOOP_WAIT_S = 10.0  # for the event loop to finish what it was handed (then the caller goes on)
 _SILENCE_CHECK_S = 1.0  # how often the scoring thread looks for nodes gone silent
+DEFAULT_CONFIG = ServiceConfig()
 
 
 class Service:
+    """The prediction service: built from a loaded model and an open state store, in memory only;
+    `start` starts its threads and the gRPC server, `stop` ends them and closes the store.
+    `Service.open(model_dir, state_dir, config)` loads and opens both for a caller that has neither."""
+
     def __init__(
         self,
-        model_dir: Path,
-        state_dir: Path,
+        model: FaultModel,
+        store: StateStore,
+        config: ServiceConfig = DEFAULT_CONFIG,
         *,
+        model_dir: Path,
         actuator: Actuator | None = None,
         metrics: ServiceMetrics | None = None,
-        limits: Limits | None = None,
-        lateness_steps: int = 1,
-        grace_s: float = 300.0,
-        breaker: CircuitBreaker | None = None,
-        retry: RetryPolicy | None = None,
-        actions: ActionPolicy | None = None,
-        max_nodes: int = 100_000,
         policy: AccessPolicy | None = None,
-        caller_limits: CallerLimits | None = None,
-        silent_after_steps: int = 5,
     ) -> None:
-        """`policy`: who may call what (faultcast.service.auth); None serves everyone as admin,
-        which `start` permits only without TLS and says so in the log. `silent_after_steps`: model
-        steps without a sample after which a node counts as silent (its alerts clear)."""
+        """`model` was loaded from `model_dir` (a reload without a path reads it again); the
+        service owns `store` from now on (`stop` closes it). `policy`: who may call what
+        (faultcast.service.auth); None serves everyone as admin, which `start` permits only without
+        TLS and says so in the log."""
+        self.config = config
         self.model_dir = model_dir
         self.metrics = metrics or ServiceMetrics()
         self.policy = policy or AccessPolicy(insecure=True, metrics=self.metrics)
-        self.caller_limits = caller_limits or CallerLimits()
-        model = load(model_dir)  # a bad artifact at start is fatal: there is nothing to serve
+        self.caller_limits = config.caller_limits
         self._warn_if_blind(model)
         # What health checks answer; `health.set_serving(...)` from any thread (service/health.py).
         self.health = Health(
             SERVICE_NAMES, max_watches=self.caller_limits.health_watches, on_throttle=self._throttled
         )
         self.stopping = threading.Event()
-        # A damaged database is fatal (StateError): starting over in its place would lose the log.
-        self.store = StateStore.in_dir(
-            state_dir, on_writable=self._on_writable, on_write_failed=self._on_write_failed
-        )
-        self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
+        self.store = store
+        store.watch(on_writable=self._on_writable, on_write_failed=self._on_write_failed)
+        self.scorer = Scorer(model, lateness_steps=config.lateness_steps, max_nodes=config.max_nodes)
         self.book = AlertBook(
             model,
             self.store,
             self.metrics,
-            actions=actions or ActionPolicy(),
-            silent_after_steps=silent_after_steps,
+            actions=config.actions,
+            silent_after_steps=config.silent_after_steps,
             stopping=self.stopping,
         )
         self.remediator = Remediator(
             self.store,
             actuator or NoopActuator(),
             self.metrics,
-            grace_s=grace_s,
-            breaker=breaker,
-            retry=retry,
+            grace_s=config.grace_s,
+            breaker=config.breaker(),
+            retry=config.retry,
         )
         self.book.listen(self.remediator.on_alerts)
-        self.limits = replace(limits or Limits(), gpus_per_node=model.feature_config.gpus_per_node)
+        self.limits = replace(config.limits, gpus_per_node=model.feature_config.gpus_per_node)
         self.telemetry = TelemetryServicer(
             self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.cursors.load()
         )
@@ -133,6 +128,26 @@ class Service:
         self.metrics.backlog.set_function(lambda: float(self.scorer.backlog()))
         for outcome in ("ok", "rejected"):
             self.metrics.model_reloads.labels(outcome)
+
+    @classmethod
+    def open(
+        cls,
+        model_dir: Path,
+        state_dir: Path,
+        config: ServiceConfig = DEFAULT_CONFIG,
+        *,
+        actuator: Actuator | None = None,
+        metrics: ServiceMetrics | None = None,
+        policy: AccessPolicy | None = None,
+    ) -> Service:
+        """Load the model in `model_dir` and open the state store in `state_dir`, then build the
+        service (not started). Raises ModelError for a bad artifact (there is nothing to serve) and
+        StateError for a damaged database (starting over in its place would lose the log)."""
+        model = load(model_dir)
+        store = StateStore.in_dir(state_dir)
+        return cls(
+            model, store, config, model_dir=model_dir, actuator=actuator, metrics=metrics, policy=policy
+        )
 
     def _throttled(self, what: str) -> None:
         self.metrics.throttled.labels(what).inc()

@@ -20,6 +20,7 @@ import pytest
 
 from faultcast.service.actuators import NoopActuator
 from faultcast.service.api import HEAD_ID_KEY
+from faultcast.service.config import ServiceConfig
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
@@ -44,7 +45,9 @@ class Served:
 def served(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model_dir = tmp_path_factory.mktemp("serving") / "model"
     shutil.copytree(service_model, model_dir)
-    service = Service(model_dir, tmp_path_factory.mktemp("state"), actuator=NoopActuator(), grace_s=3600.0)
+    service = Service.open(
+        model_dir, tmp_path_factory.mktemp("state"), ServiceConfig(grace_s=3600.0), actuator=NoopActuator()
+    )
     port = service.start("127.0.0.1:0")
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     yield Served(service, channel)
@@ -366,7 +369,7 @@ def test_a_job_registration_names_real_nodes(served: Served) -> None:
 def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
     service_model: Path, tmp_path: Path
 ) -> None:
-    service = Service(service_model, tmp_path)
+    service = Service.open(service_model, tmp_path)
     node = _node()
     service.store.alerts.append([_opened(node, padding=2000) for _ in range(3000)])
     port = service.start("127.0.0.1:0")

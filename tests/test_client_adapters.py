@@ -16,6 +16,7 @@ import torch
 
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.actuators import NoopActuator
+from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
@@ -47,8 +48,11 @@ class Alerting:
 def alerting(service_model: Path, tmp_path: Path) -> Iterator[Alerting]:
     port = free_port()
     actuator = NoopActuator()
-    service = Service(
-        service_model, tmp_path / "service", actuator=actuator, limits=Limits(max_future_s=0, max_age_s=0)
+    service = Service.open(
+        service_model,
+        tmp_path / "service",
+        ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)),
+        actuator=actuator,
     )
     service.start(f"127.0.0.1:{port}")
     try:

@@ -26,6 +26,7 @@ import torch
 
 from faultcast.client.snapshots import SnapshotStore
 from faultcast.demo.feed import push, twin_snapshots
+from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.service.slurm import SlurmActuator
 from faultcast.service.validation import Limits
@@ -98,10 +99,12 @@ class Faultcast:
 def faultcast(service_model: Path, tmp_path: Path, cluster: SlurmCluster) -> Iterator[Faultcast]:
     """A service that drains and requeues through the test cluster's real scontrol."""
     actuator = SlurmActuator(require_binary("scontrol"), env={"SLURM_CONF": str(cluster.conf)}, timeout_s=15)
-    service = Service(
-        service_model, tmp_path / "state", actuator=actuator,
-        limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0,
-    )  # fmt: skip
+    service = Service.open(
+        service_model,
+        tmp_path / "state",
+        ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0),
+        actuator=actuator,
+    )
     port = service.start("127.0.0.1:0")
     running = Faultcast(service, f"127.0.0.1:{port}", actuator)
     yield running

@@ -22,6 +22,7 @@ from faultcast import wire
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
 from faultcast.service.auth import AccessPolicy, TokenBook, digest
+from faultcast.service.config import ServiceConfig
 from faultcast.service.limits import CallerLimits, TokenBucket
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
@@ -80,10 +81,13 @@ def flooded(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     model_dir = directory / "model"
     shutil.copytree(service_model, model_dir)
     metrics = ServiceMetrics()
-    service = Service(
-        model_dir, directory / "state", limits=Limits(max_future_s=0, max_age_s=0), metrics=metrics,
-        policy=AccessPolicy(tokens=TokenBook(tokens), metrics=metrics), caller_limits=LIMITS,
-    )  # fmt: skip
+    service = Service.open(
+        model_dir,
+        directory / "state",
+        ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0), caller_limits=LIMITS),
+        metrics=metrics,
+        policy=AccessPolicy(tokens=TokenBook(tokens), metrics=metrics),
+    )
     port = service.start("127.0.0.1:0", tls=ServerTLS(server.cert, server.key))
     yield Flooded(service, port, pki.ca.cert)
     service.stop(0)

@@ -272,7 +272,7 @@ def test_the_service_reload_takes_a_new_threshold_file_and_refuses_a_bad_one(
 ) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(service_model, model_dir)
-    service = Service(model_dir, tmp_path / "state")
+    service = Service.open(model_dir, tmp_path / "state")
     trained = service.model.threshold
     assert _model_info(service)["threshold_source"] == "training"
     write_threshold(model_dir, 0.3, model_digest(service.model), {})

@@ -12,6 +12,7 @@ import pytest
 from faultcast.client import Guard
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.actuators import NoopActuator
+from faultcast.service.config import ServiceConfig
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
@@ -38,8 +39,11 @@ def test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node(
         assert guard.snapshot_done(0, "file:///x") == "no alert pending"
         assert not guard.connected
         actuator = NoopActuator()
-        service = Service(
-            service_model, tmp_path, actuator=actuator, limits=Limits(max_future_s=0, max_age_s=0)
+        service = Service.open(
+            service_model,
+            tmp_path,
+            ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)),
+            actuator=actuator,
         )
         service.start(f"127.0.0.1:{port}")
         try:
@@ -72,7 +76,7 @@ def test_the_guard_starts_from_open_alerts_resumes_after_the_marker_and_survives
     service_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="faultcast.client.guard")
-    service = Service(service_model, tmp_path, limits=Limits(max_future_s=0, max_age_s=0))
+    service = Service.open(service_model, tmp_path, ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)))
     port = service.start("127.0.0.1:0")
     store = service.store
     (stale,) = store.alerts.append([_open(apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, gpu=0)])
@@ -106,7 +110,7 @@ def _open(action: apb.RecommendedAction.ValueType, gpu: int) -> apb.Alert:
 def test_an_update_asks_for_another_snapshot_only_when_it_escalates(
     service_model: Path, tmp_path: Path
 ) -> None:
-    service = Service(service_model, tmp_path)
+    service = Service.open(service_model, tmp_path)
     port = service.start("127.0.0.1:0")
     guard = Guard(f"127.0.0.1:{port}", "job-u", [NAME], backoff_s=(0.05, 0.2)).start()
     try:
@@ -156,7 +160,7 @@ def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
     service_model: Path, tmp_path: Path
 ) -> None:
     port = free_port()
-    first = Service(service_model, tmp_path / "a")
+    first = Service.open(service_model, tmp_path / "a")
     first.start(f"127.0.0.1:{port}")
     guard = Guard(f"127.0.0.1:{port}", "job-r", [NAME], backoff_s=(0.05, 0.2)).start()
     try:
@@ -176,7 +180,7 @@ def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
         first.stop(0)
     # Another service on the same address, its state lost: its new log's ids start from the clock,
     # above every id of the old one, so the guard's cursor resumes on it and misses nothing.
-    second = Service(service_model, tmp_path / "b")
+    second = Service.open(service_model, tmp_path / "b")
     second.start(f"127.0.0.1:{port}")
     try:
         assert guard.wait_connected(WAIT_S), guard.last_error

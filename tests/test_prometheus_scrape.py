@@ -136,7 +136,7 @@ def healthy_fleet(
     model: Path = request.getfixturevalue("service_model")  # trained only when Prometheus is here
     tmp_path = tmp_path_factory.mktemp("healthy-fleet")
     (tmp_path / "state").mkdir()
-    service = Service(model, tmp_path / "state")
+    service = Service.open(model, tmp_path / "state")
     with contextlib.ExitStack() as stack:
         service_port = service.start("127.0.0.1:0")
         stack.callback(service.stop, 0)

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from faultcast import wire
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, digest
+from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
 from faultcast.service.state_acks import Ack
@@ -92,11 +93,13 @@ def secured(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     model_dir = tmp_path_factory.mktemp("serving") / "model"
     shutil.copytree(service_model, model_dir)
     metrics = ServiceMetrics()  # the policy counts refusals on the service's registry, as `serve` does
-    service = Service(
-        model_dir, tmp_path_factory.mktemp("state"), limits=Limits(max_future_s=0, max_age_s=0),
+    service = Service.open(
+        model_dir,
+        tmp_path_factory.mktemp("state"),
+        ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)),
         metrics=metrics,
         policy=AccessPolicy(tokens=TokenBook(tokens), trust_domain="faultcast", metrics=metrics),
-    )  # fmt: skip
+    )
     tls = ServerTLS(server.cert, server.key, client_ca=pki.ca.cert)
     port = service.start("127.0.0.1:0", tls=tls)
     yield Secured(service, port, pki.ca.cert, pki, certs, tokens, token)

@@ -27,6 +27,7 @@ from faultcast.demo.feed import push, twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.actuators import NoopActuator
+from faultcast.service.config import ServiceConfig
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
@@ -61,10 +62,12 @@ def running(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     model_dir = tmp_path_factory.mktemp("serving") / "model"
     shutil.copytree(service_model, model_dir)
     actuator = NoopActuator()
-    service = Service(
-        model_dir, tmp_path_factory.mktemp("state"), actuator=actuator,
-        limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0,
-    )  # fmt: skip
+    service = Service.open(
+        model_dir,
+        tmp_path_factory.mktemp("state"),
+        ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0),
+        actuator=actuator,
+    )
     port = service.start("127.0.0.1:0")
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = apb_grpc.AlertsStub(channel)

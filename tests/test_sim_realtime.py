@@ -132,7 +132,7 @@ def test_collect_refuses_a_start_in_the_future_and_contradicting_flags() -> None
 
 @pytest.fixture(scope="module")
 def service(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, int]]:
-    service = Service(service_model, tmp_path_factory.mktemp("state"))  # default limits
+    service = Service.open(service_model, tmp_path_factory.mktemp("state"))  # default limits
     assert (service.limits.max_future_s, service.limits.max_age_s) == (
         Limits().max_future_s,
         Limits().max_age_s,

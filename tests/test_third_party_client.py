@@ -21,6 +21,7 @@ import pytest
 import faultcast
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.service.actuators import NoopActuator
+from faultcast.service.config import ServiceConfig
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.v1 import alerts_pb2 as apb
@@ -54,7 +55,9 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def service(service_model: Path, tmp_path: Path) -> Iterator[tuple[Service, int]]:
     model_dir = tmp_path / "model"
     shutil.copytree(service_model, model_dir)
-    service = Service(model_dir, tmp_path / "state", actuator=NoopActuator(), grace_s=3600.0)
+    service = Service.open(
+        model_dir, tmp_path / "state", ServiceConfig(grace_s=3600.0), actuator=NoopActuator()
+    )
     port = service.start("127.0.0.1:0")
     yield service, port
     service.stop(0)

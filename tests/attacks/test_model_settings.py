@@ -249,7 +249,7 @@ def test_training_s_never_threshold_still_loads(service_model: Path, tmp_path: P
 def test_a_service_refuses_to_start_on_an_impossible_model(service_model: Path, tmp_path: Path) -> None:
     bad = _variant(service_model, tmp_path / "bad", _set("threshold", value=NAN))
     with pytest.raises(ModelError, match="threshold"):
-        Service(bad, tmp_path / "state")
+        Service.open(bad, tmp_path / "state")
 
 
 @pytest.mark.parametrize(
@@ -267,7 +267,7 @@ def test_a_service_refuses_to_start_on_an_impossible_model(service_model: Path, 
 def test_a_reload_to_an_impossible_model_is_refused_and_the_old_one_keeps_serving(
     service_model: Path, tmp_path: Path, key: str, edit: Callable[[Manifest], None]
 ) -> None:
-    service = Service(service_model, tmp_path / "state")
+    service = Service.open(service_model, tmp_path / "state")
     try:
         before = model_version(service.model)
         threshold, policy, horizon = service.model.threshold, service.model.policy, service.model.horizon_s

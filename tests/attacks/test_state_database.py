@@ -115,7 +115,8 @@ def test_alert_ids_never_go_backwards_when_a_backup_is_restored(tmp_path: Path) 
     _filled(live.parent, events=3).close()
     _copy_database(live, tmp_path / "backup.sqlite")
     store = StateStore.in_dir(live.parent)
-    given_out = [a.id for a in store.alerts.append([_open_event() for _ in range(5)])]  # lost with the restore
+    # Given out, then lost with the restore.
+    given_out = [a.id for a in store.alerts.append([_open_event() for _ in range(5)])]
     store.close()
     for name in (live.name, f"{live.name}-wal", f"{live.name}-shm"):
         (live.parent / name).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from tests.attacks.victim import NAME, WAIT_S, push_victim
@@ -21,7 +22,9 @@ def test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again(
 ) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(service_model, model_dir)
-    service = Service(model_dir, tmp_path / "state", limits=Limits(max_future_s=0, max_age_s=0))
+    service = Service.open(
+        model_dir, tmp_path / "state", ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0))
+    )
     save = service.store.cursors.save
     calls = 0
     saved_again = threading.Event()

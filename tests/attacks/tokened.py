@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from faultcast.service.auth import AccessPolicy, TokenBook, digest
+from faultcast.service.config import ServiceConfig
 from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
@@ -76,10 +77,15 @@ def tokened_service(
     model_dir = directory / "model"
     shutil.copytree(model, model_dir)
     metrics = ServiceMetrics()
-    service = Service(
-        model_dir, directory / "state", limits=Limits(max_future_s=0, max_age_s=0), metrics=metrics,
-        policy=AccessPolicy(tokens=TokenBook(tokens), metrics=metrics), caller_limits=caller_limits,
-    )  # fmt: skip
+    service = Service.open(
+        model_dir,
+        directory / "state",
+        ServiceConfig(
+            limits=Limits(max_future_s=0, max_age_s=0), caller_limits=caller_limits or CallerLimits()
+        ),
+        metrics=metrics,
+        policy=AccessPolicy(tokens=TokenBook(tokens), metrics=metrics),
+    )
     port = service.start("127.0.0.1:0", max_threads=max_threads, tls=ServerTLS(server.cert, server.key))
     try:
         yield Tokened(service, port, pki.ca.cert)

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from faultcast.demo.feed import push, twin_snapshots
+from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
@@ -72,7 +73,9 @@ def serving(model: Path, state: Path, scratch: Path) -> Iterator[tuple[Service, 
     the test stopped it."""
     model_dir = scratch / "model"
     shutil.copytree(model, model_dir)
-    service = Service(model_dir, state, limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+    service = Service.open(
+        model_dir, state, ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+    )
     port = service.start("127.0.0.1:0")
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:

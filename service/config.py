@@ -1,0 +1,50 @@
+"""What a service is told to do: every tunable of `Service`, with its default, checked in one place.
+
+`faultcast serve` builds one from its flags; tests and the demo build one with the few fields they
+change (`ServiceConfig(grace_s=3600.0)`). The collaborators (the actuator, the access policy, the
+metrics registry) are not configuration: they are passed to `Service` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from faultcast.model.alert_content import ActionPolicy
+from faultcast.service.actuators import CircuitBreaker, RetryPolicy
+from faultcast.service.limits import CallerLimits
+from faultcast.service.validation import Limits
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """The service's tunables. Raises ValueError on a value the service cannot run with (nested
+    parts, `RetryPolicy` and `CallerLimits`, check their own when they are built)."""
+
+    # Which samples are taken (clock skew, age, the fleet's inventory); gpus_per_node is the
+    # model's, whatever is given here.
+    limits: Limits = field(default_factory=Limits)
+    # Grid steps a node's samples may arrive late and still be placed (faultcast.model.online).
+    lateness_steps: int = 1
+    # Remediate this long after a snapshot-and-migrate alert without SNAPSHOT_DONE.
+    grace_s: float = 300.0
+    # The circuit breaker: at most `max_drains` distinct nodes taken out per `drain_window_s`.
+    max_drains: int = 4
+    drain_window_s: float = 3600.0
+    # When a failed remediation is tried again, and how often.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Which action an alert recommends (watch, snapshot, snapshot and migrate).
+    actions: ActionPolicy = field(default_factory=ActionPolicy)
+    # Nodes the scorer keeps state for; samples of more are refused.
+    max_nodes: int = 100_000
+    # Per-caller rates and caps (streams, calls, subscribers, health watches, backlog).
+    caller_limits: CallerLimits = field(default_factory=CallerLimits)
+    # Model steps without a sample after which a node counts as silent (its alerts clear).
+    silent_after_steps: int = 5
+
+    def __post_init__(self) -> None:
+        if self.max_drains < 1 or self.drain_window_s <= 0:
+            raise ValueError("the circuit breaker needs max_nodes >= 1 and a positive window")
+
+    def breaker(self) -> CircuitBreaker:
+        """A new circuit breaker with this configuration's limits."""
+        return CircuitBreaker(self.max_drains, self.drain_window_s)
