@@ -28,11 +28,16 @@ class Generation:
 
 
 A100 = Generation("NVIDIA A100-SXM4-80GB", 400.0, 55.0, 1410.0, 1593.0, 81_920.0, 4, 12, 85.0, 92.0, 0.085)
+"""The A100 SXM4 80 GB."""
 H100 = Generation("NVIDIA H100 80GB HBM3", 700.0, 70.0, 1980.0, 2619.0, 81_559.0, 5, 18, 87.0, 92.0, 0.052)
+"""The H100 SXM 80 GB; a node is one with probability FleetConfig.h100_fraction, else an A100."""
 
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
+    """Everything that decides a twin's output: the same config gives the same data. Raises ValueError
+    naming every bad field. Times in seconds, `days` in days of simulated time."""
+
     nodes: int = 8
     gpus_per_node: int = 8
     days: float = 2.0
@@ -68,18 +73,24 @@ class FleetConfig:
 
     @property
     def horizon_s(self) -> float:
+        """Simulated seconds from the start to the end of the run."""
         return self.days * 86_400.0
 
     @property
     def steps(self) -> int:
+        """Samples per GPU over the horizon (whole intervals only)."""
         return int(self.horizon_s // self.interval_s)
 
     @property
     def chunks(self) -> int:
+        """Chunks of chunk_steps steps the horizon takes, the last one possibly short."""
         return -(-self.steps // self.chunk_steps)
 
     def node_name(self, node: int) -> str:
+        """The name of node index `node` in every output ("node-0007"); does not check the index."""
         return f"node-{node:04d}"
 
     def to_json(self) -> dict[str, Any]:
+        """Every field by name, JSON-ready; FleetConfig(**config.to_json()) rebuilds the config.
+        (dict[str, Any], not a TypedDict, so callers can override fields in that call.)"""
         return asdict(self)

@@ -14,6 +14,9 @@ from faultcast.sim.streams import Stream, rng
 
 @dataclass(frozen=True)
 class NodeTraits:
+    """What a node is for its whole life: hardware, rack, each GPU's spread, its ports and probe targets.
+    Per-GPU arrays have one entry per GPU slot."""
+
     index: int
     name: str
     generation: Generation
@@ -34,6 +37,7 @@ def _rack_inlet(config: FleetConfig, rack: int) -> float:
 
 
 def node_traits(config: FleetConfig, node: int) -> NodeTraits:
+    """Node `node`'s traits, drawn from its own stream: the same for a seed whatever the fleet's size."""
     r = rng(config.seed, Stream.TRAITS, node)
     g = config.gpus_per_node
     generation = H100 if r.random() < config.h100_fraction else A100
@@ -53,9 +57,11 @@ def node_traits(config: FleetConfig, node: int) -> NodeTraits:
         steady_sbe_per_min=steady,
         ib_ports=tuple(f"mlx5_{p}:1" for p in range(config.ib_ports)),
         # Probe targets: the next nodes of the same rack (names do not depend on the fleet's size).
-        peers=tuple(config.node_name(rack * config.nodes_per_rack + (node + k + 1) % config.nodes_per_rack) + ":22"
-                    for k in range(peer_count)),
-    )  # fmt: skip
+        peers=tuple(
+            config.node_name(rack * config.nodes_per_rack + (node + k + 1) % config.nodes_per_rack) + ":22"
+            for k in range(peer_count)
+        ),
+    )
 
 
 def gpu_uuid(seed: int, node: int, gpu: int, replacement: int) -> str:

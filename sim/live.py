@@ -41,6 +41,9 @@ class TwinExhausted(RuntimeError):  # noqa: N818 (a state, not a programming err
 
 
 class TwinSource:
+    """One node of the twin as a collector source (faultcast.collector.source.Source): each read()
+    is the next step, with the same values `faultcast simulate` writes for that node and step."""
+
     name = "simulated"
 
     def __init__(self, config: FleetConfig, node: int = 0, scenarios: Iterable[Scenario] = ()) -> None:
@@ -68,8 +71,14 @@ class TwinSource:
             raise ValueError(f"the failure time {scenario.fail_s} s is not after the virtual now ({now} s)")
         spec = BY_NAME[scenario.mode]
         lead = spec.lead_median_s if scenario.lead_s is None else scenario.lead_s
-        scheduled = Scenario(scenario.mode, scenario.node, scenario.gpu, scenario.fail_s,
-                             min(lead, scenario.fail_s - now), scenario.strength)  # fmt: skip
+        scheduled = Scenario(
+            scenario.mode,
+            scenario.node,
+            scenario.gpu,
+            scenario.fail_s,
+            min(lead, scenario.fail_s - now),
+            scenario.strength,
+        )
         self._scenarios.append(scheduled)
         if self._chunk is not None:
             self._chunk = self.node.redo_chunk(self._scenarios)
@@ -78,6 +87,8 @@ class TwinSource:
         return scheduled
 
     def read(self) -> Reading:
+        """The node's next step, stamped with its virtual time; a dark step (node down or scrape lost)
+        gives a Reading with only the time. Raises TwinExhausted past the configured horizon."""
         config = self.config
         if self.step >= config.steps:
             raise TwinExhausted(f"the twin's horizon of {config.days} days is over")
@@ -93,12 +104,18 @@ class TwinSource:
         model = traits.generation.model_name
         driver = driver_version(model)
         gpus = tuple(
-            GpuReading(g, self.node.uuid(g, int(chunk.replacements[k, g])), model,
-                       tuple(chunk.gpu_values[k, g].tolist()), lost=bool(chunk.gpu_lost[k, g]),
-                       pci_bus_id=pci_bus_id(g), driver_version=driver)
+            GpuReading(
+                g,
+                self.node.uuid(g, int(chunk.replacements[k, g])),
+                model,
+                tuple(chunk.gpu_values[k, g].tolist()),
+                lost=bool(chunk.gpu_lost[k, g]),
+                pci_bus_id=pci_bus_id(g),
+                driver_version=driver,
+            )
             for g in range(config.gpus_per_node)
             if chunk.gpu_present[k, g]
-        )  # fmt: skip
+        )
         devices = [
             DeviceReading(Scope.IB_PORT, port, tuple(chunk.ib_values[k, p].tolist()))
             for p, port in enumerate(traits.ib_ports)

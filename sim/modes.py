@@ -33,10 +33,12 @@ class ModeSpec:
 
     @property
     def name(self) -> str:
+        """The mode's failure-log name ("hbm_wear"), the key of BY_NAME."""
         return self.mode.value
 
     @property
     def level(self) -> Level:
+        """GPU or node, from faultcast.modes: what the failure takes out and what rate_per_day counts per."""
         return self.mode.level
 
     @property
@@ -46,6 +48,7 @@ class ModeSpec:
 
     @property
     def description(self) -> str:
+        """The mode's sentence from faultcast.modes (the failure log's description column)."""
         return self.mode.description
 
 
@@ -64,12 +67,16 @@ MODES: tuple[ModeSpec, ...] = (
     ModeSpec(FailureMode.FIRMWARE, 36 / _LLAMA3_GPU_DAYS, 0.0, 0.0, 6 * _H, False, ((119, 0.5), (120, 0.5))),
 )  # fmt: skip  # one mode per row: rate, lead median and sigma, downtime, replaced, Xids
 
+"""Every failure mode's physics, in FailureMode order; the twin draws from these."""
+
 BY_NAME: dict[str, ModeSpec] = {m.name: m for m in MODES}
+"""MODES by failure-log name; every FailureMode has an entry (checked at import)."""
 if set(BY_NAME) != set(FailureMode):
     raise RuntimeError("every failure mode needs its physics in MODES")
 
 
 def mode(name: str) -> ModeSpec:
+    """The physics of the mode called `name`; KeyError naming the known modes when there is none."""
     try:
         return BY_NAME[name]
     except KeyError:

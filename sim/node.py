@@ -13,6 +13,10 @@ from faultcast.sim.schedule import Scenario, node_schedule
 
 
 class NodeTwin:
+    """One node of the twin, generated a chunk (config.chunk_steps steps) at a time from its own random
+    streams: its data does not depend on the other nodes, nor on who asks for it. `scenarios` on
+    other nodes are ignored."""
+
     def __init__(self, config: FleetConfig, node: int, scenarios: Iterable[Scenario] = ()) -> None:
         self.config = config
         self.node = node
@@ -23,6 +27,7 @@ class NodeTwin:
         self._state_at_chunk_start = copy.deepcopy(self.state)
 
     def next_chunk(self) -> NodeChunk:
+        """The next chunk of telemetry, advancing the node's state; the first call gives steps from 0."""
         self._state_at_chunk_start = copy.deepcopy(self.state)
         return generate_chunk(self.config, self.traits, self.schedule, self.state, self.state.chunks_done)
 
@@ -34,6 +39,7 @@ class NodeTwin:
         return self.next_chunk()
 
     def uuid(self, gpu: int, replacements: int) -> str:
+        """The UUID of slot `gpu` after `replacements` swaps (see faultcast.sim.fleet.gpu_uuid)."""
         return _uuid(self.config.seed, self.node, gpu, replacements)
 
 

@@ -29,6 +29,9 @@ _GAP_MEDIAN_S, _GAP_SIGMA = 20 * 60.0, 1.0
 
 @dataclass(frozen=True, slots=True)
 class ScheduledFailure:
+    """One failure the twin has planned: its target (gpu None for a node-level mode), when it strikes
+    and how its precursor and repair look. Times in seconds since the start of the simulation."""
+
     node: int
     gpu: int | None  # None for a node-level failure
     mode: str
@@ -44,14 +47,17 @@ class ScheduledFailure:
 
     @property
     def precursor_start_s(self) -> float:
+        """When the precursor starts (the failure time itself when there is none)."""
         return self.fail_s - self.lead_s
 
     @property
     def return_s(self) -> float:
+        """When the repaired GPU or node is back."""
         return self.fail_s + self.downtime_s
 
     @property
     def spec(self) -> ModeSpec:
+        """The twin's physics of this failure's mode."""
         return BY_NAME[self.mode]
 
 
@@ -82,15 +88,19 @@ class Scenario:
 
 @dataclass(frozen=True)
 class NodeSchedule:
+    """What will happen to one node over the horizon: failures, healthy driver reloads, its pod's jobs."""
+
     node: int
     failures: tuple[ScheduledFailure, ...]  # sorted by failure time
     reloads_s: tuple[float, ...]  # healthy driver reloads (counter resets)
     jobs: tuple[tuple[float, float], ...]  # (start, end) of the jobs on this node's pod
 
     def gpu_failures(self, gpu: int) -> list[ScheduledFailure]:
+        """The failures of GPU slot `gpu` (not the node-level ones), in time order."""
         return [f for f in self.failures if f.gpu == gpu]
 
     def node_failures(self) -> list[ScheduledFailure]:
+        """The node-level failures, in time order."""
         return [f for f in self.failures if f.gpu is None]
 
 
@@ -189,8 +199,20 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
         draws = tuple(
             float(u) for u in rng(config.seed, Stream.SCHEDULE, node, 20_000, round(s.fail_s)).random(6)
         )
-        scripted.append(ScheduledFailure(node, s.gpu, s.mode, s.fail_s, min(lead, s.fail_s), s.strength,
-                                spec.downtime_median_s, xid, scripted=True, draws=draws))  # fmt: skip
+        scripted.append(
+            ScheduledFailure(
+                node,
+                s.gpu,
+                s.mode,
+                s.fail_s,
+                min(lead, s.fail_s),
+                s.strength,
+                spec.downtime_median_s,
+                xid,
+                scripted=True,
+                draws=draws,
+            )
+        )
     # A scripted failure wins over random ones that would overlap it on the same GPU or node.
     failures = [f for f in failures if not any(_overlaps(f, s) for s in scripted)] + scripted
     failures.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))

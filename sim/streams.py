@@ -12,6 +12,9 @@ import numpy as np
 
 
 class Stream(enum.IntEnum):
+    """What a random stream is for; part of its key, so streams of different purposes never overlap.
+    The values are part of every twin's output: changing one changes the data a seed gives."""
+
     TRAITS = 1
     SCHEDULE = 2
     JOBS = 3
@@ -21,4 +24,5 @@ class Stream(enum.IntEnum):
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
+    """A fresh generator for (seed, stream, *keys); the same arguments always give the same draws."""
     return np.random.default_rng(np.random.SeedSequence([seed, int(stream), *keys]))

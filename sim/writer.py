@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,59 @@ from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario, ScheduledFailure
 
 
+class ManifestRows(TypedDict):
+    """Rows written per file."""
+
+    telemetry: int
+    network: int
+    failures: int
+
+
+class ManifestMode(TypedDict):
+    """One failure mode as the twin drew it (rates per GPU-day: a node-level mode's spread over its GPUs)."""
+
+    name: str
+    level: str
+    predictable: bool
+    base_rate_per_gpu_day: float
+    accelerated_rate_per_gpu_day: float
+    lead_median_minutes: float
+    lead_sigma: float
+    downtime_median_hours: float
+    gpu_replaced: bool
+    xids: list[int]
+    description: str
+
+
+class ManifestCatalogue(TypedDict):
+    """The catalogue the files were written with; schema_hash as "0x" and 16 hex digits."""
+
+    version: str
+    schema_hash: str
+
+
+class TwinManifest(TypedDict):
+    """manifest.json of a twin run, as simulate returns and writes it. Times are ISO 8601 UTC ("...Z")."""
+
+    kind: str  # "faultcast fleet twin"
+    created_at: str
+    config: dict[str, Any]  # FleetConfig.to_json()
+    seed: int
+    acceleration: float
+    start: str
+    end: str
+    gpu_days: float
+    rows: ManifestRows
+    modes: list[ManifestMode]
+    failure_counts: dict[str, int]  # every mode's name, 0 included
+    scenarios: list[dict[str, object]]  # each Scenario's fields
+    catalogue: ManifestCatalogue
+    versions: dict[str, str]
+    generation_seconds: float
+    telemetry_columns: list[str]
+    network_columns: list[str]
+
+
 def _dictionary(indices: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(names, pa.string()))
 
@@ -45,8 +98,10 @@ def _iso(config: FleetConfig, seconds: float) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ()) -> dict[str, Any]:
-    """Write the twin's four files into `out` and return the manifest."""
+def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ()) -> TwinManifest:
+    """Write the twin's four files into `out` (created if absent, files overwritten) and return the manifest.
+    The same config and scenarios write the same rows (the manifest's created_at and generation_seconds
+    differ). Raises ValueError for a scenario on a node outside the fleet."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     scenarios = tuple(scenarios)
@@ -107,8 +162,10 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
                 pa.array(np.repeat(stamps, config.nodes)[node_present], TIMESTAMP),
                 _dictionary(net_nodes, node_names),
             ]
-            net_columns += [pa.array(agg[name].reshape(-1)[node_present], NETWORK_SCHEMA.field(name).type)
-                            for name in NETWORK_COLUMNS]  # fmt: skip
+            net_columns += [
+                pa.array(agg[name].reshape(-1)[node_present], NETWORK_SCHEMA.field(name).type)
+                for name in NETWORK_COLUMNS
+            ]
             network.write_table(pa.Table.from_arrays(net_columns, schema=NETWORK_SCHEMA))
             network_rows += int(node_present.sum())
 
@@ -151,7 +208,7 @@ def _manifest(
     rows: int,
     network_rows: int,
     seconds: float,
-) -> dict[str, Any]:
+) -> TwinManifest:
     counts = Counter(f.mode for f in failures)
     gpu_days = config.nodes * config.gpus_per_node * config.days
     return {
@@ -198,5 +255,5 @@ def _manifest(
     }
 
 
-def _slots(obj: Any) -> dict[str, Any]:
+def _slots(obj: Scenario) -> dict[str, object]:
     return {name: getattr(obj, name) for name in obj.__slots__}
