@@ -20,7 +20,6 @@ import math
 import queue
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +129,6 @@ def stop_lanes(lanes: Iterable[Lane]) -> None:
         lane.stop()
 
 
-@dataclass(frozen=True, slots=True)
 class Deadline:
     """How long one call in a lane may run before the caller stops waiting, measured on `clock`.
 
@@ -138,17 +136,15 @@ class Deadline:
     job must stamp `lane.started` with the same clock.
     """
 
-    timeout: float | None
-    clock: Callable[[], float]
+    __slots__ = ("clock", "threaded", "timeout")
 
-    def __post_init__(self) -> None:
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"a call timeout must be positive seconds or None, not {self.timeout!r}")
-
-    @property
-    def threaded(self) -> bool:
-        """Whether jobs run on the lanes' worker threads (only then can a hung call be left)."""
-        return self.timeout is not None
+    def __init__(self, timeout: float | None, clock: Callable[[], float]) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"a call timeout must be positive seconds or None, not {timeout!r}")
+        self.timeout = timeout
+        self.clock = clock
+        # Whether jobs run on the lanes' worker threads (only then can a hung call be left).
+        self.threaded = timeout is not None
 
     def start(self, lane: Lane, job: Job) -> None:
         """Hand `job` to `lane` now."""

@@ -67,8 +67,10 @@ class _Scalars:
     scales: tuple[tuple[int, float], ...] = ()
 
     def decode(self, raw: Raw, at: int, values: list[float]) -> None:
-        for offset, (idx, scale) in enumerate(self.scales):
-            result = raw[at + offset]
+        """Each answer times its scale into its catalogue value."""
+        for idx, scale in self.scales:
+            result = raw[at]
+            at += 1
             if result is not None:
                 values[idx] = result * scale
 
@@ -161,11 +163,14 @@ _THROTTLE_BITS: tuple[tuple[int, int], ...] = (
 )
 
 
-class Throttle(_Scalars):
+_I_PSTATE = IDX["pstate"]
+_I_REASONS = IDX["clock_event_reasons"]
+
+
+class Throttle:
     """Performance state and why clocks are held down: the reasons bitmask and one flag per reason."""
 
     name = "performance state and throttling"
-    scales = _scales(("pstate", 1.0), ("clock_event_reasons", 1.0))
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
         """The performance state, then the clock event reasons."""
@@ -173,9 +178,11 @@ class Throttle(_Scalars):
 
     def decode(self, raw: Raw, at: int, values: list[float]) -> None:
         """Both numbers as they are, and each throttle flag from its bit of the reasons."""
-        super().decode(raw, at, values)
-        reasons = raw[at + 1]
+        pstate, reasons = raw[at], raw[at + 1]
+        if pstate is not None:
+            values[_I_PSTATE] = pstate * 1.0
         if reasons is not None:
+            values[_I_REASONS] = reasons * 1.0
             for idx, bit in _THROTTLE_BITS:
                 values[idx] = 1.0 if reasons & bit else 0.0
 
@@ -189,11 +196,11 @@ _REMAPPED_IDX = (
 # (offset in the group, catalogue position) of the two retired-page lists.
 _RETIRED_IDX = ((4, IDX["retired_pages_sbe"]), (5, IDX["retired_pages_dbe"]))
 _I_RETIRED_PENDING = IDX["retired_pages_pending"]
-_ECC_SCALES = _scales(
-    ("ecc_sbe_volatile", 1.0),
-    ("ecc_dbe_volatile", 1.0),
-    ("ecc_sbe_aggregate", 1.0),
-    ("ecc_dbe_aggregate", 1.0),
+# (offset in the group, catalogue position) of the four ECC counts.
+_ECC_IDX = tuple(
+    enumerate(
+        IDX[f"ecc_{kind}_{counter}"] for counter in ("volatile", "aggregate") for kind in ("sbe", "dbe")
+    )
 )
 
 
@@ -221,10 +228,10 @@ class MemoryErrors:
 
     def decode(self, raw: Raw, at: int, values: list[float]) -> None:
         """Counts as they are; retired pages as how many pages each list holds; the remap tuple."""
-        for offset, (idx, scale) in enumerate(_ECC_SCALES):
+        for offset, idx in _ECC_IDX:
             result = raw[at + offset]
             if result is not None:
-                values[idx] = result * scale
+                values[idx] = result * 1.0
         for offset, idx in _RETIRED_IDX:
             pages = raw[at + offset]
             if pages is not None:
