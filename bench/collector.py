@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -106,15 +107,23 @@ def handoff_seconds(lanes: int, jobs_per_lane: int, runs: int) -> float:
     return seconds
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scrapes", type=int, default=2000, help="scrapes per round (default 2000)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
-    p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--links", type=int, default=18, help="NVLink links per GPU (H100 SXM: 18)")
-    args = p.parse_args(argv)
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """Medians of the interleaved rounds, in CPU seconds per scrape (wall for `wall`)."""
 
-    fake, calls = record_one_scrape(args.gpus, args.links)
+    calls: int  # NVML calls per scrape
+    read: float
+    wall: float
+    read_inline: float
+    calls_only: float
+    loop: float
+    per_gpu_handoff: float
+    per_call_handoff: float
+
+
+def measure(scrapes: int, rounds: int, gpus: int, links: int) -> Figures:
+    """Time the shipped source, the inline source, the replayed calls and the replay loop, interleaved."""
+    fake, calls = record_one_scrape(gpus, links)
     source = NvmlSource(fake)
     inline = NvmlSource(fake, timeout=None)
     replay = replayer(calls)
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     loop_only = replayer([(noop, call_args) for _, call_args in calls])
 
-    warmup = max(args.scrapes // 10, 50)
+    warmup = max(scrapes // 10, 50)
     for fn in (source.read, inline.read, replay, loop_only):
         cpu_seconds_per_run(fn, warmup)
 
@@ -133,43 +142,64 @@ def main(argv: list[str] | None = None) -> int:
     wall_s: list[float] = []
     replay_s: list[float] = []
     loop_s: list[float] = []
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         started = time.perf_counter()
-        read_s.append(cpu_seconds_per_run(source.read, args.scrapes))
-        wall_s.append((time.perf_counter() - started) / args.scrapes)
-        inline_s.append(cpu_seconds_per_run(inline.read, args.scrapes))
-        replay_s.append(cpu_seconds_per_run(replay, args.scrapes))
-        loop_s.append(cpu_seconds_per_run(loop_only, args.scrapes))
+        read_s.append(cpu_seconds_per_run(source.read, scrapes))
+        wall_s.append((time.perf_counter() - started) / scrapes)
+        inline_s.append(cpu_seconds_per_run(inline.read, scrapes))
+        replay_s.append(cpu_seconds_per_run(replay, scrapes))
+        loop_s.append(cpu_seconds_per_run(loop_only, scrapes))
     source.close()
     inline.close()
 
-    read, read_inline, wall, calls_only, loop = (
-        statistics.median(x) for x in (read_s, inline_s, wall_s, replay_s, loop_s)
+    median = statistics.median
+    return Figures(
+        calls=len(calls),
+        read=median(read_s),
+        wall=median(wall_s),
+        read_inline=median(inline_s),
+        calls_only=median(replay_s),
+        loop=median(loop_s),
+        per_gpu_handoff=handoff_seconds(gpus + 1, 1, scrapes),  # + the event drain's lane
+        per_call_handoff=handoff_seconds(1, len(calls), max(scrapes // 100, 5)),
     )
-    per_gpu_handoff = handoff_seconds(args.gpus + 1, 1, args.scrapes)  # + the event drain's lane
-    per_call_handoff = handoff_seconds(1, len(calls), max(args.scrapes // 100, 5))
-    overhead = read - calls_only
-    conservative = overhead + loop
+
+
+def report(f: Figures) -> bool:
+    """Print the figures; whether the conservative overhead is within the target."""
+    overhead = f.read - f.calls_only
+    conservative = overhead + f.loop
     ms = 1e3
+    print(f"NVML calls per scrape:                          {f.calls}")
+    print(f"CPU per scrape, NvmlSource.read():              {f.read * ms:.3f} ms")
+    print(f"wall time per scrape, NvmlSource.read():        {f.wall * ms:.3f} ms")
+    print(f"CPU per scrape, read() with timeout=None:       {f.read_inline * ms:.3f} ms")
+    print(f"CPU per scrape, the fake NVML calls replayed:   {f.calls_only * ms:.3f} ms")
+    print(f"CPU per scrape, replay loop alone (no-op calls): {f.loop * ms:.3f} ms")
+    print(f"collector overhead (read - replayed calls):     {overhead * ms:.3f} ms")
+    print(f"collector overhead, conservative (+ loop):      {conservative * ms:.3f} ms")
+    print(f"overhead per NVML call (conservative):          {conservative / f.calls * 1e6:.2f} us")
+    print(f"of which the per-GPU worker hand-off:           {(f.read - f.read_inline) * ms:.3f} ms")
+    print(f"hand-off alone, one per GPU lane (as shipped):  {f.per_gpu_handoff * ms:.3f} ms")
+    print(f"hand-off alone, one per NVML call (not used):   {f.per_call_handoff * ms:.3f} ms")
+    within = conservative < TARGET_SECONDS
+    print(f"target < {TARGET_SECONDS * ms:.0f} ms of overhead per scrape: {'within' if within else 'OVER'}")
+    return within
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scrapes", type=int, default=2000, help="scrapes per round (default 2000)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--links", type=int, default=18, help="NVLink links per GPU (H100 SXM: 18)")
+    args = p.parse_args(argv)
+    figures = measure(args.scrapes, args.rounds, args.gpus, args.links)
     print(
         f"NvmlSource over FakeNvml: {args.gpus} GPUs x {args.links} NVLink links, "
         f"{args.scrapes} scrapes x {args.rounds} rounds, CPU time (process_time), medians"
     )
-    print(f"NVML calls per scrape:                          {len(calls)}")
-    print(f"CPU per scrape, NvmlSource.read():              {read * ms:.3f} ms")
-    print(f"wall time per scrape, NvmlSource.read():        {wall * ms:.3f} ms")
-    print(f"CPU per scrape, read() with timeout=None:       {read_inline * ms:.3f} ms")
-    print(f"CPU per scrape, the fake NVML calls replayed:   {calls_only * ms:.3f} ms")
-    print(f"CPU per scrape, replay loop alone (no-op calls): {loop * ms:.3f} ms")
-    print(f"collector overhead (read - replayed calls):     {overhead * ms:.3f} ms")
-    print(f"collector overhead, conservative (+ loop):      {conservative * ms:.3f} ms")
-    print(f"overhead per NVML call (conservative):          {conservative / len(calls) * 1e6:.2f} us")
-    print(f"of which the per-GPU worker hand-off:           {(read - read_inline) * ms:.3f} ms")
-    print(f"hand-off alone, one per GPU lane (as shipped):  {per_gpu_handoff * ms:.3f} ms")
-    print(f"hand-off alone, one per NVML call (not used):   {per_call_handoff * ms:.3f} ms")
-    verdict = "within" if conservative < TARGET_SECONDS else "OVER"
-    print(f"target < {TARGET_SECONDS * ms:.0f} ms of overhead per scrape: {verdict}")
-    return 0 if conservative < TARGET_SECONDS else 1
+    return 0 if report(figures) else 1
 
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ def _no_space(exc: sqlite3.Error) -> bool:
 
 
 class Spool:
+    """A crash-safe, bounded queue of samples on disk, numbered by sequence (see the module docstring).
+
+    Thread-safe: the collector appends while the shipper reads and acknowledges; `changed` is
+    notified on every append and ack.
+    """
+
     def __init__(
         self,
         path: Path,
@@ -83,11 +89,7 @@ class Spool:
         self.reserve_bytes = reserve_bytes
         self.reserve_path = path.with_name(path.name + "-reserve")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a power cut must not roll back sequence numbers the service has already seen.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db = self._connect()
         self._page_size = self._scalar("PRAGMA page_size")
         if reserve_bytes > 0:
             # The reserve must cover what a checkpoint may add to the file: the log's length.
@@ -102,25 +104,42 @@ class Spool:
         self._dropped_no_space = self._meta("dropped_no_space")
         self._no_space_unsaved = False  # counted while not even the counter could be written
         self._depth = self._scalar("SELECT COUNT(*) FROM samples")
-        # The page cap the operator asked for (SQLite's default, about 2**32, without max_bytes),
-        # and whether a full disk has frozen the file below it.
-        unbounded = self._scalar("PRAGMA max_page_count")
-        self._max_pages = self._set_page_cap(
-            unbounded if max_bytes is None else max(1, max_bytes // self._page_size)
-        )
-        if max_bytes is not None and self._max_pages * self._page_size > max_bytes:
-            log.warning(
-                "spool %s is already %d bytes, above max_bytes %d: it will not grow, nor shrink",
-                path,
-                self._max_pages * self._page_size,
-                max_bytes,
-            )
+        # The page cap the operator asked for, and whether a full disk has frozen the file below it.
+        self._max_pages = self._initial_page_cap()
         self._frozen = False
         self._hold_reserve()
-        self.spool_id = self._meta("spool_id")
-        if self.spool_id == 0:
-            self.spool_id = secrets.randbits(63) + 1
-            self._set_meta("spool_id", self.spool_id)
+        self.spool_id = self._load_spool_id()
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open (or create) the database in WAL mode with the schema."""
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a power cut must not roll back sequence numbers the service has already seen.
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(_SCHEMA)
+        return db
+
+    def _initial_page_cap(self) -> int:
+        """Cap the file at `max_bytes` (SQLite's default, about 2**32 pages, without it); the cap taken."""
+        unbounded = self._scalar("PRAGMA max_page_count")
+        max_bytes = self.max_bytes
+        pages = self._set_page_cap(unbounded if max_bytes is None else max(1, max_bytes // self._page_size))
+        if max_bytes is not None and pages * self._page_size > max_bytes:
+            log.warning(
+                "spool %s is already %d bytes, above max_bytes %d: it will not grow, nor shrink",
+                self.path,
+                pages * self._page_size,
+                max_bytes,
+            )
+        return pages
+
+    def _load_spool_id(self) -> int:
+        """This spool's random id, made and stored on first use: the service tells restarts apart by it."""
+        spool_id = self._meta("spool_id")
+        if spool_id == 0:
+            spool_id = secrets.randbits(63) + 1
+            self._set_meta("spool_id", spool_id)
+        return spool_id
 
     # -- reading state -------------------------------------------------------------------------
 
@@ -171,24 +190,8 @@ class Spool:
             sequence = self._last_sequence + 1
             sample.sequence = sequence
             payload = sample.SerializeToString()
-            dropped_before, through, thawed = self._dropped_no_space, 0, False
-            batch = max(1, int(self._depth * _NO_SPACE_BATCH))
-            stored = self._insert(sequence, payload)
-            while not stored:
-                if self._frozen and not thawed and self._thaw():
-                    thawed = True  # the disk has room again: grow rather than drop
-                elif not self._frozen and not self._at_page_cap(len(payload)):
-                    self._freeze()  # not our own bound, so the disk is full
-                else:
-                    removed, cutoff = self._drop_for_space(batch)
-                    if removed:
-                        through = cutoff
-                        batch *= 2  # the last did not free a page the sample fits: fewer, larger tries
-                    elif self._depth > 0 and not self._frozen:
-                        self._freeze()  # not even the drop could be written: the disk is full after all
-                    else:
-                        break
-                stored = self._insert(sequence, payload)
+            dropped_before = self._dropped_no_space
+            stored, through = self._store_making_room(sequence, payload)
             dropped = self._dropped_no_space - dropped_before
             if dropped:
                 log.warning(
@@ -201,17 +204,7 @@ class Spool:
                     self._dropped_no_space,
                 )
             if not stored:
-                sample.sequence = 0
-                self._dropped_no_space += 1
-                self._no_space_unsaved = True
-                log.warning(
-                    "spool %s cannot store a %d-byte sample even after dropping all it could (%s): "
-                    "the sample is dropped (%d dropped for space in all)",
-                    self.path,
-                    len(payload),
-                    self._why_full(),
-                    self._dropped_no_space,
-                )
+                self._refuse(sample, len(payload))
                 return 0
             self._last_sequence = sequence
             self.changed.notify_all()
@@ -249,6 +242,44 @@ class Spool:
             self._db.close()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _store_making_room(self, sequence: int, payload: bytes) -> tuple[bool, int]:
+        """Insert the sample, making room while it does not fit: grow back if the disk has room
+        again, freeze on a full disk, else drop the oldest in growing batches. Returns (stored,
+        the last sequence dropped for it or 0)."""
+        through, thawed = 0, False
+        batch = max(1, int(self._depth * _NO_SPACE_BATCH))
+        stored = self._insert(sequence, payload)
+        while not stored:
+            if self._frozen and not thawed and self._thaw():
+                thawed = True  # the disk has room again: grow rather than drop
+            elif not self._frozen and not self._at_page_cap(len(payload)):
+                self._freeze()  # not our own bound, so the disk is full
+            else:
+                removed, cutoff = self._drop_for_space(batch)
+                if removed:
+                    through = cutoff
+                    batch *= 2  # the last did not free a page the sample fits: fewer, larger tries
+                elif self._depth > 0 and not self._frozen:
+                    self._freeze()  # not even the drop could be written: the disk is full after all
+                else:
+                    break
+            stored = self._insert(sequence, payload)
+        return stored, through
+
+    def _refuse(self, sample: pb.NodeSample, size: int) -> None:
+        """A sample that cannot be stored at all: counted as dropped for space, its sequence unset."""
+        sample.sequence = 0
+        self._dropped_no_space += 1
+        self._no_space_unsaved = True
+        log.warning(
+            "spool %s cannot store a %d-byte sample even after dropping all it could (%s): "
+            "the sample is dropped (%d dropped for space in all)",
+            self.path,
+            size,
+            self._why_full(),
+            self._dropped_no_space,
+        )
 
     def _insert(self, sequence: int, payload: bytes) -> bool:
         """Store one sample in one transaction; False when there is no space for it."""
