@@ -47,9 +47,11 @@ class NodeCollector:
         self._latest: NodeSnapshot | None = None
 
     def latest(self) -> NodeSnapshot | None:
+        """The last snapshot scraped, or None before the first scrape (the exporter serves it)."""
         return self._latest
 
     def scrape(self) -> NodeSnapshot:
+        """Read every source once, merge, spool (if any) and keep the snapshot; never raises for a source."""
         started = self.cpu_clock()
         now_ns = self.wall_clock_ns()
         readings: list[Reading] = []
@@ -118,5 +120,6 @@ class NodeCollector:
             stop.wait(next_due - now)
 
     def close(self) -> None:
+        """Close every source."""
         for source in self.sources:
             source.close()

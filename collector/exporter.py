@@ -171,8 +171,9 @@ def render(families: Iterable[Family]) -> str:
         lines.append(f"# TYPE {family.name} {family.type}")
         for labels, value in family.samples:
             text = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels)
-            lines.append(f"{family.name}{{{text}}} {_number(value)}" if text else
-                         f"{family.name} {_number(value)}")  # fmt: skip
+            lines.append(
+                f"{family.name}{{{text}}} {_number(value)}" if text else f"{family.name} {_number(value)}"
+            )
     return "".join(line + "\n" for line in lines)
 
 

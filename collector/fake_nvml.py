@@ -25,7 +25,7 @@ import inspect
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -89,12 +89,15 @@ class FakeHang:
 
     @property
     def released(self) -> bool:
+        """Whether `release` was called."""
         return self._released.is_set()
 
     def release(self) -> None:
+        """Let every blocked call (and every later one) go on."""
         self._released.set()
 
     def block(self) -> None:
+        """Called by the faked function: wait here until released."""
         with self._lock:
             self.entered += 1
             self.blocked += 1
@@ -129,25 +132,32 @@ class _FakeGpu:
         # Only the thread reading this GPU counts here: no update is lost between threads.
         self.calls: Counter[str] = Counter()
         # (function, args) -> error code; args None means every call of the function.
-        self.errors: dict[tuple[str, tuple[Any, ...] | None], int] = {}
-        self.hangs: dict[tuple[str, tuple[Any, ...] | None], FakeHang] = {}
-        self.values: dict[tuple[str, tuple[Any, ...]], Any] = _healthy_h100(index, links)
+        self.errors: dict[tuple[str, tuple[object, ...] | None], int] = {}
+        self.hangs: dict[tuple[str, tuple[object, ...] | None], FakeHang] = {}
+        # Any: the answers are ints, lists and pynvml's (untyped) ctypes structures, and `advance`
+        # does arithmetic on them.
+        self.values: dict[tuple[str, tuple[object, ...]], Any] = _healthy_h100(index, links)
 
 
-def _pci_info(index: int) -> Any:
+def _pci_info(index: int) -> object:
     """PCI identity as the binding returns it (bytes in a ctypes structure); buses 0x18, 0x28, ..."""
     bus = 0x18 + 0x10 * index
     return pynvml.nvmlPciInfo_t(
-        busIdLegacy=f"0000:{bus:02X}:00.0".encode(), domain=0, bus=bus, device=0,
-        pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE, busId=f"00000000:{bus:02X}:00.0".encode(),
-    )  # fmt: skip
+        busIdLegacy=f"0000:{bus:02X}:00.0".encode(),
+        domain=0,
+        bus=bus,
+        device=0,
+        pciDeviceId=0x233010DE,
+        pciSubSystemId=0x16C110DE,
+        busId=f"00000000:{bus:02X}:00.0".encode(),
+    )
 
 
-def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[Any, ...]], Any]:
+def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[object, ...]], Any]:
     """Values of a busy, healthy H100 SXM; small per-GPU offsets tell the GPUs apart."""
     n = pynvml
     used_mib = 60_000 + index
-    values: dict[tuple[str, tuple[Any, ...]], Any] = {
+    values: dict[tuple[str, tuple[object, ...]], Any] = {
         ("nvmlDeviceGetTemperature", (n.NVML_TEMPERATURE_GPU,)): 45 + index % 4,
         ("nvmlDeviceGetFieldValues", (n.NVML_FI_DEV_MEMORY_TEMP,)): 52 + index % 4,
         ("nvmlDeviceGetPowerUsage", ()): 350_000 + 1_000 * index,  # mW
@@ -211,6 +221,16 @@ _GLOBAL_FUNCTIONS = frozenset(
     }
 )
 
+K = TypeVar("K")
+
+
+def _set_or_clear(table: dict[K, int], key: K, code: int | None) -> None:
+    if code is None:
+        table.pop(key, None)
+    else:
+        table[key] = code
+
+
 # NVMLError(code) instantiates the matching NVMLError_* subclass, exactly as the binding raises.
 _RAISE = pynvml.NVMLError
 
@@ -245,6 +265,7 @@ class FakeNvml:
 
     @property
     def initialized(self) -> bool:
+        """Whether NVML is started (more nvmlInit calls than nvmlShutdown)."""
         return self._init_count > 0
 
     @property
@@ -260,9 +281,10 @@ class FakeNvml:
         return sum(dict(self._gpus[gpu].calls).values())
 
     def handle(self, gpu: int) -> FakeHandle:
+        """The handle nvmlDeviceGetHandleByIndex(gpu) returns."""
         return self._gpus[gpu].handle
 
-    def set_value(self, gpu: int, function: str, value: Any, *args: Any) -> None:
+    def set_value(self, gpu: int, function: str, value: object, *args: object) -> None:
         """What `function(handle, *args)` returns on `gpu`, e.g. ("nvmlDeviceGetClockInfo", 1500, NVML_CLOCK_SM).
 
         For nvmlDeviceGetFieldValues, args is the field id and value the number it reads.
@@ -272,14 +294,15 @@ class FakeNvml:
             raise KeyError(f"the fake has no {function}{args}; check the name and arguments")
         self._gpus[gpu].values[key] = value
 
-    def get_value(self, gpu: int, function: str, *args: Any) -> Any:
+    def get_value(self, gpu: int, function: str, *args: object) -> Any:
+        """What `function(handle, *args)` returns on `gpu` now (Any: see `_FakeGpu.values`)."""
         return self._gpus[gpu].values[function, args]
 
-    def bump(self, gpu: int, function: str, delta: int, *args: Any) -> None:
+    def bump(self, gpu: int, function: str, delta: int, *args: object) -> None:
         """Add to a numeric value, e.g. bump(0, "nvmlDeviceGetPcieReplayCounter", 5)."""
         self.set_value(gpu, function, self.get_value(gpu, function, *args) + delta, *args)
 
-    def set_error(self, gpu: int | None, function: str, code: int | None, *args: Any) -> None:
+    def set_error(self, gpu: int | None, function: str, code: int | None, *args: object) -> None:
         """Make `function` raise NVMLError(code) on `gpu` (None: a global function such as nvmlInit).
 
         With args, only the call with those arguments fails (for nvmlDeviceGetFieldValues, the
@@ -288,17 +311,11 @@ class FakeNvml:
         if function not in _DEVICE_FUNCTIONS | _GLOBAL_FUNCTIONS:
             raise KeyError(f"the fake does not implement {function}")
         if gpu is None:
-            table: dict[Any, int] = self._global_errors
-            key: Any = function
+            _set_or_clear(self._global_errors, function, code)
         else:
-            table = self._gpus[gpu].errors
-            key = (function, args or None)
-        if code is None:
-            table.pop(key, None)
-        else:
-            table[key] = code
+            _set_or_clear(self._gpus[gpu].errors, (function, args or None), code)
 
-    def hang(self, gpu: int | None, function: str, *args: Any) -> FakeHang:
+    def hang(self, gpu: int | None, function: str, *args: object) -> FakeHang:
         """Make `function` on `gpu` block until the returned hang is released.
 
         gpu None: a global function such as nvmlEventSetWait. With args, only the call with those
@@ -319,9 +336,11 @@ class FakeNvml:
         self._gpus[gpu].lost = True
 
     def restore_gpu(self, gpu: int) -> None:
+        """Undo `lose_gpu`: calls on `gpu` answer again."""
         self._gpus[gpu].lost = False
 
     def set_supported_events(self, gpu: int, mask: int) -> None:
+        """The event types `gpu` supports (registering others raises NOT_SUPPORTED)."""
         self._gpus[gpu].supported_events = mask
 
     def inject_xid(self, gpu: int, code: int) -> None:
@@ -388,7 +407,7 @@ class FakeNvml:
         if code is not None:
             raise _RAISE(code)
 
-    def _device(self, function: str, handle: Any, args: tuple[Any, ...]) -> _FakeGpu:
+    def _device(self, function: str, handle: object, args: tuple[object, ...]) -> _FakeGpu:
         """Count the call and raise what a driver would; the GPU when the call may go on."""
         if not isinstance(handle, FakeHandle) or handle.index >= len(self._gpus):
             self._global_calls[function] += 1
@@ -411,7 +430,7 @@ class FakeNvml:
                 raise _RAISE(code)
         return gpu
 
-    def _value(self, function: str, handle: Any, *args: Any) -> Any:
+    def _value(self, function: str, handle: object, *args: object) -> Any:
         gpu = self._device(function, handle, args)
         try:
             return gpu.values[function, args]
@@ -419,58 +438,70 @@ class FakeNvml:
             raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
 
     def nvmlInit(self) -> None:  # noqa: N802  (pynvml's function names, here and below)
+        """Start NVML (counted: every nvmlInit needs its nvmlShutdown)."""
         self._global("nvmlInit")
         self._init_count += 1
 
     def nvmlShutdown(self) -> None:  # noqa: N802
+        """Stop NVML once; NVML_ERROR_UNINITIALIZED when it was not started."""
         self._global("nvmlShutdown")
         if self._init_count <= 0:
             raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
         self._init_count -= 1
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        """How many GPUs the fake was made with."""
         self._global("nvmlDeviceGetCount")
         if self._init_count <= 0:
             raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
         return len(self._gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
+        """The GPU's FakeHandle; NVML_ERROR_INVALID_ARGUMENT for an index out of range."""
         if not 0 <= index < len(self._gpus):
             self._global_calls["nvmlDeviceGetHandleByIndex"] += 1
             raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._device("nvmlDeviceGetHandleByIndex", self._gpus[index].handle, ()).handle
 
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: object) -> str:  # noqa: N802
+        """The GPU's UUID (GPU-fa4e...-<index>)."""
         return self._device("nvmlDeviceGetUUID", handle, ()).uuid
 
-    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: object) -> str:  # noqa: N802
+        """The model name the fake was made with."""
         return self._device("nvmlDeviceGetName", handle, ()).name
 
     def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
+        """`driver_version` as bytes, as the binding hands back the C string."""
         self._global("nvmlSystemGetDriverVersion")
         if self._init_count <= 0:
             raise _RAISE(pynvml.NVML_ERROR_UNINITIALIZED)
         return self.driver_version.encode()  # the binding hands back the C string's bytes
 
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, handle: object) -> object:  # noqa: N802
+        """The GPU's nvmlPciInfo_t (bus 0x18 + 0x10 x index unless set)."""
         return self._value("nvmlDeviceGetPciInfo", handle)
 
     def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
+        """A new FakeEventSet, kept in `event_sets` until freed."""
         self._global("nvmlEventSetCreate")
         event_set = FakeEventSet()
         self.event_sets.append(event_set)
         return event_set
 
     def nvmlEventSetFree(self, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+        """Mark the set freed and forget it."""
         self._global("nvmlEventSetFree")
         eventSet.freed = True
         if eventSet in self.event_sets:
             self.event_sets.remove(eventSet)
 
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetSupportedEventTypes(self, handle: object) -> int:  # noqa: N802
+        """The event mask set by `set_supported_events` (all types by default)."""
         return self._device("nvmlDeviceGetSupportedEventTypes", handle, ()).supported_events
 
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+    def nvmlDeviceRegisterEvents(self, handle: object, eventTypes: int, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+        """Register the GPU for `eventTypes` on the set; NOT_SUPPORTED for a type it lacks."""
         gpu = self._device("nvmlDeviceRegisterEvents", handle, ())
         if eventTypes & ~gpu.supported_events:
             raise _RAISE(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -483,7 +514,7 @@ class FakeNvml:
             return eventSet.queue.popleft()
         raise _RAISE(pynvml.NVML_ERROR_TIMEOUT)
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
+    def nvmlDeviceGetFieldValues(self, handle: object, fieldIds: list[int | tuple[int, int]]) -> object:  # noqa: N802, N803
         """An array of real `c_nvmlFieldValue_t`, each with its own nvmlReturn, as the binding gives."""
         function = "nvmlDeviceGetFieldValues"
         gpu = self._device(function, handle, ())
@@ -511,68 +542,90 @@ class FakeNvml:
 
     # Plain getters: one value per (function, args), as in the table of _healthy_h100.
 
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetTemperature: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetTemperature", handle, sensor)
 
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetPowerUsage: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetPowerUsage", handle)
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetEnforcedPowerLimit: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetEnforcedPowerLimit", handle)
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetTotalEnergyConsumption: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetTotalEnergyConsumption", handle)
 
-    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, handle: object, clock_type: int) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetClockInfo: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetClockInfo", handle, clock_type)
 
-    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetUtilizationRates: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetUtilizationRates", handle)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetMemoryInfo: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetMemoryInfo", handle)
 
-    def nvmlDeviceGetFanSpeed(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetFanSpeed(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetFanSpeed: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetFanSpeed", handle)
 
-    def nvmlDeviceGetPerformanceState(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetPerformanceState(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetPerformanceState: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetPerformanceState", handle)
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetCurrentClocksEventReasons: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetCurrentClocksEventReasons", handle)
 
-    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> Any:  # noqa: N802, N803
+    def nvmlDeviceGetTotalEccErrors(self, handle: object, errorType: int, counterType: int) -> object:  # noqa: N802, N803
+        """pynvml's nvmlDeviceGetTotalEccErrors: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetTotalEccErrors", handle, errorType, counterType)
 
-    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]:  # noqa: N802, N803
+    def nvmlDeviceGetRetiredPages(self, device: object, sourceFilter: int) -> list[int]:  # noqa: N802, N803
+        """pynvml's nvmlDeviceGetRetiredPages: the value set for this GPU and arguments (or its error)."""
         return list(self._value("nvmlDeviceGetRetiredPages", device, sourceFilter))  # a fresh list, as pynvml
 
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetRetiredPagesPendingStatus: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetRetiredPagesPendingStatus", device)
 
-    def nvmlDeviceGetRemappedRows(self, device: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetRemappedRows(self, device: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetRemappedRows: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetRemappedRows", device)
 
-    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetPcieReplayCounter(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetPcieReplayCounter: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetPcieReplayCounter", handle)
 
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetCurrPcieLinkGeneration: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetCurrPcieLinkGeneration", handle)
 
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetCurrPcieLinkWidth: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetCurrPcieLinkWidth", handle)
 
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetMaxPcieLinkGeneration: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetMaxPcieLinkGeneration", handle)
 
-    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: object) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetMaxPcieLinkWidth: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetMaxPcieLinkWidth", handle)
 
-    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetPcieThroughput(self, device: object, counter: int) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetPcieThroughput: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetPcieThroughput", device, counter)
 
-    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, device: object, link: int) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetNvLinkState: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetNvLinkState", device, link)
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: object, link: int, counter: int) -> object:  # noqa: N802
+        """pynvml's nvmlDeviceGetNvLinkErrorCounter: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetNvLinkErrorCounter", device, link, counter)

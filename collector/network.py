@@ -259,9 +259,11 @@ class NetworkSource:
     # -- Source ------------------------------------------------------------------------------
 
     def read(self) -> Reading:
+        """Interfaces, InfiniBand ports and peers as devices, the TCP counters as host values."""
         devices = [*self._read_interfaces(), *self._read_ib(), *self._read_peers()]
         return Reading(devices=tuple(devices), host=self._read_host())
 
     def close(self) -> None:
+        """Close the prober, if any."""
         if self.prober is not None:
             self.prober.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from faultcast.collector.nvml_lib import Nvml, NvmlCodes
 from faultcast.collector.nvml_metrics import (
@@ -26,9 +25,8 @@ from faultcast.collector.nvml_stats import CallStat, stat_in
 # Field-value union member per NVML_VALUE_TYPE_* (0..6), as pynvml's c_nvmlValue_t names them.
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
-# One NVML call of a scrape: the bound function, its arguments, where its latency goes. Any: the
-# binding's functions are untyped and take ctypes handles and enums.
-Step = tuple[Callable[..., Any], tuple[Any, ...], CallStat]
+# One NVML call of a scrape: the bound function, its arguments, where its latency goes.
+Step = tuple[Callable[..., object], tuple[object, ...], CallStat]
 
 
 @dataclass(frozen=True, slots=True)

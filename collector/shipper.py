@@ -27,12 +27,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
+    """Reconnection delays: exponential from `initial` to `maximum`, each with +-`jitter` noise."""
+
     initial: float = 0.5
     maximum: float = 10.0
     multiplier: float = 2.0
     jitter: float = 0.2  # +-20% so a fleet of collectors does not reconnect in lockstep
 
     def delays(self, rng: random.Random) -> Iterator[float]:
+        """An endless run of delays in seconds; start a new one to begin small again."""
         delay = self.initial
         while True:
             yield delay * (1.0 + rng.uniform(-self.jitter, self.jitter))
@@ -41,6 +44,8 @@ class Backoff:
 
 @dataclass(slots=True)
 class ShipperStats:
+    """What the shipper has done so far; written by its thread, read by anyone (the CLI's status)."""
+
     connected: bool = False
     connects: int = 0
     stream_failures: int = 0
@@ -50,6 +55,11 @@ class ShipperStats:
 
 
 class Shipper:
+    """Ships `spool`'s samples to the service at `target` from a background thread, until `close`.
+
+    `channel_factory` makes the gRPC channel (tests pass their own); `seed` fixes the jitter.
+    """
+
     def __init__(
         self,
         target: str,
@@ -74,6 +84,7 @@ class Shipper:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start the shipping thread (a daemon)."""
         self._thread = threading.Thread(target=self._run, name="faultcast-shipper", daemon=True)
         self._thread.start()
 

@@ -145,10 +145,12 @@ class Spool:
 
     @property
     def last_sequence(self) -> int:
+        """The sequence number of the newest sample stored (0 before the first)."""
         return self._last_sequence
 
     @property
     def acked_through(self) -> int:
+        """Every sample up to this sequence number is acknowledged by the service and forgotten."""
         return self._acked_through
 
     @property
@@ -238,6 +240,7 @@ class Spool:
             return self.changed.wait_for(predicate, timeout)
 
     def close(self) -> None:
+        """Close the database; the spool is not used after."""
         with self.changed:
             self._db.close()
 

@@ -32,6 +32,7 @@ def _cell(fmt: str, value: float, scale: float = 1.0) -> str:
 
 
 def render_table(snapshot: NodeSnapshot) -> str:
+    """A few lines for a terminal: a title, one row per GPU, one per InfiniBand port and peer."""
     header = " ".join(
         fmt.format(h) if "f" not in fmt else h.rjust(len(fmt.format(0))) for h, _, fmt in _GPU_COLUMNS
     )
