@@ -362,13 +362,32 @@ def run(args: argparse.Namespace, model: Path, root: Path) -> int:
     out = root / "job"
     out.mkdir()
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(JOB),
-        "--out", str(out), "--snapshots", str(root / "snapshots"), "--target", target,
-        "--node-name", args.node,
-        "--agree-every", str(args.agree_every), "--step-s", str(args.step_ms / 1e3),
-        "--warmup-steps", str(args.warmup_steps), "--rounds", str(args.rounds),
-        "--block-steps", str(args.block_steps),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(JOB),
+        "--out",
+        str(out),
+        "--snapshots",
+        str(root / "snapshots"),
+        "--target",
+        target,
+        "--node-name",
+        args.node,
+        "--agree-every",
+        str(args.agree_every),
+        "--step-s",
+        str(args.step_ms / 1e3),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--rounds",
+        str(args.rounds),
+        "--block-steps",
+        str(args.block_steps),
+    ]
     job = Job(out, command)
     started = time.monotonic()
     try:

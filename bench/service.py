@@ -417,9 +417,13 @@ def run_phase(probe: Probe, pipes: list[Connection], spec: PhaseSpec) -> PhaseOu
     def counters() -> dict[str, float]:
         m = probe.service.metrics
         return {
-            "gpu": probe.total(m.samples), "node": probe.total(m.node_samples), "rejects": probe.total(m.rejects),
-            "dup": probe.total(m.duplicates), "cpu": time.process_time(), "t": time.monotonic(),
-        }  # fmt: skip
+            "gpu": probe.total(m.samples),
+            "node": probe.total(m.node_samples),
+            "rejects": probe.total(m.rejects),
+            "dup": probe.total(m.duplicates),
+            "cpu": time.process_time(),
+            "t": time.monotonic(),
+        }
 
     at_from = counters()
     buckets_from = probe.buckets()

@@ -33,43 +33,60 @@ def add_parser(commands: Subcommands) -> None:
     serve.add_argument("--prometheus-port", type=int, default=9401, help="metrics port (0: none)")
     serve.add_argument("--state-dir", type=Path, required=True, help="the durable alert log and cursors")
     serve.add_argument(
-        "--max-threads", type=int, default=256,
+        "--max-threads",
+        type=int,
+        default=256,
         help="threads for the alerts' unary calls (admins' calls have their own; no open stream holds one)",
-    )  # fmt: skip
+    )
     serve.add_argument("--port-file", type=Path, help="write the bound gRPC port here once serving")
     serve.add_argument(
-        "--actuator", choices=["noop", "slurm", "kubernetes", "webhook"], default="noop",
+        "--actuator",
+        choices=["noop", "slurm", "kubernetes", "webhook"],
+        default="noop",
         help="what drains a node (noop: log only)",
-    )  # fmt: skip
+    )
     serve.add_argument("--webhook-url", help="for --actuator webhook: where to POST remediations")
     serve.add_argument("--kubeconfig", help="for --actuator kubernetes (default: in-cluster config)")
     serve.add_argument("--scontrol", default="scontrol", help="for --actuator slurm")
     serve.add_argument(
-        "--grace", type=parse_duration, default=300.0,
+        "--grace",
+        type=parse_duration,
+        default=300.0,
         help="remediate this long after a snapshot-and-migrate alert without SNAPSHOT_DONE",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--remediation-attempts", type=int, default=6,
+        "--remediation-attempts",
+        type=int,
+        default=6,
         help="tries per remediation before it is recorded as failed (1: no retry)",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--remediation-backoff", type=parse_duration, default=5.0,
+        "--remediation-backoff",
+        type=parse_duration,
+        default=5.0,
         help="wait before the first retry of a failed remediation; each next wait doubles, with jitter",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--remediation-backoff-max", type=parse_duration, default=300.0,
+        "--remediation-backoff-max",
+        type=parse_duration,
+        default=300.0,
         help="the longest wait between two tries of a remediation",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--silent-after", type=int, default=5, metavar="STEPS",
+        "--silent-after",
+        type=int,
+        default=5,
+        metavar="STEPS",
         help="model steps without a sample after which a node is silent: its alerts clear and it is counted",
-    )  # fmt: skip
+    )
     serve.add_argument("--max-drains", type=int, default=4, help="circuit breaker: nodes per window")
     serve.add_argument("--drain-window", type=parse_duration, default=3600.0, help="circuit breaker window")
     serve.add_argument(
-        "--max-clock-skew", type=parse_limit, default=300.0,
+        "--max-clock-skew",
+        type=parse_limit,
+        default=300.0,
         help="refuse samples this far ahead of the service's clock (0: no check, for the accelerated twin)",
-    )  # fmt: skip
+    )
     serve.add_argument(
         "--max-sample-age", type=parse_limit, default=6 * 3600.0, help="refuse older samples (0: no check)"
     )

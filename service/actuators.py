@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Remediation:
+    """What to do about one alert: take `node` out of service (and requeue `job_id` when `requeue`)."""
+
     alert_id: int
     node: str
     gpu: int  # -1 for a node-level alert
@@ -46,6 +48,8 @@ class Remediation:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
+    """How one attempt at a remediation went; `ok` False is an expected failure, tried again."""
+
     ok: bool
     detail: str  # what was done, or why it could not be
 
@@ -55,7 +59,8 @@ class Actuator(Protocol):
 
     name: str
 
-    def remediate(self, remediation: Remediation) -> Outcome: ...
+    def remediate(self, remediation: Remediation) -> Outcome:
+        """Act on one remediation; an expected failure is an Outcome that is not ok, not an exception."""
 
 
 class NoopActuator:
@@ -67,6 +72,7 @@ class NoopActuator:
         self.seen: list[Remediation] = []
 
     def remediate(self, remediation: Remediation) -> Outcome:
+        """Keep the remediation in `seen`, log it, and report success."""
         self.seen.append(remediation)
         log.info("would drain %s (%s)", remediation.node, remediation.reason)
         return Outcome(True, f"noop: would drain {remediation.node}")
@@ -83,6 +89,7 @@ class WebhookActuator:
         self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
 
     def remediate(self, remediation: Remediation) -> Outcome:
+        """POST the remediation (and its reason) as JSON; ok on any 2xx answer."""
         body = json.dumps({**asdict(remediation), "reason": remediation.reason}).encode()
         request = urllib.request.Request(  # noqa: S310 (the scheme is checked in __init__)
             self.url, data=body, method="POST", headers={"Content-Type": "application/json", **self.headers}
@@ -152,6 +159,9 @@ class CircuitBreaker:
             self.max_nodes, self.window_s = max_nodes, window_s
 
     def allow(self, node: str, now_s: float) -> bool:
+        """Whether `node` may be taken out at `now_s`: a node already admitted in the window
+        costs nothing more; a new one is admitted while fewer than `max_nodes` are (else counted in
+        `tripped`)."""
         with self._lock:
             self._expire(now_s)
             if any(n == node for _, n in self._taken):

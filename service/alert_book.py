@@ -105,6 +105,9 @@ class _Heard:
 
 
 class AlertBook:
+    """Scored steps in, alert events out: runs the model's alert state machine per GPU, stores
+    every event in the alert log before anyone hears of it, and marks silent nodes. Thread-safe."""
+
     def __init__(
         self,
         model: FaultModel,
@@ -161,6 +164,7 @@ class AlertBook:
         self.metrics.alert_hold_threshold.set(model.policy.hold(model.threshold))
 
     def listen(self, listener: Listener) -> None:
+        """Call `listener` with every batch of stored events, after they are durable."""
         self._listeners.append(listener)
 
     def active(self) -> list[apb.Alert]:
@@ -297,8 +301,9 @@ class AlertBook:
                 self.metrics.state_writes_waiting.set(0)
                 log.warning(
                     "stored %d held alert event(s) after %.0f s of refused writes",
-                    len(events), time.monotonic() - refused_since,
-                )  # fmt: skip
+                    len(events),
+                    time.monotonic() - refused_since,
+                )
             return saved
 
     def _announce(self, stored: list[apb.Alert]) -> None:
@@ -307,14 +312,24 @@ class AlertBook:
             where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
             if alert.kind == apb.EVENT_KIND_OPENED:
                 log.warning(
-                    "alert %d: %s %s risk %.2f, failure expected in about %.0f min (%s)", alert.id, where, mode,
-                    alert.risk, alert.time_to_failure.p50_seconds / 60, apb.RecommendedAction.Name(alert.action),
-                )  # fmt: skip
+                    "alert %d: %s %s risk %.2f, failure expected in about %.0f min (%s)",
+                    alert.id,
+                    where,
+                    mode,
+                    alert.risk,
+                    alert.time_to_failure.p50_seconds / 60,
+                    apb.RecommendedAction.Name(alert.action),
+                )
             elif alert.kind == apb.EVENT_KIND_UPDATED:
                 log.warning(
-                    "alert %d (update of %d): %s now %s, risk %.2f, %s", alert.id, alert.opened_id, where, mode,
-                    alert.risk, apb.RecommendedAction.Name(alert.action),
-                )  # fmt: skip
+                    "alert %d (update of %d): %s now %s, risk %.2f, %s",
+                    alert.id,
+                    alert.opened_id,
+                    where,
+                    mode,
+                    alert.risk,
+                    apb.RecommendedAction.Name(alert.action),
+                )
         if stored:
             for listener in self._listeners:
                 listener(stored)
@@ -332,24 +347,38 @@ class AlertBook:
         self, s: ScoredStep, incident: Incident, gpu: int, mode: str, content: AlertContent, kind: int
     ) -> apb.Alert:
         alert = apb.Alert(
-            node=s.node, gpu=incident.gpu, gpu_uuid="" if incident.node_level else s.uuids[incident.gpu],
-            mode=MODE_TO_PB.get(mode, apb.FAILURE_MODE_UNSPECIFIED), risk=content.risk,
-            top_features=[apb.FeatureContribution(feature=n, value=v, contribution=c)
-                          for n, v, c in content.top_features],
-            action=ACTION_TO_PB[content.action], state=apb.ALERT_STATE_OPEN, kind=kind,  # type: ignore[arg-type]
-            time_unix_nano=int(s.time_s * 1e9), model_version=self.version, model=self.info,
+            node=s.node,
+            gpu=incident.gpu,
+            gpu_uuid="" if incident.node_level else s.uuids[incident.gpu],
+            mode=MODE_TO_PB.get(mode, apb.FAILURE_MODE_UNSPECIFIED),
+            risk=content.risk,
+            top_features=[
+                apb.FeatureContribution(feature=n, value=v, contribution=c)
+                for n, v, c in content.top_features
+            ],
+            action=ACTION_TO_PB[content.action],
+            state=apb.ALERT_STATE_OPEN,
+            kind=kind,  # type: ignore[arg-type]
+            time_unix_nano=int(s.time_s * 1e9),
+            model_version=self.version,
+            model=self.info,
             gpus=sorted(slot % self.g for slot in incident.slots),
-        )  # fmt: skip
+        )
         if content.ttf_s is not None:
             p10, p50, p90 = content.ttf_s
             alert.time_to_failure_seconds = p50
             alert.time_to_failure.CopyFrom(
                 apb.TimeToFailure(
-                    reference_time_unix_nano=alert.time_unix_nano, p10_seconds=p10, p50_seconds=p50, p90_seconds=p90,
-                    risk_within=[apb.RiskWithin(seconds=t, risk=r)
-                                 for t, r in zip(self._ttf_edges[1:], content.risk_within, strict=True)],
+                    reference_time_unix_nano=alert.time_unix_nano,
+                    p10_seconds=p10,
+                    p50_seconds=p50,
+                    p90_seconds=p90,
+                    risk_within=[
+                        apb.RiskWithin(seconds=t, risk=r)
+                        for t, r in zip(self._ttf_edges[1:], content.risk_within, strict=True)
+                    ],
                 )
-            )  # fmt: skip
+            )
         return alert
 
     def _band(self, ttf_s: float) -> int:
@@ -397,9 +426,14 @@ class AlertBook:
             # The action never steps down within an incident: a drain asked for stays asked for.
             strongest = action if escalates else was
             content = AlertContent(
-                mode, content.mode_probability, content.risk, content.risk_within, content.ttf_s,
-                content.top_features, strongest,
-            )  # fmt: skip
+                mode,
+                content.mode_probability,
+                content.risk,
+                content.risk_within,
+                content.ttf_s,
+                content.top_features,
+                strongest,
+            )
             held.band = min(held.band, self._band(ttf))
             update = self._event(s, incident, gpu, mode, content, apb.EVENT_KIND_UPDATED)
             update.opened_id = latest.opened_id
@@ -428,12 +462,21 @@ class AlertBook:
         of the model's range) ends here; counted as active since the start, it is counted down."""
         self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
         return apb.Alert(
-            node=alert.node, gpu=alert.gpu, gpu_uuid=alert.gpu_uuid, mode=alert.mode, action=alert.action,
-            state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(time_s * 1e9),
-            model_version=self.version, model=self.info, opened_id=alert.opened_id,
+            node=alert.node,
+            gpu=alert.gpu,
+            gpu_uuid=alert.gpu_uuid,
+            mode=alert.mode,
+            action=alert.action,
+            state=apb.ALERT_STATE_CLEARED,
+            kind=apb.EVENT_KIND_CLEARED,
+            time_unix_nano=int(time_s * 1e9),
+            model_version=self.version,
+            model=self.info,
+            opened_id=alert.opened_id,
             cleared_reason="cleared after a restart: another alert holds its GPUs",
-            clear_reason=apb.CLEAR_REASON_SUPERSEDED, gpus=alert.gpus,
-        )  # fmt: skip
+            clear_reason=apb.CLEAR_REASON_SUPERSEDED,
+            gpus=alert.gpus,
+        )
 
     def _cleared(self, incident: Incident, time_s: float, s: ScoredStep | None, text: str = "") -> apb.Alert:
         held = self._alerts.get(incident.key)
@@ -445,12 +488,22 @@ class AlertBook:
             risk = max((float(s.risk[g]) for g in present), default=0.0)
         reason = incident.reason or CloseReason.RISK_FELL
         return apb.Alert(
-            node=latest.node or self._names[incident.node], gpu=incident.gpu, gpu_uuid=latest.gpu_uuid,
-            mode=latest.mode, risk=risk, action=latest.action, state=apb.ALERT_STATE_CLEARED,
-            kind=apb.EVENT_KIND_CLEARED, time_unix_nano=int(time_s * 1e9), model_version=self.version,
-            model=self.info, opened_id=latest.opened_id, cleared_reason=text or reason.value,
-            clear_reason=CLEAR_TO_PB[reason], gpus=gpus,
-        )  # fmt: skip
+            node=latest.node or self._names[incident.node],
+            gpu=incident.gpu,
+            gpu_uuid=latest.gpu_uuid,
+            mode=latest.mode,
+            risk=risk,
+            action=latest.action,
+            state=apb.ALERT_STATE_CLEARED,
+            kind=apb.EVENT_KIND_CLEARED,
+            time_unix_nano=int(time_s * 1e9),
+            model_version=self.version,
+            model=self.info,
+            opened_id=latest.opened_id,
+            cleared_reason=text or reason.value,
+            clear_reason=CLEAR_TO_PB[reason],
+            gpus=gpus,
+        )
 
     # -- silence --------------------------------------------------------------------------------
 
@@ -511,13 +564,22 @@ class AlertBook:
             self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
             events.append(
                 apb.Alert(
-                    node=name, gpu=alert.gpu, gpu_uuid=alert.gpu_uuid, mode=alert.mode, action=alert.action,
-                    state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
+                    node=name,
+                    gpu=alert.gpu,
+                    gpu_uuid=alert.gpu_uuid,
+                    mode=alert.mode,
+                    action=alert.action,
+                    state=apb.ALERT_STATE_CLEARED,
+                    kind=apb.EVENT_KIND_CLEARED,
                     time_unix_nano=int(max(last_s, alert.time_unix_nano / 1e9) * 1e9),
-                    model_version=self.version, model=self.info, opened_id=alert.opened_id, cleared_reason=text,
-                    clear_reason=apb.CLEAR_REASON_NODE_SILENT, gpus=alert.gpus,
+                    model_version=self.version,
+                    model=self.info,
+                    opened_id=alert.opened_id,
+                    cleared_reason=text,
+                    clear_reason=apb.CLEAR_REASON_NODE_SILENT,
+                    gpus=alert.gpus,
                 )
-            )  # fmt: skip
+            )
         during = bool(events)
         self._silent[name] = during
         self._save_silent()
@@ -527,8 +589,11 @@ class AlertBook:
         if during:
             log.error(
                 "node %s fell silent (no sample for %.0f s) with %d alert(s) open: it may have failed; "
-                "its alerts clear as 'node silent'", name, limit_s, len(events),
-            )  # fmt: skip
+                "its alerts clear as 'node silent'",
+                name,
+                limit_s,
+                len(events),
+            )
         else:
             log.warning("node %s fell silent: no sample for %.0f s", name, limit_s)
         return self._store(events, []) if events else []

@@ -14,7 +14,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar, TypeVarTuple
 
 import grpc
 
@@ -38,17 +38,22 @@ _ACK_ACTIONS = ", ".join(name for name, value in apb.AckAction.items() if value 
 _STARTS = ", ".join(apb.StartFrom.keys())
 
 Refusal = tuple[grpc.StatusCode, str]
+SubscribeContext = grpc.aio.ServicerContext[apb.SubscribeRequest, apb.SubscribeResponse]
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class Operations(Protocol):
     """What admins may do to a running service."""
 
-    def reload(self, path: str | None) -> tuple[bool, str, str]: ...
+    def reload(self, path: str | None) -> tuple[bool, str, str]:
+        """Load the model at `path` (None: the model directory again); (loaded, version, error)."""
 
-    def remediation_settings(self) -> apb.RemediationSettings: ...
+    def remediation_settings(self) -> apb.RemediationSettings:
+        """Whether remediation is paused, and the circuit breaker's limits."""
 
-    def set_remediation(self, request: apb.SetRemediationRequest, by: str) -> apb.RemediationSettings: ...
+    def set_remediation(self, request: apb.SetRemediationRequest, by: str) -> apb.RemediationSettings:
+        """Apply an admin's change (`by` names the admin); ValueError on bad values."""
 
 
 class AlertsServicer(apb_grpc.AlertsServicer):
@@ -133,7 +138,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         )
 
     async def Subscribe(  # noqa: N802 (gRPC method name)
-        self, request: apb.SubscribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: apb.SubscribeRequest, context: SubscribeContext
     ) -> AsyncIterator[apb.SubscribeResponse]:
         """The replay `resume_after`/`start` ask for, CaughtUp, then live events.
 
@@ -207,7 +212,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         cursor: int,
         nodes: list[str],
         principal: Principal | None,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: SubscribeContext,
     ) -> AsyncIterator[apb.Alert]:
         """The events of `nodes` after `cursor`, as they are appended. An idle stream makes no
         query; a long node list is matched here, not by SQLite (the few new events cost less to
@@ -228,9 +233,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 cursor = max(cursor, seen)  # nothing more for these nodes up to `seen`
             await loop.run_in_executor(None, self.store.alerts.wait_beyond, seen, _POLL_S)
 
-    async def _still_valid(
-        self, principal: Principal | None, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> None:
+    async def _still_valid(self, principal: Principal | None, context: SubscribeContext) -> None:
         """End the stream of a caller whose bearer token was revoked since it subscribed."""
         if principal is not None and self.policy is not None and not self.policy.still_valid(principal):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
@@ -349,23 +352,32 @@ class AdminServicer(apb_grpc.AdminServicer):
     def __init__(self, operations: Operations, executor: Executor) -> None:
         self.operations, self.executor = operations, executor
 
-    async def _run(self, work: Callable[..., T], *args: Any) -> T:
+    async def _run(self, work: Callable[[*Ts], T], *args: *Ts) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
 
     async def ReloadModel(  # noqa: N802
-        self, request: apb.ReloadModelRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: apb.ReloadModelRequest,
+        context: grpc.aio.ServicerContext[apb.ReloadModelRequest, apb.ReloadModelResponse],
     ) -> apb.ReloadModelResponse:
+        """Reload the model on an admin thread; a refused model is an answer, not an error."""
         loaded, version, error = await self._run(self.operations.reload, request.path or None)
         return apb.ReloadModelResponse(loaded=loaded, model_version=version, error=error)
 
     async def GetRemediation(  # noqa: N802
-        self, request: apb.GetRemediationRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: apb.GetRemediationRequest,
+        context: grpc.aio.ServicerContext[apb.GetRemediationRequest, apb.RemediationSettings],
     ) -> apb.RemediationSettings:
+        """The remediation settings in force."""
         return await self._run(self.operations.remediation_settings)
 
     async def SetRemediation(  # noqa: N802
-        self, request: apb.SetRemediationRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: apb.SetRemediationRequest,
+        context: grpc.aio.ServicerContext[apb.SetRemediationRequest, apb.RemediationSettings],
     ) -> apb.RemediationSettings:
+        """Pause or resume remediation, or resize the breaker; INVALID_ARGUMENT on bad values."""
         by = str(current())  # here: the executor's threads do not see the call's context
         try:
             return await self._run(self.operations.set_remediation, request, by)

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class Role(enum.Enum):
+    """What a caller is: a collector (one node), a trainer (one job) or an admin."""
+
     COLLECTOR = "collector"
     TRAINER = "trainer"
     ADMIN = "admin"
@@ -42,6 +44,8 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """An authenticated caller: its role, its name, and how it proved it."""
+
     role: Role
     name: str  # the node (collector), the job id (trainer), the operator (admin)
     via: str  # "certificate", "token" or "insecure"
@@ -83,6 +87,7 @@ def current() -> Principal:
 
 
 def digest(token: str) -> str:
+    """The SHA-256 (hex) of a bearer token: what the tokens file holds."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -98,6 +103,7 @@ class TokenBook:
 
     @staticmethod
     def parse(text: str, source: str) -> dict[str, Principal]:
+        """The tokens in a tokens file's `text`; ValueError naming `source` and the line at fault."""
         book: dict[str, Principal] = {}
         for number, raw in enumerate(text.splitlines(), 1):
             line = raw.split("#", 1)[0].strip()
@@ -122,15 +128,20 @@ class TokenBook:
         return len(book)
 
     def lookup(self, token: str) -> Principal | None:
+        """Who holds `token`, or None."""
         with self._lock:
             return self._by_digest.get(digest(token))
 
     def holds(self, principal: Principal) -> bool:
+        """Whether the principal's token is still in the file (not revoked)."""
         with self._lock:
             return principal.token_digest in self._by_digest
 
 
 class AuthError(Exception):
+    """A call refused: the gRPC status, the reason counted in faultcast_auth_denied_total, and the
+    message the caller sees."""
+
     def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
         super().__init__(message)
         self.code, self.reason = code, reason
@@ -157,6 +168,7 @@ class AccessPolicy:
     # -- who -------------------------------------------------------------------------------
 
     def identify(self, context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        """Who the caller is (certificate, then bearer token); AuthError when neither says."""
         if self.insecure:
             return INSECURE
         for key, value in context.invocation_metadata() or ():
@@ -186,19 +198,21 @@ class AccessPolicy:
         role_name, _, name = path.partition("/")
         if self.trust_domain is not None and domain != self.trust_domain:
             raise AuthError(
-                grpc.StatusCode.PERMISSION_DENIED, "foreign_domain",
+                grpc.StatusCode.PERMISSION_DENIED,
+                "foreign_domain",
                 f"{spiffe_id}: trust domain {domain!r} is not {self.trust_domain!r}",
-            )  # fmt: skip
+            )
         try:
             role = Role(role_name)
         except ValueError:
             role = None
         if role is None or not name or "/" in name:
             raise AuthError(
-                grpc.StatusCode.PERMISSION_DENIED, "bad_identity",
+                grpc.StatusCode.PERMISSION_DENIED,
+                "bad_identity",
                 f"{spiffe_id}: expected spiffe://DOMAIN/ROLE/NAME with ROLE one of "
                 f"{', '.join(r.value for r in Role)}",
-            )  # fmt: skip
+            )
         return Principal(role, name, "certificate")
 
     def still_valid(self, principal: Principal) -> bool:
@@ -236,9 +250,10 @@ class AccessPolicy:
             return
         if registering and not self.trainers_register:
             raise AuthError(
-                grpc.StatusCode.PERMISSION_DENIED, "registration",
+                grpc.StatusCode.PERMISSION_DENIED,
+                "registration",
                 "jobs are registered by admins here (--job-registration admin)",
-            )  # fmt: skip
+            )
         if principal.role is not Role.TRAINER or principal.name != job_id:
             raise AuthError(
                 grpc.StatusCode.PERMISSION_DENIED, "wrong_job", f"{principal} may not act for job {job_id!r}"
@@ -254,11 +269,13 @@ class AccessPolicy:
         outside = sorted(set(nodes) - set(registered))
         if outside:
             raise AuthError(
-                grpc.StatusCode.PERMISSION_DENIED, "wrong_node",
+                grpc.StatusCode.PERMISSION_DENIED,
+                "wrong_node",
                 f"{principal}: nodes {outside} are not registered to job {job_id!r}",
-            )  # fmt: skip
+            )
 
     def count(self, denied: AuthError, context_peer: str) -> None:
+        """Count a refusal, and log it (the first per peer and reason at WARNING)."""
         if self.metrics is not None:
             self.metrics.auth_denied.labels(denied.reason).inc()
         # The first refusal per peer and reason at WARNING; a flood of them does not flood the log.
@@ -298,6 +315,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler:
+        """The method's handler wrapped so that every call is admitted (or refused) first."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -329,6 +347,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return self.admit(context, call.method, unary=call.unary)
 
     def malformed(self) -> tuple[grpc.StatusCode, str]:
+        """Count a request that is not a valid message; the status that refuses it."""
         self.on_malformed()
         return (
             grpc.StatusCode.INVALID_ARGUMENT,

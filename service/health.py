@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -42,7 +42,9 @@ class _CappedHealthServicer(_async.HealthServicer):  # type: ignore[misc]  # grp
         self.watching = 0  # changed on the loop only; read from anywhere (an int is read whole)
 
     async def Watch(  # noqa: N802 (gRPC method name)
-        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: health_pb2.HealthCheckRequest,
+        context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse],
     ) -> None:
         if self.watching >= self.max_watches:
             self.on_throttle("health_watches")
@@ -123,7 +125,7 @@ class Health:
         for name, serving in statuses.items():
             await self._servicer.set(name, _SERVING if serving else _NOT_SERVING)
 
-    def _schedule(self, change: Any) -> Future[None]:
+    def _schedule(self, change: Coroutine[Any, Any, None]) -> Future[None]:
         with self._lock:
             loop = self._loop
         if loop is None or not loop.is_running():  # not serving yet (attach applies it) or any more

@@ -107,6 +107,8 @@ class KubernetesActuator:
         return cls(ApiClient(configuration), **options)
 
     def remediate(self, remediation: Remediation) -> Outcome:
+        """Cordon and taint the node (and evict the job's pods when `requeue`); never raises
+        for an API refusal, which is an Outcome that is not ok."""
         import urllib3
         from kubernetes.client.exceptions import ApiException
 

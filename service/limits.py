@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class CallerLimits:
+    """Per-caller rates and caps the service enforces; every value must be positive."""
+
     push_samples_per_s: float = 1000.0  # per stream: a collector at 1 Hz replays a day in ~90 s
     push_burst: int = 10_000
     streams_per_node: int = 4
@@ -36,9 +38,18 @@ class CallerLimits:
     health_watches: int = 1_024  # a few per client that watches; Check holds nothing open
 
     def __post_init__(self) -> None:
-        for name in ("push_samples_per_s", "push_burst", "streams_per_node", "max_backlog", "calls_per_s",
-                     "call_burst", "subscribers_per_caller", "job_nodes", "job_subscribers",
-                     "health_watches"):  # fmt: skip
+        for name in (
+            "push_samples_per_s",
+            "push_burst",
+            "streams_per_node",
+            "max_backlog",
+            "calls_per_s",
+            "call_burst",
+            "subscribers_per_caller",
+            "job_nodes",
+            "job_subscribers",
+            "health_watches",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -88,6 +99,7 @@ class CallLimiter:
         self._lock = threading.Lock()
 
     def allow(self, caller: str) -> bool:
+        """Take one call from the caller's bucket; False when it is empty."""
         with self._lock:
             bucket = self._buckets.get(caller)
             if bucket is None:
@@ -107,6 +119,7 @@ class OpenCount:
         self._lock = threading.Lock()
 
     def enter(self, key: str) -> bool:
+        """Count one more open stream of `key`; False (nothing counted) when at the cap."""
         with self._lock:
             if self._open.get(key, 0) >= self.cap:
                 return False
@@ -114,6 +127,7 @@ class OpenCount:
             return True
 
     def leave(self, key: str) -> None:
+        """Count one stream of `key` closed."""
         with self._lock:
             left = self._open.get(key, 0) - 1
             if left > 0:

@@ -78,7 +78,17 @@ class ServiceMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        # Registered in this order, which is the order /metrics lists them in.
+        self._add_risk_and_alerts(self.registry)
+        self._add_ingest_and_scoring(self.registry)
+        self._add_delivery_and_remediation(self.registry)
+        self._add_model(self.registry)
+        self._add_callers(self.registry)
+        self._add_service_health(self.registry)
+        self._start_labelled_series_at_zero()
+
+    def _add_risk_and_alerts(self, r: CollectorRegistry) -> None:
+        """Each GPU's risk and likely mode, the thresholds, silent nodes, alerts."""
         # Keyed by node and GPU only: a label that changes (the likely mode) would start a new series
         # and reset every `for:` timer of a rule on it. The mode is its own series, below.
         self.failure_risk = Gauge(
@@ -118,6 +128,9 @@ class ServiceMetrics:
             "faultcast_active_alerts", "Alerts open now, by failure mode.", ["mode"], registry=r
         )
         self.alerts = Counter("faultcast_alerts", "Alerts raised, by failure mode.", ["mode"], registry=r)
+
+    def _add_ingest_and_scoring(self, r: CollectorRegistry) -> None:
+        """Samples taken, refused and blanked; lag and clock skew; scoring latency."""
         self.samples = Counter(
             "faultcast_ingest_gpu_samples", "GPU samples accepted from collectors.", registry=r
         )
@@ -158,6 +171,9 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+
+    def _add_delivery_and_remediation(self, r: CollectorRegistry) -> None:
+        """Alert subscriptions, remediations, their retries and the circuit breaker."""
         self.subscribers = Gauge("faultcast_subscribers", "Open alert subscriptions.", registry=r)
         self.remediations = Counter(
             "faultcast_remediations",
@@ -182,12 +198,18 @@ class ServiceMetrics:
             "1 while the circuit breaker refuses to take more nodes out.",
             registry=r,
         )
+
+    def _add_model(self, r: CollectorRegistry) -> None:
+        """The model serving and its reloads."""
         self.model_info = Info(
             "faultcast_model", "The model serving now (version, training time, git revision).", registry=r
         )
         self.model_reloads = Counter(
             "faultcast_model_reloads", "Model reloads, by outcome (ok, rejected).", ["outcome"], registry=r
         )
+
+    def _add_callers(self, r: CollectorRegistry) -> None:
+        """Callers refused or held back."""
         self.auth_denied = Counter(
             "faultcast_auth_denied",
             "Calls refused by authentication or authorization, by reason (no_identity, unknown_token, "
@@ -203,6 +225,9 @@ class ServiceMetrics:
             ["what"],
             registry=r,
         )
+
+    def _add_service_health(self, r: CollectorRegistry) -> None:
+        """The scoring backlog, restarted threads, the state database."""
         self.backlog = Gauge(
             "faultcast_scoring_backlog", "Completed steps waiting for the scorer.", registry=r
         )
@@ -230,6 +255,8 @@ class ServiceMetrics:
             "Alert events kept in memory because the state database refused them, waiting to be written.",
             registry=r,
         )
+
+    def _start_labelled_series_at_zero(self) -> None:
         # Series per node or GPU (risk, lag, silence) and per actuator (remediations, made by the
         # remediator that knows its actuator) come with their first value; the rest start at 0.
         for values, metric in (

@@ -79,6 +79,9 @@ def _plural(count: int, word: str) -> str:
 
 
 class Remediator:
+    """Decides when an alert's node is taken out and has the actuator do it, once per alert,
+    behind the circuit breaker, retried with backoff, carried across restarts (the state store)."""
+
     def __init__(
         self,
         store: StateStore,
@@ -224,8 +227,9 @@ class Remediator:
             log.error(
                 "the state database failed remediation (%s): the work is kept and tried again every %.0f s; "
                 "no node is taken out before its claim is on disk",
-                exc, self.store_retry_s,
-            )  # fmt: skip
+                exc,
+                self.store_retry_s,
+            )
 
     def _retry_store_later(self) -> None:
         """Try refused writes again after store_retry_s (the lock held)."""
@@ -313,9 +317,15 @@ class Remediator:
         if other is not None:
             return False, f"{alert.node} is already being taken out for alert {other}: not drained twice"
         remediation = Remediation(
-            alert_id=alert.opened_id, node=alert.node, gpu=alert.gpu, mode=PB_TO_MODE.get(alert.mode, "unknown"),
-            risk=alert.risk, job_id=job, requeue=True, checkpoint_uri=checkpoint_uri,
-        )  # fmt: skip
+            alert_id=alert.opened_id,
+            node=alert.node,
+            gpu=alert.gpu,
+            mode=PB_TO_MODE.get(alert.mode, "unknown"),
+            risk=alert.risk,
+            job_id=job,
+            requeue=True,
+            checkpoint_uri=checkpoint_uri,
+        )
         with self._cv:
             self._work.append(_Task(remediation, grace=grace))
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
@@ -367,14 +377,17 @@ class Remediator:
             if p.attempts >= self.retry.max_attempts:
                 last = p.detail or "no outcome stored"
                 self._finish(
-                    remediation, "failed",
+                    remediation,
+                    "failed",
                     f"{last}; gave up after {_plural(p.attempts, 'attempt')} (the last cut off by a restart)",
-                )  # fmt: skip
+                )
                 continue
             log.warning(
                 "alert %d: remediation of %s left unfinished by an earlier run (%s begun); carrying on",
-                p.alert_id, p.node, _plural(p.attempts, "attempt"),
-            )  # fmt: skip
+                p.alert_id,
+                p.node,
+                _plural(p.attempts, "attempt"),
+            )
             tasks.append(_Task(remediation, claimed=True))
         with self._cv:
             self._work.extend(tasks)
@@ -587,8 +600,13 @@ class Remediator:
                 self._cv.notify_all()
             log.warning(
                 "remediation of alert %d on %s: attempt %d of %d failed (%s); retrying in %.1f s",
-                r.alert_id, r.node, attempts, self.retry.max_attempts, detail, delay_s,
-            )  # fmt: skip
+                r.alert_id,
+                r.node,
+                attempts,
+                self.retry.max_attempts,
+                detail,
+                delay_s,
+            )
 
     def _finish(self, r: Remediation, outcome: str, detail: str) -> None:
         if self._store_outcome(r, outcome, detail):
@@ -597,8 +615,11 @@ class Remediator:
         log.warning(
             "remediation of alert %d on %s: %s (%s); the outcome is written once the state database "
             "takes writes (the remediation stays pending there meanwhile)",
-            r.alert_id, r.node, outcome, detail,
-        )  # fmt: skip
+            r.alert_id,
+            r.node,
+            outcome,
+            detail,
+        )
 
     def _store_outcome(self, r: Remediation, outcome: str, detail: str) -> bool:
         """Write the outcome; False when the store refused it (kept, to be written later)."""
@@ -630,6 +651,7 @@ class Remediator:
     # -- the worker -------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Resume what a previous run left unfinished, then start the worker thread."""
         try:
             self.resume()
         except sqlite3.OperationalError as exc:  # the worker tries again
@@ -647,6 +669,7 @@ class Remediator:
             self.run_once(wait_s=1.0)
 
     def stop(self) -> None:
+        """Stop the worker thread (what is pending stays in the store for the next start)."""
         self._stopped.set()
         with self._cv:
             self._cv.notify_all()

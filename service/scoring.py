@@ -70,6 +70,9 @@ def _empty_steps(model: FaultModel) -> int:
 
 
 class Scorer:
+    """Turns node samples into scored grid steps: per-node streaming features, and all completed
+    steps scored in one LightGBM call. `add` from any thread; `score_pending` from the scoring thread."""
+
     def __init__(self, model: FaultModel, *, lateness_steps: int = 1, max_nodes: int = 100_000) -> None:
         self.model = model
         self.lateness_steps = lateness_steps
@@ -83,6 +86,7 @@ class Scorer:
         return len(self._queue)
 
     def nodes(self) -> list[str]:
+        """The nodes with feature state, in the order they were first seen."""
         with self._lock:
             return list(self._nodes)
 
@@ -115,9 +119,11 @@ class Scorer:
                     "node %r: no sample for %d model steps of its event time (an outage, or its clock "
                     "jumped: this sample is stamped %d s); past the first %d, they were skipped unscored, "
                     "its features as if stepped through: its windows start empty. Logged once per node",
-                    snapshot.node, skipped + node.online.empty_steps, snapshot.time_unix_nano // 1_000_000_000,
+                    snapshot.node,
+                    skipped + node.online.empty_steps,
+                    snapshot.time_unix_nano // 1_000_000_000,
                     node.online.empty_steps,
-                )  # fmt: skip
+                )
             uuids = tuple(node.uuids)
             for s in steps:
                 g = self.model.feature_config.gpus_per_node

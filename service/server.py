@@ -1,7 +1,9 @@
 """The prediction service: ingest, scoring, alerts, remediation and the RPCs, wired together.
 
-`Service` owns the parts and the scoring thread; `start(address)` binds one gRPC server with the
-telemetry, alerts, admin, health and reflection services. Nothing here reads the wall clock but
+`Service(model, store, config)` builds the parts in memory from a loaded model, an open state store
+and a `ServiceConfig` (`Service.open(model_dir, state_dir, config)` loads and opens them);
+`start(address)` starts the scoring, cursor and remediation threads and binds one gRPC server with
+the telemetry, alerts, admin, health and reflection services. Nothing here reads the wall clock but
 the edges: arrival times (ingest lag, latency) and grace timers.
 """
 
@@ -53,7 +55,7 @@ _CURSOR_SAVE_S = 1.0
 _ADMIN_THREADS = 4  # admins' calls only: a pause must not queue behind anyone else's work
 _LOOP_WAIT_S = 10.0  # for the event loop to finish what it was handed (then the caller goes on)
 _SILENCE_CHECK_S = 1.0  # how often the scoring thread looks for nodes gone silent
-DEFAULT_CONFIG = ServiceConfig()
+DEFAULT_CONFIG = ServiceConfig()  # today's defaults, for callers that change none
 
 
 class Service:
@@ -166,8 +168,9 @@ class Service:
             log.error(
                 "the state database %s refuses writes (%s): health is NOT_SERVING; what could not be "
                 "written is held and retried",
-                self.store.path, why,
-            )  # fmt: skip
+                self.store.path,
+                why,
+            )
 
     def _restarted(self, thread: str) -> None:
         self.metrics.thread_restarts.labels(thread).inc()
@@ -179,14 +182,16 @@ class Service:
             log.error(
                 "model %s has alert threshold %.6g: it never raises an alert (training found no threshold "
                 "within the false-alarm budget); give it one with `faultcast goodput --apply` or retrain",
-                model_version(model), model.threshold,
-            )  # fmt: skip
+                model_version(model),
+                model.threshold,
+            )
 
     def _malformed(self) -> None:
         self.metrics.rejects.labels("malformed_message").inc()
 
     @property
     def model(self) -> FaultModel:
+        """The model serving now (changes on reload)."""
         return self.scorer.model
 
     def _describe(self, model: FaultModel) -> None:
@@ -286,18 +291,26 @@ class Service:
             self.model_dir = target
             self._describe(model)
             self.metrics.model_reloads.labels("ok").inc()
-            log.info("serving model %s from %s (feature state %s)", model_version(model), target,
-                     "kept" if carried else "restarted")  # fmt: skip
+            log.info(
+                "serving model %s from %s (feature state %s)",
+                model_version(model),
+                target,
+                "kept" if carried else "restarted",
+            )
             return True, model_version(model), ""
 
     # -- remediation settings (Admin/GetRemediation, SetRemediation) ---------------------------
 
     def remediation_settings(self) -> apb.RemediationSettings:
+        """Whether remediation is paused (and by whom it was last changed), and the
+        circuit breaker's limits."""
         breaker = self.remediator.breaker
         return apb.RemediationSettings(
-            paused=self.remediator.paused_by is not None, max_drains=breaker.max_nodes,
-            drain_window_seconds=breaker.window_s, changed_by=self._settings_changed_by,
-        )  # fmt: skip
+            paused=self.remediator.paused_by is not None,
+            max_drains=breaker.max_nodes,
+            drain_window_seconds=breaker.window_s,
+            changed_by=self._settings_changed_by,
+        )
 
     def set_remediation(self, request: apb.SetRemediationRequest, by: str) -> apb.RemediationSettings:
         """Pause or resume remediation (kept across restarts) and resize the circuit breaker
@@ -319,8 +332,11 @@ class Service:
         self._settings_changed_by = by
         log.warning(
             "remediation settings changed by %s: paused %s, at most %d nodes per %.0f s",
-            by, self.remediator.paused_by is not None, breaker.max_nodes, breaker.window_s,
-        )  # fmt: skip
+            by,
+            self.remediator.paused_by is not None,
+            breaker.max_nodes,
+            breaker.window_s,
+        )
         return self.remediation_settings()
 
     def _save_pause(self) -> None:
@@ -385,14 +401,23 @@ class Service:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         telemetry = AsyncTelemetryServicer(
-            self.telemetry, self.policy, limits=self.caller_limits, backlog=self.scorer.backlog,
+            self.telemetry,
+            self.policy,
+            limits=self.caller_limits,
+            backlog=self.scorer.backlog,
             on_throttle=self._throttled,
-        )  # fmt: skip
+        )
         tpb_grpc.add_TelemetryServicer_to_server(telemetry, server)
         alerts = AlertsServicer(
-            self.store, self.remediator, self.stopping, self.metrics.subscribers.inc, self.policy,
-            serving_model=lambda: self.model, limits=self.caller_limits, on_throttle=self._throttled,
-        )  # fmt: skip
+            self.store,
+            self.remediator,
+            self.stopping,
+            self.metrics.subscribers.inc,
+            self.policy,
+            serving_model=lambda: self.model,
+            limits=self.caller_limits,
+            on_throttle=self._throttled,
+        )
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
         apb_grpc.add_AdminServicer_to_server(AdminServicer(self, self._admin_pool), server)
         self.health.attach(server, asyncio.get_running_loop())
@@ -450,5 +475,6 @@ class Service:
         self.store.close()
 
     def wait(self) -> None:
+        """Block until the gRPC server has stopped."""
         if self._server is not None and self._aio_loop is not None:
             asyncio.run_coroutine_threadsafe(self._server.wait_for_termination(), self._aio_loop).result()

@@ -52,6 +52,8 @@ class SlurmActuator:
         self.scontrol, self.env, self.timeout_s = scontrol, dict(env or {}), timeout_s
 
     def remediate(self, remediation: Remediation) -> Outcome:
+        """Drain the node with scontrol (and requeue the job when `requeue`); a refusal is an
+        Outcome that is not ok."""
         node, job_id = remediation.node, remediation.job_id
         if not _NODE_NAME.fullmatch(node):
             return Outcome(False, f"slurm: {node!r} is not a single Slurm node name, drained nothing")

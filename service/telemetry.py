@@ -16,7 +16,6 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
-from typing import Any
 
 import grpc
 
@@ -38,6 +37,9 @@ Sink = Callable[[NodeSnapshot], None]
 
 
 class TelemetryServicer(pb_grpc.TelemetryServicer):
+    """The Push stream's logic, synchronous: validates samples, drops replays by (node, spool
+    id, sequence) cursor, hands the rest to `sink`, and acknowledges by sequence."""
+
     def __init__(
         self,
         sink: Sink,
@@ -69,6 +71,7 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
     def Push(  # noqa: N802 (gRPC method name)
         self, request_iterator: Iterator[pb.PushRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.PushAck]:
+        """Take one collector's stream of samples; acknowledge each accepted or replayed sequence."""
         first = next(request_iterator, None)
         if first is None:
             return
@@ -136,8 +139,10 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                     self.metrics.throttled.labels("spool_ids").inc()
                 log.warning(
                     "node %s opened streams with more than %d spool ids; forgot the cursor of its oldest (%d)",
-                    node, SPOOLS_PER_NODE, oldest,
-                )  # fmt: skip
+                    node,
+                    SPOOLS_PER_NODE,
+                    oldest,
+                )
 
     def take(self, key: tuple[str, int], request: pb.PushRequest) -> pb.PushAck:
         """One message of an open stream: the sample taken (or refused, or a duplicate) and acked."""
@@ -210,14 +215,21 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         """One line per failed sample; the traceback with the first failure of each kind (a sample
         that fails will often fail again on every Push: the log keeps one traceback of it)."""
         if type(exc) in self._failures_traced:
-            log.error("rejected sample %d from %r: the sink failed on it (%r); the stream goes on",
-                      sequence, node, exc)  # fmt: skip
+            log.error(
+                "rejected sample %d from %r: the sink failed on it (%r); the stream goes on",
+                sequence,
+                node,
+                exc,
+            )
             return
         self._failures_traced.add(type(exc))
         log.exception(
             "rejected sample %d from %r: the sink failed on it (%r); the stream goes on (later failures "
-            "of this kind are logged without the traceback)", sequence, node, exc,
-        )  # fmt: skip
+            "of this kind are logged without the traceback)",
+            sequence,
+            node,
+            exc,
+        )
 
     def _take(self, snapshot: NodeSnapshot) -> None:
         now = self.clock()
@@ -290,8 +302,12 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
         self.streams = OpenCount(self.limits.streams_per_node)
 
     async def Push(  # noqa: N802 (the aio form of the same method)
-        self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request_iterator: AsyncIterator[pb.PushRequest],
+        context: grpc.aio.ServicerContext[pb.PushRequest, pb.PushAck],
     ) -> AsyncIterator[pb.PushAck]:
+        """The same stream on the event loop, authenticated, paced and held back while the
+        scorer's backlog is full."""
         key: tuple[str, int] | None = None
         bucket = TokenBucket(self.limits.push_samples_per_s, self.limits.push_burst)
         counted = ""  # the node whose open-stream count this stream holds
@@ -330,7 +346,9 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
                 self.streams.leave(counted)
 
     async def GetSchema(  # noqa: N802 (the aio form of the same method)
-        self, request: pb.GetSchemaRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: pb.GetSchemaRequest,
+        context: grpc.aio.ServicerContext[pb.GetSchemaRequest, pb.MetricSchema],
     ) -> pb.MetricSchema:
         """Every scope's metrics in wire order, described."""
         return wire.described_schema()

@@ -30,6 +30,9 @@ MAX_NODE_NAME = 253  # a DNS name
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Which samples are taken: GPUs per node, clock skew, age, node names (the fleet's
+    inventory when given)."""
+
     gpus_per_node: int = 8
     # Event time may run ahead of the service's clock by this much (clock skew); 0 turns the check
     # off (the fleet twin at accelerated time runs far ahead on purpose).

@@ -31,11 +31,29 @@ class ServeProcess:
         self.metrics_port = free_port()
         self.log = log.open("ab")
         self.process = subprocess.Popen(
-            [FAULTCAST, "serve", "--model", str(model), "--state-dir", str(state), "--listen", listen,
-             "--port-file", str(self.port_file), "--prometheus-port", str(self.metrics_port),
-             "--max-clock-skew", "0", "--max-sample-age", "0", "--insecure", *flags],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                FAULTCAST,
+                "serve",
+                "--model",
+                str(model),
+                "--state-dir",
+                str(state),
+                "--listen",
+                listen,
+                "--port-file",
+                str(self.port_file),
+                "--prometheus-port",
+                str(self.metrics_port),
+                "--max-clock-skew",
+                "0",
+                "--max-sample-age",
+                "0",
+                "--insecure",
+                *flags,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.until(lambda: self.port_file.is_file() and self.port_file.read_text().strip() != "")
         self.port = int(self.port_file.read_text())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")

@@ -62,25 +62,39 @@ def _node() -> str:
 
 def _opened(node: str, gpu: int = 0, padding: int = 0) -> apb.Alert:
     return apb.Alert(
-        node=node, gpu=gpu, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED, risk=0.5,
+        node=node,
+        gpu=gpu,
+        state=apb.ALERT_STATE_OPEN,
+        kind=apb.EVENT_KIND_OPENED,
+        risk=0.5,
         action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
         # Some weight per event, so that a long replay cannot sit in one flow-control window.
         top_features=[apb.FeatureContribution(feature="x" * padding)] if padding else [],
-    )  # fmt: skip
+    )
 
 
 def _updated(of: apb.Alert) -> apb.Alert:
     return apb.Alert(
-        node=of.node, gpu=of.gpu, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_UPDATED,
-        opened_id=of.opened_id, risk=0.8, action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
-    )  # fmt: skip
+        node=of.node,
+        gpu=of.gpu,
+        state=apb.ALERT_STATE_OPEN,
+        kind=apb.EVENT_KIND_UPDATED,
+        opened_id=of.opened_id,
+        risk=0.8,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+    )
 
 
 def _cleared(of: apb.Alert) -> apb.Alert:
     return apb.Alert(
-        node=of.node, gpu=of.gpu, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
-        opened_id=of.opened_id, clear_reason=apb.CLEAR_REASON_RISK_FELL, cleared_reason="risk fell",
-    )  # fmt: skip
+        node=of.node,
+        gpu=of.gpu,
+        state=apb.ALERT_STATE_CLEARED,
+        kind=apb.EVENT_KIND_CLEARED,
+        opened_id=of.opened_id,
+        clear_reason=apb.CLEAR_REASON_RISK_FELL,
+        cleared_reason="risk fell",
+    )
 
 
 class Stream:

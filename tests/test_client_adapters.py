@@ -193,9 +193,15 @@ def fit_steps(
     x, y = pairs()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, loader, ckpt_path=ckpt)
     assert trainer.global_step == steps
 
@@ -249,9 +255,16 @@ def test_the_hugging_face_callback_saves_on_an_alert_and_the_trainer_resumes_fro
 
     def trainer(steps: int, callbacks: list[Any]) -> Trainer:
         args = TrainingArguments(
-            output_dir=str(out), max_steps=steps, per_device_train_batch_size=16, save_strategy="no",
-            logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
-        )  # fmt: skip
+            output_dir=str(out),
+            max_steps=steps,
+            per_device_train_batch_size=16,
+            save_strategy="no",
+            logging_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+        )
         return Trainer(model=Pairs.model(), args=args, train_dataset=Pairs(), callbacks=callbacks)
 
     callback = FaultcastTrainerCallback(

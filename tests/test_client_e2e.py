@@ -54,10 +54,23 @@ def cluster() -> Iterator[SlurmCluster]:
 
 def _torchrun(out: Path, snapshots: Path, *options: str) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(JOB),
-        "--out", str(out), "--snapshots", str(snapshots), "--steps", str(STEPS),
-        "--agree-every", str(AGREE_EVERY), *options,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(JOB),
+        "--out",
+        str(out),
+        "--snapshots",
+        str(snapshots),
+        "--steps",
+        str(STEPS),
+        "--agree-every",
+        str(AGREE_EVERY),
+        *options,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +158,14 @@ def _submit(cluster: SlurmCluster, tmp_path: Path, *options: str) -> Job:
     out.mkdir()
     command = shlex.join(_torchrun(out, snapshots, *options))
     job_id = cluster.sbatch(
-        "--requeue", "--nodes=1", "--ntasks=1", "--open-mode=append", "--job-name=fc-e2e",
-        "--wrap", f"exec {command}",
-    )  # fmt: skip
+        "--requeue",
+        "--nodes=1",
+        "--ntasks=1",
+        "--open-mode=append",
+        "--job-name=fc-e2e",
+        "--wrap",
+        f"exec {command}",
+    )
     return Job(cluster, job_id, out, snapshots)
 
 

@@ -39,9 +39,14 @@ from tests.pki import Authority
 
 FLEET = FleetConfig(nodes=3, days=1.0, seed=11, acceleration=1.0)
 LIMITS = CallerLimits(
-    push_samples_per_s=40.0, push_burst=20, streams_per_node=2, max_backlog=10_000,
-    calls_per_s=2.0, call_burst=10, subscribers_per_caller=2,
-)  # fmt: skip
+    push_samples_per_s=40.0,
+    push_burst=20,
+    streams_per_node=2,
+    max_backlog=10_000,
+    calls_per_s=2.0,
+    call_burst=10,
+    subscribers_per_caller=2,
+)
 TOKENS = {
     "node-r": "rogue-collector",
     "node-g": "good-collector",

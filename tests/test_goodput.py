@@ -258,7 +258,9 @@ def test_a_threshold_file_beside_the_model_is_served_and_one_for_another_model_i
     write_threshold(model_dir, 0.4321, model_digest(trained), {"gpus": 16_384})
     served = load(model_dir)
     assert served.threshold == 0.4321
-    assert served.manifest["threshold_file"]["trained_threshold"] == trained.threshold
+    assert served.card.threshold == trained.threshold  # the manifest keeps the trained one
+    assert served.threshold_choice is not None
+    assert served.threshold_choice.basis == {"gpus": 16_384}
     write_threshold(model_dir, 0.4321, "0" * 64, {})
     with pytest.raises(ModelError, match="was chosen for model 000000000000"):
         load(model_dir)

@@ -166,9 +166,16 @@ def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
     try:
         assert guard.wait_caught_up(WAIT_S)
         (alert,) = first.store.alerts.append(
-            [apb.Alert(node=NAME, gpu=1, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED,
-                       action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)]
-        )  # fmt: skip
+            [
+                apb.Alert(
+                    node=NAME,
+                    gpu=1,
+                    state=apb.ALERT_STATE_OPEN,
+                    kind=apb.EVENT_KIND_OPENED,
+                    action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+                )
+            ]
+        )
         update = apb.Alert()
         update.CopyFrom(alert)
         update.id, update.kind = 0, apb.EVENT_KIND_UPDATED
@@ -186,9 +193,16 @@ def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
         assert guard.wait_connected(WAIT_S), guard.last_error
         assert guard.wait_caught_up(WAIT_S)
         (fresh,) = second.store.alerts.append(
-            [apb.Alert(node=NAME, gpu=5, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED,
-                       action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)]
-        )  # fmt: skip
+            [
+                apb.Alert(
+                    node=NAME,
+                    gpu=5,
+                    state=apb.ALERT_STATE_OPEN,
+                    kind=apb.EVENT_KIND_OPENED,
+                    action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+                )
+            ]
+        )
         assert fresh.id > alert.id
         pending = guard.wait_for_alert(WAIT_S)
         assert pending is not None

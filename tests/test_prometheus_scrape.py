@@ -31,10 +31,25 @@ NODE = "prom-test-node"
 @pytest.fixture
 def collector_port() -> Iterator[int]:
     proc = subprocess.Popen(
-        [FAULTCAST, "collect", "--source", "simulated", "--node", NODE, "--prometheus-address", "127.0.0.1",
-         "--prometheus-port", "0", "--interval", "1s", "--duration", "300s"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            FAULTCAST,
+            "collect",
+            "--source",
+            "simulated",
+            "--node",
+            NODE,
+            "--prometheus-address",
+            "127.0.0.1",
+            "--prometheus-port",
+            "0",
+            "--interval",
+            "1s",
+            "--duration",
+            "300s",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -56,10 +71,15 @@ def prometheus_port(tmp_path: Path, collector_port: int) -> Iterator[int]:
     )
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
-    )  # fmt: skip
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
+    )
     try:
         yield port
     finally:
@@ -81,8 +101,13 @@ def test_prometheus_scrapes_the_collector(prometheus_port: int) -> None:
 
     gpu_names = until(lambda: _names(prometheus_port, f'{{Hostname="{NODE}", gpu!=""}}'), "GPU series")
     assert len(gpu_names) >= 25, sorted(gpu_names)
-    assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-            "faultcast_nvlink_crc_flit_errors_worst_link", "faultcast_gpu_lost"} <= gpu_names  # fmt: skip
+    assert {
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "faultcast_nvlink_crc_flit_errors_worst_link",
+        "faultcast_gpu_lost",
+    } <= gpu_names
 
     network = _names(prometheus_port, f'{{Hostname="{NODE}", __name__=~"faultcast_(net|ib|peer|tcp)_.+"}}')
     assert len(network) >= 8, sorted(network)
@@ -112,12 +137,35 @@ class Fleet:
 def _spawn_collector(service_port: int, spool: Path) -> tuple[subprocess.Popen[str], int]:
     """A simulated node that pushes to the service and serves its own /metrics (dcgm-exporter names)."""
     proc = subprocess.Popen(
-        [FAULTCAST, "collect", "--source", "simulated", "--node", SCORED_NODE, "--prometheus-address",
-         "127.0.0.1", "--prometheus-port", "0", "--interval", "1s", "--speed", "60",
-         "--sim-start", str(int(time.time()) - BACKFILL_S), "--service", f"127.0.0.1:{service_port}",
-         "--insecure", "--spool", str(spool), "--duration", "300s"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [
+            FAULTCAST,
+            "collect",
+            "--source",
+            "simulated",
+            "--node",
+            SCORED_NODE,
+            "--prometheus-address",
+            "127.0.0.1",
+            "--prometheus-port",
+            "0",
+            "--interval",
+            "1s",
+            "--speed",
+            "60",
+            "--sim-start",
+            str(int(time.time()) - BACKFILL_S),
+            "--service",
+            f"127.0.0.1:{service_port}",
+            "--insecure",
+            "--spool",
+            str(spool),
+            "--duration",
+            "300s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "serving /metrics" not in line:
@@ -159,10 +207,15 @@ def healthy_fleet(
         config_file.write_text(json.dumps(config))  # YAML is a superset of JSON
         port = free_port()
         prometheus = subprocess.Popen(
-            [binary, f"--config.file={config_file}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
-        )  # fmt: skip
+            [
+                binary,
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "prometheus.log").open("w"),
+        )
         stack.callback(prometheus.wait, 30)
         stack.callback(prometheus.terminate)
         yield Fleet(port, SCORED_NODE)

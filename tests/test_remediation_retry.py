@@ -67,9 +67,13 @@ class _Dying:
 
 def _migrate_alert(store: StateStore, node: str) -> apb.Alert:
     alert = apb.Alert(
-        node=node, gpu=2, mode=apb.FAILURE_MODE_NVLINK, risk=0.8,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
-    )  # fmt: skip
+        node=node,
+        gpu=2,
+        mode=apb.FAILURE_MODE_NVLINK,
+        risk=0.8,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+        state=apb.ALERT_STATE_OPEN,
+    )
     return store.alerts.append([alert])[0]
 
 
@@ -269,8 +273,10 @@ _KILLED_IN_THE_ACTUATOR = textwrap.dedent(
 def test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start(tmp_path: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", _KILLED_IN_THE_ACTUATOR, str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None
         ready, _, _ = select.select([child.stdout], [], [], 120)

@@ -339,15 +339,33 @@ def test_serve_refuses_to_start_without_tls_or_an_explicit_insecure(
 ) -> None:
     done = subprocess.run(
         [FAULTCAST, "serve", "--model", str(service_model), "--state-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert "--insecure" in done.stderr
     mixed = subprocess.run(
-        [FAULTCAST, "collect", "--source", "simulated", "--service", "localhost:1", "--insecure",
-         "--token-file", str(tmp_path / "t"), "--duration", "1s", "--no-prometheus"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            FAULTCAST,
+            "collect",
+            "--source",
+            "simulated",
+            "--service",
+            "localhost:1",
+            "--insecure",
+            "--token-file",
+            str(tmp_path / "t"),
+            "--duration",
+            "1s",
+            "--no-prometheus",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert mixed.returncode == 2
     assert "contradicts" in mixed.stderr
 
@@ -360,28 +378,74 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
     tokens = tmp_path / "tokens"
     made = subprocess.run(
         [FAULTCAST, "token", "--role", "collector", "--name", "node-t", "--tokens-file", str(tokens)],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     token_file = tmp_path / "node-t.token"
     token_file.write_text(made.stdout)
     assert made.stdout.strip() not in tokens.read_text()  # the file keeps the digest only
     port, metrics_port = free_port(), free_port()
     log = (tmp_path / "serve.log").open("wb")
     serve = subprocess.Popen(
-        [FAULTCAST, "serve", "--model", str(service_model), "--state-dir", str(tmp_path / "state"),
-         "--listen", f"127.0.0.1:{port}", "--prometheus-port", str(metrics_port),
-         "--max-clock-skew", "0", "--max-sample-age", "0", "--port-file", str(tmp_path / "port"),
-         "--tls-cert", str(server.cert), "--tls-key", str(server.key),
-         "--tokens-file", str(tokens)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            FAULTCAST,
+            "serve",
+            "--model",
+            str(service_model),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--prometheus-port",
+            str(metrics_port),
+            "--max-clock-skew",
+            "0",
+            "--max-sample-age",
+            "0",
+            "--port-file",
+            str(tmp_path / "port"),
+            "--tls-cert",
+            str(server.cert),
+            "--tls-key",
+            str(server.key),
+            "--tokens-file",
+            str(tokens),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         collect = subprocess.run(
-            [FAULTCAST, "collect", "--source", "simulated", "--gpus", "2", "--node", "node-t",
-             "--no-prometheus", "--interval", "100ms", "--duration", "3s", "--spool", str(tmp_path / "spool"),
-             "--service", f"localhost:{port}", "--tls-ca", str(pki.ca.cert), "--token-file", str(token_file)],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [
+                FAULTCAST,
+                "collect",
+                "--source",
+                "simulated",
+                "--gpus",
+                "2",
+                "--node",
+                "node-t",
+                "--no-prometheus",
+                "--interval",
+                "100ms",
+                "--duration",
+                "3s",
+                "--spool",
+                str(tmp_path / "spool"),
+                "--service",
+                f"localhost:{port}",
+                "--tls-ca",
+                str(pki.ca.cert),
+                "--token-file",
+                str(token_file),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert collect.returncode == 0, collect.stderr
     finally:
         serve.terminate()  # a clean stop saves the ingest cursors

@@ -55,9 +55,17 @@ def _scored(
     features = np.zeros((g, len(model.feature_names)))
     shown = np.ones(g, dtype=bool) if present is None else np.asarray(present, dtype=bool)
     return ScoredStep(
-        node, step, step * 60.0, 0.0, shown, features, tuple(f"{node}-GPU-{i}" for i in range(g)),
-        np.where(shown, np.asarray(risk, dtype=float), np.nan), list(modes), np.full(g, ttf_s),
-    )  # fmt: skip
+        node,
+        step,
+        step * 60.0,
+        0.0,
+        shown,
+        features,
+        tuple(f"{node}-GPU-{i}" for i in range(g)),
+        np.where(shown, np.asarray(risk, dtype=float), np.nan),
+        list(modes),
+        np.full(g, ttf_s),
+    )
 
 
 def _step(
@@ -81,9 +89,14 @@ def test_the_service_raises_and_clears_exactly_the_incidents_the_offline_evaluat
     present[150:160, g : 2 * g] = False  # a whole node dark for a while
     modes = np.asarray(MODES, dtype=object)[rng.integers(0, len(MODES), (steps, nodes * g))]
     period = ScoredPeriod(
-        times_s=np.arange(steps) * 60.0, nodes=tuple(range(nodes)), gpus_per_node=g, present=present,
-        scores={"model": np.where(present, risk, np.nan)}, labels=np.zeros_like(present), modes=modes,
-    )  # fmt: skip
+        times_s=np.arange(steps) * 60.0,
+        nodes=tuple(range(nodes)),
+        gpus_per_node=g,
+        present=present,
+        scores={"model": np.where(present, risk, np.nan)},
+        labels=np.zeros_like(present),
+        modes=modes,
+    )
     offline = incidents(period, "model", [0.7], served.policy, NODE_LEVEL_MODES)[0]
 
     store = StateStore.in_dir(tmp_path)
@@ -305,8 +318,10 @@ def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted_across_a_rest
     book.observe([_step(model, "calm", 207, quiet, "hbm_wear")])  # 5 minutes after "sick" was last heard
     (cleared,) = book.check_silence()
     assert (cleared.kind, cleared.opened_id, cleared.clear_reason) == (
-        apb.EVENT_KIND_CLEARED, alert.id, apb.CLEAR_REASON_NODE_SILENT
-    )  # fmt: skip
+        apb.EVENT_KIND_CLEARED,
+        alert.id,
+        apb.CLEAR_REASON_NODE_SILENT,
+    )
     assert "may be the predicted failure" in cleared.cleared_reason
     assert book.active() == []
     assert book.silent_nodes() == {"sick": True}
@@ -379,24 +394,48 @@ def test_a_restart_restores_overlapping_alerts_without_orphans(model: FaultModel
     g = model.feature_config.gpus_per_node
     # A node-level alert and a GPU alert on the same node, as a previous run left them (the node-level
     # one's GPU list stale: it names GPU 1, which the GPU alert holds).
-    node_alert, gpu_alert, duplicate = store.alerts.append([
-        apb.Alert(node="n9", gpu=-1, mode=apb.FAILURE_MODE_NETWORK, state=apb.ALERT_STATE_OPEN,
-                  kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[0, 1]),
-        apb.Alert(node="n9", gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, state=apb.ALERT_STATE_OPEN,
-                  kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[1]),
-        # A second alert on GPU 1 (a state an earlier bug could leave): it has no GPU of its own left.
-        apb.Alert(node="n9", gpu=1, mode=apb.FAILURE_MODE_POWER, state=apb.ALERT_STATE_OPEN,
-                  kind=apb.EVENT_KIND_OPENED, time_unix_nano=600 * 60 * 10**9, gpus=[1]),
-    ])  # fmt: skip
+    node_alert, gpu_alert, duplicate = store.alerts.append(
+        [
+            apb.Alert(
+                node="n9",
+                gpu=-1,
+                mode=apb.FAILURE_MODE_NETWORK,
+                state=apb.ALERT_STATE_OPEN,
+                kind=apb.EVENT_KIND_OPENED,
+                time_unix_nano=600 * 60 * 10**9,
+                gpus=[0, 1],
+            ),
+            apb.Alert(
+                node="n9",
+                gpu=1,
+                mode=apb.FAILURE_MODE_HBM_WEAR,
+                state=apb.ALERT_STATE_OPEN,
+                kind=apb.EVENT_KIND_OPENED,
+                time_unix_nano=600 * 60 * 10**9,
+                gpus=[1],
+            ),
+            # A second alert on GPU 1 (a state an earlier bug could leave): it has no GPU of its own left.
+            apb.Alert(
+                node="n9",
+                gpu=1,
+                mode=apb.FAILURE_MODE_POWER,
+                state=apb.ALERT_STATE_OPEN,
+                kind=apb.EVENT_KIND_OPENED,
+                time_unix_nano=600 * 60 * 10**9,
+                gpus=[1],
+            ),
+        ]
+    )
     metrics = ServiceMetrics()
     book = AlertBook(model, store, metrics)
     events: list[apb.Alert] = []
     for t in range(model.policy.clear_steps + 1):
         events += book.observe([_step(model, "n9", 601 + t, [0.0] * g, "hbm_wear")])
     assert sorted((e.opened_id, e.clear_reason) for e in events) == [
-        (node_alert.id, apb.CLEAR_REASON_RISK_FELL), (gpu_alert.id, apb.CLEAR_REASON_RISK_FELL),
+        (node_alert.id, apb.CLEAR_REASON_RISK_FELL),
+        (gpu_alert.id, apb.CLEAR_REASON_RISK_FELL),
         (duplicate.id, apb.CLEAR_REASON_SUPERSEDED),
-    ]  # fmt: skip
+    ]
     assert book.active() == []
     assert store.alerts.open_now() == []
     (active,) = [m for m in metrics.registry.collect() if m.name == "faultcast_active_alerts"]

@@ -50,8 +50,11 @@ class Clock:
 def test_a_twin_ahead_of_real_time_starts_in_the_past_catches_up_and_then_waits_for_the_clock() -> None:
     clock = Clock(T0)
     source = SimulatedSource(gpus=2, seed=3, interval=60.0, backfill_s=180.0, wall_clock_ns=clock)
-    offline = TwinSource(FleetConfig(nodes=8, gpus_per_node=2, days=365.0, interval_s=60.0, seed=3,
-                                     start_unix_s=(T0 - 180 * S) // S))  # fmt: skip
+    offline = TwinSource(
+        FleetConfig(
+            nodes=8, gpus_per_node=2, days=365.0, interval_s=60.0, seed=3, start_unix_s=(T0 - 180 * S) // S
+        )
+    )
     stamps: list[tuple[int, int]] = []  # (sample time, wall clock at the read)
     twin_steps: list[Reading] = []
     for _ in range(4):  # the backfill: one twin step per read, as fast as the collector reads
@@ -157,9 +160,22 @@ def _ingest(service: Service) -> dict[str, float]:
 def _push(port: int, node: str, spool: Path, *extra: str) -> int:
     """Run a collector at 240x real time until it exits; the scrapes it shipped (all acknowledged)."""
     done = _collect(
-        "--node", node, "--speed", "240", "--interval", "250ms", "--no-prometheus", "--duration", "4s",
-        "--service", f"127.0.0.1:{port}", "--insecure", "--spool", str(spool), *extra,
-    )  # fmt: skip
+        "--node",
+        node,
+        "--speed",
+        "240",
+        "--interval",
+        "250ms",
+        "--no-prometheus",
+        "--duration",
+        "4s",
+        "--service",
+        f"127.0.0.1:{port}",
+        "--insecure",
+        "--spool",
+        str(spool),
+        *extra,
+    )
     assert done.returncode == 0, done.stderr
     summary = done.stdout[done.stdout.index("summary") :]
     scrapes = int(summary.split("scrapes ")[1].split()[0])

@@ -71,8 +71,12 @@ class Client:
         env["PYTHONPATH"] = str(stubs)  # only the generated stubs
         self.process = subprocess.Popen(
             [sys.executable, str(CLIENT), f"127.0.0.1:{port}", JOB, NODE],
-            cwd=stubs, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=stubs,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -117,11 +121,15 @@ def test_a_client_from_the_proto_files_alone_subscribes_acknowledges_and_pushes(
         (alert,) = served.store.alerts.append(
             [
                 apb.Alert(
-                    node=NODE, gpu=2, state=apb.ALERT_STATE_OPEN, kind=apb.EVENT_KIND_OPENED, risk=0.7,
+                    node=NODE,
+                    gpu=2,
+                    state=apb.ALERT_STATE_OPEN,
+                    kind=apb.EVENT_KIND_OPENED,
+                    risk=0.7,
                     action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
                 )
             ]
-        )  # fmt: skip
+        )
         received = client.next("alert")
         assert (received["id"], received["opened_id"], received["node"]) == (alert.id, alert.id, NODE)
         acknowledged = client.next("acknowledged")

@@ -21,9 +21,15 @@ from faultcast.v1 import alerts_pb2 as apb
 from tests.conftest import free_port
 
 REMEDIATION = Remediation(
-    alert_id=42, node="gpu-17", gpu=3, mode="hbm_wear", risk=0.61, job_id="1234", requeue=True,
+    alert_id=42,
+    node="gpu-17",
+    gpu=3,
+    mode="hbm_wear",
+    risk=0.61,
+    job_id="1234",
+    requeue=True,
     checkpoint_uri="s3://ckpt/step-900",
-)  # fmt: skip
+)
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -84,9 +90,13 @@ def test_a_remediation_through_a_webhook_that_answers_503_is_retried_until_ok(
     store, metrics = StateStore.in_dir(tmp_path), ServiceMetrics()
     store.jobs.register("1234", ["gpu-17"])
     opened = apb.Alert(
-        node="gpu-17", gpu=3, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.61, state=apb.ALERT_STATE_OPEN,
+        node="gpu-17",
+        gpu=3,
+        mode=apb.FAILURE_MODE_HBM_WEAR,
+        risk=0.61,
+        state=apb.ALERT_STATE_OPEN,
         action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
-    )  # fmt: skip
+    )
     alert = store.alerts.append([opened])[0]
     actuator = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/drain")
     # Real time on the worker thread: waits small enough for a test, still doubling.

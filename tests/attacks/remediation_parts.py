@@ -20,7 +20,11 @@ class Clock:
 def migrate_alert(store: StateStore, node: str) -> apb.Alert:
     """A stored OPEN alert on `node` recommending snapshot-and-migrate (what a grace timer drains)."""
     alert = apb.Alert(
-        node=node, gpu=1, mode=apb.FAILURE_MODE_HBM_WEAR, risk=0.9,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, state=apb.ALERT_STATE_OPEN,
-    )  # fmt: skip
+        node=node,
+        gpu=1,
+        mode=apb.FAILURE_MODE_HBM_WEAR,
+        risk=0.9,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+        state=apb.ALERT_STATE_OPEN,
+    )
     return store.alerts.append([alert])[0]

@@ -139,8 +139,18 @@ def test_a_crash_loop_does_not_reset_the_circuit_breaker(
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    flags = ("--actuator", "webhook", "--webhook-url", webhook, "--max-drains", "2", "--drain-window", "1h",
-             "--grace", "1ms")  # fmt: skip
+    flags = (
+        "--actuator",
+        "webhook",
+        "--webhook-url",
+        webhook,
+        "--max-drains",
+        "2",
+        "--drain-window",
+        "1h",
+        "--grace",
+        "1ms",
+    )
     first = _Served(service_model, state, tmp_path / "serve.log", *flags)
     served.append(first)
     _register(first, [0, 1, 2, 3])
@@ -294,10 +304,19 @@ def test_the_deadline_of_an_alert_whose_risk_fell_is_dropped_and_not_fired_after
     store.jobs.register("j1", ["a", "b"])
     calm, hot = migrate_alert(store, "a"), migrate_alert(store, "b")
     first.on_alerts([calm, hot])
-    (cleared,) = store.alerts.append([
-        apb.Alert(node="a", gpu=1, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
-                  opened_id=calm.id, action=calm.action, clear_reason=apb.CLEAR_REASON_RISK_FELL),
-    ])  # fmt: skip
+    (cleared,) = store.alerts.append(
+        [
+            apb.Alert(
+                node="a",
+                gpu=1,
+                state=apb.ALERT_STATE_CLEARED,
+                kind=apb.EVENT_KIND_CLEARED,
+                opened_id=calm.id,
+                action=calm.action,
+                clear_reason=apb.CLEAR_REASON_RISK_FELL,
+            ),
+        ]
+    )
     first.on_alerts([cleared])
     assert set(json.loads(store.settings.get(GRACE_DEADLINES_KEY) or "{}")) == {str(hot.id)}  # kept small
     clocks.restart(down_s=600.0)

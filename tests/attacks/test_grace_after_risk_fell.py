@@ -16,9 +16,14 @@ from tests.attacks.remediation_parts import Clock, migrate_alert
 
 def _cleared(opened: apb.Alert, reason: apb.ClearReason.ValueType) -> apb.Alert:
     return apb.Alert(
-        node=opened.node, gpu=opened.gpu, state=apb.ALERT_STATE_CLEARED, kind=apb.EVENT_KIND_CLEARED,
-        opened_id=opened.id, action=opened.action, clear_reason=reason,
-    )  # fmt: skip
+        node=opened.node,
+        gpu=opened.gpu,
+        state=apb.ALERT_STATE_CLEARED,
+        kind=apb.EVENT_KIND_CLEARED,
+        opened_id=opened.id,
+        action=opened.action,
+        clear_reason=reason,
+    )
 
 
 def test_no_drain_when_the_risk_fell_back_before_the_grace_period_ended(tmp_path: Path) -> None:

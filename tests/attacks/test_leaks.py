@@ -74,10 +74,12 @@ def test_acknowledge_answers_alike_for_an_absent_alert_and_another_jobs_alerts(t
         refusals = {
             name: _refusal(partial(ack, alert_id))
             for name, alert_id in (
-                ("absent", absent), ("cleared event", cleared.id), ("on node-3", elsewhere.id),
+                ("absent", absent),
+                ("cleared event", cleared.id),
+                ("on node-3", elsewhere.id),
                 ("open on node-1", opened.id),
             )
-        }  # fmt: skip
+        }
         assert ack(own.id).accepted  # its own node's alert, as before
     codes = {name: _code(error) for name, error in refusals.items()}
     shapes = {name: re.sub(r"\d+", "N", error.details() or "") for name, error in refusals.items()}

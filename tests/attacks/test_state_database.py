@@ -228,10 +228,22 @@ def test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file(
         data = path.read_bytes()
         path.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
     done = subprocess.run(
-        [FAULTCAST, "serve", "--insecure", "--model", str(service_model), "--state-dir", str(state),
-         "--listen", "127.0.0.1:0"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            FAULTCAST,
+            "serve",
+            "--insecure",
+            "--model",
+            str(service_model),
+            "--state-dir",
+            str(state),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
