@@ -8,10 +8,13 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration
+
+if TYPE_CHECKING:  # the model package loads on demand: `faultcast --help` stays quick
+    from faultcast.model.manifest import ModelManifest
 
 
 def add_parsers(commands: Subcommands) -> None:
@@ -69,13 +72,23 @@ def run_train(args: argparse.Namespace) -> int:
     except (DataError, ValueError) as exc:
         print(f"faultcast train: {exc}", file=sys.stderr)
         return 2
-    m = model.manifest["metrics"]
-    print(f"wrote {args.out}: {m['training_rows']:,} rows ({m['training_positives']:,} positive), "
-          f"{m['best_iteration']} trees, threshold {model.threshold:.4f} "
-          f"({m['validation_false_alarms_per_1000_gpu_days']['model']:.2f} false alarms per 1,000 GPU-days "
-          f"on {m['validation_gpu_days']:.0f} validation GPU-days), "
-          f"in {model.manifest['timings_s']['total_s']:.0f} s")  # fmt: skip
+    print(trained_summary(args.out, model.card))
     return 0
+
+
+def trained_summary(out: Path, card: ModelManifest) -> str:
+    """The line `faultcast train` prints: what training measured, from the manifest it wrote."""
+    m, timings = card.metrics, card.timings_s
+    if m is None or timings is None or m.validation_false_alarms_per_1000_gpu_days is None:
+        return f"wrote {out}: threshold {card.threshold:.4f}"  # `save` always records these: not reached
+    false_alarms = m.validation_false_alarms_per_1000_gpu_days.model
+    return (
+        f"wrote {out}: {m.training_rows:,} rows ({m.training_positives:,} positive), "
+        f"{m.best_iteration} trees, threshold {card.threshold:.4f} "
+        f"({false_alarms:.2f} false alarms per 1,000 GPU-days "
+        f"on {m.validation_gpu_days:.0f} validation GPU-days), "
+        f"in {timings.total_s:.0f} s"
+    )
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

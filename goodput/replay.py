@@ -53,39 +53,53 @@ class Replay:
     failures: int
     failures_by_mode: dict[str, int]
     gpu_days: float
-    source: dict[str, Any]  # the model's digest, the twin's configuration, drain_s
+    source: dict[str, object]  # the model's digest, the twin's configuration, drain_s
 
     def at(self, threshold: float) -> AlertSample:
+        """The sample at the swept threshold nearest `threshold`."""
         return min(self.samples, key=lambda s: abs(s.threshold - threshold))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict; from_json(json.loads(json.dumps(...))) gives an equal Replay back."""
         return {
             "samples": [
-                {"threshold": s.threshold, "false_alarms_per_gpu_day": s.false_alarms_per_gpu_day,
-                 "leads_s": {m: list(v) for m, v in s.leads_s.items()}}
+                {
+                    "threshold": s.threshold,
+                    "false_alarms_per_gpu_day": s.false_alarms_per_gpu_day,
+                    "leads_s": {m: list(v) for m, v in s.leads_s.items()},
+                }
                 for s in self.samples
             ],
-            "model_threshold": self.model_threshold, "failures": self.failures,
-            "failures_by_mode": self.failures_by_mode, "gpu_days": self.gpu_days, "source": self.source,
-        }  # fmt: skip
+            "model_threshold": self.model_threshold,
+            "failures": self.failures,
+            "failures_by_mode": self.failures_by_mode,
+            "gpu_days": self.gpu_days,
+            "source": self.source,
+        }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Replay:
+        """The inverse of to_json; KeyError, ValueError or TypeError for a dict of another shape."""
         return Replay(
             samples=tuple(
-                AlertSample(float(s["threshold"]), {m: tuple(v) for m, v in s["leads_s"].items()},
-                            float(s["false_alarms_per_gpu_day"]))
+                AlertSample(
+                    float(s["threshold"]),
+                    {m: tuple(v) for m, v in s["leads_s"].items()},
+                    float(s["false_alarms_per_gpu_day"]),
+                )
                 for s in data["samples"]
             ),
-            model_threshold=float(data["model_threshold"]), failures=int(data["failures"]),
+            model_threshold=float(data["model_threshold"]),
+            failures=int(data["failures"]),
             failures_by_mode={str(k): int(v) for k, v in data["failures_by_mode"].items()},
-            gpu_days=float(data["gpu_days"]), source=dict(data["source"]),
-        )  # fmt: skip
+            gpu_days=float(data["gpu_days"]),
+            source=dict(data["source"]),
+        )
 
 
 def model_digest(model: FaultModel) -> str:
     """The model's identity: the SHA-256 of its booster file, as its manifest records it."""
-    return str(model.manifest["files"]["model.txt"])
+    return model.card.files["model.txt"]
 
 
 def samples_at(
@@ -130,9 +144,13 @@ def samples_at(
 
 
 def replay(
-    model: FaultModel, dataset: Dataset, nodes: Sequence[int], start_s: float, drain_s: float,
-    source: dict[str, Any],
-) -> Replay:  # fmt: skip
+    model: FaultModel,
+    dataset: Dataset,
+    nodes: Sequence[int],
+    start_s: float,
+    drain_s: float,
+    source: dict[str, object],
+) -> Replay:
     """Score `nodes` of `dataset` from `start_s` with the model and sweep the thresholds."""
     from faultcast.model.evaluate import score_period
 
@@ -149,14 +167,15 @@ def replay(
 
 def trained_threshold(model: FaultModel) -> float:
     """The threshold training chose (a threshold file may serve another)."""
-    return float(model.manifest["threshold"])
+    return model.card.threshold
 
 
-def cache_key(source: dict[str, Any]) -> str:
+def cache_key(source: dict[str, object]) -> str:
+    """16 hex digits of the SHA-256 of `source` as sorted JSON: equal sources, equal keys."""
     return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_cached(path: Path, source: dict[str, Any]) -> Replay | None:
+def load_cached(path: Path, source: dict[str, object]) -> Replay | None:
     """A replay saved for exactly this source; None when absent or unreadable (said in the log)."""
     if not path.is_file():
         return None
@@ -169,6 +188,7 @@ def load_cached(path: Path, source: dict[str, Any]) -> Replay | None:
 
 
 def save(path: Path, result: Replay) -> None:
+    """Write `result` as JSON to `path` atomically (a temporary file, then a rename), creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result.to_json(), indent=1, sort_keys=True))

@@ -135,10 +135,10 @@ def held_out_part(dataset: Dataset, model: FaultModel) -> tuple[list[int], float
     """(nodes, start, is the model's training data): the part of `dataset` the model never trained
     on. On its own training data, the split's test nodes and days; on other data, every node after
     the features' warm-up."""
-    split = model.manifest.get("split", {})
-    trained_on = model.manifest.get("training_data", {}).get("manifest", {}).get("config")
-    if split and trained_on == dataset.manifest.get("config"):
-        return [dataset.node_index(n) for n in split["test_nodes"]], float(split["test_start_unix_s"]), True
+    split, trained = model.card.split, model.card.training_data
+    trained_on = trained.manifest.get("config") if trained is not None else None
+    if split is not None and trained_on == dataset.manifest.get("config"):
+        return [dataset.node_index(n) for n in split.test_nodes], split.test_start_unix_s, True
     return list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S, False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,16 @@ FILE = "threshold.json"
 
 
 class ThresholdFileError(ValueError):
-    pass
+    """threshold.json is there but unusable (unreadable, malformed, or chosen for another model)."""
+
+
+@dataclass(frozen=True)
+class ChosenThreshold:
+    """What threshold.json says: the threshold to serve, the model it was chosen for, and why."""
+
+    threshold: float
+    model_sha256: str
+    basis: dict[str, Any]  # written by `faultcast goodput --apply`: job size, costs, the figures
 
 
 def write(model_dir: Path, threshold: float, model_sha256: str, basis: dict[str, Any]) -> Path:
@@ -35,9 +45,9 @@ def write(model_dir: Path, threshold: float, model_sha256: str, basis: dict[str,
     return path
 
 
-def read(model_dir: Path, model_sha256: str) -> dict[str, Any] | None:
-    """The file's content when there is one for this model; raises ThresholdFileError saying what is
-    wrong with a file that is there."""
+def read(model_dir: Path, model_sha256: str) -> ChosenThreshold | None:
+    """The file's content when there is one (None when not); raises ThresholdFileError saying what
+    is wrong with a file that is there, or that it was chosen for another model."""
     path = model_dir / FILE
     if not path.is_file():
         return None
@@ -53,7 +63,10 @@ def read(model_dir: Path, model_sha256: str) -> dict[str, Any] | None:
             "run faultcast goodput --apply again for this model, or remove the file"
         )
     _check_threshold(data["threshold"], str(path))
-    return data
+    basis = data.get("basis", {})
+    return ChosenThreshold(
+        float(data["threshold"]), str(data["model_sha256"]), basis if isinstance(basis, dict) else {}
+    )
 
 
 def _check_threshold(value: object, where: str) -> None:

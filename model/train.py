@@ -26,6 +26,7 @@ from faultcast.model.dataset import Dataset, Labels, Step, replay
 from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, score_period
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
 from faultcast.model.incidents import AlertPolicy
+from faultcast.model.manifest import FalseAlarms, SplitRecord, Timings, TrainingData, TrainingMetrics
 from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, choose_threshold
 from faultcast.modes import NODE_LEVEL_MODES as _NODE_MODES
 
@@ -62,13 +63,14 @@ class Split:
     validation_start_s: float
     train_end_s: float  # == the start of the held-out period
 
-    def to_json(self, dataset: Dataset) -> dict[str, Any]:
-        return {
-            "train_nodes": [dataset.nodes[n] for n in self.train_nodes],
-            "test_nodes": [dataset.nodes[n] for n in self.test_nodes],
-            "validation_start_unix_s": self.validation_start_s,
-            "test_start_unix_s": self.train_end_s,
-        }
+    def record(self, dataset: Dataset) -> SplitRecord:
+        """The split as the manifest records it: nodes by name."""
+        return SplitRecord(
+            train_nodes=tuple(dataset.nodes[n] for n in self.train_nodes),
+            test_nodes=tuple(dataset.nodes[n] for n in self.test_nodes),
+            validation_start_unix_s=self.validation_start_s,
+            test_start_unix_s=self.train_end_s,
+        )
 
 
 def make_split(dataset: Dataset, config: TrainConfig) -> Split:
@@ -266,24 +268,25 @@ def train(
     model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
-    extra = {
-        "training_data": {"path": str(dataset.path), "manifest": _data_summary(dataset)},
-        "split": split.to_json(dataset),
-        "train_config": asdict(config),
-        "metrics": {
-            "training_rows": len(y), "training_positives": int(y.sum()),
-            "best_iteration": int(best),
-            "trained_on": "dask" if dask_client is not None else "local",
-            "validation_gpu_days": period.gpu_days,
-            "prediction_periods": periods.to_json(),
-            "validation_false_alarms_per_1000_gpu_days": {
-                "model": model_fa, "logistic": logistic_fa, "model_dcgm_default": dcgm_fa,
-            },
-            "dropped_columns_for_dcgm_default": [names[i] for i in dropped],
-        },
-        "timings_s": timings,
-    }  # fmt: skip
-    save(model, out, extra)
+    metrics = TrainingMetrics(
+        training_rows=len(y),
+        training_positives=int(y.sum()),
+        best_iteration=int(best),
+        trained_on="dask" if dask_client is not None else "local",
+        validation_gpu_days=period.gpu_days,
+        prediction_periods=periods,
+        validation_false_alarms_per_1000_gpu_days=FalseAlarms(model_fa, logistic_fa, dcgm_fa),
+        dropped_columns_for_dcgm_default=tuple(names[i] for i in dropped),
+    )
+    save(
+        model,
+        out,
+        training_data=TrainingData(path=str(dataset.path), manifest=_data_summary(dataset)),
+        split=split.record(dataset),
+        train_config=asdict(config),
+        metrics=metrics,
+        timings_s=Timings(**timings),
+    )
     log.info("trained on %d rows (%d positive) in %.1f s; threshold %.4f", len(y), y.sum(), timings["total_s"],
              model.threshold)  # fmt: skip
     return model

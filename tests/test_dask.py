@@ -46,7 +46,8 @@ def test_faultcast_train_on_dask_writes_a_loadable_model(client: object, tmp_pat
     simulate(FleetConfig(nodes=8, days=3.0, seed=5, acceleration=400.0), tmp_path / "data")
     model = train(open_dataset(tmp_path / "data"), tmp_path / "model", TrainConfig(num_boost_round=40),
                   dask_client=client)  # fmt: skip
-    assert model.manifest["metrics"]["trained_on"] == "dask"
+    assert model.card.metrics is not None
+    assert model.card.metrics.trained_on == "dask"
     loaded = load(tmp_path / "model")
     x = np.zeros((2, len(loaded.feature_names)))
     assert loaded.risk(x).shape == (2,)

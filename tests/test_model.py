@@ -106,6 +106,68 @@ def test_a_corrupt_or_mismatched_artifact_is_refused(
         load(tmp_path / "nowhere")
 
 
+def test_the_manifest_is_written_from_its_type_and_loads_as_it(trained: tuple[FaultModel, Path]) -> None:
+    model, out = trained
+    loaded = load(out)
+    assert loaded.card == model.card
+    assert json.dumps(loaded.card.to_json(), indent=2) + "\n" == (out / "manifest.json").read_text()
+    assert loaded.card.features.names == loaded.feature_names
+    assert loaded.card.metrics is not None
+    assert loaded.card.metrics.trained_on == "local"
+
+
+def _edited(out: Path, to: Path, path: tuple[str, ...], value: object) -> Path:
+    """A copy of the model with one manifest value set (`value` None: the key removed)."""
+    shutil.copytree(out, to)
+    manifest = json.loads((to / "manifest.json").read_text())
+    where = manifest
+    for key in path[:-1]:
+        where = where[key]
+    if value is None:
+        del where[path[-1]]
+    else:
+        where[path[-1]] = value
+    (to / "manifest.json").write_text(json.dumps(manifest))
+    return to
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("metrics", "training_rows"), "many"),
+        (("metrics", "best_iteration"), None),
+        (("split", "test_nodes"), [0, 1]),
+        (("timings_s", "total_s"), "1 s"),
+        (("created_at",), 20260101),
+        (("catalogue", "schema_hash"), None),
+        (("features", "names"), "is_h100"),
+    ],
+)
+def test_a_wrong_or_missing_manifest_field_is_refused_naming_it(
+    trained: tuple[FaultModel, Path], tmp_path: Path, path: tuple[str, ...], value: object
+) -> None:
+    bad = _edited(trained[1], tmp_path / "bad", path, value)
+    with pytest.raises(ModelError, match=rf"manifest\.json: {'.'.join(path)} is"):
+        load(bad)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("created_at",),
+        ("split",),
+        ("metrics", "prediction_periods"),
+        ("metrics", "validation_false_alarms_per_1000_gpu_days"),
+        ("dcgm_default_threshold",),
+    ],
+)
+def test_an_older_manifest_without_a_record_field_still_loads(
+    trained: tuple[FaultModel, Path], tmp_path: Path, path: tuple[str, ...]
+) -> None:
+    older = load(_edited(trained[1], tmp_path / "older", path, None))
+    assert older.threshold == trained[0].threshold
+
+
 def test_the_split_holds_out_nodes_and_the_last_weeks(data: Path) -> None:
     dataset = open_dataset(data)
     split = make_split(dataset, TrainConfig())

@@ -134,15 +134,18 @@ def test_retrain_notebook_trains_evaluates_and_exports(kernel: str, twin: Path, 
     check_ran_cleanly(notebook)
 
     model = load(model_dir)
-    assert model.manifest["train_config"]["num_boost_round"] == 30
-    trained_on = model.manifest["training_data"]["manifest"]["config"]
+    assert model.card.train_config is not None
+    assert model.card.train_config["num_boost_round"] == 30
+    assert model.card.training_data is not None
+    trained_on = model.card.training_data.manifest["config"]
     assert trained_on == json.loads((twin / "manifest.json").read_text())["config"]
     evaluation = json.loads((model_dir / "evaluation.json").read_text())
     for method in ("model", "logistic", "rules"):
         metrics = evaluation[method]
         assert {"recall_5min", "false_alarms_per_1000_gpu_days", "pr_auc", "recall_by_mode"} <= set(metrics)
     assert evaluation["held_out_from_training"] is True
-    assert evaluation["test_nodes"] == model.manifest["split"]["test_nodes"]
+    assert model.card.split is not None
+    assert evaluation["test_nodes"] == list(model.card.split.test_nodes)
     for name in FIGURES:
         assert (model_dir / name).read_bytes().startswith(b"\x89PNG"), name
     assert (model_dir / "feature_importance.csv").read_text().startswith("feature,")
