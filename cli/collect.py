@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from faultcast.catalogue import Scope
 from faultcast.cli.simulate import parse_scenario
@@ -44,12 +43,15 @@ _SERVICE_MAX_AGE_S = 6 * 3600.0  # faultcast.service.validation.Limits.max_age_s
 
 
 def default_spool_path(node: str) -> Path:
+    """Where `node`'s spool lives unless --spool says: under $FAULTCAST_STATE_DIR, else
+    $XDG_STATE_HOME, else ~/.local/state. Creates nothing."""
     state = os.environ.get("FAULTCAST_STATE_DIR") or os.environ.get("XDG_STATE_HOME")
     root = Path(state) if state else Path.home() / ".local" / "state"
     return root / "faultcast" / f"spool-{node}.sqlite"
 
 
 def add_parser(commands: Subcommands) -> None:
+    """Add `faultcast collect` and its flags (source, exporter, spool, twin, TLS) to `commands`."""
     p: argparse.ArgumentParser = commands.add_parser(
         "collect", help="read GPU and network metrics, serve /metrics, ship samples to the service"
     )
@@ -61,19 +63,23 @@ def add_parser(commands: Subcommands) -> None:
     )
     p.add_argument("--interval", type=parse_duration, default=1.0, help="scrape interval (default 1s)")
     p.add_argument(
-        "--nvml-timeout", type=parse_duration, default=DEFAULT_TIMEOUT_S,
+        "--nvml-timeout",
+        type=parse_duration,
+        default=DEFAULT_TIMEOUT_S,
         help="give up on an NVML call after this long (default 2s): its value is reported missing and that "
         "GPU is skipped until the call returns",
-    )  # fmt: skip
+    )
     p.add_argument("--prometheus-port", type=int, default=9400, help="/metrics port; 0 picks a free one")
     p.add_argument("--prometheus-address", default="0.0.0.0", help="/metrics bind address")
     p.add_argument("--no-prometheus", action="store_true", help="do not serve /metrics")
     p.add_argument(
-        "--dcgm-names", choices=[v.value for v in Vocabulary], default=Vocabulary.CLASSIC.value,
+        "--dcgm-names",
+        choices=[v.value for v in Vocabulary],
+        default=Vocabulary.CLASSIC.value,
         help="names of dcgm-exporter's metrics on /metrics: classic (dcgm-exporter's default CSV up to 4.8, "
         "DCGM_FI_DEV_GPU_TEMP, Hostname label; the default) or canonical (DCGM 4.6's field names in base units, "
         "DCGM_FI_DEV_GPU_TEMP_CELSIUS, DCGM_FI_DEV_SM_CLOCK_HERTZ, hostname label)",
-    )  # fmt: skip
+    )
     p.add_argument("--service", metavar="HOST:PORT", help="push samples to the faultcast service")
     p.add_argument(
         "--spool", type=Path, help="spool file (default: $FAULTCAST_STATE_DIR/faultcast/spool-NODE.sqlite)"
@@ -85,10 +91,12 @@ def add_parser(commands: Subcommands) -> None:
         help="past this many unacknowledged samples the oldest are dropped (default: 24 h at 1 s)",
     )
     p.add_argument(
-        "--spool-max-bytes", type=int, default=None,
+        "--spool-max-bytes",
+        type=int,
+        default=None,
         help="bound the spool file to this many bytes (at least 65536); past it, or when the disk fills, "
         "the oldest unacknowledged samples are dropped and counted (default: no byte bound)",
-    )  # fmt: skip
+    )
     p.add_argument("--node", default=socket.gethostname(), help="this node's name (default: the hostname)")
     p.add_argument(
         "--peer",
@@ -118,11 +126,13 @@ def add_parser(commands: Subcommands) -> None:
         "run's start (manifest.json, config.start_unix_s) to replay it sample for sample",
     )
     sim.add_argument(
-        "--sim-backfill", type=parse_duration, metavar="DURATION",
+        "--sim-backfill",
+        type=parse_duration,
+        metavar="DURATION",
         help="start the twin this long before now (default: 4h when --speed is above 1, else 0). Samples are "
         "never stamped ahead of the wall clock: a twin faster than real time runs from the past, and once it "
         "has caught up it runs at real time",
-    )  # fmt: skip
+    )
     sim.add_argument(
         "--scenario",
         action="append",
@@ -147,6 +157,8 @@ def add_parser(commands: Subcommands) -> None:
 
 
 def gpu_source(args: argparse.Namespace) -> Source:
+    """The GPU source --source asks for; `auto` falls back to the twin, saying why on stderr, when NVML
+    is unusable. `nvml` raises NvmlUnavailable instead."""
     if args.source == "simulated":
         return _simulated(args)
     if args.source == "nvml":
@@ -181,6 +193,8 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the collector as the flags say, until --duration or a signal (or one scrape with --once).
+    Returns the exit status: 0, or 2 for bad flags, TLS settings or an unusable --source."""
     if args.spool_max_bytes is not None and args.spool_max_bytes < 65536:
         print("faultcast: --spool-max-bytes must be at least 65536", file=sys.stderr)
         return 2
@@ -334,9 +348,9 @@ def _clean(values: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if math.isnan(v) else v) for k, v in values.items()}
 
 
-def snapshot_to_json(snapshot: NodeSnapshot, gpus: Source | None = None) -> dict[str, Any]:
+def snapshot_to_json(snapshot: NodeSnapshot, gpus: Source | None = None) -> dict[str, object]:
     """A JSON-safe view of a snapshot (missing values are null), with NVML call latencies when known."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "node": snapshot.node,
         "time_unix_nano": snapshot.time_unix_nano,
         "source": gpus.name if gpus is not None else None,

@@ -19,6 +19,7 @@ def _failure(text: str) -> CuedFailure:
 
 
 def add_parser(commands: Subcommands) -> None:
+    """Add `faultcast demo` and its flags (DemoSettings') to `commands`."""
     demo = commands.add_parser("demo", help="the end-to-end demo on the fleet twin (what `make run` runs)")
     demo.add_argument("--nodes", type=int, default=_DEFAULTS.nodes, help="simulated nodes (8 GPUs each)")
     demo.add_argument(
@@ -37,6 +38,7 @@ def add_parser(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the demo with the flags' settings (the default failures when none are given); its exit status."""
     settings = DemoSettings(
         nodes=args.nodes, speed=args.speed, failures=tuple(args.failures or DEFAULT_FAILURES),
         model=args.model, out=args.out, prometheus_port=args.prometheus_port,

@@ -11,6 +11,8 @@ from faultcast import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `faultcast` parser with every subcommand; each sets `handler`, the function that runs it
+    (args -> exit status)."""
     parser = argparse.ArgumentParser(prog="faultcast", description=__doc__)
     parser.add_argument("--version", action="version", version=f"faultcast {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -46,6 +48,8 @@ def _print_catalogue(_: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]), set up logging to stderr and run the subcommand; returns its
+    exit status. argparse exits with 2 itself on bad usage."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr

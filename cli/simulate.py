@@ -41,6 +41,7 @@ def parse_scenario(text: str) -> Scenario:
 
 
 def add_parser(commands: Subcommands) -> None:
+    """Add `faultcast simulate` and its flags (a FleetConfig's, scenarios, --out) to `commands`."""
     p: argparse.ArgumentParser = commands.add_parser(
         "simulate", help="run the fleet twin and write telemetry, network, failure log and manifest"
     )
@@ -74,12 +75,19 @@ def add_parser(commands: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write the twin's files into --out and print a summary. Returns 0, or 2 for a configuration or
+    scenario the twin refuses."""
     try:
         config = FleetConfig(
-            nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=args.days, interval_s=args.interval,
-            seed=args.seed, acceleration=args.acceleration, h100_fraction=args.h100_fraction,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            days=args.days,
+            interval_s=args.interval,
+            seed=args.seed,
+            acceleration=args.acceleration,
+            h100_fraction=args.h100_fraction,
             confounders=not args.no_confounders,
-        )  # fmt: skip
+        )
     except ValueError as exc:
         print(f"faultcast simulate: {exc}", file=sys.stderr)
         return 2

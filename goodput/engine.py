@@ -19,6 +19,9 @@ from enum import Enum
 
 @dataclass(frozen=True, slots=True)
 class JobCosts:
+    """What each event costs the job, in seconds of wall time; ValueError for a negative or non-finite
+    one, or a checkpoint that costs nothing."""
+
     checkpoint_s: float  # a periodic checkpoint blocks training this long
     snapshot_s: float  # a predictive snapshot blocks training this long
     detect_s: float  # a crash goes unnoticed this long (collective timeout, health checks)
@@ -46,6 +49,8 @@ class JobCosts:
 
 @dataclass(frozen=True, slots=True)
 class JobFailure:
+    """One failure during the job, and whether (and when) an alert named its node first."""
+
     time_s: float  # since the job started
     mode: str
     alert_s: float | None  # when an alert named its node (None: no alert)
@@ -55,6 +60,9 @@ class JobFailure:
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
+    """One run of the job: its length in wall seconds, its failures in time order, and the false alarms
+    (alerts on nodes that do not fail). The same scenario is played under every policy."""
+
     wall_s: float
     failures: tuple[JobFailure, ...]
     false_alarms: tuple[float, ...]  # alerts on nodes that do not fail (times)
@@ -73,6 +81,9 @@ class Scenario:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """How the job protects itself: periodic checkpoints every `interval_s` of compute, and whether it
+    snapshots and migrates on alerts. ValueError for an interval that is not positive."""
+
     name: str
     interval_s: float  # compute between periodic checkpoints (math.inf: none)
     acts_on_alerts: bool
@@ -109,10 +120,17 @@ class Outcome:
 
     @property
     def accounted_s(self) -> float:
+        """The wall time the categories add up to (excludes spare_wait_s, which is part of restarts
+        and migrations); equals wall_s for a run the engine finished."""
         return (
-            self.useful_s + self.recompute_s + self.checkpoint_s + self.snapshot_s + self.migration_s
-            + self.restart_s + self.false_alarm_s
-        )  # fmt: skip
+            self.useful_s
+            + self.recompute_s
+            + self.checkpoint_s
+            + self.snapshot_s
+            + self.migration_s
+            + self.restart_s
+            + self.false_alarm_s
+        )
 
 
 class _State(Enum):
@@ -143,6 +161,7 @@ class SparePool:
         return max(now_s, heapq.heappop(self.out))
 
     def send_out(self, back_s: float) -> None:
+        """A node leaves the job's pool; it is free again at `back_s` (for take())."""
         heapq.heappush(self.out, back_s)
 
 

@@ -21,10 +21,15 @@ from faultcast.modes import Level
 from faultcast.sim.modes import MODES
 
 LLAMA3_UNEXPECTED = 419
+"""Unexpected interruptions in the Llama 3 report's pre-training run (LLAMA3_GPUS GPUs, LLAMA3_DAYS days)."""
 LLAMA3_GPUS = 16_384
+"""GPUs of that run."""
 LLAMA3_DAYS = 54.0
+"""Days of that run."""
 UNMODELLED = "unmodelled"
+"""The mode name of the failures outside the twin's hardware modes: never foreseen."""
 GPUS_PER_NODE = 8
+"""GPUs per node of the goodput twin's jobs (a node-level failure takes eight GPUs)."""
 _DAY_S = 86_400.0
 _PREDICTABLE = frozenset(m.name for m in MODES if m.predictable)
 
@@ -63,6 +68,7 @@ class AlertSample:
         return []
 
     def with_false_alarm_rate(self, per_gpu_day: float) -> AlertSample:
+        """The same leads with another false-alarm rate (per GPU-day)."""
         return AlertSample(self.threshold, self.leads_s, per_gpu_day)
 
     def caught_share(self, rates: Mapping[str, float], min_lead_s: float) -> float:
@@ -89,6 +95,8 @@ class Draw:
 
 
 def draw(rng: np.random.Generator, gpus: int, days: float, rates: Mapping[str, float]) -> Draw:
+    """One replication's randomness: Poisson failures at `rates` (per GPU-day, by mode) over `days` on
+    `gpus` GPUs, with their repairs and picks, and the false-alarm gaps. Advances `rng`."""
     from faultcast.sim.modes import BY_NAME
 
     names = sorted(rates)

@@ -50,13 +50,21 @@ def _at(r: PolicyResult) -> str:
 
 
 def sweep_table(points: Sequence[SweepPoint], recommended: SweepPoint, model_threshold: float) -> str:
+    """A Markdown table of the sweep, one row per threshold; `recommended` (by identity) and the point at
+    `model_threshold` are marked."""
     rows = [
         "| threshold | effective training time (b') | failures foreseen in time | false alarms per day |",
         "| --- | --- | --- | --- |",
     ]
     for p in points:
-        marks = [m for m, on in (("recommended", p is recommended),
-                                 ("model's own", abs(p.threshold - model_threshold) < 1e-12)) if on]  # fmt: skip
+        marks = [
+            m
+            for m, on in (
+                ("recommended", p is recommended),
+                ("model's own", abs(p.threshold - model_threshold) < 1e-12),
+            )
+            if on
+        ]
         note = f" ({', '.join(marks)})" if marks else ""
         rows.append(
             f"| {p.threshold:.3f}{note} | {100 * p.ettr:.2f}% +- {100 * p.ettr_sd:.2f} "
@@ -87,8 +95,13 @@ def plot(
         if key in by_key:
             left.axhline(100 * by_key[key].ettr, linestyle=line, color=color, label=by_key[key].label)
     left.axvline(recommended.threshold, color="grey", linewidth=0.8)
-    left.annotate(f"recommended {recommended.threshold:.3f}", (recommended.threshold, 100 * recommended.ettr),
-                  textcoords="offset points", xytext=(6, -14), fontsize=8)  # fmt: skip
+    left.annotate(
+        f"recommended {recommended.threshold:.3f}",
+        (recommended.threshold, 100 * recommended.ettr),
+        textcoords="offset points",
+        xytext=(6, -14),
+        fontsize=8,
+    )
     left.set_xscale("log")
     left.set_xlabel("alert threshold (calibrated risk)")
     left.set_ylabel("effective training time (%)")

@@ -18,10 +18,14 @@ from faultcast.goodput.process import AlertSample, Draw, draw, job_mtbf_s, scena
 from faultcast.goodput.replay import Replay
 
 ORACLE_LEAD_S = 1800.0
+"""How far ahead the oracle policy knows every failure (seconds)."""
 
 
 @dataclass(frozen=True)
 class Job:
+    """The training job studied: its size, length in days, costs and spare nodes; ValueError for fewer
+    than one GPU or a length that is not positive and finite."""
+
     gpus: int
     days: float
     costs: JobCosts
@@ -36,6 +40,8 @@ class Job:
 
 @dataclass(frozen=True)
 class PolicyResult:
+    """One policy's outcomes over the replications (the same draws for every policy)."""
+
     key: str  # a, b, b_tuned, c, c_tuned
     label: str
     interval_s: float
@@ -43,22 +49,27 @@ class PolicyResult:
     outcomes: tuple[Outcome, ...]
 
     def mean(self, value: Callable[[Outcome], float]) -> float:
+        """The mean of `value` over the replications."""
         return statistics.fmean(value(o) for o in self.outcomes)
 
     def sd(self, value: Callable[[Outcome], float]) -> float:
+        """The sample standard deviation of `value` over the replications (0 for one replication)."""
         values = [value(o) for o in self.outcomes]
         return statistics.stdev(values) if len(values) > 1 else 0.0
 
     @property
     def ettr(self) -> float:
+        """The mean effective training time ratio (useful over wall time)."""
         return self.mean(lambda o: o.ettr)
 
 
 def gpu_hours(job: Job, seconds: float) -> float:
+    """`seconds` of the whole job's wall time in GPU-hours."""
     return seconds * job.gpus / 3600.0
 
 
 def lost_s(o: Outcome) -> float:
+    """Wall time that produced nothing kept: everything but useful compute."""
     return o.wall_s - o.useful_s
 
 
@@ -74,6 +85,7 @@ def interval_for(job: Job, rates: Mapping[str, float], foreseen_share: float) ->
 
 
 def draws(job: Job, rates: Mapping[str, float], replications: int, seed: int) -> list[Draw]:
+    """`replications` draws from one seeded generator: the same seed gives the same list."""
     rng = np.random.default_rng(seed)
     return [draw(rng, job.gpus, job.days, rates) for _ in range(replications)]
 
@@ -95,14 +107,35 @@ def compare(
     tau_c = interval_for(job, rates, 1.0 if min_lead_s(job.costs) <= ORACLE_LEAD_S else 0.0)
     thr = alerts.threshold
     return [
-        _run("a", "(a) periodic checkpoints, Young/Daly interval", Policy("a", tau_a, False), None, job, scenarios),
+        _run(
+            "a",
+            "(a) periodic checkpoints, Young/Daly interval",
+            Policy("a", tau_a, False),
+            None,
+            job,
+            scenarios,
+        ),
         _run("b", "(b) (a) + faultcast snapshot-and-migrate", Policy("b", tau_a, True), thr, job, scenarios),
-        _run("b_tuned", "(b') (b), interval re-tuned to unforeseen failures",
-             tuned_policy(job, rates, foreseen(job, rates, alerts)), thr, job, scenarios),
-        _run("c", "(c) (a) + oracle, every failure 30 min ahead", Policy("c", tau_a, True), None, job, oracles),
-        _run("c_tuned", "(c') (c), interval re-tuned (no periodic checkpoint)", Policy("c'", tau_c, True), None,
-             job, oracles),
-    ]  # fmt: skip
+        _run(
+            "b_tuned",
+            "(b') (b), interval re-tuned to unforeseen failures",
+            tuned_policy(job, rates, foreseen(job, rates, alerts)),
+            thr,
+            job,
+            scenarios,
+        ),
+        _run(
+            "c", "(c) (a) + oracle, every failure 30 min ahead", Policy("c", tau_a, True), None, job, oracles
+        ),
+        _run(
+            "c_tuned",
+            "(c') (c), interval re-tuned (no periodic checkpoint)",
+            Policy("c'", tau_c, True),
+            None,
+            job,
+            oracles,
+        ),
+    ]
 
 
 def false_alarm_upper_bound(rate_per_gpu_day: float, gpu_days: float, confidence: float = 0.95) -> float:
@@ -134,12 +167,20 @@ def pessimistic(
     worse = alerts.with_false_alarm_rate(bound)
     scenarios = [scenario(d, worse, job.gpus, job.days) for d in runs]
     label = f"(b'') (b') at the false-alarm rate's 95% upper bound, {1000 * bound:.2f} per 1,000 GPU-days"
-    return _run("b_bound", label, tuned_policy(job, rates, foreseen(job, rates, worse)), alerts.threshold, job,
-                scenarios)  # fmt: skip
+    return _run(
+        "b_bound",
+        label,
+        tuned_policy(job, rates, foreseen(job, rates, worse)),
+        alerts.threshold,
+        job,
+        scenarios,
+    )
 
 
 @dataclass(frozen=True)
 class SweepPoint:
+    """Policy (b') at one alert threshold: its ETTR, and what the alerts foresaw and cost."""
+
     threshold: float
     ettr: float  # policy (b'), mean over replications
     ettr_sd: float
@@ -154,9 +195,15 @@ def sweep(job: Job, rates: Mapping[str, float], result: Replay, runs: Sequence[D
         share = foreseen(job, rates, alerts)
         scenarios = [scenario(d, alerts, job.gpus, job.days) for d in runs]
         r = _run("b_tuned", "(b')", tuned_policy(job, rates, share), alerts.threshold, job, scenarios)
-        points.append(SweepPoint(
-            alerts.threshold, r.ettr, r.sd(lambda o: o.ettr), share, alerts.false_alarms_per_gpu_day * job.gpus
-        ))  # fmt: skip
+        points.append(
+            SweepPoint(
+                alerts.threshold,
+                r.ettr,
+                r.sd(lambda o: o.ettr),
+                share,
+                alerts.false_alarms_per_gpu_day * job.gpus,
+            )
+        )
     return points
 
 
