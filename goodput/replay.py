@@ -99,7 +99,7 @@ class Replay:
 
 def model_digest(model: FaultModel) -> str:
     """The model's identity: the SHA-256 of its booster file, as its manifest records it."""
-    return str(model.manifest["files"]["model.txt"])
+    return model.card.files["model.txt"]
 
 
 def samples_at(
@@ -167,7 +167,7 @@ def replay(
 
 def trained_threshold(model: FaultModel) -> float:
     """The threshold training chose (a threshold file may serve another)."""
-    return float(model.manifest["threshold"])
+    return model.card.threshold
 
 
 def cache_key(source: dict[str, object]) -> str:
