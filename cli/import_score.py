@@ -90,8 +90,8 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
 
 def run_score(args: argparse.Namespace) -> int:
     from faultcast.model.artifact import ModelError
+    from faultcast.model.batch_alerts import render_table, score, summary, write_csv
     from faultcast.model.dataset import DataError
-    from faultcast.model.score import render_table, score, summary, write_csv
 
     try:
         alerts = score(args.model, args.data)
