@@ -16,11 +16,16 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class Vote:
+    """What one rank puts in, and what the agreement gives back (True if any rank said True)."""
+
     snapshot: bool = False
     migrate: bool = False  # the alert asks for snapshot-and-migrate: the node is about to be drained
 
 
 class Agreement:
+    """One all-reduce (MAX) of a Vote over `group` (None: the default group). A CUDA tensor under
+    NCCL, else CPU; the device is chosen at construction."""
+
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         self.calls = 0
@@ -28,6 +33,8 @@ class Agreement:
         self._device = _collective_device(group)
 
     def agree(self, mine: Vote) -> Vote:
+        """Collective: every rank of the group must call it at the same step. Without torch.distributed
+        initialised, returns `mine`."""
         if not dist.is_initialized():
             return mine
         start = time.perf_counter()

@@ -41,6 +41,10 @@ _ACK_RETRY_S = (0.25, 0.5, 1.0, 2.0)
 
 
 class Guard:
+    """Watches the service's alerts for this job's nodes on a background thread and turns those that
+    ask for a snapshot into one pending request for the training loop. Thread-safe; the loop's calls
+    are cheap and never raise, whether or not the service is reachable."""
+
     def __init__(
         self,
         target: str,
@@ -82,13 +86,16 @@ class Guard:
         self._call: grpc.Call | None = None
         registry = registry or CollectorRegistry()
         self.metric_connected = Gauge(
-            "faultcast_client_connected", "1 while the trainer's guard is subscribed to the faultcast service.",
+            "faultcast_client_connected",
+            "1 while the trainer's guard is subscribed to the faultcast service.",
             registry=registry,
-        )  # fmt: skip
+        )
         self.metric_alerts = Counter(
-            "faultcast_client_alerts", "Alert events the trainer's guard received, by state.", ["state"],
+            "faultcast_client_alerts",
+            "Alert events the trainer's guard received, by state.",
+            ["state"],
             registry=registry,
-        )  # fmt: skip
+        )
 
     # -- the training loop's side: cheap, never raises ------------------------------------------
 
@@ -97,6 +104,7 @@ class Guard:
         return self._pending is not None
 
     def pending(self) -> apb.Alert | None:
+        """The newest alert event asking for a snapshot not yet taken (or declined), else None."""
         with self._lock:
             return self._pending
 
@@ -148,6 +156,8 @@ class Guard:
     # -- the background subscription ------------------------------------------------------------
 
     def start(self) -> Guard:
+        """Start the background subscription (register, subscribe, reconnect with backoff) and return
+        self; call once. Logs a warning when there are no credentials (plaintext)."""
         if self.credentials is None:
             log.warning(
                 "faultcast: the guard talks to %s in plaintext without identity; in production give "
@@ -181,6 +191,7 @@ class Guard:
             return self._pending
 
     def close(self) -> None:
+        """Stop the subscription and close the channel; waits up to 10 s for the thread."""
         self._stop.set()
         call = self._call
         if call is not None:
@@ -246,8 +257,9 @@ class Guard:
                 # service. Start over from the alerts open there now.
                 log.warning(
                     "faultcast: the service refused cursor %d (%s); resubscribing from its open alerts",
-                    self.last_id, exc.details(),
-                )  # fmt: skip
+                    self.last_id,
+                    exc.details(),
+                )
                 with self._lock:
                     self.last_id = 0
                     # Ids there may repeat ours: what was asked of us here says nothing about them.
@@ -261,9 +273,15 @@ class Guard:
         log.info(
             "faultcast: caught up at alert %d; model %s (horizon %.0f s, alert at risk %.3g, hold above "
             "%.3g, %d scores to open, %d to clear, one score per %.0f s)",
-            marker.head_id, model.version, model.horizon_seconds, model.threshold, model.hold_threshold,
-            model.open_after_scores, model.clear_after_scores, model.cadence_seconds,
-        )  # fmt: skip
+            marker.head_id,
+            model.version,
+            model.horizon_seconds,
+            model.threshold,
+            model.hold_threshold,
+            model.open_after_scores,
+            model.clear_after_scores,
+            model.cadence_seconds,
+        )
         with self._changed:
             # Everything up to the head was delivered: a reconnect resumes after it, not from 0.
             self.last_id = max(self.last_id, marker.head_id)
@@ -291,8 +309,12 @@ class Guard:
                 self._pending = alert  # the newest event of the alert waiting to be acted on
                 log.warning(
                     "faultcast: alert %d on %s gpu %d (%s, risk %.2f): snapshot requested",
-                    alert.id, alert.node, alert.gpu, apb.RecommendedAction.Name(alert.action), alert.risk,
-                )  # fmt: skip
+                    alert.id,
+                    alert.node,
+                    alert.gpu,
+                    apb.RecommendedAction.Name(alert.action),
+                    alert.risk,
+                )
             elif (
                 alert.state == apb.ALERT_STATE_CLEARED
                 and pending is not None

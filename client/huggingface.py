@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import grpc
 import torch.distributed as dist
@@ -39,6 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class FaultcastTrainerCallback(TrainerCallback):
+    """Makes the Trainer save at an agreed step when a node of the job is predicted to fail, then
+    acknowledges the checkpoint directory; with `target` None it does nothing. Pass it in `callbacks`."""
+
     def __init__(
         self,
         target: str | None,
@@ -67,8 +69,9 @@ class FaultcastTrainerCallback(TrainerCallback):
         self._released = threading.Event()
 
     def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
+        """Start this node's guard (local process zero only) and the agreement. Collective."""
         # Every process: the process group (when distributed) is up by now.
         self.close()  # a guard left by an earlier train() with this callback
         self._released.clear()
@@ -85,8 +88,9 @@ class FaultcastTrainerCallback(TrainerCallback):
             ).start()
 
     def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
+        """Every `agree_every` steps, agree across processes whether to save now (sets should_save)."""
         if self.agreement is None or state.global_step % self.agree_every != 0:
             return
         alert = self.guard.pending() if self.guard is not None else None
@@ -95,8 +99,10 @@ class FaultcastTrainerCallback(TrainerCallback):
             self._requested = (state.global_step, alert)
 
     def on_save(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
+        """After an agreed save: acknowledge it and hold while the job is moved, if the service drains
+        the node. Saves the Trainer makes on its own pass through untouched."""
         if self._requested is None or self.agreement is None:
             return
         step, alert = self._requested
@@ -115,8 +121,9 @@ class FaultcastTrainerCallback(TrainerCallback):
             self._hold(step)
 
     def on_train_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
+        """Stop the guard."""
         self.close()
 
     def close(self) -> None:

@@ -36,7 +36,6 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import grpc
 import lightning.pytorch as pl
@@ -49,9 +48,14 @@ from faultcast.v1 import alerts_pb2 as apb
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "lightning.ckpt"
+"""The name of the Lightning checkpoint inside a snapshot's step directory (the marker's payload)."""
 
 
 class FaultcastCallback(pl.Callback):
+    """Saves a Lightning checkpoint on every rank at an agreed step when a node of the job is predicted
+    to fail (and every `checkpoint_every` steps when set), marks it whole and acknowledges it. Resume
+    with `trainer.fit(..., ckpt_path=latest_checkpoint(directory))`."""
+
     def __init__(
         self,
         target: str | None,
@@ -90,6 +94,7 @@ class FaultcastCallback(pl.Callback):
     # -- Lightning's hooks ---------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """For fit: start this node's guard (local rank 0 only). Collective."""
         # Runs on every rank after the process group is up, so gathering the node names is safe.
         if stage != "fit":
             return
@@ -106,11 +111,19 @@ class FaultcastCallback(pl.Callback):
             ).start()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Note the step training (re)starts at; no snapshot is taken of it."""
         self.start_step = self._last_step = trainer.global_step  # no snapshot of the step it resumed at
 
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: object,
+        batch_idx: int,
     ) -> None:
+        """After each optimizer step: every `agree_every` steps agree whether to snapshot, else take a
+        due periodic checkpoint. Collective."""
         step = trainer.global_step
         if step == self._last_step:
             return  # gradient accumulation: no optimizer step since the last batch
@@ -125,6 +138,7 @@ class FaultcastCallback(pl.Callback):
             self.checkpoints.append(step)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """After fit: stop the guard and end a hold."""
         if stage == "fit":
             self.close()
 

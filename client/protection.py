@@ -23,7 +23,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 import grpc
 import torch
@@ -53,7 +53,23 @@ class ProtectionStats:
     held_s: float = 0.0
 
 
+class ProtectionOptions(TypedDict, total=False):
+    """Protection's optional keyword arguments, as protect() passes them on."""
+
+    job_id: str | None
+    node: str | None
+    credentials: grpc.ChannelCredentials | None
+    agree_every: int
+    checkpoint_every: int
+    keep: int
+    migration_wait_s: float
+
+
 class Protection:
+    """The training loop's hook (see the module's example): resume(), step_end(n) after every step,
+    close() at the end. Every rank holds one and calls it at the same steps; only local rank 0 of each
+    node talks to the service."""
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -92,7 +108,7 @@ class Protection:
             self.guard = Guard(
                 target, self.job_id, [self.node], credentials=credentials, job_nodes=sorted(set(nodes))
             ).start()
-        self._inflight: tuple[int, Future[Any]] | None = None
+        self._inflight: tuple[int, Future[None]] | None = None
         self._released = threading.Event()
 
     # -- the loop's calls -----------------------------------------------------------------------
@@ -111,8 +127,10 @@ class Protection:
             log.warning(
                 "faultcast: snapshot %s was taken by %d ranks, this job has %d: model and optimizer "
                 "restored, RNG and data position start afresh (the result will not be bit-identical)",
-                snapshot.path, snapshot.world_size, self.world_size,
-            )  # fmt: skip
+                snapshot.path,
+                snapshot.world_size,
+                self.world_size,
+            )
         rank = self.rank if same_world else None
         loaded = self.state.to_load(rank)
         load(
@@ -221,12 +239,14 @@ def protect(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Stateful | None = None,
     data: Stateful | None = None,
-    **options: Any,
+    **options: Unpack[ProtectionOptions],
 ) -> Protection:
-    """The one-line setup: `Protection` over a `TrainState` of these parts."""
+    """The one-line setup: `Protection` over a `TrainState` of these parts; `options` are Protection's
+    other keyword arguments (ProtectionOptions)."""
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, data=data)
     return Protection(Path(directory), state, target=target, **options)
 
 
 def latest_snapshot(directory: str | os.PathLike[str]) -> Snapshot | None:
+    """The newest whole snapshot in `directory` (None when there is none); no service, no collective."""
     return SnapshotStore(directory).latest()

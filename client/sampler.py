@@ -9,27 +9,39 @@ so the count runs ahead of the loop by those; such a loop should record the posi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
 
 from torch.utils.data import DistributedSampler
 
 
-class ResumableDistributedSampler(DistributedSampler[Any]):
+class ResumableDistributedSampler(DistributedSampler[int]):
     """`state_dict()` gives {"epoch", "offset"}; after `load_state_dict()` the next iteration of that
     epoch starts at the offset. `set_epoch` to a different epoch forgets a pending offset."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        """DistributedSampler's arguments, unchanged; `dataset` needs only a length (indices are drawn
+        from range(len(dataset)))."""
+        # torch annotates `dataset` as a Dataset, yet reads only its len().
+        super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)  # type: ignore[arg-type]
         self.offset = 0  # indices handed out in this epoch
         self._resume_at = 0
 
     def set_epoch(self, epoch: int) -> None:
+        """As DistributedSampler's (the shuffle's seed); a different epoch than the current one also
+        drops the offset, so a resumed epoch is not resumed again in the next."""
         if epoch != self.epoch:
             self._resume_at = self.offset = 0
         super().set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[int]:
         indices = list(super().__iter__())
         start, self._resume_at = self._resume_at, 0
         self.offset = start
@@ -38,9 +50,12 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
             yield index
 
     def state_dict(self) -> dict[str, int]:
+        """{"epoch", "offset"}: the epoch and how many of its indices this rank has handed out."""
         return {"epoch": self.epoch, "offset": self.offset}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume `state`'s epoch at its offset on the next iteration; ValueError for an offset outside
+        this rank's share of the epoch."""
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if not 0 <= offset <= self.num_samples:
             raise ValueError(f"sampler offset {offset} outside this epoch's {self.num_samples} samples")

@@ -21,20 +21,28 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import async_save, save
 
+if TYPE_CHECKING:
+    from faultcast.client.train_state import StateDict
+
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE.json"
+"""The file whose presence makes a snapshot directory whole."""
 DCP_PAYLOAD = ".metadata"  # torch.distributed.checkpoint writes it last, on rank 0
+"""The default payload: a snapshot written by torch.distributed.checkpoint."""
 _NAME = re.compile(r"^step-(\d{9})$")
 
 
 @dataclass(frozen=True)
 class Snapshot:
+    """A whole snapshot as its marker describes it: the step, its directory, why it was taken and by
+    how many ranks (a different world size can restore the model and optimizer, not the per-rank part)."""
+
     step: int
     path: Path
     reason: str
@@ -43,6 +51,7 @@ class Snapshot:
 
     @property
     def uri(self) -> str:
+        """The directory as an absolute file:// URI, what an acknowledgement tells the service."""
         return self.path.resolve().as_uri()
 
 
@@ -55,6 +64,7 @@ class SnapshotStore:
         self.root, self.keep = Path(root), keep
 
     def path(self, step: int) -> Path:
+        """The directory of `step`'s snapshot, whether or not it exists ("step-000001200")."""
         return self.root / f"step-{step:09d}"
 
     def complete(self) -> list[Snapshot]:
@@ -70,9 +80,12 @@ class SnapshotStore:
             try:
                 marker = json.loads((child / MARKER).read_text())
                 snapshot = Snapshot(
-                    int(marker["step"]), child, str(marker["reason"]), int(marker["world_size"]),
+                    int(marker["step"]),
+                    child,
+                    str(marker["reason"]),
+                    int(marker["world_size"]),
                     str(marker.get("payload", DCP_PAYLOAD)),
-                )  # fmt: skip
+                )
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("faultcast: snapshot %s has an unreadable marker, skipped: %s", child, exc)
                 continue
@@ -83,6 +96,7 @@ class SnapshotStore:
         return sorted(found, key=lambda s: s.step)
 
     def latest(self) -> Snapshot | None:
+        """The newest whole snapshot (see complete()), or None."""
         whole = self.complete()
         return whole[-1] if whole else None
 
@@ -100,8 +114,8 @@ class SnapshotStore:
         return path
 
     def save(
-        self, state: dict[str, Any], step: int, rank: int, group: dist.ProcessGroup | None, *, wait: bool
-    ) -> Future[Any] | None:
+        self, state: StateDict, step: int, rank: int, group: dist.ProcessGroup | None, *, wait: bool
+    ) -> Future[None] | None:
         """Write `state` for `step`: to completion when `wait`, else in the background (the
         returned future); `finish()` marks it complete once the write is done."""
         path = self.prepare(step, rank, group)
@@ -122,8 +136,12 @@ class SnapshotStore:
             return None
         path = self.path(step)
         marker = {
-            "step": step, "reason": reason, "world_size": world_size, "saved_unix": time.time(), "payload": payload,
-        }  # fmt: skip
+            "step": step,
+            "reason": reason,
+            "world_size": world_size,
+            "saved_unix": time.time(),
+            "payload": payload,
+        }
         tmp = path / (MARKER + ".tmp")
         with tmp.open("w") as handle:
             json.dump(marker, handle)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pickle
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -19,13 +19,43 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+StateDict = dict[str, Any]
+"""What torch.distributed.checkpoint saves and loads (its own StateDict is dict[str, Any]):
+tensors, nested dicts of them, and the bytes of RANK_KEY."""
+
 RANK_KEY = "faultcast/rank{rank}"  # one pickled blob per rank: its RNGs and data position differ
+"""The state-dict key of a rank's pickled part (RNGs, step, data position); format it with rank=."""
 
 
 class Stateful(Protocol):
-    def state_dict(self) -> Any: ...
+    """Anything with torch's state_dict/load_state_dict pair (a scheduler, a sampler, a stateful loader).
+    Its state is pickled into the rank's part of the snapshot."""
 
-    def load_state_dict(self, state: Any, /) -> Any: ...
+    def state_dict(self) -> object:
+        """The state to save; load_state_dict gets it back unchanged."""
+        ...
+
+    # Any: each implementation takes its own state's type, which a parameter of `object` would refuse.
+    def load_state_dict(self, state: Any, /) -> object:
+        """Put back what state_dict returned."""
+        ...
+
+
+class RngState(TypedDict):
+    """Every random number generator a training step may draw from, as its own get-state call gives it."""
+
+    python: tuple[object, ...]  # random.getstate()
+    numpy: dict[str, object] | tuple[str, npt.NDArray[np.uint32], int, int, float]  # np.random.get_state()
+    torch: torch.Tensor  # torch.get_rng_state()
+    cuda: NotRequired[list[torch.Tensor]]  # every device's, when CUDA is in use
+
+
+class _RankState(TypedDict):
+    """The per-rank part of a snapshot, pickled under RANK_KEY."""
+
+    step: int
+    rng: RngState
+    stateful: dict[str, object]  # TrainState._stateful()'s names to their state_dict()
 
 
 @dataclass
@@ -39,17 +69,18 @@ class TrainState:
     data: Stateful | None = None
     extra: dict[str, Stateful] = field(default_factory=dict)
 
-    def to_save(self, step: int, rank: int) -> dict[str, Any]:
-        """The state dict handed to `torch.distributed.checkpoint.save`."""
+    def to_save(self, step: int, rank: int) -> StateDict:
+        """The state dict handed to `torch.distributed.checkpoint.save`: "model", "optimizer" (when
+        there is one) and this rank's pickled part under RANK_KEY."""
         if self.optimizer is not None:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-            out: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
+            out: StateDict = {"model": model_sd, "optimizer": optim_sd}
         else:
             out = {"model": get_model_state_dict(self.model)}
         out[RANK_KEY.format(rank=rank)] = pickle.dumps(self._rank_state(step))
         return out
 
-    def to_load(self, rank: int | None) -> dict[str, Any]:
+    def to_load(self, rank: int | None) -> StateDict:
         """A state dict of the right shapes for `torch.distributed.checkpoint.load` to fill; without
         a rank, the per-rank part is not asked for (the snapshot came from another world size)."""
         out = self.to_save(0, 0)
@@ -58,19 +89,21 @@ class TrainState:
             out[RANK_KEY.format(rank=rank)] = b""
         return out
 
-    def restore(self, loaded: dict[str, Any], rank: int | None) -> int | None:
+    def restore(self, loaded: StateDict, rank: int | None) -> int | None:
         """Put loaded state back; returns the step from the per-rank part (None without it)."""
         if self.optimizer is not None:
             set_state_dict(
-                self.model, self.optimizer,
-                model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"],
-            )  # fmt: skip
+                self.model,
+                self.optimizer,
+                model_state_dict=loaded["model"],
+                optim_state_dict=loaded["optimizer"],
+            )
         else:
             set_model_state_dict(self.model, loaded["model"])
         if rank is None:
             return None
         # Our own file, written by this job: trusted like any checkpoint torch.load would read.
-        part: dict[str, Any] = pickle.loads(loaded[RANK_KEY.format(rank=rank)])  # noqa: S301
+        part: _RankState = pickle.loads(loaded[RANK_KEY.format(rank=rank)])  # noqa: S301
         _restore_rng(part["rng"])
         for name, target in self._stateful().items():
             if name in part["stateful"]:
@@ -82,7 +115,7 @@ class TrainState:
         named.update({f"extra/{k}": v for k, v in self.extra.items()})
         return {k: v for k, v in named.items() if v is not None}
 
-    def _rank_state(self, step: int) -> dict[str, Any]:
+    def _rank_state(self, step: int) -> _RankState:
         return {
             "step": step,
             "rng": capture_rng(),
@@ -90,8 +123,9 @@ class TrainState:
         }
 
 
-def capture_rng() -> dict[str, Any]:
-    rng: dict[str, Any] = {
+def capture_rng() -> RngState:
+    """The state of Python's, NumPy's and torch's global generators (and CUDA's, once initialised)."""
+    rng: RngState = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
@@ -101,12 +135,9 @@ def capture_rng() -> dict[str, Any]:
     return rng
 
 
-def _restore_rng(rng: dict[str, Any]) -> None:
-    setters: dict[str, Callable[[Any], None]] = {
-        "python": random.setstate,
-        "numpy": np.random.set_state,
-        "torch": torch.set_rng_state,
-        "cuda": torch.cuda.set_rng_state_all,
-    }
-    for name, state in rng.items():
-        setters[name](state)
+def _restore_rng(rng: RngState) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng:
+        torch.cuda.set_rng_state_all(rng["cuda"])
