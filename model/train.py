@@ -166,116 +166,53 @@ def train(
     dask_client: Any = None,
 ) -> FaultModel:
     """Train on `dataset`, write the artifact to `out`, and return the model. With a Dask client
-    (distributed.Client) the booster trains across the cluster's workers through lightgbm.dask."""
-    timings: dict[str, float] = {}
+    (distributed.Client) the booster trains across the cluster's workers through lightgbm.dask.
+    Raises ValueError when the training period holds too few failures. Seeded: the same data and
+    config give the same model."""
     started = time.perf_counter()
-    cadence = config.cadence_s or dataset.interval_s
-    features = FeatureConfig(cadence_s=cadence, gpus_per_node=dataset.gpus_per_node)
+    features = FeatureConfig(
+        cadence_s=config.cadence_s or dataset.interval_s, gpus_per_node=dataset.gpus_per_node
+    )
     split = make_split(dataset, config)
-    labels = Labels(config.horizon_s, dataset.failures)
-    sampler = _Sampler(labels, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
-    engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
-    names = engine.names
-    rows = sampler.rows.stack()
-    timings["feature_build_s"] = time.perf_counter() - started
-    x, y, w, t = rows["features"], rows["label"].astype(bool), rows["weight"], rows["time_s"]
-    if x.size == 0 or not y.any():
-        raise ValueError(
-            "no failure falls in the training period: more days, more nodes or more acceleration"
-        )
-    fit, val = t < split.validation_start_s, t >= split.validation_start_s
-    if not y[val].any() or not y[fit].any():
-        raise ValueError("both the fit and validation slices need failures: more days or more acceleration")
-
-    # Feature-group dropout: some rows look like a cluster with only dcgm-exporter's default metrics.
-    rng = np.random.default_rng(config.seed + 1)
-    dropped = dcgm_missing_columns(features)
-    x_fit = x[fit].copy()
-    blank = rng.random(len(x_fit)) < config.group_dropout
-    x_fit[np.ix_(blank, dropped)] = np.nan
+    rows, names = _sample(dataset, features, split, config)
+    timings = {"feature_build_s": time.perf_counter() - started}
 
     t0 = time.perf_counter()
-    params = _lgb_params(config, objective="binary", metric="average_precision")
-    # The booster learns to rank on the sampled rows as they are (negatives weighted 50x made a few
-    # heavy rows decide the splits and stopped it after a handful of trees); the calibration below
-    # uses the full weights, so risks are still probabilities for the whole population.
-    rank_w = np.where(y, w, 1.0)
-    if dask_client is not None:
-        from faultcast.model.distributed import fit_on_dask
-
-        booster, best = fit_on_dask(dask_client, x_fit, y[fit], rank_w[fit], x[val], y[val], rank_w[val], params,
-                                    config.num_boost_round)  # fmt: skip
-    else:
-        train_set = lgb.Dataset(
-            x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), free_raw_data=False
-        )
-        val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
-        booster = lgb.train(params, train_set, num_boost_round=config.num_boost_round, valid_sets=[val_set],
-                            callbacks=[lgb.early_stopping(50, verbose=False)])  # fmt: skip
-        best = booster.best_iteration or config.num_boost_round
-        booster = _trimmed(booster, best)
-    raw_val = np.asarray(booster.predict(x[val]))
-    # Platt scaling on the validation slice: monotone and continuous, so thresholds stay fine-grained
-    # (isotonic steps would tie thousands of rows at the top).
-    platt = LogisticRegression(C=1e6, max_iter=1000).fit(
-        _logit(raw_val)[:, None], y[val], sample_weight=w[val]
+    dropped = dcgm_missing_columns(features)
+    booster, best = _fit_risk(rows, names, dropped, config, dask_client)
+    calibration = _calibrate(booster, rows)
+    modes, mode_booster = _fit_mode_head(rows, names, config)
+    model = FaultModel(
+        booster=booster,
+        calibration=calibration,
+        mode_booster=mode_booster,
+        modes=modes,
+        ttf_booster=_fit_ttf_head(rows, names, config),
+        feature_config=features,
+        feature_names=names,
+        horizon_s=config.horizon_s,
+        threshold=1.0,
+        policy=AlertPolicy(config.k, config.clear_steps, config.hold_ratio, config.dark_steps),
+        logistic=_fit_logistic(rows.x[rows.fit], rows.y[rows.fit], rows.w[rows.fit], config.seed),
+        logistic_threshold=1.0,
+        dcgm_default_threshold=1.0,
+        manifest={},
     )
-    calibration = (float(platt.coef_[0][0]), float(platt.intercept_[0]))
-
-    positive = y & fit
-    modes = sorted(set(rows["mode"][positive]))
-    mode_booster = None
-    if len(modes) > 1:
-        mode_ids = np.array([modes.index(m) for m in rows["mode"][positive]])
-        mode_booster = lgb.train(
-            _lgb_params(config, objective="multiclass", num_class=len(modes), min_data_in_leaf=10),
-            lgb.Dataset(x[positive], mode_ids, feature_name=list(names)), num_boost_round=200,
-        )  # fmt: skip
-    bucket = np.searchsorted(np.asarray(TTF_BUCKETS_S), rows["ttf_s"][positive], side="left")
-    bucket = np.minimum(bucket, len(TTF_BUCKETS_S) - 1)
-    ttf_booster = None
-    if len(set(bucket.tolist())) == len(TTF_BUCKETS_S):
-        ttf_booster = lgb.train(
-            _lgb_params(config, objective="multiclass", num_class=len(TTF_BUCKETS_S), min_data_in_leaf=10),
-            lgb.Dataset(x[positive], bucket, feature_name=list(names)), num_boost_round=200,
-        )  # fmt: skip
-    logistic = _fit_logistic(x[fit], y[fit], w[fit], config.seed)
     timings["training_s"] = time.perf_counter() - t0
 
-    policy = AlertPolicy(config.k, config.clear_steps, config.hold_ratio, config.dark_steps)
-    periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
-    model = FaultModel(
-        booster=booster, calibration=calibration, mode_booster=mode_booster, modes=modes,
-        ttf_booster=ttf_booster, feature_config=features, feature_names=names, horizon_s=config.horizon_s,
-        threshold=1.0, policy=policy, logistic=logistic, logistic_threshold=1.0, dcgm_default_threshold=1.0,
-        manifest={},
-    )  # fmt: skip
-
-    # Thresholds: the lowest that keeps validation false alarms within the budget.
     t0 = time.perf_counter()
-    period = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s)
-
-    def chosen(scored: ScoredPeriod, method: str) -> tuple[float, float]:
-        return choose_threshold(scored, dataset.failures, method, policy, NODE_LEVEL_MODES,
-                                config.false_alarm_budget, periods, floor=MODE_FLOOR)  # fmt: skip
-
-    model.threshold, model_fa = chosen(period, "model")
-    model.logistic_threshold, logistic_fa = chosen(period, "logistic")
-    # A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
-    # chosen the same way on the validation slice with those inputs blanked.
-    masked = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s,
-                          masked_inputs=DCGM_DEFAULT_MISSING)  # fmt: skip
-    model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
+    periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
+    false_alarms, validation_gpu_days = _choose_thresholds(dataset, model, split, config, periods)
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     metrics = TrainingMetrics(
-        training_rows=len(y),
-        training_positives=int(y.sum()),
+        training_rows=len(rows.y),
+        training_positives=int(rows.y.sum()),
         best_iteration=int(best),
         trained_on="dask" if dask_client is not None else "local",
-        validation_gpu_days=period.gpu_days,
+        validation_gpu_days=validation_gpu_days,
         prediction_periods=periods,
-        validation_false_alarms_per_1000_gpu_days=FalseAlarms(model_fa, logistic_fa, dcgm_fa),
+        validation_false_alarms_per_1000_gpu_days=false_alarms,
         dropped_columns_for_dcgm_default=tuple(names[i] for i in dropped),
     )
     save(
@@ -287,9 +224,162 @@ def train(
         metrics=metrics,
         timings_s=Timings(**timings),
     )
-    log.info("trained on %d rows (%d positive) in %.1f s; threshold %.4f", len(y), y.sum(), timings["total_s"],
-             model.threshold)  # fmt: skip
+    log.info(
+        "trained on %d rows (%d positive) in %.1f s; threshold %.4f",
+        len(rows.y),
+        rows.y.sum(),
+        timings["total_s"],
+        model.threshold,
+    )
     return model
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    """The sampled training rows, stacked, and which fall in the fit and the validation slices."""
+
+    x: np.ndarray  # (rows, features) float32
+    y: np.ndarray  # bool: a failure within the horizon
+    w: np.ndarray  # weight: negatives weighted back up, node-level positives down
+    ttf_s: np.ndarray  # time to the failure (positives)
+    mode: np.ndarray  # the failure's mode (positives)
+    fit: np.ndarray  # bool: before the validation slice
+    val: np.ndarray  # bool: in the validation slice
+
+
+def _sample(
+    dataset: Dataset, features: FeatureConfig, split: Split, config: TrainConfig
+) -> tuple[_Sampled, tuple[str, ...]]:
+    """Replay the training nodes and period through the features, keeping the sampler's rows."""
+    labels = Labels(config.horizon_s, dataset.failures)
+    sampler = _Sampler(labels, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
+    engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
+    rows = sampler.rows.stack()
+    x, y, t = rows["features"], rows["label"].astype(bool), rows["time_s"]
+    if x.size == 0 or not y.any():
+        raise ValueError(
+            "no failure falls in the training period: more days, more nodes or more acceleration"
+        )
+    fit, val = t < split.validation_start_s, t >= split.validation_start_s
+    if not y[val].any() or not y[fit].any():
+        raise ValueError("both the fit and validation slices need failures: more days or more acceleration")
+    sampled = _Sampled(x=x, y=y, w=rows["weight"], ttf_s=rows["ttf_s"], mode=rows["mode"], fit=fit, val=val)
+    return sampled, engine.names
+
+
+def _fit_risk(
+    rows: _Sampled, names: tuple[str, ...], dropped: np.ndarray, config: TrainConfig, dask_client: Any
+) -> tuple[lgb.Booster, int]:
+    """The risk booster, early-stopped on the validation slice, and its best iteration."""
+    x, y, w, fit, val = rows.x, rows.y, rows.w, rows.fit, rows.val
+    # Feature-group dropout: some rows look like a cluster with only dcgm-exporter's default metrics.
+    rng = np.random.default_rng(config.seed + 1)
+    x_fit = x[fit].copy()
+    blank = rng.random(len(x_fit)) < config.group_dropout
+    x_fit[np.ix_(blank, dropped)] = np.nan
+    params = _lgb_params(config, objective="binary", metric="average_precision")
+    # The booster learns to rank on the sampled rows as they are (negatives weighted 50x made a few
+    # heavy rows decide the splits and stopped it after a handful of trees); the calibration
+    # uses the full weights, so risks are still probabilities for the whole population.
+    rank_w = np.where(y, w, 1.0)
+    if dask_client is not None:
+        from faultcast.model.distributed import fit_on_dask
+
+        return fit_on_dask(
+            dask_client,
+            x_fit,
+            y[fit],
+            rank_w[fit],
+            x[val],
+            y[val],
+            rank_w[val],
+            params,
+            config.num_boost_round,
+        )
+    train_set = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), free_raw_data=False)
+    val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
+    booster = lgb.train(
+        params,
+        train_set,
+        num_boost_round=config.num_boost_round,
+        valid_sets=[val_set],
+        callbacks=[lgb.early_stopping(50, verbose=False)],
+    )
+    best = booster.best_iteration or config.num_boost_round
+    return _trimmed(booster, best), best
+
+
+def _calibrate(booster: lgb.Booster, rows: _Sampled) -> tuple[float, float]:
+    """Platt scaling on the validation slice: monotone and continuous, so thresholds stay
+    fine-grained (isotonic steps would tie thousands of rows at the top)."""
+    raw_val = np.asarray(booster.predict(rows.x[rows.val]))
+    platt = LogisticRegression(C=1e6, max_iter=1000).fit(
+        _logit(raw_val)[:, None], rows.y[rows.val], sample_weight=rows.w[rows.val]
+    )
+    return float(platt.coef_[0][0]), float(platt.intercept_[0])
+
+
+def _fit_mode_head(
+    rows: _Sampled, names: tuple[str, ...], config: TrainConfig
+) -> tuple[list[str], lgb.Booster | None]:
+    """The modes seen among the fit slice's positives and, when more than one, a head that tells
+    them apart."""
+    positive = rows.y & rows.fit
+    modes = sorted(set(rows.mode[positive]))
+    if len(modes) <= 1:
+        return modes, None
+    mode_ids = np.array([modes.index(m) for m in rows.mode[positive]])
+    params = _lgb_params(config, objective="multiclass", num_class=len(modes), min_data_in_leaf=10)
+    dataset = lgb.Dataset(rows.x[positive], mode_ids, feature_name=list(names))
+    return modes, lgb.train(params, dataset, num_boost_round=200)
+
+
+def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -> lgb.Booster | None:
+    """Which time bucket (TTF_BUCKETS_S) the failure falls in, when the positives fill every bucket."""
+    positive = rows.y & rows.fit
+    bucket = np.searchsorted(np.asarray(TTF_BUCKETS_S), rows.ttf_s[positive], side="left")
+    bucket = np.minimum(bucket, len(TTF_BUCKETS_S) - 1)
+    if len(set(bucket.tolist())) != len(TTF_BUCKETS_S):
+        return None
+    params = _lgb_params(config, objective="multiclass", num_class=len(TTF_BUCKETS_S), min_data_in_leaf=10)
+    return lgb.train(
+        params, lgb.Dataset(rows.x[positive], bucket, feature_name=list(names)), num_boost_round=200
+    )
+
+
+def _choose_thresholds(
+    dataset: Dataset, model: FaultModel, split: Split, config: TrainConfig, periods: PredictionPeriods
+) -> tuple[FalseAlarms, float]:
+    """Sets the model's thresholds, each the lowest that keeps validation false alarms within the
+    budget; returns the false alarms at each and the validation GPU-days."""
+    period = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s)
+
+    def chosen(scored: ScoredPeriod, method: str) -> tuple[float, float]:
+        return choose_threshold(
+            scored,
+            dataset.failures,
+            method,
+            model.policy,
+            NODE_LEVEL_MODES,
+            config.false_alarm_budget,
+            periods,
+            floor=MODE_FLOOR,
+        )
+
+    model.threshold, model_fa = chosen(period, "model")
+    model.logistic_threshold, logistic_fa = chosen(period, "logistic")
+    # A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
+    # chosen the same way on the validation slice with those inputs blanked.
+    masked = score_period(
+        dataset,
+        model,
+        split.train_nodes,
+        split.validation_start_s,
+        split.train_end_s,
+        masked_inputs=DCGM_DEFAULT_MISSING,
+    )
+    model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
+    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), period.gpu_days
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

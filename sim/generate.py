@@ -378,13 +378,65 @@ def generate_chunk(
         raise ValueError(f"chunk {chunk} is past the horizon ({config.steps} steps)")
     # Always a whole chunk, cut to the horizon at the end: a short last chunk is then exactly the
     # start of the same chunk in a longer run (the live source's).
-    n = config.chunk_steps
-    g, gen, dt = config.gpus_per_node, traits.generation, config.interval_s
-    dt_min = dt / 60.0
-    t = (first + np.arange(n)) * dt
+    t = (first + np.arange(config.chunk_steps)) * config.interval_s
     rs = _Streams(config.seed, traits.index, chunk)
+    # The steps below share one generator, `noise`: they draw from it in this order, always.
+    noise = rs(_Key.NOISE)
+    out = _outages(config, schedule, t)
+    load = _workload(config, traits, schedule, chunk, t, noise)
+    fx = _Effects(t, config.gpus_per_node, config.ib_ports)
+    for failure in schedule.failures:
+        if failure.lead_s > 0 and failure.precursor_start_s <= t[-1] and failure.fail_s > t[0]:
+            # Keyed by the failure itself: adding another failure cannot change this one's draws.
+            key = f"event:{failure.gpu}:{round(failure.fail_s * 1000)}"
+            _precursor(fx, failure, rs(key), config.interval_s / 60.0)
+    app_xids = np.zeros(out.lost.shape, dtype=np.int64)
+    if config.confounders:
+        app_xids = _confounders(fx, traits, rs, config.interval_s, load.busy)
+    heat = _thermals(traits, load, fx, noise)
+    v = _counters(config, traits, state, out, fx, rs, heat.power)
+    v["xid_last"] = _xids(state, out, fx, rs, app_xids, v)
+    v |= _gauges(traits, schedule, t, load, heat, fx, noise)
+    gpu_values = _gpu_values(v, out.lost)
+    ib_values, iface_values, peer_values, host_values = _network(
+        config, traits, state, fx, rs, load.busy, out.node_return, out.node_dark
+    )
+    node_present, gpu_present = _rows_present(config, rs, fx, out)
+    state.chunks_done += 1
+    cut = slice(0, rows)
+    return NodeChunk(
+        traits.index,
+        first,
+        t[cut],
+        gpu_values[cut],
+        gpu_present[cut],
+        out.replacements[cut],
+        ib_values[cut],
+        iface_values[cut],
+        peer_values[cut],
+        host_values[cut],
+        node_present[cut],
+        out.lost[cut],
+    )
 
-    # -- darkness, resets, swaps -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Outages:
+    """When the node and its GPUs are dark, come back, are swapped or are lost, over a chunk (T, G)."""
+
+    node_dark: np.ndarray  # (T,)
+    node_return: np.ndarray  # (T,) the first step back
+    gpu_dark: np.ndarray
+    swapped: np.ndarray  # the first step of a replacement GPU
+    replacements: np.ndarray  # how many times each slot's GPU was swapped so far
+    lost: np.ndarray  # the collector reports the GPU lost (Xid 79, until the node is drained)
+    lost_at: np.ndarray  # the Xid the collector sees when the GPU goes
+    volatile_reset: np.ndarray  # a driver reload or a GPU back: volatile counters restart
+    reboot: np.ndarray  # the collector restarts with the node or the GPU
+
+
+def _outages(config: FleetConfig, schedule: NodeSchedule, t: np.ndarray) -> _Outages:
+    n, g, dt = len(t), config.gpus_per_node, config.interval_s
     node_fail = schedule.node_failures()
     node_dark = in_windows(t, [(f.fail_s, f.return_s) for f in node_fail])
     node_return = _first_steps(t, dt, [f.return_s for f in node_fail])
@@ -396,7 +448,7 @@ def generate_chunk(
     # A GPU that falls off the bus (Xid 79) is reported lost by the collector until the node is
     # drained; other failures (a DBE, Xid 74, a firmware fault) take the GPU out of service at once.
     lost = np.zeros((n, g), dtype=bool)
-    lost_at = np.zeros((n, g), dtype=np.int64)  # the Xid the collector sees when the GPU goes
+    lost_at = np.zeros((n, g), dtype=np.int64)
     for gpu in range(g):
         own = schedule.gpu_failures(gpu)
         gpu_dark[:, gpu] |= in_windows(t, [(f.fail_s, f.return_s) for f in own])
@@ -409,30 +461,69 @@ def generate_chunk(
         for f in own:
             if f.spec.replaced:
                 replacements[:, gpu] += t >= f.return_s
-    volatile_reset = reload[:, None] | gpu_return
-    reboot = node_return[:, None] | gpu_return  # the collector restarts with the node
+    return _Outages(
+        node_dark=node_dark,
+        node_return=node_return,
+        gpu_dark=gpu_dark,
+        swapped=swapped,
+        replacements=replacements,
+        lost=lost,
+        lost_at=lost_at,
+        volatile_reset=reload[:, None] | gpu_return,
+        reboot=node_return[:, None] | gpu_return,
+    )
 
-    # -- workload and healthy physics ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Workload:
+    """The jobs' load on a healthy node, before failures and throttling (T, G)."""
+
+    busy: np.ndarray  # (T,)
+    util: np.ndarray  # percent
+    power: np.ndarray  # W, before jitter
+    power_jitter: np.ndarray  # W
+    inlet: np.ndarray  # (T,) degrees C
+
+
+def _workload(
+    config: FleetConfig,
+    traits: NodeTraits,
+    schedule: NodeSchedule,
+    chunk: int,
+    t: np.ndarray,
+    noise: np.random.Generator,
+) -> _Workload:
+    n, g, gen = len(t), config.gpus_per_node, traits.generation
     busy = in_windows(t, schedule.jobs)
     target = _phases(config, traits.index, chunk, t, busy)
-    noise = rs(_Key.NOISE)
     util = np.clip(target[:, None] * 100.0 + noise.normal(0.0, 2.0, (n, g)) * busy[:, None], 0.0, 100.0)
     power = gen.idle_w + (gen.tdp_w - gen.idle_w) * 0.9 * util / 100.0 + traits.power_offset_w
     power_jitter = noise.normal(0.0, 0.012 * gen.tdp_w, (n, g))
     inlet = traits.rack_inlet_c + ambient_c(config.start_unix_s + t)
+    return _Workload(busy, util, power, power_jitter, inlet)
 
-    fx = _Effects(t, g, config.ib_ports)
-    for failure in schedule.failures:
-        if failure.lead_s > 0 and failure.precursor_start_s <= t[-1] and failure.fail_s > t[0]:
-            # Keyed by the failure itself: adding another failure cannot change this one's draws.
-            _precursor(fx, failure, rs(f"event:{failure.gpu}:{round(failure.fail_s * 1000)}"), dt_min)
-    app_xids = np.zeros((n, g), dtype=np.int64)
-    if config.confounders:
-        app_xids = _confounders(fx, traits, rs, dt, busy)
 
-    power = power + power_jitter * (1.0 + fx.power_noise)
+@dataclass(frozen=True)
+class _Heat:
+    """Temperature and what it, power caps and brakes do to power and clocks (T, G)."""
+
+    temp: np.ndarray
+    power: np.ndarray
+    sm_clock: np.ndarray
+    sw_thermal: np.ndarray
+    hw_thermal: np.ndarray
+    hw_slowdown: np.ndarray
+    reasons: np.ndarray  # NVML's clock-event reason bits
+
+
+def _thermals(traits: NodeTraits, load: _Workload, fx: _Effects, noise: np.random.Generator) -> _Heat:
+    gen, busy = traits.generation, load.busy
+    power = load.power + load.power_jitter * (1.0 + fx.power_noise)
     temp = (
-        inlet[:, None] + gen.thermal_c_per_w * power + traits.temp_offset_c + noise.normal(0.0, 0.4, (n, g))
+        load.inlet[:, None]
+        + gen.thermal_c_per_w * power
+        + traits.temp_offset_c
+        + noise.normal(0.0, 0.4, power.shape)
     )
     temp += fx.temp_add
     sw_thermal = temp > gen.slowdown_temp_c
@@ -447,12 +538,33 @@ def generate_chunk(
     idle_clock = round(gen.sm_boost_mhz * 0.17 / 15.0) * 15.0
     sm_clock = np.where(busy[:, None], np.round(gen.sm_boost_mhz * clock / 15.0) * 15.0, idle_clock)
     hw_slowdown = hw_thermal | fx.brake
-    reasons = ((~busy)[:, None] * 0x1 + fx.cap * 0x4 + hw_slowdown * 0x8 + sw_thermal * 0x20
-               + hw_thermal * 0x40 + fx.brake * 0x80)  # fmt: skip
+    reasons = (
+        (~busy)[:, None] * 0x1
+        + fx.cap * 0x4
+        + hw_slowdown * 0x8
+        + sw_thermal * 0x20
+        + hw_thermal * 0x40
+        + fx.brake * 0x80
+    )
+    return _Heat(temp, power, sm_clock, sw_thermal, hw_thermal, hw_slowdown, reasons)
 
-    # -- counters ----------------------------------------------------------------------------
-    alive = ~gpu_dark
-    reporting = alive | lost  # the collector still counts Xids and failed calls for a lost GPU
+
+def _counters(
+    config: FleetConfig,
+    traits: NodeTraits,
+    state: NodeState,
+    out: _Outages,
+    fx: _Effects,
+    rs: _Streams,
+    power: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The GPU counters but the Xid ones, carried on from `state` (which they advance), by name."""
+    n, g = out.lost.shape
+    dt = config.interval_s
+    dt_min = dt / 60.0
+    alive = ~out.gpu_dark
+    reporting = alive | out.lost  # the collector still counts failed calls for a lost GPU
+    volatile_reset, aggregate_reset = out.volatile_reset, out.swapped
     v: dict[str, np.ndarray] = {}
 
     def counter(name: str, inc: np.ndarray, reset: np.ndarray, mask: np.ndarray = alive) -> np.ndarray:
@@ -460,20 +572,18 @@ def generate_chunk(
         v[name] = values
         return values
 
-    aggregate_reset = swapped
     counter("total_energy", power * dt * 1000.0, volatile_reset)
     sbe = _poisson(rs(_Key.SBE), fx.sbe_per_min, dt_min)
     counter("ecc_sbe_volatile", sbe, volatile_reset)
     counter("ecc_sbe_aggregate", sbe, aggregate_reset)
     counter("ecc_dbe_volatile", np.zeros((n, g)), volatile_reset)
     counter("ecc_dbe_aggregate", np.zeros((n, g)), aggregate_reset)
-    remaps = (rs(_Key.REMAP).random((n, g)) < fx.remap_p).astype(np.float64)
-    counter("remapped_rows_correctable", remaps, aggregate_reset)
+    counter("remapped_rows_correctable", _remaps(rs, fx), aggregate_reset)
     counter("remapped_rows_uncorrectable", np.zeros((n, g)), aggregate_reset)
     counter(
         "pcie_replay", _poisson(rs("pcie_replay"), fx.pcie_per_min, dt_min) + fx.pcie_burst, volatile_reset
     )
-    links = gen.nvlinks
+    links = traits.generation.nvlinks
     for k, kind in enumerate(_NVLINK_KINDS):
         worst_inc = _poisson(rs(f"nvlink_{kind}"), fx.nvlink_per_min[k], dt_min) + (
             fx.nvlink_burst if k == 0 else 0.0
@@ -483,22 +593,47 @@ def generate_chunk(
         others = counter(f"_nvlink_{kind}_others", others_inc, volatile_reset)
         v[f"nvlink_{kind}_errors"] = worst + others
         v[f"nvlink_{kind}_errors_worst_link"] = np.maximum(worst, np.ceil(others / max(links - 1, 1)))
-    failed = (
-        _poisson(rs("nvml_failed"), fx.nvml_fail_per_min, dt_min) + lost
-    )  # a lost GPU fails its first call
-    counter("nvml_failed_calls", failed, reboot, reporting)
-    counter("nvml_timed_out_calls", np.zeros_like(failed), reboot, reporting)  # the twin's NVML never hangs
+    # A lost GPU fails its first call.
+    failed = _poisson(rs("nvml_failed"), fx.nvml_fail_per_min, dt_min) + out.lost
+    counter("nvml_failed_calls", failed, out.reboot, reporting)
+    counter(
+        "nvml_timed_out_calls", np.zeros_like(failed), out.reboot, reporting
+    )  # the twin's NVML never hangs
+    return v
 
-    # Xid events: at most one per GPU per step; the hardware's own win over application codes.
+
+def _remaps(rs: _Streams, fx: _Effects) -> np.ndarray:
+    """Correctable row remaps per step (0 or 1): its own stream, read by the counters and the Xids."""
+    return (rs(_Key.REMAP).random(fx.remap_p.shape) < fx.remap_p).astype(np.float64)
+
+
+def _xids(
+    state: NodeState,
+    out: _Outages,
+    fx: _Effects,
+    rs: _Streams,
+    app_xids: np.ndarray,
+    v: dict[str, np.ndarray],
+) -> np.ndarray:
+    """Adds the Xid event counters to `v` and returns the last Xid each step shows (T, G)."""
+    n, g = out.lost.shape
+    alive = ~out.gpu_dark
+    reporting = alive | out.lost  # the collector still counts Xids for a lost GPU
+    reboot = out.reboot
+
+    def counter(name: str, inc: np.ndarray) -> None:
+        v[name], state.gpu[name] = _cumulate(state.gpu[name], inc * reporting, reboot)
+
+    # At most one per GPU per step; the hardware's own win over application codes.
     xr = rs(_Key.XID)
     xid = app_xids.copy()
     xid = np.where(xr.random((n, g)) < fx.xid92_p, 92, xid)
-    xid = np.where(remaps > 0, 63, xid)
+    xid = np.where(_remaps(rs, fx) > 0, 63, xid)
     xid = np.where(alive, xid, 0)
-    xid = np.where(lost_at > 0, lost_at, xid)
+    xid = np.where(out.lost_at > 0, out.lost_at, xid)
     for code in TRACKED_XIDS:
-        counter(f"xid_{code}_events", (xid == code).astype(np.float64), reboot, reporting)
-    counter("xid_other_events", np.zeros((n, g)), reboot, reporting)
+        counter(f"xid_{code}_events", (xid == code).astype(np.float64))
+    counter("xid_other_events", np.zeros((n, g)))
     has = xid > 0
     last_idx = np.maximum.accumulate(np.where(has, np.arange(n)[:, None], -1), axis=0)
     xid_last = np.where(
@@ -508,30 +643,44 @@ def generate_chunk(
     reboot_idx = np.maximum.accumulate(np.where(reboot, np.arange(n)[:, None], -1), axis=0)
     xid_last = np.where((reboot_idx > last_idx) & (reboot_idx >= 0), 0.0, xid_last)
     state.xid_last = xid_last[-1].copy()
+    return np.asarray(xid_last, dtype=np.float64)
 
-    # -- gauges ------------------------------------------------------------------------------
+
+def _gauges(
+    traits: NodeTraits,
+    schedule: NodeSchedule,
+    t: np.ndarray,
+    load: _Workload,
+    heat: _Heat,
+    fx: _Effects,
+    noise: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """The GPU gauges, by name (draws from `noise` in a fixed order: the dict's)."""
+    gen, busy, util, temp = traits.generation, load.busy, load.util, heat.temp
+    n, g = util.shape
+    links = gen.nvlinks
     fb_frac = _job_memory_fraction(schedule.jobs, t)[:, None] * np.ones((1, g))
     fb_used = np.round(
         np.maximum(fb_frac * gen.fb_total_mib, 520.0) + noise.normal(0.0, 40.0, (n, g)) * busy[:, None]
     )
     nvml_s = _NVML_CALL_S * np.exp(noise.normal(0.0, 0.12, (n, g))) * fx.nvml_slow
-    v |= {
+    return {
         "gpu_temp": np.round(temp),
         "memory_temp": np.round(temp + 5.5 + 0.15 * fx.temp_add + noise.normal(0.0, 0.4, (n, g))),
-        "power_usage": np.round(power, 3),
+        "power_usage": np.round(heat.power, 3),
         "power_limit": np.full((n, g), gen.tdp_w),
-        "sm_clock": sm_clock,
+        "sm_clock": heat.sm_clock,
         "mem_clock": np.full((n, g), gen.mem_clock_mhz),
         "gpu_util": np.round(util),
         "mem_copy_util": np.round(util * 0.42),
         "fb_used": fb_used,
         "fb_free": gen.fb_total_mib - fb_used,
         "pstate": np.zeros((n, g)),
-        "clock_event_reasons": reasons.astype(np.float64),
+        "clock_event_reasons": heat.reasons.astype(np.float64),
         "throttle_sw_power_cap": fx.cap.astype(np.float64),
-        "throttle_hw_slowdown": hw_slowdown.astype(np.float64),
-        "throttle_sw_thermal": sw_thermal.astype(np.float64),
-        "throttle_hw_thermal": hw_thermal.astype(np.float64),
+        "throttle_hw_slowdown": heat.hw_slowdown.astype(np.float64),
+        "throttle_sw_thermal": heat.sw_thermal.astype(np.float64),
+        "throttle_hw_thermal": heat.hw_thermal.astype(np.float64),
         "throttle_hw_power_brake": fx.brake.astype(np.float64),
         "row_remap_pending": fx.pending.astype(np.float64),
         "row_remap_failure": np.zeros((n, g)),
@@ -542,7 +691,6 @@ def generate_chunk(
         "pcie_tx_bytes_per_second": np.round(util * 2.1e8 * np.exp(noise.normal(0.0, 0.05, (n, g))), -3),
         "pcie_rx_bytes_per_second": np.round(util * 2.4e8 * np.exp(noise.normal(0.0, 0.05, (n, g))), -3),
         "nvlink_links_active": np.full((n, g), float(links)),
-        "xid_last": xid_last.astype(np.float64),
         "nvml_call_seconds": nvml_s,
         "nvml_slowest_call_seconds": nvml_s * noise.uniform(0.1, 0.25, (n, g)),
         # Fan speed (liquid-cooled SXM parts) and page retirement (replaced by row remapping since
@@ -550,33 +698,34 @@ def generate_chunk(
         "nvml_unsupported_fields": np.full((n, g), 4.0),
         "gpu_lost": np.zeros((n, g)),
     }
+
+
+def _gpu_values(v: dict[str, np.ndarray], lost: np.ndarray) -> np.ndarray:
+    """(T, G, metrics) in catalogue order, gauges narrowed; a lost GPU keeps only the collector's own
+    bookkeeping about it."""
+    n, g = lost.shape
     gpu_values = np.full((n, g, N_GPU_METRICS), np.nan)
     for name, values in v.items():
         column = GPU_INDEX.get(name)
         if column is not None:
             gpu_values[:, :, column] = values
     narrow_gauges(gpu_values, GPU_WIDE)
-    # A lost GPU answers nothing: only the collector's own bookkeeping about it remains.
     gpu_values[lost[:, :, None] & ~_KEPT_WHEN_LOST[None, None, :]] = np.nan
     gpu_values[:, :, GPU_INDEX["gpu_lost"]] = lost
+    return gpu_values
 
-    # -- network -----------------------------------------------------------------------------
-    ib_values, iface_values, peer_values, host_values = _network(
-        config, traits, state, fx, rs, busy, node_return, node_dark
-    )
 
-    # -- which rows exist ----------------------------------------------------------------------
+def _rows_present(
+    config: FleetConfig, rs: _Streams, fx: _Effects, out: _Outages
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows exist: (node (T,), GPU (T, G)); lost scrapes are confounders' noise."""
+    n, g = out.lost.shape
     mr = rs(_Key.MISSING)
     lost_scrape = mr.random(n) < (_NODE_ROW_MISSING if config.confounders else 0.0)
     lost_gpu = mr.random((n, g)) < (_GPU_ROW_MISSING if config.confounders else 0.0) + fx.missing
-    node_present = ~node_dark & ~lost_scrape
-    gpu_present = (alive & ~lost_gpu | lost) & node_present[:, None]
-
-    state.chunks_done += 1
-    cut = slice(0, rows)
-    return NodeChunk(traits.index, first, t[cut], gpu_values[cut], gpu_present[cut], replacements[cut],
-                     ib_values[cut], iface_values[cut], peer_values[cut], host_values[cut], node_present[cut],
-                     lost[cut])  # fmt: skip
+    node_present = ~out.node_dark & ~lost_scrape
+    gpu_present = (~out.gpu_dark & ~lost_gpu | out.lost) & node_present[:, None]
+    return node_present, gpu_present
 
 
 def _network(
@@ -589,18 +738,45 @@ def _network(
     reboot: np.ndarray,
     dark: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    r = rs(_Key.NETWORK)  # schedule-independent draws; every Poisson count has its own stream
-    n, ports, dt = len(fx.t), config.ib_ports, config.interval_s
-    dt_min = dt / 60.0
-    alive = ~dark
-    h100 = traits.generation.tdp_w > 500
+    """The node's network counters and gauges over the chunk: IB ports (T, P, metrics), the
+    Ethernet interface (T, 1, metrics), peers (T, Q, metrics), the host's TCP (T, metrics).
+    Advances `state`'s network counters."""
+    r = rs(_Key.NETWORK)  # schedule-independent draws, in this order; every Poisson count has its own stream
+    cum = _NetworkCounters(reboot, ~dark)
+    return (
+        _ib_ports(config, traits, state, fx, rs, r, cum, busy),
+        _interface(config, state, rs, r, cum, busy),
+        _peers(config, state, fx, r, busy, ~dark),
+        _host(config, state, fx, rs, r, cum, busy),
+    )
 
-    def cum(store: dict[str, np.ndarray], name: str, inc: np.ndarray) -> np.ndarray:
-        shaped_reset = reboot.reshape((-1,) + (1,) * (inc.ndim - 1)) & np.ones(inc.shape, dtype=bool)
-        alive_b = alive.reshape((-1,) + (1,) * (inc.ndim - 1))
+
+class _NetworkCounters:
+    """Cumulates a network counter (T, ...) that restarts with the node and stands still while dark."""
+
+    def __init__(self, reboot: np.ndarray, alive: np.ndarray) -> None:
+        self.reboot, self.alive = reboot, alive
+
+    def __call__(self, store: dict[str, np.ndarray], name: str, inc: np.ndarray) -> np.ndarray:
+        shaped_reset = self.reboot.reshape((-1,) + (1,) * (inc.ndim - 1)) & np.ones(inc.shape, dtype=bool)
+        alive_b = self.alive.reshape((-1,) + (1,) * (inc.ndim - 1))
         values, store[name] = _cumulate(store[name], inc * alive_b, shaped_reset)
         return values
 
+
+def _ib_ports(
+    config: FleetConfig,
+    traits: NodeTraits,
+    state: NodeState,
+    fx: _Effects,
+    rs: _Streams,
+    r: np.random.Generator,
+    cum: _NetworkCounters,
+    busy: np.ndarray,
+) -> np.ndarray:
+    n, ports, dt = len(fx.t), config.ib_ports, config.interval_s
+    dt_min = dt / 60.0
+    h100 = traits.generation.tdp_w > 500
     load = np.where(busy, 1.0, 0.002)[:, None]
     data = load * _IB_PORT_BYTES_S * dt * r.uniform(0.9, 1.1, (n, ports))
     ib = {
@@ -651,8 +827,20 @@ def _network(
         "ib_port_phys_state": np.full((n, ports), 5.0),
         "ib_port_rate_gbps": np.full((n, ports), 400.0 if h100 else 200.0),
     }
-    ib_values = narrow_gauges(np.stack([ib[m.name] for m in IB_METRICS], axis=-1), IB_WIDE)
 
+    return narrow_gauges(np.stack([ib[m.name] for m in IB_METRICS], axis=-1), IB_WIDE)
+
+
+def _interface(
+    config: FleetConfig,
+    state: NodeState,
+    rs: _Streams,
+    r: np.random.Generator,
+    cum: _NetworkCounters,
+    busy: np.ndarray,
+) -> np.ndarray:
+    n, dt = len(busy), config.interval_s
+    dt_min = dt / 60.0
     eth_bytes = (2e5 + 1e6 * busy) * dt
     iface = {
         "net_rx_bytes": cum(
@@ -670,8 +858,19 @@ def _network(
         ),
         "net_tx_dropped": cum(state.iface, "net_tx_dropped", np.zeros((n, 1))),
     }
-    iface_values = narrow_gauges(np.stack([iface[m.name] for m in IF_METRICS], axis=-1), IF_WIDE)
 
+    return narrow_gauges(np.stack([iface[m.name] for m in IF_METRICS], axis=-1), IF_WIDE)
+
+
+def _peers(
+    config: FleetConfig,
+    state: NodeState,
+    fx: _Effects,
+    r: np.random.Generator,
+    busy: np.ndarray,
+    alive: np.ndarray,
+) -> np.ndarray:
+    n, dt = len(busy), config.interval_s
     q = config.peers
     p50 = 25e-6 * (1.0 + 0.2 * busy)[:, None] * np.exp(r.normal(0.0, 0.05, (n, q))) * fx.rtt[:, None]
     p99 = p50 * 2.5 * np.exp(r.normal(0.0, 0.1, (n, q))) * fx.rtt_tail[:, None]
@@ -685,8 +884,21 @@ def _network(
         "peer_loss_ratio": loss,
         "peer_probes": probes,
     }
-    peer_values = narrow_gauges(np.stack([peer[m.name] for m in PEER_METRICS], axis=-1), PEER_WIDE)
 
+    return narrow_gauges(np.stack([peer[m.name] for m in PEER_METRICS], axis=-1), PEER_WIDE)
+
+
+def _host(
+    config: FleetConfig,
+    state: NodeState,
+    fx: _Effects,
+    rs: _Streams,
+    r: np.random.Generator,
+    cum: _NetworkCounters,
+    busy: np.ndarray,
+) -> np.ndarray:
+    n, dt = len(busy), config.interval_s
+    dt_min = dt / 60.0
     sent = (800.0 + 4000.0 * busy) * dt
     host = {
         "tcp_retrans_segs": cum(
@@ -697,5 +909,4 @@ def _network(
         "tcp_out_segs": cum(state.host, "tcp_out_segs", np.round(sent * r.uniform(0.9, 1.1, n))[:, None]),
         "tcp_in_errs": cum(state.host, "tcp_in_errs", np.zeros((n, 1))),
     }
-    host_values = narrow_gauges(np.concatenate([host[m.name] for m in HOST_METRICS], axis=-1), HOST_WIDE)
-    return ib_values, iface_values, peer_values, host_values
+    return narrow_gauges(np.concatenate([host[m.name] for m in HOST_METRICS], axis=-1), HOST_WIDE)
