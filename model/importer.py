@@ -488,6 +488,69 @@ def import_prometheus(
     Without a failure log (`failures_csv=None`) the failure file is empty and the manifest says so:
     such data can be scored but not trained or evaluated on."""
     parsed = _parse(export, node_labels)
+    grid = _grid(export, parsed, interval_s, gpus_per_node)
+    gpus = _gpu_grid(parsed, grid)
+    net_dense = np.full((len(grid.nodes), grid.steps, len(NETWORK_COLUMNS)), np.nan)
+    for node, columns in parsed.network.items():
+        net_dense[grid.node_index[node]] = _node_network(columns, grid.start, grid.interval, grid.steps)
+    net_present = np.isfinite(net_dense).any(axis=2)
+    uuids = [u for u, _ in gpus.identities]
+    uuid_at = {key: (gpus.identity[k], uuids) for k, key in enumerate(gpus.keys)}
+    failures = (
+        _failures(failures_csv, grid.nodes, grid.gpus_per_node, uuid_at, (grid.start, grid.interval))
+        if failures_csv
+        else []
+    )
+
+    out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
+    telemetry_rows = _write_telemetry(
+        out,
+        gpus.keys,
+        grid.nodes,
+        grid.node_index,
+        gpus.identities,
+        gpus.dense,
+        gpus.identity,
+        gpus.present,
+        grid.start,
+        grid.interval,
+    )
+    network_rows = _write_network(out, grid.nodes, net_dense, net_present, grid.start, grid.interval)
+    with (out / "failures.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FAILURE_FIELDS)
+        writer.writeheader()
+        writer.writerows(failures)
+    rows = {"telemetry": telemetry_rows, "network": network_rows, "failures": len(failures)}
+    manifest = _data_manifest(export, failures_csv, parsed, grid, gpus, failures, rows)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    log.info(
+        "imported %d samples of %d GPUs on %d nodes at %.0f s: %d telemetry rows, %d failures; %d unknown series",
+        parsed.samples,
+        len(gpus.keys),
+        len(grid.nodes),
+        grid.interval,
+        telemetry_rows,
+        len(failures),
+        sum(parsed.unknown.values()),
+    )
+    return manifest
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The time grid the import resamples to, and the nodes in file order."""
+
+    start: float  # unix seconds, a multiple of the interval
+    interval: float
+    steps: int
+    gpus_per_node: int
+    nodes: list[str]
+    node_index: dict[str, int]
+
+
+def _grid(export: Path, parsed: _Parsed, interval_s: float | None, gpus_per_node: int | None) -> _Grid:
+    """The grid and the nodes; raises DataError when the export has no GPU series or a GPU index
+    beyond `gpus_per_node`."""
     if not parsed.gpus:
         shown = ", ".join(name for name, _ in parsed.unknown.most_common(5)) or "none"
         raise DataError(
@@ -505,13 +568,28 @@ def import_prometheus(
             f"the export has GPU index {largest - 1}, more than --gpus-per-node {gpus_per_node} allows"
         )
     nodes = sorted({node for node, _ in parsed.gpus} | set(parsed.network))
-    node_index = {name: i for i, name in enumerate(nodes)}
+    return _Grid(start, interval, steps, gpus_per_node, nodes, {name: i for i, name in enumerate(nodes)})
 
-    keys = sorted(parsed.gpus, key=lambda k: (node_index[k[0]], k[1]))
+
+@dataclass(frozen=True)
+class _GpuGrid:
+    """Every GPU's series on the grid, with the identity (UUID, model) each step reports."""
+
+    keys: list[tuple[str, int]]  # (node, gpu) in file order
+    dense: np.ndarray  # (GPUs, steps, GPU_COLUMNS)
+    identity: np.ndarray  # (GPUs, steps): index into `identities`, -1 where none is known
+    identities: list[tuple[str, str]]  # (uuid, model), sorted
+    present: np.ndarray  # (GPUs, steps) bool: a row exists
+    derived: Counter[str]  # derived column -> how many GPUs got it
+
+
+def _gpu_grid(parsed: _Parsed, grid: _Grid) -> _GpuGrid:
+    start, interval, steps = grid.start, grid.interval, grid.steps
+    keys = sorted(parsed.gpus, key=lambda k: (grid.node_index[k[0]], k[1]))
     identities = list(parsed.identities)
     dense = np.full((len(keys), steps, len(GPU_COLUMNS)), np.nan)
     identity = np.full((len(keys), steps), -1, dtype=np.int64)
-    derived: dict[str, int] = Counter()
+    derived: Counter[str] = Counter()
     for k, key in enumerate(keys):
         entry = parsed.gpus[key]
         for name, samples in entry.columns.items():
@@ -527,37 +605,28 @@ def import_prometheus(
     rank = np.empty(len(identities), dtype=np.int64)
     rank[sorted(range(len(identities)), key=identities.__getitem__)] = np.arange(len(identities))
     identity = np.where(identity >= 0, rank[np.maximum(identity, 0)], -1)
-    identities = sorted(identities)
-    gpu_present = np.isfinite(dense).any(axis=2) & (identity >= 0)
+    present = np.isfinite(dense).any(axis=2) & (identity >= 0)
+    return _GpuGrid(keys, dense, identity, sorted(identities), present, derived)
 
-    net_dense = np.full((len(nodes), steps, len(NETWORK_COLUMNS)), np.nan)
-    for node, columns in parsed.network.items():
-        net_dense[node_index[node]] = _node_network(columns, start, interval, steps)
-    net_present = np.isfinite(net_dense).any(axis=2)
 
-    uuids = [u for u, _ in identities]
-    uuid_at = {key: (identity[k], uuids) for k, key in enumerate(keys)}
-    failures = (
-        _failures(failures_csv, nodes, gpus_per_node, uuid_at, (start, interval)) if failures_csv else []
-    )
-
-    out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good
-    telemetry_rows = _write_telemetry(out, keys, nodes, node_index, identities, dense, identity, gpu_present,
-                                      start, interval)  # fmt: skip
-    network_rows = _write_network(out, nodes, net_dense, net_present, start, interval)
-    with (out / "failures.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FAILURE_FIELDS)
-        writer.writeheader()
-        writer.writerows(failures)
-    end = start + steps * interval
+def _data_manifest(
+    export: Path,
+    failures_csv: Path | None,
+    parsed: _Parsed,
+    grid: _Grid,
+    gpus: _GpuGrid,
+    failures: list[dict[str, str]],
+    rows: dict[str, int],
+) -> dict[str, Any]:
+    """The data directory's manifest.json: what was imported, mapped, derived and left out."""
+    start, interval = grid.start, grid.interval
+    end = start + grid.steps * interval
     outside = sum(1 for f in failures if not start < _parse_time(f["timestamp"]) <= end)
-
     mapped = {
         name: dict(parsed.mapped[name]) for name in [*GPU_COLUMNS, *NETWORK_COLUMNS] if name in parsed.mapped
     }
-    have = set(parsed.mapped) | set(derived)
-    days = steps * interval / 86_400.0
-    manifest: dict[str, Any] = {
+    have = set(parsed.mapped) | set(gpus.derived)
+    return {
         "kind": KIND,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "source": {
@@ -566,26 +635,26 @@ def import_prometheus(
             "failures": str(failures_csv) if failures_csv else None,
         },
         "config": {
-            "nodes": len(nodes),
-            "gpus_per_node": gpus_per_node,
-            "days": days,
+            "nodes": len(grid.nodes),
+            "gpus_per_node": grid.gpus_per_node,
+            "days": grid.steps * interval / 86_400.0,
             "interval_s": interval,
             "start_unix_s": start,
         },
-        "nodes": nodes,
+        "nodes": grid.nodes,
         "start": _iso(start),
         "end": _iso(end),
-        "gpu_days": float(gpu_present.sum()) * interval / 86_400.0,
+        "gpu_days": float(gpus.present.sum()) * interval / 86_400.0,
         "failure_log": failures_csv is not None,
-        "rows": {"telemetry": telemetry_rows, "network": network_rows, "failures": len(failures)},
+        "rows": rows,
         "samples": parsed.samples,
         "samples_not_finite": parsed.not_finite,
         "failures_outside_data": outside,
         "failure_counts": dict(sorted(Counter(f["mode"] for f in failures).items())),
-        "gpus": len(keys),
+        "gpus": len(gpus.keys),
         "mapped": mapped,
         "derived": {
-            name: {"gpus": count, "from": _derived_from(name)} for name, count in sorted(derived.items())
+            name: {"gpus": count, "from": _derived_from(name)} for name, count in sorted(gpus.derived.items())
         },
         "missing": {
             "telemetry": [c for c in GPU_COLUMNS if c not in have],
@@ -599,12 +668,6 @@ def import_prometheus(
         "telemetry_columns": TELEMETRY_SCHEMA.names,
         "network_columns": NETWORK_SCHEMA.names,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    log.info(
-        "imported %d samples of %d GPUs on %d nodes at %.0f s: %d telemetry rows, %d failures; %d unknown series",
-        parsed.samples, len(keys), len(nodes), interval, telemetry_rows, len(failures), sum(parsed.unknown.values()),
-    )  # fmt: skip
-    return manifest
 
 
 def _derived_from(name: str) -> str:
