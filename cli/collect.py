@@ -17,7 +17,7 @@ from pathlib import Path
 
 from faultcast.catalogue import Scope
 from faultcast.cli.simulate import parse_scenario
-from faultcast.cli.tls_args import client_tls_options
+from faultcast.cli.tls_args import add_client_arguments, client_tls_options
 from faultcast.cli.types import Subcommands
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
@@ -32,7 +32,7 @@ from faultcast.dcgm import Vocabulary
 from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
 from faultcast.sim.realtime import SimulatedSource
-from faultcast.tls import ChannelFactory, TLSConfigError, add_client_arguments, client_channel_factory
+from faultcast.tls import ChannelFactory, TLSConfigError, client_channel_factory
 
 log = logging.getLogger(__name__)
 

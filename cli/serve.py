@@ -11,13 +11,14 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from faultcast.cli.tls_args import add_server_arguments, server_tls_options
 from faultcast.cli.types import Subcommands
 from faultcast.durations import parse_duration, parse_limit
 from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.auth import Role, digest
 from faultcast.service.config import ServiceConfig
 from faultcast.service.validation import Limits
-from faultcast.tls import TLSConfigError, add_server_arguments, server_tls
+from faultcast.tls import TLSConfigError, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def run_serve(args: argparse.Namespace) -> int:
     metrics = ServiceMetrics()
     try:
         config = service_config(args)
-        tls = server_tls(args)
+        tls = server_tls(server_tls_options(args))
         if tls is not None:
             tls.credentials()  # unreadable certificates fail here, before anything starts
         tokens = TokenBook(args.tokens_file) if args.tokens_file is not None else None

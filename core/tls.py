@@ -1,5 +1,5 @@
-"""Transport security for faultcast's gRPC endpoints: credentials from PEM files and the
-command-line flags that choose them, for the service and for its clients.
+"""Transport security for faultcast's gRPC endpoints: credentials from PEM files, and the settings
+that choose them, for the service and for its clients.
 
 Who a caller is (the service decides what it may do: faultcast.service.auth):
 - a bearer token (`authorization: Bearer TOKEN`, sent only over TLS), whose SHA-256 the
@@ -9,15 +9,13 @@ Who a caller is (the service decides what it may do: faultcast.service.auth):
 
 Plaintext only by `--insecure`, which says so in the log at start.
 
-The flags (add_server_arguments, add_client_arguments) and the settings the library reads
-(ServerTLSOptions, ClientTLSOptions: the same names, typed) are kept apart, so a program that
-builds its settings without argparse uses the same checks; faultcast.cli.tls_args turns parsed
-flags into settings.
+The library reads typed settings (ServerTLSOptions, ClientTLSOptions); the command-line flags that
+fill them live with the CLI (faultcast.cli.tls_args), so a program that builds its settings without
+argparse gets the same checks.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +61,7 @@ def read_token(path: Path) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ServerTLSOptions:
-    """The service's transport-security settings, as given (the flags of add_server_arguments);
+    """The service's transport-security settings, as given (the flags of faultcast.cli.tls_args.add_server_arguments);
     server_tls checks them. Paths are not read here."""
 
     tls_cert: Path | None = None
@@ -96,45 +94,9 @@ class ServerTLS:
         )
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the service's security flags. The TLS ones have ServerTLSOptions' field names as their
-    destinations; --trust-domain and --job-registration are read by the service's authorization."""
-    group = parser.add_argument_group("transport security (TLS, mTLS, bearer tokens)")
-    group.add_argument("--tls-cert", type=Path, help="the service's certificate chain (PEM)")
-    group.add_argument("--tls-key", type=Path, help="the service's private key (PEM)")
-    group.add_argument(
-        "--tls-client-ca",
-        type=Path,
-        help="verify client certificates against this CA (mTLS); identities are SPIFFE IDs "
-        "spiffe://DOMAIN/ROLE/NAME",
-    )
-    group.add_argument(
-        "--tokens-file",
-        type=Path,
-        help="bearer tokens accepted: lines 'sha256:HEX ROLE NAME' (faultcast token); re-read on SIGHUP",
-    )
-    group.add_argument(
-        "--trust-domain", help="accept only SPIFFE IDs of this trust domain (default: any the CA signed)"
-    )
-    group.add_argument(
-        "--job-registration",
-        choices=["trainer", "admin"],
-        default="trainer",
-        help="who may register a job's nodes: the job's own trainer, or only admins (a scheduler prolog)",
-    )
-    group.add_argument(
-        "--insecure",
-        action="store_true",
-        help="plaintext gRPC with no authentication: every caller may do everything (tests, a laptop)",
-    )
-
-
-def server_tls(settings: ServerTLSOptions | argparse.Namespace) -> ServerTLS | None:
+def server_tls(settings: ServerTLSOptions) -> ServerTLS | None:
     """The TLS settings asked for; None with `insecure`. Raises TLSConfigError on a contradiction,
-    so a typo never falls back to plaintext. Files are not read here (ServerTLS.credentials does).
-
-    A parsed argparse.Namespace with the same attribute names is still accepted, for callers not yet
-    moved to faultcast.cli.tls_args.server_tls_options."""
+    so a typo never falls back to plaintext. Files are not read here (ServerTLS.credentials does)."""
     wants_tls = any((settings.tls_cert, settings.tls_key, settings.tls_client_ca, settings.tokens_file))
     if settings.insecure:
         if wants_tls:
@@ -175,8 +137,8 @@ def channel_credentials(
 
 @dataclass(frozen=True, slots=True)
 class ClientTLSOptions:
-    """A client's settings for reaching the service, as given (the flags of add_client_arguments);
-    client_channel_factory checks them."""
+    """A client's settings for reaching the service, as given (the flags of
+    faultcast.cli.tls_args.add_client_arguments); client_channel_factory checks them."""
 
     tls_ca: Path | None = None
     tls_cert: Path | None = None
@@ -184,23 +146,6 @@ class ClientTLSOptions:
     token_file: Path | None = None  # re-read at every new channel, so a rotated token is picked up
     tls_server_name: str | None = None  # the name the service's certificate must carry, if not the host
     insecure: bool = False
-
-
-def add_client_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add a client's flags for reaching the service; their destinations are ClientTLSOptions' field names."""
-    group = parser.add_argument_group("connecting to the service (TLS, mTLS, bearer token)")
-    group.add_argument("--tls-ca", type=Path, help="the CA that signed the service's certificate (PEM)")
-    group.add_argument("--tls-cert", type=Path, help="this client's certificate (PEM), for mTLS")
-    group.add_argument("--tls-key", type=Path, help="this client's private key (PEM), for mTLS")
-    group.add_argument(
-        "--token-file", type=Path, help="a bearer token (faultcast token); re-read at every reconnect"
-    )
-    group.add_argument(
-        "--tls-server-name", help="the name the service's certificate must carry, when not the target's host"
-    )
-    group.add_argument(
-        "--insecure", action="store_true", help="plaintext, unauthenticated (the service must run --insecure)"
-    )
 
 
 def client_channel_factory(settings: ClientTLSOptions) -> ChannelFactory:
