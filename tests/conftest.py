@@ -11,6 +11,27 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# -- hypothesis profiles -------------------------------------------------------------------------------
+# FAULTCAST_HYPOTHESIS_PROFILE picks one; the default is "ci" when CI=true and "dev" otherwise.
+# - ci:   derandomized (the same examples on every run: a red build is a real bug, and
+#         FAULTCAST_HYPOTHESIS_PROFILE=ci replays it anywhere), 100 examples, no example database.
+# - dev:  fresh random examples, 100 of them; a failure is saved in .hypothesis/ and replayed first.
+# - fast: fresh random examples, 20 of them: the edit-run loop (`make fast`).
+# In all three, no deadline and no `too_slow` health check: both time the test or its example
+# generation on the wall clock, which on a shared machine (CI runners, parallel builds) measures the
+# neighbours; speed is measured in bench/, never in a timed test. Every other health check stays on,
+# `data_too_large` included: tests/test_fuzz.py sizes its strategies well inside hypothesis's budget.
+_UNTIMED = [HealthCheck.too_slow]
+settings.register_profile(
+    "ci", derandomize=True, max_examples=100, database=None, deadline=None, suppress_health_check=_UNTIMED
+)
+settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_UNTIMED)
+settings.register_profile("fast", max_examples=20, deadline=None, suppress_health_check=_UNTIMED)
+settings.load_profile(
+    os.environ.get("FAULTCAST_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev")
+)
 
 
 def require_binary(name: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultcast.catalogue import Kind, Scope, metrics_for
@@ -31,7 +31,6 @@ VALUE_REASONS = {
     "duplicate_device",
 }  # fmt: skip
 COUNTERS = {scope: [m.kind is Kind.COUNTER for m in metrics_for(scope)] for scope in Scope}
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Values a collector might send: ordinary readings, the edges of float, NaN and infinities, and
 # huge or negative numbers where counters belong.
@@ -42,9 +41,22 @@ values = st.one_of(
 )
 
 
+def _spread(size: int, everywhere: float, changes: list[tuple[int, float]]) -> tuple[float, ...]:
+    row = [everywhere] * size
+    for position, value in changes:
+        row[position] = value
+    return tuple(row)
+
+
 def row(scope: Scope) -> st.SearchStrategy[tuple[float, ...]]:
+    """The values of one reading: one value everywhere, then up to six positions set to others, so
+    any value lands at any position (counter or gauge) next to any other. Not 67 independent draws per
+    GPU: eleven GPUs of those, at about 10 bytes of hypothesis's entropy per float, overran its 8 KiB
+    budget for one example often enough to fail its `data_too_large` health check (and a stream of
+    twelve samples nearly always did)."""
     n = len(metrics_for(scope))
-    return st.lists(values, min_size=n, max_size=n).map(tuple)
+    changes = st.lists(st.tuples(st.integers(min_value=0, max_value=n - 1), values), max_size=6)
+    return st.builds(_spread, st.just(n), values, changes)
 
 
 gpu_readings = st.builds(
@@ -95,7 +107,6 @@ def kept_or_blanked(sent: tuple[float, ...], kept: tuple[float, ...], scope: Sco
     return blanked
 
 
-@FUZZ
 @given(snapshots())
 def test_validation_refuses_a_sample_with_a_reason_or_keeps_every_good_value(sample: NodeSnapshot) -> None:
     try:
@@ -131,7 +142,6 @@ def test_validation_refuses_a_sample_with_a_reason_or_keeps_every_good_value(sam
     assert issues["non_finite_value"] + issues["implausible_value"] + issues["negative_counter"] == blanked
 
 
-@FUZZ
 @given(st.binary(max_size=4000))
 def test_arbitrary_bytes_decode_to_a_sample_or_fail_with_a_reason(data: bytes) -> None:
     try:
@@ -148,7 +158,6 @@ def test_arbitrary_bytes_decode_to_a_sample_or_fail_with_a_reason(data: bytes) -
     assert decoded.node == message.node
 
 
-@FUZZ
 @given(snapshots(), st.integers(min_value=-3, max_value=3), st.sampled_from(["gpu", "host", "device"]))
 def test_a_sample_with_the_wrong_number_of_values_is_refused_and_a_right_one_round_trips(
     sample: NodeSnapshot, extra: int, where: str
@@ -178,11 +187,9 @@ def test_a_sample_with_the_wrong_number_of_values_is_refused_and_a_right_one_rou
         from_proto(message)
 
 
-# Streams of up to 12 whole node samples are large by design: Hypothesis sometimes finds that too
-# much entropy for one example (a generation-speed health check, flaky on a loaded machine).
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+# How many examples, the deadline and the health checks come from the hypothesis profile in force
+# (tests/conftest.py); a stream of up to 12 samples costs several single samples: 2 in 5 of its examples.
+@settings(max_examples=max(1, settings().max_examples * 2 // 5))
 @given(
     st.lists(
         st.tuples(
