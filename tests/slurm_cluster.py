@@ -16,6 +16,9 @@ Config quirks (Slurm 22.05, Debian bookworm), each needed for a fast and determi
   begin time has passed waits for one of them: `SchedulerParameters=sched_interval=1,bf_interval=1`.
 - `ProctrackType=proctrack/linuxproc` and `TaskPlugin=task/none`, so no cgroup setup is needed.
 - Nodes carry increasing `Weight`, so a job submitted to an idle cluster lands on the first node.
+- slurmctld and slurmd take their ports from slurm.conf and cannot pick one themselves: the ports are
+  ones free a moment ago, and when a daemon finds one taken after all ("Address already in use" in
+  its log) the whole cluster starts again on fresh ports (`tests.conftest.start_on_free_ports`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from tests.conftest import free_port, require_binary
+from tests.conftest import AddressInUseError, require_binary, start_on_free_ports
 
 CLIENT_TIMEOUT_S = 15.0
 
@@ -102,17 +105,27 @@ class SlurmCluster:
         self.stop()
 
     def start(self) -> None:
-        """Writes the config, starts the daemons and waits until every node is IDLE."""
+        """Writes the config, starts the daemons and waits until every node is IDLE; starts again on
+        fresh ports when a daemon could not bind its own."""
+        start_on_free_ports(self._start_on, count=1 + len(self.nodes))
+
+    def _start_on(self, ports: list[int]) -> None:
+        """slurmctld on ports[0], the slurmds on the rest."""
         self._root = Path(tempfile.mkdtemp(prefix="fc-slurm-"))
         self.root.chmod(0o755)  # munged checks that all may search the directories on its socket path
         try:
-            self._write_config()
+            self._write_config(ports[0], ports[1:])
             self._start_munged()
             self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
             self._wait_for("slurmctld to answer", self._controller_up)
             for node in self.nodes:
                 self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
             self._wait_for("all nodes to be IDLE", self._all_idle)
+        except SlurmClusterError as exc:
+            self.stop()
+            if "Address already in use" in str(exc):  # the message carries the daemons' log tails
+                raise AddressInUseError(str(exc)) from exc
+            raise
         except BaseException:
             self.stop()
             raise
@@ -184,20 +197,20 @@ class SlurmCluster:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _write_config(self) -> None:
+    def _write_config(self, controller_port: int, node_ports: Sequence[int]) -> None:
         for sub in ("log", "state", "munge", *(f"spool/{node}" for node in self.nodes)):
             (self.root / sub).mkdir(parents=True)
         (self.root / "munge").chmod(0o755)
         user = getpass.getuser()
         node_lines = [
-            f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
+            f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
             f"CPUs=1 RealMemory=100 Weight={i + 1} State=UNKNOWN"
-            for i, node in enumerate(self.nodes)
+            for i, (node, port) in enumerate(zip(self.nodes, node_ports, strict=True))
         ]
         conf = [
             "ClusterName=faultcast-test",
             "SlurmctldHost=localhost",
-            f"SlurmctldPort={free_port()}",
+            f"SlurmctldPort={controller_port}",
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             "AuthType=auth/munge",

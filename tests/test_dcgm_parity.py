@@ -22,8 +22,8 @@ from faultcast.collector.fake_nvml import FakeNvml
 from faultcast.collector.nvml import NvmlSource
 from faultcast.dcgm import Vocabulary, names
 from faultcast.readings import NodeSnapshot
-from tests.conftest import free_port, require_binary
-from tests.prometheus_api import api, until
+from tests.conftest import require_binary
+from tests.prometheus_api import api, running_prometheus, until
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 
@@ -274,7 +274,6 @@ def _collector(node: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[int]:
     """A real Prometheus scraping a collector with the classic names and one with the canonical ones."""
-    binary = require_binary("prometheus")
     procs = []
     try:
         classic, classic_port = _collector("parity-classic")
@@ -287,21 +286,8 @@ def prometheus(tmp_path: Path) -> Iterator[int]:
             "scrape_configs:\n  - job_name: faultcast\n    static_configs:\n"
             f"      - targets: ['127.0.0.1:{classic_port}', '127.0.0.1:{canonical_port}']\n"
         )
-        port = free_port()
-        procs.append(
-            subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=(tmp_path / "prometheus.log").open("w"),
-                text=True,
-            )
-        )
-        yield port
+        with running_prometheus(config, tmp_path) as port:
+            yield port
     finally:
         for proc in procs:
             proc.terminate()

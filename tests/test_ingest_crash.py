@@ -18,7 +18,6 @@ from faultcast.collector.spool import Spool
 from faultcast.demo.feed import twin_snapshots
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
-from tests.conftest import free_port
 from tests.serve_process import ServeProcess
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=78, acceleration=1.0)
@@ -61,7 +60,6 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
     state = tmp_path / "state"
     state.mkdir()
     log = tmp_path / "serve.log"
-    port = free_port()
     # Samples as the collector spools them: twin snapshots through the wire format; the spool numbers them.
     snapshots = iter(
         twin_snapshots(TwinSource(FLEET, NODE), NAME, BEFORE + BURST + FROZEN + OUTAGE + DRAINING)
@@ -72,11 +70,15 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
         for snapshot in [next(snapshots) for _ in range(count)]:
             assert spool.append(wire.to_proto(snapshot)) == spool.last_sequence
 
+    first = ServeProcess(service_model, state, log)  # on a port of its choosing, port 0
+    services.append(first)
+    # The restart binds this port again, so that the shipper's target stays valid: that is what a
+    # restart on a fixed address is (a connection left in TIME_WAIT does not block it: gRPC binds
+    # with SO_REUSEADDR; only another listener taking the port during the outage could).
+    port = first.port
     shipper = Shipper(
         f"127.0.0.1:{port}", spool, NAME, window=WINDOW, backoff=Backoff(initial=0.05, maximum=0.2), seed=1
     )
-    first = ServeProcess(service_model, state, log, listen=f"127.0.0.1:{port}")
-    services.append(first)
     shipper.start()
     try:
         append(BEFORE)

@@ -24,7 +24,7 @@ from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
 from faultcast.service.actuators import Remediation
 from faultcast.service.kubernetes import ANNOTATION_KEY, TAINT_KEY, KubernetesActuator, label_value
-from tests.conftest import free_port
+from tests.conftest import refused_port
 
 Json = dict[str, Any]
 MERGE_TYPES = ("application/strategic-merge-patch+json", "application/merge-patch+json")
@@ -464,8 +464,7 @@ def test_a_concurrent_node_change_is_retried_and_kept(server: FakeApiServer, api
 
 
 def test_unreachable_api_server_is_reported_not_raised() -> None:
-    configuration = Configuration(host=f"http://127.0.0.1:{free_port()}")
-    with ApiClient(configuration) as client:
+    with refused_port() as port, ApiClient(Configuration(host=f"http://127.0.0.1:{port}")) as client:
         outcome = KubernetesActuator(client, timeout_s=2.0).remediate(alert())
 
     assert not outcome.ok

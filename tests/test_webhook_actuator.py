@@ -18,7 +18,7 @@ from faultcast.service.remediator import Remediator
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import free_port
+from tests.conftest import refused_port
 
 REMEDIATION = Remediation(
     alert_id=42,
@@ -76,7 +76,8 @@ def test_a_refusing_or_absent_webhook_is_an_outcome_not_an_exception(server: Thr
     outcome = WebhookActuator(f"http://127.0.0.1:{server.server_address[1]}/").remediate(REMEDIATION)
     assert not outcome.ok
     assert "HTTP 503" in outcome.detail
-    outcome = WebhookActuator(f"http://127.0.0.1:{free_port()}/", timeout_s=2).remediate(REMEDIATION)
+    with refused_port() as port:
+        outcome = WebhookActuator(f"http://127.0.0.1:{port}/", timeout_s=2).remediate(REMEDIATION)
     assert not outcome.ok
     assert "refused" in outcome.detail.lower()
     with pytest.raises(ValueError, match="http"):
