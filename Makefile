@@ -6,12 +6,19 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # The demo: four twin nodes at 240x real time push to the service; HBM, firmware, NVLink and PCIe
 # failures come on cue over three simulated hours (about a minute; the first run also trains a model).
 
-.PHONY: run test install system-deps lint typecheck unit proto docs bench clean
+.PHONY: run test fast install system-deps lint typecheck unit proto docs bench clean
 
 run: install
 	$(BIN)/faultcast demo
 
 test: install system-deps lint typecheck unit
+
+# The edit-run loop, under two minutes on two cores: lint, types (mypy's cache makes a rerun quick) and
+# the tests not marked slow (tests/conftest.py marks them, and says why), with fewer fuzz examples
+# (hypothesis profile "fast"). `make test` stays the test command. More pytest options through
+# PYTEST_ARGS, e.g. `make fast PYTEST_ARGS="-x -k spool"`; see docs/testing.md.
+fast: install lint typecheck
+	FAULTCAST_HYPOTHESIS_PROFILE=$${FAULTCAST_HYPOTHESIS_PROFILE:-fast} $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -102,6 +103,190 @@ def start_on_free_ports(start: Callable[[list[int]], T], count: int = 1, attempt
         except AddressInUseError:
             continue
     return start(free_ports(count))
+
+
+# -- the slow marker -----------------------------------------------------------------------------------
+# `make test` runs every test; `make fast` (the edit-run loop) runs `pytest -m "not slow"`. A test is slow
+# when it takes more than about a second on a quiet machine (two here, where the suite shares two cores):
+# it trains a model, simulates days of fleet, or starts real processes and servers (Slurm, Prometheus,
+# torchrun, Jupyter, Dask, `faultcast serve` and other `faultcast` commands). The marks are given here,
+# in one place, from three explicit tables; each entry says why:
+# - SLOW_FIXTURES: a test that uses one of these fixtures (directly or through another) is slow. A bare
+#   name is one of this file's fixtures; "tests/FILE.py::name" one of that module's.
+# - SLOW_MODULES: every test in the module is slow.
+# - SLOW_TESTS: by module, test names (without [parameters]: all of them are slow).
+# To mark a new slow test: when its slowness is a fixture's set-up, add the fixture to SLOW_FIXTURES;
+# otherwise add the test to SLOW_TESTS (or decorate it with @pytest.mark.slow). Find candidates with
+# `pytest -m "not slow" --durations=20`; `pytest -m slow --collect-only -q` lists what is marked.
+# An entry that no longer names a test or fixture (a rename) is reported as a warning.
+# `service_model` trains the demo model, about a minute, so its tests are slow unless
+# FAULTCAST_TEST_SERVICE_MODEL names a model trained that way: then it costs nothing, and the tests that
+# use it join the fast loop unless they are slow on their own (listed below for that case).
+SLOW_FIXTURES = {
+    "service_model": "trains the demo model (unless FAULTCAST_TEST_SERVICE_MODEL names one)",
+    "tests/test_model.py::data": "simulates a fleet twin (and `trained` trains on it)",
+    "tests/test_import_score.py::model_dir": "trains a model",
+    "tests/test_import_score.py::scored_data": "simulates and scores a fleet twin",
+    "tests/test_features.py::week": "simulates a week of fleet",
+    "tests/test_client_snapshots.py::uninterrupted": "a multi-process guarded training run",
+    "tests/test_client_snapshots.py::crashed": "a multi-process guarded training run, crashed and rerun",
+    "tests/test_notebooks.py::kernel": "a Jupyter kernel",
+    "tests/test_dcgm_parity.py::prometheus": "a real Prometheus scraping two `faultcast collect`",
+}
+SLOW_MODULES = {
+    "tests/test_client_e2e.py": "torchrun jobs on a real Slurm cluster",
+    "tests/test_examples.py": "the examples' training runs (torchrun)",
+    "tests/test_dask.py": "a Dask LocalCluster",
+    "tests/test_demo.py": "`faultcast demo`",
+    "tests/test_bench_service.py": "the service benchmark",
+    "tests/test_bench_client.py": "the client benchmark",
+    "tests/test_ingest_crash.py": "`faultcast serve` killed and restarted",
+    "tests/test_service_restart.py": "`faultcast serve` killed and restarted",
+    "tests/test_prometheus_scrape.py": "a real Prometheus",
+    "tests/test_cli.py": "`faultcast` commands in subprocesses",
+}
+SLOW_TESTS = {
+    "tests/test_twin.py": {
+        "test_the_simulate_command_writes_the_four_files": "`faultcast simulate`",
+        "test_the_same_seed_writes_the_same_files_and_another_seed_does_not": "3 runs",
+        "test_collect_runs_the_twin_at_speed_and_fails_a_gpu_on_cue": "`faultcast collect`",
+        "test_confounders_happen_and_cause_no_failure": "a fleet simulation",
+    },
+    "tests/test_client_snapshots.py": {
+        "test_one_ranks_vote_reaches_every_rank_at_that_step_only": "processes",
+    },
+    "tests/test_dcgm_parity.py": {
+        "test_collect_once_offers_the_canonical_names_behind_a_flag": "subprocesses",
+    },
+    "tests/test_sim_realtime.py": {
+        "test_collect_starts_a_fast_twin_hours_back_by_default_and_keeps_sim_start": "`faultcast collect`",
+        "test_collect_refuses_a_start_in_the_future_and_contradicting_flags": "`faultcast collect`",
+        "test_a_collector_at_240x_is_taken_whole_by_a_service_with_default_limits": "`faultcast collect`",
+        "test_a_twin_that_catches_up_goes_on_at_real_time_and_is_still_taken_whole": "`faultcast collect`",
+    },
+    "tests/test_docs.py": {
+        "test_the_metric_page_matches_the_catalogue": "`faultcast metrics`",
+    },
+    "tests/test_import_score.py": {
+        "test_a_finer_cadence_is_kept_and_values_match_the_originals": "imports a twin at a 15 s cadence",
+    },
+    "tests/test_remediation_retry.py": {
+        "test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start": "a Python child, killed",
+    },
+    "tests/test_shipping.py": {
+        "test_a_ten_minute_outage_at_1s_loses_no_sample": "600 samples through a spool",
+    },
+    "tests/test_slurm.py": {
+        "test_requeued_job_restarts_on_another_node": "waits out Slurm's credential expiry",
+    },
+    "tests/attacks/test_remediation_full_disk.py": {
+        "test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back": (
+            "retries on the remediator's backoff"
+        ),
+    },
+    # The rest use `service_model`; they are listed for runs with FAULTCAST_TEST_SERVICE_MODEL set.
+    "tests/test_goodput.py": {
+        "test_the_goodput_command_prints_the_three_policies_recommends_a_threshold_and_plots": (
+            "`faultcast goodput`"
+        ),
+    },
+    "tests/test_service_parts.py": {
+        "test_the_service_raises_and_clears_exactly_the_incidents_the_offline_evaluation_counts": (
+            "a fleet twin through the service"
+        ),
+    },
+    "tests/test_security.py": {
+        "test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships": "processes",
+        "test_serve_refuses_to_start_without_tls_or_an_explicit_insecure": "`faultcast serve`",
+    },
+    "tests/attacks/test_crash_remediation.py": {
+        "test_a_crash_loop_does_not_reset_the_circuit_breaker": "`faultcast serve` killed in a loop",
+        "test_a_drain_whose_deadline_passed_while_the_service_was_down_comes_at_once_after_restart": (
+            "`faultcast serve` killed and restarted"
+        ),
+    },
+    "tests/attacks/test_starvation.py": {
+        "test_serve_exits_on_sigterm_with_watch_streams_and_a_subscription_open": "`faultcast serve`",
+    },
+    "tests/attacks/test_state_database.py": {
+        "test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file": "`faultcast serve`",
+    },
+    "tests/test_client_adapters.py": {
+        "test_the_lightning_callback_checkpoints_periodically_and_skips_partial_snapshots": (
+            "a Lightning training run"
+        ),
+        "test_the_lightning_callback_snapshots_on_an_alert_and_the_job_resumes_from_it": (
+            "a Lightning training run"
+        ),
+        "test_the_hugging_face_callback_saves_on_an_alert_and_the_trainer_resumes_from_it": (
+            "a Hugging Face training run"
+        ),
+    },
+    "tests/test_guard.py": {
+        "test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node": (
+            "a twin precursor through the service"
+        ),
+    },
+    "tests/test_service.py": {
+        "test_an_approaching_failure_raises_one_alert_with_lead_mode_and_reasons": (
+            "a twin precursor through the service"
+        ),
+    },
+    "tests/attacks/test_full_disk.py": {
+        "test_alerts_raised_while_the_state_disk_is_full_are_kept_and_delivered_when_space_returns": (
+            "a twin precursor through the service"
+        ),
+        "test_while_the_state_disk_is_full_admins_are_answered_and_writes_say_unavailable": (
+            "a twin precursor through the service"
+        ),
+    },
+    "tests/attacks/test_time_gap.py": {
+        "test_a_jump_in_event_time_leaves_the_service_answering_and_the_victim_alerted": (
+            "a twin precursor through the service"
+        ),
+    },
+    "tests/attacks/test_threads.py": {
+        "test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again": (
+            "waits for the supervisor's restart"
+        ),
+    },
+    "tests/attacks/test_wire_integers.py": {
+        "test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert": (
+            "a twin precursor through the service"
+        ),
+    },
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: the stale-entry check sees every test
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    fixtures = dict(SLOW_FIXTURES)
+    if os.environ.get("FAULTCAST_TEST_SERVICE_MODEL"):
+        del fixtures["service_model"]
+    entries = {*fixtures, *SLOW_MODULES, *(f"{m}::{t}" for m, tests in SLOW_TESTS.items() for t in tests)}
+    used: set[str] = set()
+    modules: set[str] = set()
+    for item in items:
+        module, _, name = item.nodeid.partition("::")
+        modules.add(module)
+        names = {module, f"{module}::{name.split('[')[0]}"}
+        for fixture in getattr(item, "fixturenames", ()):
+            names |= {fixture, f"{module}::{fixture}"}
+        hits = names & entries
+        if hits:
+            item.add_marker(pytest.mark.slow)
+            used |= hits
+    if any("::" in arg for arg in config.args):
+        return  # only some tests of a module were collected: an entry unused proves nothing
+    for entry in sorted(entries - used):
+        module = entry.partition("::")[0]
+        if module in modules or (module.endswith(".py") and not (config.rootpath / module).is_file()):
+            warnings.warn(
+                f"tests/conftest.py marks {entry} slow, but no test is or uses it (renamed?): "
+                "update SLOW_FIXTURES, SLOW_MODULES or SLOW_TESTS",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
 
 
 @pytest.fixture(scope="session")
