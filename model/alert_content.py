@@ -41,6 +41,8 @@ class ActionPolicy:
     migrate_risk: float = 0.3
 
     def action(self, mode: str, risk: float, ttf_s: float) -> Action:
+        """The action for an alert of `mode` at `risk`, failing in `ttf_s`: watch a mode without a precursor,
+        migrate when it comes soon or is likely, else snapshot only."""
         if mode not in PREDICTABLE_MODES:
             return Action.WATCH
         if ttf_s <= self.migrate_within_s or risk >= self.migrate_risk:

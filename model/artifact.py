@@ -54,15 +54,18 @@ class Logistic:
     intercept: float
 
     def predict(self, features: np.ndarray) -> np.ndarray:
+        """(rows,) probability from (rows, features); NaN features take the training medians."""
         x = np.where(np.isnan(features), self.medians, features)
         z = np.clip((x - self.means) / self.scales, -20, 20) @ self.coef + self.intercept
         return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -50, 50))))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, list[float] | float]:
+        """The JSON object logistic.json holds (arrays as lists)."""
         return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Logistic:
+        """The inverse of `to_json`; KeyError, ValueError or TypeError for another shape."""
         arrays = [np.asarray(data[k], dtype=np.float64) for k in ("medians", "means", "scales", "coef")]
         return Logistic(arrays[0], arrays[1], arrays[2], arrays[3], float(data["intercept"]))
 
@@ -99,6 +102,7 @@ class FaultModel:
         return self.saved
 
     def raw(self, features: np.ndarray) -> np.ndarray:
+        """The risk booster's uncalibrated score per row (see `risk` for the probability)."""
         return np.asarray(self.booster.predict(features), dtype=np.float64)
 
     def risk(self, features: np.ndarray) -> np.ndarray:
@@ -137,6 +141,7 @@ def _sha256(path: Path) -> str:
 
 
 def git_revision() -> str:
+    """The checkout's commit, or "unknown" outside a git checkout (recorded in the manifest)."""
     try:
         done = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False

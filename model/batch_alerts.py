@@ -39,7 +39,7 @@ CSV_FIELDS: tuple[str, ...] = (
     "ttf_p10_min", "ttf_p50_min", "ttf_p90_min", "action",
     *(f"feature_{i + 1}" for i in range(TOP_FEATURES)),
     "outcome", "failure_time", "failure_gpu", "failure_mode", "lead_min",
-)  # fmt: skip
+)  # fmt: skip  # the CSV's columns packed as they read
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,22 +68,27 @@ class ScoredAlert:
 
     @property
     def time(self) -> str:
+        """When it opened, ISO 8601 UTC."""
         return _iso(self.time_s)
 
     @property
     def node_level(self) -> bool:
+        """A node-level alert (no one GPU)."""
         return self.gpu < 0
 
     @property
     def risk(self) -> float:
+        """The risk when it opened, from its highest-risk GPU."""
         return self.content.risk
 
     @property
     def mode(self) -> str:
+        """The likely failure mode when it opened."""
         return self.content.mode
 
     @property
     def gpu_text(self) -> str:
+        """The GPU index, or "node" for a node-level alert."""
         return "node" if self.node_level else str(self.gpu)
 
 
@@ -142,17 +147,29 @@ def score_dataset(
         scored = float(risk[step, period.slot_of(node, best)])
         (content,) = describe(model, row, top=TOP_FEATURES)
         if not math.isclose(content.risk, scored, rel_tol=1e-6, abs_tol=1e-9):
-            log.warning("feature replay differs at %s on %s: risk %.6f, scored %.6f", _iso(t),
-                        dataset.nodes[node], content.risk, scored)  # fmt: skip
+            log.warning(
+                "feature replay differs at %s on %s: risk %.6f, scored %.6f",
+                _iso(t),
+                dataset.nodes[node],
+                content.risk,
+                scored,
+            )
         j = judged[incident.key]
         f = j.failure
         alerts.append(
             ScoredAlert(
-                time_s=t, node=dataset.nodes[node], gpu=incident.gpu, gpus=tuple(gpus), gpus_per_node=g,
-                content=content, outcome=j.outcome if failure_log else None,
-                failure=FollowingFailure(f.time_s, f.gpu, f.mode, f.time_s - t) if f and failure_log else None,
+                time_s=t,
+                node=dataset.nodes[node],
+                gpu=incident.gpu,
+                gpus=tuple(gpus),
+                gpus_per_node=g,
+                content=content,
+                outcome=j.outcome if failure_log else None,
+                failure=FollowingFailure(f.time_s, f.gpu, f.mode, f.time_s - t)
+                if f and failure_log
+                else None,
             )
-        )  # fmt: skip
+        )
     return sorted(alerts, key=lambda a: (a.time_s, a.node, a.gpu))
 
 
@@ -269,6 +286,7 @@ def render_table(alerts: Sequence[ScoredAlert]) -> str:
 
 
 def summary(alerts: Sequence[ScoredAlert], periods: PredictionPeriods = DEFAULT_PERIODS) -> str:
+    """One line: how many alerts, and (with a failure log) how many were true, late, premature or false."""
     if not alerts:
         return "no alerts"
     text = f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}"

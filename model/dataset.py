@@ -25,6 +25,8 @@ from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, Fea
 
 
 class Failure(NamedTuple):
+    """One failure of the log."""
+
     time_s: float  # unix seconds
     node: int  # index into Dataset.nodes
     gpu: int  # -1 for a node-level failure
@@ -42,6 +44,7 @@ class FailureLog:
 
     @staticmethod
     def of(rows: Sequence[Failure]) -> FailureLog:
+        """The log of `rows`, sorted by time."""
         ordered = sorted(rows)
         return FailureLog(
             np.array([r.time_s for r in ordered], dtype=np.float64),
@@ -54,9 +57,14 @@ class FailureLog:
         return len(self.time_s)
 
     def rows(self, mask: np.ndarray | None = None) -> list[Failure]:
+        """The failures (those where `mask` is true, when given), in time order."""
         keep = np.ones(len(self), dtype=bool) if mask is None else mask
-        return [Failure(float(t), int(n), int(g), str(m)) for t, n, g, m in
-                zip(self.time_s[keep], self.node[keep], self.gpu[keep], self.mode[keep], strict=True)]  # fmt: skip
+        return [
+            Failure(float(t), int(n), int(g), str(m))
+            for t, n, g, m in zip(
+                self.time_s[keep], self.node[keep], self.gpu[keep], self.mode[keep], strict=True
+            )
+        ]
 
     def between(self, after_s: float, until_s: float, nodes: Sequence[int] | None = None) -> list[Failure]:
         """Failures with after_s < time <= until_s (on `nodes`, when given)."""
@@ -81,9 +89,11 @@ class Dataset:
 
     @property
     def days(self) -> float:
+        """The span of the data in days."""
         return (self.end_s - self.start_s) / 86_400.0
 
     def node_index(self, name: str) -> int:
+        """The index of node `name`; ValueError when the data has no such node."""
         return self.nodes.index(name)
 
 
@@ -114,6 +124,8 @@ class DataError(ValueError):
 
 
 def open_dataset(path: Path) -> Dataset:
+    """Open a data directory (`faultcast simulate` or an import) and read its failure log; raises
+    DataError when a file is missing or the manifest cannot place the data on a grid."""
     for name in ("telemetry.parquet", "failures.csv", "manifest.json"):
         if not (path / name).is_file():
             raise DataError(
@@ -151,9 +163,15 @@ Sink = Callable[[Step], None]
 
 
 def _pivot(
-    table: pd.DataFrame, columns: Sequence[str], dataset: Dataset, cadence: float, node_map: np.ndarray,
-    per_node: int, first_step: int, steps: int,
-) -> tuple[np.ndarray, pd.DataFrame]:  # fmt: skip
+    table: pd.DataFrame,
+    columns: Sequence[str],
+    dataset: Dataset,
+    cadence: float,
+    node_map: np.ndarray,
+    per_node: int,
+    first_step: int,
+    steps: int,
+) -> tuple[np.ndarray, pd.DataFrame]:
     """Dense (steps, units, columns) array; the last row of a unit within a step wins."""
     units = int(node_map.max(initial=-1) + 1) * per_node
     dense = np.full((steps, units, len(columns)), np.nan)
@@ -222,15 +240,8 @@ def replay(
         gpu = _widen(gpu, engine.slots)
         gpu[..., gpu_mask] = np.nan
         node = np.full((steps, len(selected), len(NODE_INPUTS)), np.nan)
-        for net_group, (n0, n1) in enumerate(net_groups):
-            if n1 < t0 - cadence or n0 > t1 + cadence:
-                continue
-            assert network is not None
-            net = _frame(network.read_row_group(net_group, columns=["timestamp", "node", *NODE_INPUTS]).to_pandas(),
-                         dataset, gpu=False)  # fmt: skip
-            dense, _ = _pivot(net, NODE_INPUTS, dataset, cadence, node_map, 1, first, steps)
-            dense = _widen(dense, len(selected))
-            node = np.where(np.isnan(dense), node, dense)
+        if network is not None:
+            node = _node_inputs(node, network, net_groups, dataset, cadence, node_map, (t0, t1), first)
         node[..., node_mask] = np.nan
         # Identity per slot and step: a new UUID in a slot means a replaced GPU.
         changes = _uuid_changes(rows, last_uuid, is_h100)
@@ -241,6 +252,31 @@ def replay(
             present = ~np.isnan(gpu[k, :, 0]) | ~np.isnan(gpu[k, :, 2])
             sink(Step(first + k, dataset.start_s + (first + k) * cadence, present, features))
     return engine
+
+
+def _node_inputs(
+    node: np.ndarray,
+    network: pq.ParquetFile,
+    groups: list[tuple[float, float]],
+    dataset: Dataset,
+    cadence: float,
+    node_map: np.ndarray,
+    span_s: tuple[float, float],
+    first: int,
+) -> np.ndarray:
+    """`node` (steps, nodes, NODE_INPUTS) filled from the network row groups that overlap `span_s`."""
+    t0, t1 = span_s
+    steps, nodes = node.shape[0], node.shape[1]
+    for group, (n0, n1) in enumerate(groups):
+        if n1 < t0 - cadence or n0 > t1 + cadence:
+            continue
+        table = network.read_row_group(group, columns=["timestamp", "node", *NODE_INPUTS]).to_pandas()
+        dense, _ = _pivot(
+            _frame(table, dataset, gpu=False), NODE_INPUTS, dataset, cadence, node_map, 1, first, steps
+        )
+        dense = _widen(dense, nodes)
+        node = np.where(np.isnan(dense), node, dense)
+    return node
 
 
 def _uuid_changes(

@@ -46,8 +46,11 @@ def fit_on_dask(
     booster = model.to_local().booster_
     best, best_score = rounds, -1.0
     for iteration in range(10, rounds + 1, 10):
-        score = float(average_precision_score(y_val, booster.predict(x_val, num_iteration=iteration),
-                                              sample_weight=w_val))  # fmt: skip
+        score = float(
+            average_precision_score(
+                y_val, booster.predict(x_val, num_iteration=iteration), sample_weight=w_val
+            )
+        )
         if score > best_score:
             best, best_score = iteration, score
     return lgb.Booster(model_str=booster.model_to_string(num_iteration=best)), best

@@ -38,7 +38,7 @@ DCGM_DEFAULT_MISSING: tuple[str, ...] = (
     "ib_symbol_error", "ib_link_error_recovery", "ib_port_rcv_errors", "ib_local_ack_timeout_err",
     "ib_link_downed", "ib_port_xmit_discards", "tcp_retrans_segs", "peer_rtt_p99_seconds", "peer_loss_ratio",
     "ib_port_state",
-)  # fmt: skip
+)  # fmt: skip  # names packed, not one per line
 
 
 @dataclass
@@ -90,11 +90,26 @@ def score_period(
 ) -> ScoredPeriod:
     """Model, logistic and rules scores for every present row of `nodes` in [start_s, end_s)."""
     sink = _Collector(
-        model, RulesBaseline(model.feature_names), Labels(model.horizon_s, dataset.failures), tuple(nodes),
-        start_s, [], [], {"model": [], "logistic": [], "rules": []}, [], [],
-    )  # fmt: skip
-    replay(dataset, model.feature_config, sink, nodes=nodes, start_s=start_s - WARMUP_S, end_s=end_s,
-           masked_inputs=masked_inputs)  # fmt: skip
+        model,
+        RulesBaseline(model.feature_names),
+        Labels(model.horizon_s, dataset.failures),
+        tuple(nodes),
+        start_s,
+        [],
+        [],
+        {"model": [], "logistic": [], "rules": []},
+        [],
+        [],
+    )
+    replay(
+        dataset,
+        model.feature_config,
+        sink,
+        nodes=nodes,
+        start_s=start_s - WARMUP_S,
+        end_s=end_s,
+        masked_inputs=masked_inputs,
+    )
     return ScoredPeriod(
         times_s=np.asarray(sink.times),
         nodes=tuple(nodes),
@@ -128,6 +143,7 @@ def evaluate_period(
 
 
 def count_failures(period: ScoredPeriod, dataset: Dataset) -> int:
+    """How many failures of the log fall within the period, on its nodes."""
     return len(dataset.failures.between(float(period.times_s[0]), float(period.times_s[-1]), period.nodes))
 
 

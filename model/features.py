@@ -30,13 +30,15 @@ from faultcast.catalogue import TRACKED_XIDS
 WINDOW_GAUGES = (
     "gpu_temp", "memory_temp", "power_usage", "sm_clock", "gpu_util", "thermal_residual",
     "nvml_call_seconds", "pcie_width_deficit",
-)  # fmt: skip
+)  # fmt: skip  # names packed, not one per line
 # 0/1 states: the current value and the share of each window they were on.
 FLAGS = (
     "throttle_hw_slowdown", "throttle_sw_thermal", "throttle_hw_thermal", "throttle_hw_power_brake",
     "throttle_sw_power_cap", "row_remap_pending", "row_remap_failure",
-)  # fmt: skip
+)  # fmt: skip  # names packed, not one per line
 _MEMORY_XIDS = (48, 63, 64, 92, 94, 95)
+# Inputs every collector reads: how many of them a GPU's row lacks is itself a feature.
+_CORE_INPUTS = ("gpu_temp", "power_usage", "sm_clock", "gpu_util", "ecc_sbe_volatile", "pcie_replay")
 # Counter groups: per-second rate now, and events per second over each window; robust to resets.
 RATES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sbe", ("ecc_sbe_volatile",)),
@@ -61,7 +63,7 @@ GPU_INPUTS: tuple[str, ...] = tuple(
          "pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max", "nvml_unsupported_fields",
          *FLAGS, *(c for _, cs in RATES for c in cs)]
     )
-)  # fmt: skip
+)  # fmt: skip  # names packed, not one per line
 NODE_RATES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ib_symbol_error", ("ib_symbol_error",)),
     ("ib_link_error_recovery", ("ib_link_error_recovery",)),
@@ -80,17 +82,23 @@ _BASELINE_TAU_S = 6 * 3600.0  # per-GPU thermal baseline: slow enough to let a 1
 
 @dataclass(frozen=True, slots=True)
 class FeatureConfig:
+    """The feature settings: the grid step, the rolling windows and the GPUs per node. A model records
+    them (its manifest's `features`); features computed with other settings are other features."""
+
     cadence_s: float = 60.0
     windows_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
     gpus_per_node: int = 8
 
     def steps(self, seconds: float) -> int:
+        """`seconds` in grid steps, at least one."""
         return max(1, round(seconds / self.cadence_s))
 
     def window_steps(self) -> tuple[int, ...]:
+        """Each window in grid steps."""
         return tuple(self.steps(w) for w in self.windows_s)
 
     def label(self, seconds: float) -> str:
+        """A window's name in feature names: minutes, e.g. "5m"."""
         return f"{seconds / 60:g}m"
 
 
@@ -194,8 +202,13 @@ class _Windowed:
             slope = (_nan_div(new[..., 1], new[..., 0]) - _nan_div(old[..., 1], old[..., 0])) / (
                 half * self.cadence_s
             )
-            out += [np.sqrt(var), np.fmin.reduce(recent, axis=0), np.fmax.reduce(recent, axis=0), slope,
-                    self.ewma[k].copy()]  # fmt: skip
+            out += [
+                np.sqrt(var),
+                np.fmin.reduce(recent, axis=0),
+                np.fmax.reduce(recent, axis=0),
+                slope,
+                self.ewma[k].copy(),
+            ]
         return out
 
     def skip(self, count: int, x: np.ndarray) -> None:
@@ -228,8 +241,14 @@ class _Windowed:
 class _Rates:
     """Counter groups as rates per second, robust to resets and gaps, plus per-window rates."""
 
-    def __init__(self, n: int, groups: Sequence[tuple[str, tuple[str, ...]]], columns: Sequence[str],
-                 windows: Sequence[int], cadence_s: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n: int,
+        groups: Sequence[tuple[str, tuple[str, ...]]],
+        columns: Sequence[str],
+        windows: Sequence[int],
+        cadence_s: float,
+    ) -> None:
         self.cadence_s = cadence_s
         self.windows = tuple(windows)
         self.column_index = [np.array([list(columns).index(c) for c in cs]) for _, cs in groups]
@@ -325,6 +344,7 @@ class FeatureEngine:
 
     @property
     def schema_hash(self) -> str:
+        """The hash of the feature names and settings (`feature_schema_hash`), which a model records."""
         return feature_schema_hash(self.names, self.config)
 
     def reset_slots(self, slots: np.ndarray) -> None:
@@ -357,14 +377,12 @@ class FeatureEngine:
         """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this
         step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,). Returns (slots, features); rows of
         absent GPUs are computed too but mean little (callers keep the present ones)."""
-        g = self.config.gpus_per_node
         col = self._col
         present = ~np.isnan(gpu[:, col["gpu_temp"]]) | ~np.isnan(gpu[:, col["power_usage"]])
-        temp, power = gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]]
-        residual = self._thermal_residual(temp, power)
+        residual = self._thermal_residual(gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]])
         deficit = gpu[:, col["pcie_link_width_max"]] - gpu[:, col["pcie_link_width"]]
-        gauges = np.stack([gpu[:, col[s]] if s in col else (residual if s == "thermal_residual" else deficit)
-                           for s in WINDOW_GAUGES], axis=1)  # fmt: skip
+        derived = {"thermal_residual": residual, "pcie_width_deficit": deficit}
+        gauges = np.stack([gpu[:, col[s]] if s in col else derived[s] for s in WINDOW_GAUGES], axis=1)
         flags = gpu[:, [col[f] for f in FLAGS]]
 
         out: list[np.ndarray] = [is_h100[:, None].astype(np.float64), gpu[:, [col["power_limit"]]], gauges]
@@ -372,32 +390,57 @@ class FeatureEngine:
         out.append(flags)
         out += self._flags.update(flags)
         out += self._rates.update(step, gpu)
-        since = np.where(self._last_seen >= 0, (step - self._last_seen) * self.config.cadence_s, np.nan)
-        self._last_seen = np.where(present, step, self._last_seen)
-        missing = np.isnan(gpu[:, [col[c] for c in ("gpu_temp", "power_usage", "sm_clock", "gpu_util",
-                                                     "ecc_sbe_volatile", "pcie_replay")]]).sum(axis=1)  # fmt: skip
-        out.append(np.stack([
-            gpu[:, col["pcie_link_gen_max"]] - gpu[:, col["pcie_link_gen"]],
-            gpu[:, col["nvml_unsupported_fields"]],
-            np.where(present, missing, np.nan),
-            since,
-        ], axis=1))  # fmt: skip
+        out.append(self._health(step, gpu, present))
         share = self._present.update(present[:, None].astype(np.float64))
         out += [1.0 - s for s in share]
-        relative = np.stack(
-            [temp, gpu[:, col["memory_temp"]], power, residual, gpu[:, col["gpu_util"]]], axis=1
+        out.append(self._relative_to_node(gpu, residual))
+        out += self._node_features(step, node)
+        return np.concatenate([a if a.ndim == 2 else a[:, None] for a in out], axis=1)
+
+    def _health(self, step: int, gpu: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """(slots, 4): PCIe generations below the maximum, unsupported NVML fields, how many of the
+        core inputs are missing (NaN when the GPU is absent), seconds since the GPU was last seen.
+        Advances the last-seen step."""
+        col = self._col
+        since = np.where(self._last_seen >= 0, (step - self._last_seen) * self.config.cadence_s, np.nan)
+        self._last_seen = np.where(present, step, self._last_seen)
+        missing = np.isnan(gpu[:, [col[c] for c in _CORE_INPUTS]]).sum(axis=1)
+        return np.stack(
+            [
+                gpu[:, col["pcie_link_gen_max"]] - gpu[:, col["pcie_link_gen"]],
+                gpu[:, col["nvml_unsupported_fields"]],
+                np.where(present, missing, np.nan),
+                since,
+            ],
+            axis=1,
         )
-        by_node = relative.reshape(self.nodes, g, -1)
+
+    def _relative_to_node(self, gpu: np.ndarray, residual: np.ndarray) -> np.ndarray:
+        """(slots, 5): each GPU's temperatures, power, residual and use minus its node's median."""
+        col = self._col
+        relative = np.stack(
+            [
+                gpu[:, col["gpu_temp"]],
+                gpu[:, col["memory_temp"]],
+                gpu[:, col["power_usage"]],
+                residual,
+                gpu[:, col["gpu_util"]],
+            ],
+            axis=1,
+        )
+        by_node = relative.reshape(self.nodes, self.config.gpus_per_node, -1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a node with no GPU this step: all-NaN
             median = np.nanmedian(by_node, axis=1)
-        out.append((by_node - median[:, None, :]).reshape(self.slots, -1))
+        return np.asarray((by_node - median[:, None, :]).reshape(self.slots, -1))
+
+    def _node_features(self, step: int, node: np.ndarray) -> list[np.ndarray]:
+        """The node's rates, windowed gauges and gauges now, repeated for each of its GPUs."""
         node_parts = self._node_rates.update(step, node)
         node_gauges = node[:, [self._node_col[s] for s in NODE_GAUGES]]
         node_parts += self._node_gauges.update(node_gauges)
         node_parts.append(node_gauges)
-        out += [np.repeat(p, g, axis=0) for p in node_parts]
-        return np.concatenate([a if a.ndim == 2 else a[:, None] for a in out], axis=1)
+        return [np.repeat(p, self.config.gpus_per_node, axis=0) for p in node_parts]
 
     def _thermal_residual(self, temp: np.ndarray, power: np.ndarray) -> np.ndarray:
         """Temperature minus what this GPU's own recent power-temperature relation predicts."""
@@ -418,5 +461,6 @@ class FeatureEngine:
 
 
 def feature_schema_hash(names: Sequence[str], config: FeatureConfig) -> str:
+    """16 hex digits of SHA-256 over the settings and the names: equal only for the same features."""
     text = f"{config.cadence_s}|{config.windows_s}|{config.gpus_per_node}|" + ",".join(names)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -223,73 +223,95 @@ def _values(source: str, name: str, raw: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _parse(export: Path, node_labels: Sequence[str]) -> _Parsed:
+    """Every series of the export sorted into GPU and network samples, with what was left out and
+    why; raises DataError on a malformed series."""
     parsed = _Parsed()
     for source, response in _responses(export):
         parsed.sources.append(source)
         for series in _matrix(source, response):
-            if not isinstance(series, dict) or not isinstance(series.get("metric"), dict):
-                raise DataError(f"{source}: a result without a `metric` label set")
-            labels = {str(k): str(v) for k, v in series["metric"].items()}
-            name = labels.get("__name__", "")
-            if not name:
-                raise DataError(f"{source}: a series without __name__ (export raw series, not expressions)")
-            metric = _BY_NAME.get(name)
-            display = name
-            if metric is None and name in _FAMILY_LABEL:
-                value = labels.get(_FAMILY_LABEL[name], "")
-                metric = _BY_FAMILY.get((name, value))
-                display = f'{name}{{{_FAMILY_LABEL[name]}="{value}"}}'
-            if metric is None:
-                parsed.unknown[display] += 1
-                continue
-            if metric.scope is Scope.COLLECTOR:
-                parsed.ignored[name] += 1
-                continue
-            node = _node_of(labels, node_labels)
-            if node is None:
-                parsed.skipped[f"no node label ({' or '.join(node_labels)})"] += 1
-                continue
-            gpu = -1
-            if metric.scope is Scope.GPU:
-                gpu_label = labels.get("gpu")
-                if gpu_label is None:
-                    parsed.skipped["GPU metric without a gpu label"] += 1
-                    continue
-                try:
-                    gpu = int(gpu_label)
-                except ValueError as exc:
-                    raise DataError(
-                        f"{source}: {display} on {node}: gpu label {gpu_label!r} is not an index"
-                    ) from exc
-                if gpu < 0:
-                    raise DataError(f"{source}: {display} on {node}: negative gpu label {gpu}")
-            times, values = _values(source, display, series.get("values"))
-            finite = np.isfinite(values)
-            parsed.not_finite += int((~finite).sum())
-            values = np.where(finite, values, np.nan)
-            if name in RATIO_OR_PERCENT:
-                parsed.ratio_or_percent.setdefault(name, []).append(values)  # scaled in place later
-            elif name in _TO_CATALOGUE:
-                factor, what = _TO_CATALOGUE[name]
-                values = values * factor
-                parsed.converted[name] = f"x {factor:g} ({what})"
-            parsed.samples += len(times)
-            parsed.t_min, parsed.t_max = min(parsed.t_min, times.min()), max(parsed.t_max, times.max())
-            if len(times) > 1:
-                parsed.spacings.append(np.diff(np.unique(times)))
-            if metric.scope is Scope.GPU:
-                entry = parsed.gpus.setdefault((node, gpu), _Gpu())
-                entry.columns.setdefault(metric.name, _Samples()).add(times, values)
-                identity = (labels.get("UUID", f"{node}/gpu{gpu}"), labels.get("modelName", "unknown"))
-                code = parsed.identities.setdefault(identity, len(parsed.identities))
-                entry.identity.add(times, np.full(len(times), float(code)))
-            else:
-                device = "|".join(labels.get(k, "") for k in ("device", "port", "peer"))
-                columns = parsed.network.setdefault(node, {})
-                columns.setdefault(metric.name, {}).setdefault(device, _Samples()).add(times, values)
-            parsed.mapped.setdefault(metric.name, Counter())[name] += 1
+            _add_series(parsed, source, series, node_labels)
     _settle_ratio_or_percent(parsed)
     return parsed
+
+
+def _add_series(parsed: _Parsed, source: str, series: object, node_labels: Sequence[str]) -> None:
+    """One series of a range-query answer into `parsed` (or into its counts of what was skipped)."""
+    if not isinstance(series, dict) or not isinstance(series.get("metric"), dict):
+        raise DataError(f"{source}: a result without a `metric` label set")
+    labels = {str(k): str(v) for k, v in series["metric"].items()}
+    name = labels.get("__name__", "")
+    if not name:
+        raise DataError(f"{source}: a series without __name__ (export raw series, not expressions)")
+    metric, display = _metric_of(name, labels)
+    if metric is None:
+        parsed.unknown[display] += 1
+        return
+    if metric.scope is Scope.COLLECTOR:
+        parsed.ignored[name] += 1
+        return
+    node = _node_of(labels, node_labels)
+    if node is None:
+        parsed.skipped[f"no node label ({' or '.join(node_labels)})"] += 1
+        return
+    gpu = -1
+    if metric.scope is Scope.GPU:
+        if "gpu" not in labels:
+            parsed.skipped["GPU metric without a gpu label"] += 1
+            return
+        gpu = _gpu_index(source, display, node, labels["gpu"])
+    times, values = _values(source, display, series.get("values"))
+    values = _in_catalogue_units(parsed, name, values)
+    parsed.samples += len(times)
+    parsed.t_min, parsed.t_max = min(parsed.t_min, times.min()), max(parsed.t_max, times.max())
+    if len(times) > 1:
+        parsed.spacings.append(np.diff(np.unique(times)))
+    if metric.scope is Scope.GPU:
+        entry = parsed.gpus.setdefault((node, gpu), _Gpu())
+        entry.columns.setdefault(metric.name, _Samples()).add(times, values)
+        identity = (labels.get("UUID", f"{node}/gpu{gpu}"), labels.get("modelName", "unknown"))
+        code = parsed.identities.setdefault(identity, len(parsed.identities))
+        entry.identity.add(times, np.full(len(times), float(code)))
+    else:
+        device = "|".join(labels.get(k, "") for k in ("device", "port", "peer"))
+        columns = parsed.network.setdefault(node, {})
+        columns.setdefault(metric.name, {}).setdefault(device, _Samples()).add(times, values)
+    parsed.mapped.setdefault(metric.name, Counter())[name] += 1
+
+
+def _metric_of(name: str, labels: dict[str, str]) -> tuple[Metric | None, str]:
+    """The catalogue metric a series is (None: unknown) and its name as messages show it (with the
+    label that picks a family member, for a family name)."""
+    metric = _BY_NAME.get(name)
+    if metric is None and name in _FAMILY_LABEL:
+        value = labels.get(_FAMILY_LABEL[name], "")
+        return _BY_FAMILY.get((name, value)), f'{name}{{{_FAMILY_LABEL[name]}="{value}"}}'
+    return metric, name
+
+
+def _gpu_index(source: str, display: str, node: str, label: str) -> int:
+    """The gpu label as an index; raises DataError when it is not a whole number >= 0."""
+    try:
+        gpu = int(label)
+    except ValueError as exc:
+        raise DataError(f"{source}: {display} on {node}: gpu label {label!r} is not an index") from exc
+    if gpu < 0:
+        raise DataError(f"{source}: {display} on {node}: negative gpu label {gpu}")
+    return gpu
+
+
+def _in_catalogue_units(parsed: _Parsed, name: str, values: np.ndarray) -> np.ndarray:
+    """NaN for non-finite samples (counted), and the catalogue's units (conversions recorded; a
+    ratio-or-percent series is kept for `_settle_ratio_or_percent` to scale in place)."""
+    finite = np.isfinite(values)
+    parsed.not_finite += int((~finite).sum())
+    values = np.where(finite, values, np.nan)
+    if name in RATIO_OR_PERCENT:
+        parsed.ratio_or_percent.setdefault(name, []).append(values)  # scaled in place later
+    elif name in _TO_CATALOGUE:
+        factor, what = _TO_CATALOGUE[name]
+        values = values * factor
+        parsed.converted[name] = f"x {factor:g} ({what})"
+    return values
 
 
 def _settle_ratio_or_percent(parsed: _Parsed) -> None:
@@ -409,7 +431,6 @@ def _failures(
     """Validated, normalised failure rows (FAILURE_FIELDS), sorted by time."""
     if not path.is_file():
         raise DataError(f"{path}: the failure log is missing")
-    known = set(nodes)
     rows: list[tuple[float, str, int, dict[str, str]]] = []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
@@ -424,42 +445,56 @@ def _failures(
         for line, raw in enumerate(reader, start=2):
             row = {k: (v or "").strip() for k, v in raw.items() if k is not None}
             where = f"{path}:{line}"
-            try:
-                when = _parse_time(row["timestamp"])
-            except (ValueError, OverflowError) as exc:
-                raise DataError(f"{where}: timestamp {row['timestamp']!r} is not a time ({exc})") from exc
-            node = row["node"]
-            if node not in known:
-                shown = ", ".join(list(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
-                raise DataError(f"{where}: node {node!r} is not in the export (nodes: {shown})")
-            gpu = -1
-            if row["gpu"] not in ("", "-1"):
-                try:
-                    gpu = int(row["gpu"])
-                except ValueError as exc:
-                    raise DataError(
-                        f"{where}: gpu {row['gpu']!r} is not a GPU index (empty: the whole node)"
-                    ) from exc
-                if not 0 <= gpu < gpus_per_node:
-                    raise DataError(f"{where}: gpu {gpu} outside 0..{gpus_per_node - 1}")
-            if not row["mode"]:
-                raise DataError(f"{where}: the failure mode is empty")
-            xid = row.get("xid", "")
-            if xid:
-                try:
-                    xid = str(int(float(xid)))
-                except ValueError as exc:
-                    raise DataError(f"{where}: xid {xid!r} is not a number") from exc
+            when, node, gpu, xid = _failure_fields(where, row, nodes, gpus_per_node)
             uuid = row.get("uuid", "")
             if not uuid and gpu >= 0 and (node, gpu) in uuid_at:
                 uuid = _uuid_before(*uuid_at[(node, gpu)], when, grid)
             normalised = {
-                "timestamp": _iso(when), "node": node, "gpu": "" if gpu < 0 else str(gpu), "uuid": uuid,
-                "mode": row["mode"], "xid": "" if xid == "0" else xid, "description": row.get("description", ""),
-            }  # fmt: skip
+                "timestamp": _iso(when),
+                "node": node,
+                "gpu": "" if gpu < 0 else str(gpu),
+                "uuid": uuid,
+                "mode": row["mode"],
+                "xid": "" if xid == "0" else xid,
+                "description": row.get("description", ""),
+            }
             rows.append((when, node, gpu, normalised))
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
     return [r[3] for r in rows]
+
+
+def _failure_fields(
+    where: str, row: dict[str, str], nodes: Sequence[str], gpus_per_node: int
+) -> tuple[float, str, int, str]:
+    """A failure row's time (unix seconds), node, GPU (-1: the whole node) and Xid (a whole number
+    as text, or ""); raises DataError, naming `where`, on a value that is not one."""
+    try:
+        when = _parse_time(row["timestamp"])
+    except (ValueError, OverflowError) as exc:
+        raise DataError(f"{where}: timestamp {row['timestamp']!r} is not a time ({exc})") from exc
+    node = row["node"]
+    if node not in nodes:
+        shown = ", ".join(list(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
+        raise DataError(f"{where}: node {node!r} is not in the export (nodes: {shown})")
+    gpu = -1
+    if row["gpu"] not in ("", "-1"):
+        try:
+            gpu = int(row["gpu"])
+        except ValueError as exc:
+            raise DataError(
+                f"{where}: gpu {row['gpu']!r} is not a GPU index (empty: the whole node)"
+            ) from exc
+        if not 0 <= gpu < gpus_per_node:
+            raise DataError(f"{where}: gpu {gpu} outside 0..{gpus_per_node - 1}")
+    if not row["mode"]:
+        raise DataError(f"{where}: the failure mode is empty")
+    xid = row.get("xid", "")
+    if xid:
+        try:
+            xid = str(int(float(xid)))
+        except ValueError as exc:
+            raise DataError(f"{where}: xid {xid!r} is not a number") from exc
+    return when, node, gpu, xid
 
 
 def _uuid_before(codes: np.ndarray, uuids: list[str], when: float, grid: tuple[float, float]) -> str:
@@ -737,12 +772,21 @@ def _write_telemetry(
             _dictionary(model_of[codes], models),
         ]
 
-    return _write_grid(out / "telemetry.parquet", TELEMETRY_SCHEMA, GPU_COLUMNS, dense, present, start, interval,
-                       columns)  # fmt: skip
+    return _write_grid(
+        out / "telemetry.parquet", TELEMETRY_SCHEMA, GPU_COLUMNS, dense, present, start, interval, columns
+    )
 
 
 def _write_network(
     out: Path, nodes: list[str], dense: np.ndarray, present: np.ndarray, start: float, interval: float
 ) -> int:
-    return _write_grid(out / "network.parquet", NETWORK_SCHEMA, NETWORK_COLUMNS, dense, present, start, interval,
-                       lambda _, node_of: [_dictionary(node_of, nodes)])  # fmt: skip
+    return _write_grid(
+        out / "network.parquet",
+        NETWORK_SCHEMA,
+        NETWORK_COLUMNS,
+        dense,
+        present,
+        start,
+        interval,
+        lambda _, node_of: [_dictionary(node_of, nodes)],
+    )

@@ -39,6 +39,8 @@ class AlertPolicy:
 
 
 class CloseReason(enum.Enum):
+    """Why an incident closed."""
+
     RISK_FELL = "risk below the hold level"
     GPU_DARK = "gpu dark"
     NODE_SILENT = "node silent"
@@ -60,6 +62,7 @@ class Incident:
 
     @property
     def node_level(self) -> bool:
+        """An incident of the node (a node-level mode), not of one GPU."""
         return self.gpu < 0
 
 

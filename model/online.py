@@ -40,6 +40,14 @@ class LateSample(ValueError):  # noqa: N818 (a reason for a reject counter, not 
 
 
 class OnlineFeatures:
+    """The service's feature engine over a fixed list of nodes (see the module docstring).
+
+    Callers may rely on: `add` returns the grid steps a sample completed, in order, with the
+    features `dataset.replay` computes from the same samples (a parity test guards this); a sample
+    for a step already handed out raises LateSample before anything is kept; an unknown node raises
+    KeyError; `flush` hands out the steps still pending; `next_step` is the first step not yet handed
+    out; `skipped` counts the empty steps skipped, never handed out."""
+
     def __init__(
         self,
         config: FeatureConfig,
@@ -73,6 +81,7 @@ class OnlineFeatures:
         self.skipped = 0  # steps skipped in all, never handed out
 
     def step_of(self, time_unix_nano: int) -> int:
+        """The grid step a sample time falls in."""
         return int((time_unix_nano / 1e9 - self.start_s) // self.config.cadence_s)
 
     def add(self, snapshot: NodeSnapshot) -> list[Step]:

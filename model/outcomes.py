@@ -39,6 +39,7 @@ class PredictionPeriods:
     false_after_s: float = 86400.0  # no failure within this: false rather than premature
 
     def to_json(self) -> dict[str, float]:
+        """The periods as recorded in reports and in the model's manifest."""
         return asdict(self)
 
     def outcome(self, lead_s: float | None) -> Outcome:
@@ -52,6 +53,8 @@ class PredictionPeriods:
 
 
 class Outcome(enum.Enum):
+    """What followed an alert (see `PredictionPeriods.outcome`)."""
+
     TRUE = "true"
     LATE = "late"
     PREMATURE = "premature"
@@ -77,10 +80,12 @@ class ScoredPeriod:
 
     @property
     def gpu_days(self) -> float:
+        """GPU-days of present rows in the period."""
         cadence = float(self.times_s[1] - self.times_s[0]) if len(self.times_s) > 1 else 60.0
         return float(self.present.sum()) * cadence / 86_400.0
 
     def slot_of(self, node: int, gpu: int) -> int:
+        """The column of (dataset node index, GPU) in the period's arrays."""
         return self.nodes.index(node) * self.gpus_per_node + gpu
 
 
@@ -94,9 +99,14 @@ def incidents(
     """Every incident `method` raises over the period at each threshold: the batch loop over the
     service's state machine. Incident.node is the period's node position (period.nodes[node])."""
     return track(
-        period.scores[method], period.present, period.modes, thresholds, policy, period.gpus_per_node,
+        period.scores[method],
+        period.present,
+        period.modes,
+        thresholds,
+        policy,
+        period.gpus_per_node,
         node_level_modes,
-    )  # fmt: skip
+    )
 
 
 def credits(incident: Incident, failure: Failure, period: ScoredPeriod) -> bool:

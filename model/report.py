@@ -49,10 +49,15 @@ def failure_leads(
     `evaluate` counts it (caught when the lead reaches the minimal warning time)."""
     found = incidents(period, method, [threshold], model.policy, NODE_LEVEL_MODES)[0]
     rows = [
-        {"time_s": c.failure.time_s, "node": dataset.nodes[c.failure.node], "gpu": c.failure.gpu,
-         "mode": c.failure.mode, "lead_min": (c.lead_s or 0.0) / 60.0}
+        {
+            "time_s": c.failure.time_s,
+            "node": dataset.nodes[c.failure.node],
+            "gpu": c.failure.gpu,
+            "mode": c.failure.mode,
+            "lead_min": (c.lead_s or 0.0) / 60.0,
+        }
         for c in catches(period, dataset.failures, found, periods)
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows, columns=["time_s", "node", "gpu", "mode", "lead_min"])
 
 
@@ -176,8 +181,14 @@ def plot_lead_times(
     for method, frame in leads.items():
         caught = frame["lead_min"][frame["lead_min"] >= warning]
         label = f"{method}: {len(caught)} of {len(frame)} caught >= {warning:.0f} min"
-        ax.hist(frame["lead_min"][frame["lead_min"] > 0], bins=bins, histtype="step", lw=2,
-                color=COLORS.get(method), label=label)  # fmt: skip
+        ax.hist(
+            frame["lead_min"][frame["lead_min"] > 0],
+            bins=bins,
+            histtype="step",
+            lw=2,
+            color=COLORS.get(method),
+            label=label,
+        )
     ax.axvline(warning, color="grey", ls="--", lw=1, label=f"{warning:.0f} minutes (minimal warning time)")
     ax.set(
         xlabel="lead time of the first alert (minutes)",

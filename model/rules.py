@@ -38,6 +38,8 @@ RULES: tuple[tuple[str, float, str], ...] = (
 
 
 class RulesBaseline:
+    """The rules baseline (RULES): a row scores 1 when any rule's feature is above its threshold."""
+
     def __init__(self, feature_names: Sequence[str]) -> None:
         index = {name: i for i, name in enumerate(feature_names)}
         missing = [name for name, _, _ in RULES if name not in index]
@@ -47,6 +49,7 @@ class RulesBaseline:
         self.thresholds = np.array([threshold for _, threshold, _ in RULES])
 
     def score(self, features: np.ndarray) -> np.ndarray:
+        """(rows,) 1.0 where a rule fired, else 0.0; a missing feature fires nothing."""
         values = features[:, self.columns]
         fired = np.nan_to_num(values, nan=-np.inf) > self.thresholds
         return np.asarray(fired.any(axis=1), dtype=np.float64)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 FILE = "threshold.json"
 
@@ -28,16 +28,16 @@ class ChosenThreshold:
 
     threshold: float
     model_sha256: str
-    basis: dict[str, Any]  # written by `faultcast goodput --apply`: job size, costs, the figures
+    basis: dict[str, object]  # written by `faultcast goodput --apply`: job size, costs, the figures
 
 
-def write(model_dir: Path, threshold: float, model_sha256: str, basis: dict[str, Any]) -> Path:
+def write(model_dir: Path, threshold: float, model_sha256: str, basis: Mapping[str, object]) -> Path:
     """Write `threshold.json` atomically; `basis` records why (job size, costs, the figures)."""
     _check_threshold(threshold, "threshold")
     path = model_dir / FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
-        json.dumps({"threshold": threshold, "model_sha256": model_sha256, "basis": basis}, indent=1)
+        json.dumps({"threshold": threshold, "model_sha256": model_sha256, "basis": dict(basis)}, indent=1)
     )
     with tmp.open("rb") as handle:
         os.fsync(handle.fileno())

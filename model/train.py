@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """Training's settings; recorded in the model's manifest as `train_config`."""
+
     horizon_s: float = 1800.0
     cadence_s: float | None = None  # default: the data's interval
     negative_rate: float = 0.02  # share of negative rows kept (weighted back up)
@@ -58,6 +60,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Split:
+    """The held-out nodes and days (indexes into Dataset.nodes, unix seconds)."""
+
     train_nodes: tuple[int, ...]
     test_nodes: tuple[int, ...]
     validation_start_s: float
@@ -74,6 +78,7 @@ class Split:
 
 
 def make_split(dataset: Dataset, config: TrainConfig) -> Split:
+    """The seeded split (see the module docstring); ValueError when there are too few nodes to hold any out."""
     rng = np.random.default_rng(config.seed)
     nodes = np.arange(len(dataset.nodes))
     test_count = max(1, round(len(nodes) * config.test_node_fraction))
@@ -98,6 +103,7 @@ class Rows:
     mode: list[np.ndarray] = field(default_factory=list)
 
     def stack(self) -> dict[str, np.ndarray]:
+        """Each column's arrays concatenated (empty when no row was kept)."""
         return {k: np.concatenate(v) if v else np.zeros(0) for k, v in vars(self).items()}
 
 
@@ -155,7 +161,7 @@ def _lgb_params(config: TrainConfig, **extra: Any) -> dict[str, Any]:
         "learning_rate": config.learning_rate, "num_leaves": 31, "min_data_in_leaf": 40,
         "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
         "seed": config.seed, "num_threads": 2, "verbose": -1, "deterministic": True, **extra,
-    }  # fmt: skip
+    }  # fmt: skip  # LightGBM's parameters packed, not one per line
 
 
 def train(
@@ -405,6 +411,6 @@ def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Log
     return Logistic(medians, means, scales, clf.coef_[0].astype(np.float64), float(clf.intercept_[0]))
 
 
-def _data_summary(dataset: Dataset) -> dict[str, Any]:
+def _data_summary(dataset: Dataset) -> dict[str, object]:
     keep = ("kind", "config", "seed", "acceleration", "start", "end", "gpu_days", "rows", "failure_counts")
     return {k: dataset.manifest[k] for k in keep if k in dataset.manifest}

@@ -52,10 +52,20 @@ _NVLINK_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
 # How long the collector reports a GPU that fell off the bus before the node is drained.
 _LOST_REPORTED_S = 600.0
 _KEPT_WHEN_LOST = np.array(
-    [m.name.startswith("xid_") or m.name in ("nvml_call_seconds", "nvml_slowest_call_seconds", "nvml_failed_calls",
-                                             "nvml_timed_out_calls", "nvml_unsupported_fields", "gpu_lost")
-     for m in metrics_for(Scope.GPU)]
-)  # fmt: skip
+    [
+        m.name.startswith("xid_")
+        or m.name
+        in (
+            "nvml_call_seconds",
+            "nvml_slowest_call_seconds",
+            "nvml_failed_calls",
+            "nvml_timed_out_calls",
+            "nvml_unsupported_fields",
+            "gpu_lost",
+        )
+        for m in metrics_for(Scope.GPU)
+    ]
+)
 
 # Healthy-noise knobs.
 _NVML_CALL_S = 0.0022  # NVML time per GPU per scrape on a healthy node
