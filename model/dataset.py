@@ -209,20 +209,15 @@ def replay(
     engine = FeatureEngine(config, len(selected))
     g = config.gpus_per_node
     cadence = config.cadence_s
-    total_steps = int(np.ceil((dataset.end_s - dataset.start_s) / cadence))
-    lo = 0 if start_s is None else max(0, int((start_s - dataset.start_s) // cadence))
-    hi = total_steps if end_s is None else min(total_steps, int(np.ceil((end_s - dataset.start_s) / cadence)))
+    lo, hi = _step_range(dataset, cadence, start_s, end_s)
     gpu_mask = np.array([c in masked_inputs for c in GPU_INPUTS])
     node_mask = np.array([c in masked_inputs for c in NODE_INPUTS])
     last_uuid: list[str | None] = [None] * engine.slots
     is_h100 = np.zeros(engine.slots)
 
     telemetry = pq.ParquetFile(dataset.path / "telemetry.parquet")
-    network = (
-        pq.ParquetFile(dataset.path / "network.parquet")
-        if (dataset.path / "network.parquet").is_file()
-        else None
-    )
+    has_network = (dataset.path / "network.parquet").is_file()
+    network = pq.ParquetFile(dataset.path / "network.parquet") if has_network else None
     gpu_columns = ["timestamp", "node", "gpu", "uuid", "model", *GPU_INPUTS]
     net_groups = _group_times(network) if network is not None else []
     for group in range(telemetry.num_row_groups):
@@ -252,6 +247,16 @@ def replay(
             present = ~np.isnan(gpu[k, :, 0]) | ~np.isnan(gpu[k, :, 2])
             sink(Step(first + k, dataset.start_s + (first + k) * cadence, present, features))
     return engine
+
+
+def _step_range(
+    dataset: Dataset, cadence: float, start_s: float | None, end_s: float | None
+) -> tuple[int, int]:
+    """The grid steps [lo, hi) of [start_s, end_s), within the data."""
+    total_steps = int(np.ceil((dataset.end_s - dataset.start_s) / cadence))
+    lo = 0 if start_s is None else max(0, int((start_s - dataset.start_s) // cadence))
+    hi = total_steps if end_s is None else min(total_steps, int(np.ceil((end_s - dataset.start_s) / cadence)))
+    return lo, hi
 
 
 def _node_inputs(

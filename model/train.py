@@ -67,6 +67,13 @@ class Split:
     validation_start_s: float
     train_end_s: float  # == the start of the held-out period
 
+    def to_json(self, dataset: Dataset) -> dict[str, object]:
+        """The split as manifest.json holds it (the notebooks read this form)."""
+        return asdict(self.record(dataset)) | {
+            "train_nodes": [dataset.nodes[n] for n in self.train_nodes],
+            "test_nodes": [dataset.nodes[n] for n in self.test_nodes],
+        }
+
     def record(self, dataset: Dataset) -> SplitRecord:
         """The split as the manifest records it: nodes by name."""
         return SplitRecord(
