@@ -118,7 +118,8 @@ def start_on_free_ports(start: Callable[[list[int]], T], count: int = 1, attempt
 # To mark a new slow test: when its slowness is a fixture's set-up, add the fixture to SLOW_FIXTURES;
 # otherwise add the test to SLOW_TESTS (or decorate it with @pytest.mark.slow). Find candidates with
 # `pytest -m "not slow" --durations=20`; `pytest -m slow --collect-only -q` lists what is marked.
-# An entry that no longer names a test or fixture (a rename) is reported as a warning.
+# An entry that no longer names a test or fixture (a rename) is reported as a warning. Tests that are
+# stages of one story on a module-scoped fixture (tests/test_service.py) are marked all or none.
 # `service_model` trains the demo model, about a minute, so its tests are slow unless
 # FAULTCAST_TEST_SERVICE_MODEL names a model trained that way: then it costs nothing, and the tests that
 # use it join the fast loop unless they are slow on their own (listed below for that case).
@@ -224,11 +225,6 @@ SLOW_TESTS = {
     },
     "tests/test_guard.py": {
         "test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node": (
-            "a twin precursor through the service"
-        ),
-    },
-    "tests/test_service.py": {
-        "test_an_approaching_failure_raises_one_alert_with_lead_mode_and_reasons": (
             "a twin precursor through the service"
         ),
     },
