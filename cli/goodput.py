@@ -275,7 +275,9 @@ def replay_twin(model: FaultModel, nodes: int, days: float, acceleration: float)
     after its training data ended."""
     from faultcast.sim.config import DEFAULT_START_UNIX_S
 
-    trained = model.manifest.get("training_data", {}).get("manifest", {}).get("config") or {}
+    data = model.card.training_data  # the twin the model was trained on, when it was one
+    config = data.manifest.get("config") if data is not None else None
+    trained: dict[str, Any] = config if isinstance(config, dict) else {}
     seed = int(trained.get("seed", 0)) + 1000
     start = int(
         trained.get("start_unix_s", DEFAULT_START_UNIX_S) + (float(trained.get("days", 0.0)) + 7) * _DAY_S

@@ -127,7 +127,7 @@ def run_demo(args: DemoSettings) -> int:
         print(
             f"service on 127.0.0.1:{port}, metrics on :{args.prometheus_port}/metrics; model threshold "
             f"{model.threshold:.3f} (an alert holds above {model.policy.hold(model.threshold):.3f}), horizon "
-            f"{model.horizon_s / 60:.0f} min, trained {model.manifest.get('created_at')}"
+            f"{model.horizon_s / 60:.0f} min, trained {model.card.created_at}"
         )
         periods = DEFAULT_PERIODS
         print(

@@ -88,9 +88,6 @@ class FaultModel:
     logistic: Logistic
     logistic_threshold: float
     dcgm_default_threshold: float  # for clusters that only collect dcgm-exporter's default metrics
-    # manifest.json's raw JSON (plus "threshold_file" when one serves): kept for service/ and demo/
-    # until they read `card`; new code reads `card`.
-    manifest: dict[str, Any]
     saved: ModelManifest | None = None  # set by `save` and `load`; read it through `card`
     threshold_choice: threshold_file.ChosenThreshold | None = None  # the threshold file that serves, if any
 
@@ -207,9 +204,7 @@ def save(
         metrics=metrics,
         timings_s=timings_s,
     )
-    manifest = card.to_json()
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=_json_default) + "\n")
-    model.manifest = manifest
+    (out / "manifest.json").write_text(json.dumps(card.to_json(), indent=2, default=_json_default) + "\n")
     model.saved = card
     return card
 
@@ -233,11 +228,8 @@ def load(path: Path) -> FaultModel:
     booster, mode, ttf, calibration, logistic = _read_heads(path, card.files)
     _check_boosters(path, manifest_path, len(engine.names), (booster, mode, ttf), card.modes)
     threshold, choice = card.threshold, _threshold_choice(path, card)
-    if choice is not None:
-        # The trained threshold stays in the manifest; what serves is recorded beside it.
+    if choice is not None:  # the trained threshold stays in `card`; what serves is the file's
         threshold = choice.threshold
-        served = {"threshold": threshold, "trained_threshold": raw["threshold"], "basis": choice.basis}
-        raw = {**raw, "threshold_file": served}
     return FaultModel(
         booster=booster,
         calibration=calibration,
@@ -252,7 +244,6 @@ def load(path: Path) -> FaultModel:
         logistic=logistic,
         logistic_threshold=card.logistic_threshold,
         dcgm_default_threshold=card.dcgm_default_threshold,
-        manifest=raw,
         saved=card,
         threshold_choice=choice,
     )

@@ -209,7 +209,6 @@ def train(
         logistic=_fit_logistic(rows.x[rows.fit], rows.y[rows.fit], rows.w[rows.fit], config.seed),
         logistic_threshold=1.0,
         dcgm_default_threshold=1.0,
-        manifest={},
     )
     timings["training_s"] = time.perf_counter() - t0
 

@@ -35,8 +35,8 @@ NEAR_THRESHOLD = 0.5
 
 def model_version(model: FaultModel) -> str:
     """What names the model in alerts and metrics: its creation time and the code's revision."""
-    created = str(model.manifest.get("created_at", "unknown"))
-    revision = str(model.manifest.get("git_revision", "unknown"))[:12]
+    created = model.card.created_at or "unknown"
+    revision = (model.card.git_revision or "unknown")[:12]
     return f"{created}/{revision}"
 
 

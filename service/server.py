@@ -198,13 +198,13 @@ class Service:
         self.metrics.model_info.info(
             {
                 "version": model_version(model),
-                "trained_at": str(model.manifest.get("created_at", "")),
-                "git_revision": str(model.manifest.get("git_revision", "")),
+                "trained_at": model.card.created_at or "",
+                "git_revision": model.card.git_revision or "",
                 "horizon_s": f"{model.horizon_s:.0f}",
                 "cadence_s": f"{model.feature_config.cadence_s:.0f}",
                 "threshold": f"{model.threshold:.6f}",
                 # threshold.json beside the model (faultcast goodput --apply), or training's choice
-                "threshold_source": "threshold.json" if "threshold_file" in model.manifest else "training",
+                "threshold_source": "threshold.json" if model.threshold_choice is not None else "training",
             }
         )
 
