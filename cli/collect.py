@@ -18,7 +18,7 @@ from pathlib import Path
 from faultcast.catalogue import Scope
 from faultcast.cli.simulate import parse_scenario
 from faultcast.cli.tls_args import add_client_arguments, client_tls_options
-from faultcast.cli.types import Subcommands
+from faultcast.cli.types import Subcommands, duration
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
@@ -29,7 +29,6 @@ from faultcast.collector.source import Source
 from faultcast.collector.spool import DEFAULT_MAX_SAMPLES, Spool
 from faultcast.collector.table import render_table
 from faultcast.dcgm import Vocabulary
-from faultcast.durations import parse_duration
 from faultcast.readings import NodeSnapshot, unpack
 from faultcast.sim.realtime import SimulatedSource
 from faultcast.tls import ChannelFactory, TLSConfigError, client_channel_factory
@@ -61,10 +60,10 @@ def add_parser(commands: Subcommands) -> None:
         default="auto",
         help="where GPU readings come from; auto uses NVML when a GPU is present",
     )
-    p.add_argument("--interval", type=parse_duration, default=1.0, help="scrape interval (default 1s)")
+    p.add_argument("--interval", type=duration, default=1.0, help="scrape interval (default 1s)")
     p.add_argument(
         "--nvml-timeout",
-        type=parse_duration,
+        type=duration,
         default=DEFAULT_TIMEOUT_S,
         help="give up on an NVML call after this long (default 2s): its value is reported missing and that "
         "GPU is skipped until the call returns",
@@ -127,7 +126,7 @@ def add_parser(commands: Subcommands) -> None:
     )
     sim.add_argument(
         "--sim-backfill",
-        type=parse_duration,
+        type=duration,
         metavar="DURATION",
         help="start the twin this long before now (default: 4h when --speed is above 1, else 0). Samples are "
         "never stamped ahead of the wall clock: a twin faster than real time runs from the past, and once it "
@@ -146,11 +145,9 @@ def add_parser(commands: Subcommands) -> None:
     p.add_argument(
         "--format", choices=["prometheus", "json", "table"], default="prometheus", help="output of --once"
     )
+    p.add_argument("--duration", type=duration, help="stop after this long (default: run until signalled)")
     p.add_argument(
-        "--duration", type=parse_duration, help="stop after this long (default: run until signalled)"
-    )
-    p.add_argument(
-        "--table", type=parse_duration, metavar="EVERY", help="print a live table this often (for example 5s)"
+        "--table", type=duration, metavar="EVERY", help="print a live table this often (for example 5s)"
     )
     add_client_arguments(p)
     p.set_defaults(handler=run)

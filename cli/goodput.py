@@ -13,8 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultcast.cli.types import Subcommands
-from faultcast.durations import parse_duration
+from faultcast.cli.types import Subcommands, duration
 from faultcast.goodput.engine import JobCosts, Outcome
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
 from faultcast.goodput.replay import Replay
@@ -56,39 +55,35 @@ def add_parser(commands: Subcommands) -> None:
         default=100.0,
         help="failure-rate multiplier of the replay twin (more failures to draw leads from)",
     )
-    p.add_argument(
-        "--checkpoint", type=parse_duration, default=30.0, help="a periodic checkpoint blocks this long"
-    )
-    p.add_argument(
-        "--snapshot", type=parse_duration, default=30.0, help="a predictive snapshot blocks this long"
-    )
+    p.add_argument("--checkpoint", type=duration, default=30.0, help="a periodic checkpoint blocks this long")
+    p.add_argument("--snapshot", type=duration, default=30.0, help="a predictive snapshot blocks this long")
     p.add_argument(
         "--detect",
-        type=parse_duration,
+        type=duration,
         default=300.0,
         help="a crash goes unnoticed this long (collective timeout, health checks)",
     )
     p.add_argument(
         "--restart",
-        type=parse_duration,
+        type=duration,
         default=300.0,
         help="after a crash: reschedule, re-initialise, load the checkpoint",
     )
     p.add_argument(
         "--migrate",
-        type=parse_duration,
+        type=duration,
         default=300.0,
         help="after a snapshot: the planned restart on a spare node",
     )
     p.add_argument(
         "--react",
-        type=parse_duration,
+        type=duration,
         default=10.0,
         help="alert to snapshot start (delivery and the next agreement step)",
     )
     p.add_argument(
         "--drain",
-        type=parse_duration,
+        type=duration,
         default=4 * 3600.0,
         help="a drained node with nothing found is back after this long",
     )

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from faultcast.cli.types import Subcommands
-from faultcast.durations import parse_duration
+from faultcast.cli.types import Subcommands, duration
 
 
 def add_parsers(commands: Subcommands) -> None:
@@ -28,7 +27,7 @@ def add_parsers(commands: Subcommands) -> None:
     )  # fmt: skip
     imp.add_argument("--out", type=Path, required=True, help="the data directory to write")
     imp.add_argument(
-        "--interval", type=parse_duration, help="grid step (default: the median spacing of the samples)"
+        "--interval", type=duration, help="grid step (default: the median spacing of the samples)"
     )
     imp.add_argument("--gpus-per-node", type=int, help="default: the highest gpu label + 1")
     imp.add_argument(

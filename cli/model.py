@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultcast.cli.types import Subcommands
-from faultcast.durations import parse_duration
+from faultcast.cli.types import Subcommands, duration
 
 if TYPE_CHECKING:  # the model package loads on demand: `faultcast --help` stays quick
     from faultcast.model.manifest import ModelManifest
@@ -25,9 +24,7 @@ def add_parsers(commands: Subcommands) -> None:
         "--data", type=Path, required=True, help="a `faultcast simulate` output (or an import)"
     )
     train.add_argument("--out", type=Path, required=True, help="the model directory to write")
-    train.add_argument(
-        "--horizon", type=parse_duration, default=1800.0, help="predict failures this far ahead"
-    )
+    train.add_argument("--horizon", type=duration, default=1800.0, help="predict failures this far ahead")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--negative-rate", type=float, default=0.02, help="share of negative rows sampled")
     train.add_argument(
@@ -45,11 +42,11 @@ def add_parsers(commands: Subcommands) -> None:
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--json", type=Path, help="write the metrics here")
     evaluate.add_argument(
-        "--warning-time", type=parse_duration, default=300.0,
+        "--warning-time", type=duration, default=300.0,
         help="minimal warning time: a failure counts as caught only when warned at least this early",
     )  # fmt: skip
     evaluate.add_argument(
-        "--prediction-period", type=parse_duration, default=7200.0,
+        "--prediction-period", type=duration, default=7200.0,
         help="an alert counts as true when its failure comes within this after it (else premature or false)",
     )  # fmt: skip
     evaluate.set_defaults(handler=run_evaluate)

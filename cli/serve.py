@@ -12,8 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from faultcast.cli.tls_args import add_server_arguments, server_tls_options
-from faultcast.cli.types import Subcommands
-from faultcast.durations import parse_duration, parse_limit
+from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.auth import Role, digest
 from faultcast.service.config import ServiceConfig
@@ -51,7 +50,7 @@ def add_parser(commands: Subcommands) -> None:
     serve.add_argument("--scontrol", default="scontrol", help="for --actuator slurm")
     serve.add_argument(
         "--grace",
-        type=parse_duration,
+        type=duration,
         default=300.0,
         help="remediate this long after a snapshot-and-migrate alert without SNAPSHOT_DONE",
     )
@@ -63,13 +62,13 @@ def add_parser(commands: Subcommands) -> None:
     )
     serve.add_argument(
         "--remediation-backoff",
-        type=parse_duration,
+        type=duration,
         default=5.0,
         help="wait before the first retry of a failed remediation; each next wait doubles, with jitter",
     )
     serve.add_argument(
         "--remediation-backoff-max",
-        type=parse_duration,
+        type=duration,
         default=300.0,
         help="the longest wait between two tries of a remediation",
     )
@@ -81,15 +80,15 @@ def add_parser(commands: Subcommands) -> None:
         help="model steps without a sample after which a node is silent: its alerts clear and it is counted",
     )
     serve.add_argument("--max-drains", type=int, default=4, help="circuit breaker: nodes per window")
-    serve.add_argument("--drain-window", type=parse_duration, default=3600.0, help="circuit breaker window")
+    serve.add_argument("--drain-window", type=duration, default=3600.0, help="circuit breaker window")
     serve.add_argument(
         "--max-clock-skew",
-        type=parse_limit,
+        type=limit,
         default=300.0,
         help="refuse samples this far ahead of the service's clock (0: no check, for the accelerated twin)",
     )
     serve.add_argument(
-        "--max-sample-age", type=parse_limit, default=6 * 3600.0, help="refuse older samples (0: no check)"
+        "--max-sample-age", type=limit, default=6 * 3600.0, help="refuse older samples (0: no check)"
     )
     serve.add_argument(
         "--nodes-file",

@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from faultcast.cli.types import Subcommands
-from faultcast.durations import parse_duration
+from faultcast.cli.types import Subcommands, duration
 from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.modes import BY_NAME
@@ -35,9 +34,7 @@ def parse_scenario(text: str) -> Scenario:
     if (spec.level is Level.NODE) != (gpu_index is None):
         advice = "leave GPU empty" if spec.level is Level.NODE else "give a GPU"
         raise argparse.ArgumentTypeError(f"{text!r}: {name} is {spec.level.value}-level; {advice}")
-    return Scenario(
-        name, node_index, gpu_index, parse_duration(at), parse_duration(lead[0]) if lead else None
-    )
+    return Scenario(name, node_index, gpu_index, duration(at), duration(lead[0]) if lead else None)
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -48,7 +45,7 @@ def add_parser(commands: Subcommands) -> None:
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--days", type=float, default=2.0)
-    p.add_argument("--interval", type=parse_duration, default=60.0, help="sample interval (default 60s)")
+    p.add_argument("--interval", type=duration, default=60.0, help="sample interval (default 60s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--acceleration",
