@@ -100,3 +100,24 @@ def test_the_check_sees_a_wrong_way_import(tmp_path: Path, monkeypatch: pytest.M
 def test_every_package_folder_is_checked() -> None:
     folders = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench", "examples"}
     assert folders <= set(ALLOWED) | {"proto"}, folders - set(ALLOWED)
+
+
+def test_only_the_command_line_parses_arguments() -> None:
+    """The library is usable from Python without the CLI: argparse is imported in cli/ alone."""
+    users = [
+        str(path.relative_to(ROOT))
+        for folder in sorted(set(ALLOWED) - {"cli"})
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "argparse" in {name.split(".")[0] for name in _all_imports(path)}
+    ]
+    assert users == []
+
+
+def _all_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
