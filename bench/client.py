@@ -119,7 +119,7 @@ def make_trials(count: int, node: str) -> list[Trial]:
 
     def take(until_s: float | None) -> list[NodeSnapshot]:
         nonlocal sequence
-        n = AFTER_SAMPLES if until_s is None else int(until_s / FLEET.interval_s) - source.step
+        n = AFTER_SAMPLES if until_s is None else int(until_s / FLEET.cadence_s) - source.step
         out = list(twin_snapshots(source, node, n, sequence))
         sequence += len(out)
         return out

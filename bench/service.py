@@ -98,7 +98,7 @@ def make_pool(nodes: int, steps: int, gpus_per_node: int, seed: int) -> list[lis
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         days=1.0,
-        interval_s=1.0,
+        cadence_s=1.0,
         seed=seed,
         chunk_steps=steps,
         failures=False,

@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     config = FleetConfig(nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=args.days,
-                         interval_s=args.interval, seed=args.seed, acceleration=args.acceleration)  # fmt: skip
+                         cadence_s=args.interval, seed=args.seed, acceleration=args.acceleration)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         wall, cpu = time.perf_counter(), time.process_time()
         manifest = simulate(config, Path(tmp))
@@ -39,7 +39,7 @@ def main() -> None:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gpus = config.nodes * config.gpus_per_node
     rows = manifest["rows"]
-    print(f"fleet twin: {gpus} GPUs ({config.nodes} nodes) x {config.days:g} days at {config.interval_s:g} s, "
+    print(f"fleet twin: {gpus} GPUs ({config.nodes} nodes) x {config.days:g} days at {config.cadence_s:g} s, "
           f"acceleration {config.acceleration:g}, seed {config.seed}")  # fmt: skip
     print(f"telemetry rows:      {rows['telemetry']:,}")
     print(f"network rows:        {rows['network']:,}")

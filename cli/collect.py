@@ -182,7 +182,7 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
         backfill_s=sim_backfill_s(args),
         gpus=args.gpus,
         seed=args.seed,
-        interval=args.interval * args.speed,
+        cadence_s=args.interval * args.speed,
         sim_node=args.sim_node,
         acceleration=args.acceleration,
         scenarios=scenarios,

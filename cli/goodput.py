@@ -284,7 +284,7 @@ def replay_twin(model: FaultModel, nodes: int, days: float, acceleration: float)
         "acceleration": acceleration,
         "start_unix_s": start,
         "gpus_per_node": GPUS_PER_NODE,
-        "interval_s": model.feature_config.cadence_s,
+        "cadence_s": model.feature_config.cadence_s,
     }
 
 

@@ -50,7 +50,7 @@ def run_import(args: argparse.Namespace) -> int:
     labels = (*args.node_label, *(label for label in DEFAULT_NODE_LABELS if label not in args.node_label))
     try:
         manifest = import_prometheus(
-            args.export, args.failures, args.out, interval_s=args.interval, gpus_per_node=args.gpus_per_node,
+            args.export, args.failures, args.out, cadence_s=args.interval, gpus_per_node=args.gpus_per_node,
             node_labels=labels,
         )  # fmt: skip
     except DataError as exc:
@@ -64,7 +64,7 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
     config, rows = manifest["config"], manifest["rows"]
     lines = [
         f"wrote {out}: {manifest['gpus']} GPUs on {config['nodes']} nodes, {config['days'] * 24:.1f} h at "
-        f"{config['interval_s']:g} s ({rows['telemetry']:,} telemetry rows, {rows['network']:,} network rows, "
+        f"{config['cadence_s']:g} s ({rows['telemetry']:,} telemetry rows, {rows['network']:,} network rows, "
         f"{rows['failures']} failures)",
         f"mapped {len(manifest['mapped'])} catalogue metrics; derived {len(manifest['derived'])}; "
         f"missing {len(manifest['missing']['telemetry'])} GPU and {len(manifest['missing']['network'])} "

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             nodes=args.nodes,
             gpus_per_node=args.gpus_per_node,
             days=args.days,
-            interval_s=args.interval,
+            cadence_s=args.interval,
             seed=args.seed,
             acceleration=args.acceleration,
             h100_fraction=args.h100_fraction,

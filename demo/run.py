@@ -37,7 +37,7 @@ from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 log = logging.getLogger(__name__)
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
-TWIN_INTERVAL_S = 60.0  # one twin step per scrape: the model's cadence
+TWIN_CADENCE_S = 60.0  # one twin step per scrape: the model's cadence
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def _log_to(path: Path) -> None:
 def _collector(
     i: int, port: int, sim_start: int, args: DemoSettings, failures: list[CuedFailure]
 ) -> subprocess.Popen[bytes]:
-    interval = TWIN_INTERVAL_S / args.speed
+    interval = TWIN_CADENCE_S / args.speed
     command = [
         FAULTCAST, "collect", "--source", "simulated", "--sim-node", str(i), "--node", node_name(i),
         "--interval", f"{interval * 1000:.0f}ms", "--speed", f"{args.speed:g}", "--sim-start", str(sim_start),

@@ -81,7 +81,7 @@ class Dataset:
     path: Path
     start_s: float  # unix seconds of the first grid step
     end_s: float  # unix seconds just past the last sample
-    interval_s: float
+    cadence_s: float  # seconds between two samples
     nodes: tuple[str, ...]
     gpus_per_node: int
     failures: FailureLog
@@ -135,7 +135,8 @@ def open_dataset(path: Path) -> Dataset:
     config = manifest.get("config", {})
     try:
         gpus = int(config["gpus_per_node"])
-        interval = float(config["interval_s"])
+        # "interval_s" in data written before the cadence had one name (faultcast 0.1, December 2026)
+        interval = float(config["cadence_s"] if "cadence_s" in config else config["interval_s"])
         nodes = (
             tuple(str(n) for n in manifest["nodes"])
             if "nodes" in manifest

@@ -11,7 +11,7 @@ the catalogue's units: hertz to megahertz, joules to millijoules, ratios to perc
 faultcast's own (`faultcast_*`, the Xid family told apart by its `xid` label). The node is the
 `Hostname` label (dcgm-exporter 4.8), else `hostname` (its main branch after 4.8.2), else `instance`
 without its port; the GPU is the `gpu` label. Samples at any cadence are laid on a grid of
-`interval_s` seconds aligned to the epoch, the last sample of a step winning (what the model does
+`cadence_s` seconds aligned to the epoch, the last sample of a step winning (what the model does
 online). Non-finite values ("NaN", "+Inf") become missing. Names the catalogue does not know are
 counted in the manifest, and so are the unit conversions made.
 
@@ -114,11 +114,11 @@ class _Samples:
         self.times.append(times)
         self.values.append(values)
 
-    def on_grid(self, start_s: float, interval_s: float, steps: int) -> np.ndarray:
+    def on_grid(self, start_s: float, cadence_s: float, steps: int) -> np.ndarray:
         """(steps,) values: the last sample within each grid step, NaN where there is none."""
         times, values = np.concatenate(self.times), np.concatenate(self.values)
         order = np.argsort(times, kind="stable")
-        step = np.floor((times[order] - start_s) / interval_s).astype(np.int64)
+        step = np.floor((times[order] - start_s) / cadence_s).astype(np.int64)
         last = np.r_[step[1:] != step[:-1], True]
         out = np.full(steps, np.nan)
         out[step[last]] = values[order][last]
@@ -327,11 +327,11 @@ def _settle_ratio_or_percent(parsed: _Parsed) -> None:
         parsed.converted[name] = f"x {factor:g} ({what})"
 
 
-def _interval(parsed: _Parsed, interval_s: float | None) -> float:
-    if interval_s is not None:
-        if not (interval_s > 0 and math.isfinite(interval_s)):
-            raise DataError(f"the interval must be a positive number of seconds, got {interval_s}")
-        return float(interval_s)
+def _interval(parsed: _Parsed, cadence_s: float | None) -> float:
+    if cadence_s is not None:
+        if not (cadence_s > 0 and math.isfinite(cadence_s)):
+            raise DataError(f"the interval must be a positive number of seconds, got {cadence_s}")
+        return float(cadence_s)
     spacings = np.concatenate(parsed.spacings) if parsed.spacings else np.zeros(0)
     if spacings.size == 0:
         raise DataError("every series has a single sample: give the interval (--interval) explicitly")
@@ -513,7 +513,7 @@ def import_prometheus(
     failures_csv: Path | None,
     out: Path,
     *,
-    interval_s: float | None = None,
+    cadence_s: float | None = None,
     gpus_per_node: int | None = None,
     node_labels: Sequence[str] = DEFAULT_NODE_LABELS,
 ) -> dict[str, Any]:
@@ -523,7 +523,7 @@ def import_prometheus(
     Without a failure log (`failures_csv=None`) the failure file is empty and the manifest says so:
     such data can be scored but not trained or evaluated on."""
     parsed = _parse(export, node_labels)
-    grid = _grid(export, parsed, interval_s, gpus_per_node)
+    grid = _grid(export, parsed, cadence_s, gpus_per_node)
     gpus = _gpu_grid(parsed, grid)
     net_dense = np.full((len(grid.nodes), grid.steps, len(NETWORK_COLUMNS)), np.nan)
     for node, columns in parsed.network.items():
@@ -583,7 +583,7 @@ class _Grid:
     node_index: dict[str, int]
 
 
-def _grid(export: Path, parsed: _Parsed, interval_s: float | None, gpus_per_node: int | None) -> _Grid:
+def _grid(export: Path, parsed: _Parsed, cadence_s: float | None, gpus_per_node: int | None) -> _Grid:
     """The grid and the nodes; raises DataError when the export has no GPU series or a GPU index
     beyond `gpus_per_node`."""
     if not parsed.gpus:
@@ -592,7 +592,7 @@ def _grid(export: Path, parsed: _Parsed, interval_s: float | None, gpus_per_node
             f"{export}: no series of a GPU metric the catalogue knows (DCGM_FI_DEV_GPU_TEMP, ...) with a node "
             f"and a gpu label; most common unknown names: {shown}"
         )
-    interval = _interval(parsed, interval_s)
+    interval = _interval(parsed, cadence_s)
     start = math.floor(parsed.t_min / interval) * interval
     steps = int((parsed.t_max - start) // interval) + 1
     largest = max(gpu for _, gpu in parsed.gpus) + 1
@@ -673,7 +673,7 @@ def _data_manifest(
             "nodes": len(grid.nodes),
             "gpus_per_node": grid.gpus_per_node,
             "days": grid.steps * interval / 86_400.0,
-            "interval_s": interval,
+            "cadence_s": interval,
             "start_unix_s": start,
         },
         "nodes": grid.nodes,

@@ -306,7 +306,7 @@ def signals_around(
     metrics: Sequence[str],
     before_min: float,
     after_min: float,
-    interval_s: float,
+    cadence_s: float,
 ) -> pd.DataFrame:
     """The metrics of one GPU (or, with gpu None, one node's network) on the sampling grid around
     `moment`, indexed by minutes relative to it. Counters become increases per minute (NaN across a
@@ -315,13 +315,11 @@ def signals_around(
     frame = read_telemetry(data_dir, real, [node], network=gpu is None)
     if gpu is not None:
         frame = frame[frame["gpu"] == gpu]
-    step = pd.Timedelta(seconds=interval_s)
+    step = pd.Timedelta(seconds=cadence_s)
     lo, hi = moment - pd.Timedelta(minutes=before_min), moment + pd.Timedelta(minutes=after_min)
     frame = frame[(frame["timestamp"] >= lo - step) & (frame["timestamp"] <= hi)]
     frame = frame.drop_duplicates("timestamp", keep="last").set_index("timestamp").sort_index()
-    offsets_s = (
-        np.arange(-int(before_min * 60 / interval_s), int(after_min * 60 / interval_s) + 1) * interval_s
-    )
+    offsets_s = np.arange(-int(before_min * 60 / cadence_s), int(after_min * 60 / cadence_s) + 1) * cadence_s
     grid = pd.DatetimeIndex(moment + pd.to_timedelta(offsets_s, unit="s"))
 
     def on_grid(series: pd.Series) -> pd.Series:

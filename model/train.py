@@ -184,7 +184,7 @@ def train(
     config give the same model."""
     started = time.perf_counter()
     features = FeatureConfig(
-        cadence_s=config.cadence_s or dataset.interval_s, gpus_per_node=dataset.gpus_per_node
+        cadence_s=config.cadence_s or dataset.cadence_s, gpus_per_node=dataset.gpus_per_node
     )
     split = make_split(dataset, config)
     rows, names = _sample(dataset, features, split, config)

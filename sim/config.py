@@ -41,7 +41,7 @@ class FleetConfig:
     nodes: int = 8
     gpus_per_node: int = 8
     days: float = 2.0
-    interval_s: float = 60.0
+    cadence_s: float = 60.0
     seed: int = 0
     # Multiplies every failure rate, so a small fleet yields enough failures to learn from.
     acceleration: float = 1.0
@@ -62,8 +62,8 @@ class FleetConfig:
             problems.append("nodes and gpus_per_node must be at least 1")
         if not (self.days > 0 and math.isfinite(self.days)):
             problems.append(f"days must be positive, got {self.days}")
-        if not self.interval_s > 0:
-            problems.append(f"interval_s must be positive, got {self.interval_s}")
+        if not self.cadence_s > 0:
+            problems.append(f"cadence_s must be positive, got {self.cadence_s}")
         if self.acceleration < 0:
             problems.append(f"acceleration must be >= 0, got {self.acceleration}")
         if not 0.0 <= self.h100_fraction <= 1.0:
@@ -79,7 +79,7 @@ class FleetConfig:
     @property
     def steps(self) -> int:
         """Samples per GPU over the horizon (whole intervals only)."""
-        return int(self.horizon_s // self.interval_s)
+        return int(self.horizon_s // self.cadence_s)
 
     @property
     def chunks(self) -> int:

@@ -215,14 +215,14 @@ _PHASES = ((25 * 60, (60, 180), 0.45), (4 * 3600, (300, 720), 0.65), (90 * 60, (
 def _phases(config: FleetConfig, node: int, chunk: int, t: np.ndarray, busy: np.ndarray) -> np.ndarray:
     """Utilization target per step, shared by the pod's nodes: training with dips, evals and stalls."""
     pod = node // config.nodes_per_job_pod
-    dt = config.interval_s
+    cadence_s = config.cadence_s
 
     def draw(r: np.random.Generator, shape: tuple[int, ...], extend: int = 0) -> np.ndarray:
         target = np.full((shape[0] + extend,), 0.97)
         # (mean period, duration range in seconds, utilization during the phase)
         for period, (lo, hi), level in _PHASES:
-            steps = (max(1, round(lo / dt)), max(1, round(hi / dt)))
-            on = _episodes(r, shape, dt / period, steps, extend)
+            steps = (max(1, round(lo / cadence_s)), max(1, round(hi / cadence_s)))
+            on = _episodes(r, shape, cadence_s / period, steps, extend)
             target = np.where(on, np.minimum(target, level), target)
         return target
 
@@ -347,17 +347,19 @@ def _precursor(fx: _Effects, f: ScheduledFailure, r: np.random.Generator, dt_min
         fx.retrans_per_min += s * 50.0 * p**2
 
 
-def _confounders(fx: _Effects, traits: NodeTraits, rs: _Streams, dt: float, busy: np.ndarray) -> np.ndarray:
+def _confounders(
+    fx: _Effects, traits: NodeTraits, rs: _Streams, cadence_s: float, busy: np.ndarray
+) -> np.ndarray:
     """Healthy events that look like trouble and are followed by nothing. Returns app-Xid codes (T, G)."""
     n, g = fx.clock.shape
     day = 86_400.0
     r = rs(_Key.CONFOUNDERS)
     fx.sbe_per_min += traits.steady_sbe_per_min
     # Transient power-cap throttling, 2-10 minutes, about once a day per GPU while busy.
-    cap_steps = (max(1, round(120 / dt)), max(1, round(600 / dt)))
+    cap_steps = (max(1, round(120 / cadence_s)), max(1, round(600 / cadence_s)))
 
     def cap(gen: np.random.Generator, shape: tuple[int, ...], extend: int) -> np.ndarray:
-        return _episodes(gen, shape, dt / day, cap_steps, extend)
+        return _episodes(gen, shape, cadence_s / day, cap_steps, extend)
 
     streams = _Streams(rs.seed, rs.node, 0)
     fx.cap |= (
@@ -365,12 +367,12 @@ def _confounders(fx: _Effects, traits: NodeTraits, rs: _Streams, dt: float, busy
         & busy[:, None]
     )
     # Short NVLink and PCIe error bursts after which nothing happens.
-    fx.nvlink_burst += (r.random((n, g)) < dt / (3 * day)) * r.integers(5, 50, (n, g))
-    fx.pcie_burst += (r.random((n, g)) < dt / (10 * day)) * r.integers(1, 20, (n, g))
+    fx.nvlink_burst += (r.random((n, g)) < cadence_s / (3 * day)) * r.integers(5, 50, (n, g))
+    fx.pcie_burst += (r.random((n, g)) < cadence_s / (10 * day)) * r.integers(1, 20, (n, g))
     # InfiniBand symbol-error bursts after a cable reseat, about every five days per node.
-    fx.ib_burst += (r.random((n, fx.p)) < dt / (5 * day * fx.p)) * r.integers(20, 500, (n, fx.p))
+    fx.ib_burst += (r.random((n, fx.p)) < cadence_s / (5 * day * fx.p)) * r.integers(20, 500, (n, fx.p))
     # Application Xids (13, 31, 43) from buggy jobs, about weekly per GPU.
-    app = (r.random((n, g)) < dt / (7 * day)) & busy[:, None]
+    app = (r.random((n, g)) < cadence_s / (7 * day)) & busy[:, None]
     return np.where(app, r.choice(_APP_XIDS, (n, g)), 0)
 
 
@@ -388,7 +390,7 @@ def generate_chunk(
         raise ValueError(f"chunk {chunk} is past the horizon ({config.steps} steps)")
     # Always a whole chunk, cut to the horizon at the end: a short last chunk is then exactly the
     # start of the same chunk in a longer run (the live source's).
-    t = (first + np.arange(config.chunk_steps)) * config.interval_s
+    t = (first + np.arange(config.chunk_steps)) * config.cadence_s
     rs = _Streams(config.seed, traits.index, chunk)
     # The steps below share one generator, `noise`: they draw from it in this order, always.
     noise = rs(_Key.NOISE)
@@ -399,10 +401,10 @@ def generate_chunk(
         if failure.lead_s > 0 and failure.precursor_start_s <= t[-1] and failure.fail_s > t[0]:
             # Keyed by the failure itself: adding another failure cannot change this one's draws.
             key = f"event:{failure.gpu}:{round(failure.fail_s * 1000)}"
-            _precursor(fx, failure, rs(key), config.interval_s / 60.0)
+            _precursor(fx, failure, rs(key), config.cadence_s / 60.0)
     app_xids = np.zeros(out.lost.shape, dtype=np.int64)
     if config.confounders:
-        app_xids = _confounders(fx, traits, rs, config.interval_s, load.busy)
+        app_xids = _confounders(fx, traits, rs, config.cadence_s, load.busy)
     heat = _thermals(traits, load, fx, noise)
     v = _counters(config, traits, state, out, fx, rs, heat.power)
     v["xid_last"] = _xids(state, out, fx, rs, app_xids, v)
@@ -446,11 +448,11 @@ class _Outages:
 
 
 def _outages(config: FleetConfig, schedule: NodeSchedule, t: np.ndarray) -> _Outages:
-    n, g, dt = len(t), config.gpus_per_node, config.interval_s
+    n, g, cadence_s = len(t), config.gpus_per_node, config.cadence_s
     node_fail = schedule.node_failures()
     node_dark = in_windows(t, [(f.fail_s, f.return_s) for f in node_fail])
-    node_return = _first_steps(t, dt, [f.return_s for f in node_fail])
-    reload = _first_steps(t, dt, list(schedule.reloads_s)) | node_return
+    node_return = _first_steps(t, cadence_s, [f.return_s for f in node_fail])
+    reload = _first_steps(t, cadence_s, list(schedule.reloads_s)) | node_return
     gpu_dark = np.repeat(node_dark[:, None], g, axis=1)
     gpu_return = np.zeros((n, g), dtype=bool)
     swapped = np.zeros((n, g), dtype=bool)
@@ -465,9 +467,9 @@ def _outages(config: FleetConfig, schedule: NodeSchedule, t: np.ndarray) -> _Out
         for f in own:
             if f.xid == 79:
                 lost[:, gpu] |= in_windows(t, [(f.fail_s, min(f.fail_s + _LOST_REPORTED_S, f.return_s))])
-                lost_at[:, gpu] += _first_steps(t, dt, [f.fail_s]) * f.xid
-        gpu_return[:, gpu] = _first_steps(t, dt, [f.return_s for f in own])
-        swapped[:, gpu] = _first_steps(t, dt, [f.return_s for f in own if f.spec.replaced])
+                lost_at[:, gpu] += _first_steps(t, cadence_s, [f.fail_s]) * f.xid
+        gpu_return[:, gpu] = _first_steps(t, cadence_s, [f.return_s for f in own])
+        swapped[:, gpu] = _first_steps(t, cadence_s, [f.return_s for f in own if f.spec.replaced])
         for f in own:
             if f.spec.replaced:
                 replacements[:, gpu] += t >= f.return_s
@@ -570,8 +572,8 @@ def _counters(
 ) -> dict[str, np.ndarray]:
     """The GPU counters but the Xid ones, carried on from `state` (which they advance), by name."""
     n, g = out.lost.shape
-    dt = config.interval_s
-    dt_min = dt / 60.0
+    cadence_s = config.cadence_s
+    dt_min = cadence_s / 60.0
     alive = ~out.gpu_dark
     reporting = alive | out.lost  # the collector still counts failed calls for a lost GPU
     volatile_reset, aggregate_reset = out.volatile_reset, out.swapped
@@ -582,7 +584,7 @@ def _counters(
         v[name] = values
         return values
 
-    counter("total_energy", power * dt * 1000.0, volatile_reset)
+    counter("total_energy", power * cadence_s * 1000.0, volatile_reset)
     sbe = _poisson(rs(_Key.SBE), fx.sbe_per_min, dt_min)
     counter("ecc_sbe_volatile", sbe, volatile_reset)
     counter("ecc_sbe_aggregate", sbe, aggregate_reset)
@@ -784,11 +786,11 @@ def _ib_ports(
     cum: _NetworkCounters,
     busy: np.ndarray,
 ) -> np.ndarray:
-    n, ports, dt = len(fx.t), config.ib_ports, config.interval_s
-    dt_min = dt / 60.0
+    n, ports, cadence_s = len(fx.t), config.ib_ports, config.cadence_s
+    dt_min = cadence_s / 60.0
     h100 = traits.generation.tdp_w > 500
     load = np.where(busy, 1.0, 0.002)[:, None]
-    data = load * _IB_PORT_BYTES_S * dt * r.uniform(0.9, 1.1, (n, ports))
+    data = load * _IB_PORT_BYTES_S * cadence_s * r.uniform(0.9, 1.1, (n, ports))
     ib = {
         "ib_symbol_error": cum(
             state.ib,
@@ -849,9 +851,9 @@ def _interface(
     cum: _NetworkCounters,
     busy: np.ndarray,
 ) -> np.ndarray:
-    n, dt = len(busy), config.interval_s
-    dt_min = dt / 60.0
-    eth_bytes = (2e5 + 1e6 * busy) * dt
+    n, cadence_s = len(busy), config.cadence_s
+    dt_min = cadence_s / 60.0
+    eth_bytes = (2e5 + 1e6 * busy) * cadence_s
     iface = {
         "net_rx_bytes": cum(
             state.iface, "net_rx_bytes", np.round(eth_bytes * r.uniform(0.8, 1.2, n))[:, None]
@@ -880,12 +882,12 @@ def _peers(
     busy: np.ndarray,
     alive: np.ndarray,
 ) -> np.ndarray:
-    n, dt = len(busy), config.interval_s
+    n, cadence_s = len(busy), config.cadence_s
     q = config.peers
     p50 = 25e-6 * (1.0 + 0.2 * busy)[:, None] * np.exp(r.normal(0.0, 0.05, (n, q))) * fx.rtt[:, None]
     p99 = p50 * 2.5 * np.exp(r.normal(0.0, 0.1, (n, q))) * fx.rtt_tail[:, None]
     probes, state.peers_probes = _cumulate(
-        state.peers_probes, np.full((n, q), dt) * alive[:, None], np.zeros((n, q), dtype=bool)
+        state.peers_probes, np.full((n, q), cadence_s) * alive[:, None], np.zeros((n, q), dtype=bool)
     )
     loss = np.broadcast_to(fx.loss[:, None], (n, q))
     peer = {
@@ -907,9 +909,9 @@ def _host(
     cum: _NetworkCounters,
     busy: np.ndarray,
 ) -> np.ndarray:
-    n, dt = len(busy), config.interval_s
-    dt_min = dt / 60.0
-    sent = (800.0 + 4000.0 * busy) * dt
+    n, cadence_s = len(busy), config.cadence_s
+    dt_min = cadence_s / 60.0
+    sent = (800.0 + 4000.0 * busy) * cadence_s
     host = {
         "tcp_retrans_segs": cum(
             state.host,

@@ -56,7 +56,7 @@ class TwinSource:
     @property
     def virtual_time_s(self) -> float:
         """Seconds since the twin's start of the next reading."""
-        return self.step * self.config.interval_s
+        return self.step * self.config.cadence_s
 
     def inject(self, scenario: Scenario) -> Scenario:
         """Order a failure on cue from now on; returns the scenario as scheduled.

@@ -1,7 +1,7 @@
 """The collector's simulated source: one node of the fleet twin (faultcast.sim), read live.
 
 It lets everything run without a GPU: `faultcast collect --source simulated`, the demo and the
-tests. Each read advances the twin's virtual clock by `interval` seconds of simulated time;
+tests. Each read advances the twin's virtual clock by `cadence_s` seconds of simulated time;
 `faultcast collect --speed 60` scrapes every second with a minute of simulated time per scrape.
 
 A sample is never stamped ahead of the wall clock, so that a service with the default clock-skew
@@ -41,7 +41,7 @@ class SimulatedSource(TwinSource):
         *,
         gpus: int = 8,
         seed: int = 0,
-        interval: float = 1.0,
+        cadence_s: float = 1.0,
         start_unix_nano: int | None = None,
         backfill_s: float = 0.0,
         sim_node: int = 0,
@@ -63,7 +63,7 @@ class SimulatedSource(TwinSource):
             nodes=max(sim_node + 1, 8),
             gpus_per_node=gpus,
             days=days,
-            interval_s=interval,
+            cadence_s=cadence_s,
             seed=seed,
             acceleration=acceleration,
             start_unix_s=int(start_ns // 10**9),
@@ -91,7 +91,7 @@ class SimulatedSource(TwinSource):
                 log.info(
                     "the twin caught up with the wall clock: it runs at real time from now on, one sample "
                     "every %g s (the latest is read again in between)",
-                    self.config.interval_s,
+                    self.config.cadence_s,
                 )
             return dataclasses.replace(self._latest, time_unix_nano=now_ns)
         self._latest = super().read()

@@ -44,7 +44,7 @@ def test_a_failing_source_is_counted_and_the_others_still_report() -> None:
 
 
 def test_a_virtual_clock_source_sets_event_time() -> None:
-    source = SimulatedSource(gpus=1, interval=60.0, start_unix_nano=10**18)
+    source = SimulatedSource(gpus=1, cadence_s=60.0, start_unix_nano=10**18)
     collector = NodeCollector("n1", [source], wall_clock_ns=lambda: 5)
     times = [collector.scrape().time_unix_nano for _ in range(3)]
     assert times == [10**18 + k * 60 * 10**9 for k in (0, 1, 2)]

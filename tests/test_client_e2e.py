@@ -43,7 +43,7 @@ STEPS, HOLD_AT, AGREE_EVERY = 120, 32, 5
 NEXT_AGREEMENT = 35  # the first agreement step after the hold: the snapshot step
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 TWIN_NODE, GPU, FAIL_S = 2, 3, 10 * 3600.0
-STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)  # twin samples up to 5 min before the failure
+STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.cadence_s)  # twin samples up to 5 min before the failure
 WAIT_S = 180.0  # deadline for a job to reach a point (two torchrun starts and a requeue fit easily)
 
 

@@ -33,7 +33,7 @@ def _collect(steps: list[Step], into: dict[int, tuple[np.ndarray, np.ndarray]]) 
 
 
 def test_offline_and_online_features_are_equal_over_a_simulated_week(week: Path) -> None:
-    config = FeatureConfig(cadence_s=WEEK.interval_s, gpus_per_node=WEEK.gpus_per_node)
+    config = FeatureConfig(cadence_s=WEEK.cadence_s, gpus_per_node=WEEK.gpus_per_node)
     offline: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     replay(open_dataset(week), config, lambda s: _collect([s], offline))
 

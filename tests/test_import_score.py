@@ -173,7 +173,7 @@ def test_a_finer_cadence_is_kept_and_values_match_the_originals(tmp_path: Path, 
     out, manifest = _import(tmp_path, gpu_export(twin, DCGM_COLUMNS, 15.0), twin / "failures.csv")
     original, imported = telemetry(twin), telemetry(out)
     assert manifest["kind"] == "prometheus import"
-    assert manifest["config"]["interval_s"] == 15.0
+    assert manifest["config"]["cadence_s"] == 15.0
     assert manifest["config"]["gpus_per_node"] == 2
     assert manifest["nodes"] == sorted(original["node"].unique())
     assert pq.read_schema(out / "telemetry.parquet").equals(TELEMETRY_SCHEMA)
@@ -193,7 +193,7 @@ def test_a_finer_cadence_is_kept_and_values_match_the_originals(tmp_path: Path, 
     )
     assert same(later["gpu_temp_imported"], later["gpu_temp"])
     dataset = open_dataset(out)
-    assert dataset.interval_s == 15.0
+    assert dataset.cadence_s == 15.0
     assert dataset.nodes == tuple(manifest["nodes"])
     assert dataset.end_s >= imported["time_s"].max()
     exported = [c for c in DCGM_COLUMNS if original[c].notna().any()]  # the exporter leaves NaN out
@@ -204,7 +204,7 @@ def test_a_finer_cadence_is_kept_and_values_match_the_originals(tmp_path: Path, 
 def test_a_coarser_cadence_and_an_explicit_interval_take_the_last_sample(tmp_path: Path, twin: Path) -> None:
     export = gpu_export(twin, ["gpu_temp", "power_usage", "ecc_sbe_volatile"], 120.0)
     out, manifest = _import(tmp_path, export, twin / "failures.csv")
-    assert manifest["config"]["interval_s"] == 120.0
+    assert manifest["config"]["cadence_s"] == 120.0
     original, imported = telemetry(twin), telemetry(out)
     joined = imported.merge(original, on=["time_s", "node", "gpu"], suffixes=("_imported", ""))
     assert (
@@ -215,7 +215,7 @@ def test_a_coarser_cadence_and_an_explicit_interval_take_the_last_sample(tmp_pat
     assert same(joined["ecc_sbe_volatile_imported"], joined["ecc_sbe_volatile"])
 
     coarse = tmp_path / "coarse"
-    manifest = import_prometheus(tmp_path / "export.json", twin / "failures.csv", coarse, interval_s=300.0)
+    manifest = import_prometheus(tmp_path / "export.json", twin / "failures.csv", coarse, cadence_s=300.0)
     start = manifest["config"]["start_unix_s"]
     assert start % 300 == 0
     sampled = original[np.mod(original["time_s"] - original["time_s"].min(), 120) == 0]
@@ -326,7 +326,7 @@ def test_a_plain_dcgm_exporter_yields_throttle_flags_and_xid_counts(tmp_path: Pa
         series("DCGM_FI_DEV_XID_ERRORS", xids)]}}  # fmt: skip
     out, manifest = _import(tmp_path, export, None)
     rows = telemetry(out)
-    assert manifest["config"]["interval_s"] == 30.0
+    assert manifest["config"]["cadence_s"] == 30.0
     assert rows["throttle_hw_slowdown"].tolist() == [0, 1, 1, 0, 0, 0, 0]
     assert rows["throttle_hw_thermal"].tolist() == [0, 0, 1, 0, 0, 0, 0]
     assert rows["throttle_sw_thermal"].tolist() == [0, 0, 0, 1, 0, 0, 0]
@@ -534,7 +534,7 @@ def test_the_import_command(
     assert code == 0
     assert f"wrote {out}" in capsys.readouterr().out
     config = json.loads((out / "manifest.json").read_text())["config"]
-    assert (config["interval_s"], config["gpus_per_node"]) == (120.0, 4)
+    assert (config["cadence_s"], config["gpus_per_node"]) == (120.0, 4)
     write_json(export, _with([], resultType="vector"))
     assert cli.main(["import-prometheus", "--export", str(export), "--out", str(tmp_path / "x")]) == 2
     assert "faultcast import-prometheus:" in capsys.readouterr().err

@@ -43,7 +43,7 @@ NODE, GPU = 2, 3
 NAME = FLEET.node_name(NODE)
 FAIL_S = 10 * 3600.0  # after the twin's start
 FAIL_UNIX = FLEET.start_unix_s + FAIL_S
-STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)  # up to 5 minutes before the failure
+STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.cadence_s)  # up to 5 minutes before the failure
 WAIT_S = 30.0  # deadline for anything the service does on its threads
 
 

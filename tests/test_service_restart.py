@@ -27,7 +27,7 @@ from tests.serve_process import ServeProcess
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU, FAIL_S = 1, 6, 8 * 3600.0
 NAME = FLEET.node_name(NODE)
-BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)
+BEFORE = int((FAIL_S - 5 * 60) / FLEET.cadence_s)
 WAIT_S = 60.0
 
 

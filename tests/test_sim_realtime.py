@@ -49,10 +49,10 @@ class Clock:
 
 def test_a_twin_ahead_of_real_time_starts_in_the_past_catches_up_and_then_waits_for_the_clock() -> None:
     clock = Clock(T0)
-    source = SimulatedSource(gpus=2, seed=3, interval=60.0, backfill_s=180.0, wall_clock_ns=clock)
+    source = SimulatedSource(gpus=2, seed=3, cadence_s=60.0, backfill_s=180.0, wall_clock_ns=clock)
     offline = TwinSource(
         FleetConfig(
-            nodes=8, gpus_per_node=2, days=365.0, interval_s=60.0, seed=3, start_unix_s=(T0 - 180 * S) // S
+            nodes=8, gpus_per_node=2, days=365.0, cadence_s=60.0, seed=3, start_unix_s=(T0 - 180 * S) // S
         )
     )
     stamps: list[tuple[int, int]] = []  # (sample time, wall clock at the read)

@@ -28,7 +28,7 @@ FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU = 2, 3
 NAME = FLEET.node_name(NODE)
 FAIL_S = 10 * 3600.0  # after the twin's start
-STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.interval_s)  # up to 5 minutes before the failure
+STEPS_BEFORE = int((FAIL_S - 5 * 60) / FLEET.cadence_s)  # up to 5 minutes before the failure
 WAIT_S = 60.0  # deadline for what the service does on its threads
 
 
