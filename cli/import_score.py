@@ -11,29 +11,35 @@ from faultcast.cli.types import Subcommands, duration
 
 
 def add_parsers(commands: Subcommands) -> None:
+    """Add `faultcast import-prometheus` and `faultcast score`."""
     imp = commands.add_parser(
         "import-prometheus",
         help="turn a Prometheus range-query export (dcgm-exporter's classic or DCGM 4.6's canonical names) and a "
         "failure log into training data",
     )
     imp.add_argument(
-        "--export", type=Path, required=True,
+        "--export",
+        type=Path,
+        required=True,
         help="a /api/v1/query_range JSON answer, a JSON list of them, or a directory of .json files",
-    )  # fmt: skip
+    )
     imp.add_argument(
-        "--failures", type=Path,
+        "--failures",
+        type=Path,
         help="failure log CSV: timestamp,node,gpu,mode[,xid,uuid,description] (gpu empty: the whole node); "
         "without it the data can be scored but not trained on",
-    )  # fmt: skip
+    )
     imp.add_argument("--out", type=Path, required=True, help="the data directory to write")
     imp.add_argument(
         "--interval", type=duration, help="grid step (default: the median spacing of the samples)"
     )
     imp.add_argument("--gpus-per-node", type=int, help="default: the highest gpu label + 1")
     imp.add_argument(
-        "--node-label", action="append", default=[],
+        "--node-label",
+        action="append",
+        default=[],
         help="label naming the node, tried before Hostname, hostname and instance (repeatable)",
-    )  # fmt: skip
+    )
     imp.set_defaults(handler=run_import)
 
     score = commands.add_parser("score", help="list the alerts a model would have raised on a data directory")
@@ -44,15 +50,20 @@ def add_parsers(commands: Subcommands) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    """`faultcast import-prometheus`: a Prometheus export and a failure log to a data directory."""
     from faultcast.model.dataset import DataError
     from faultcast.model.importer import DEFAULT_NODE_LABELS, import_prometheus
 
     labels = (*args.node_label, *(label for label in DEFAULT_NODE_LABELS if label not in args.node_label))
     try:
         manifest = import_prometheus(
-            args.export, args.failures, args.out, cadence_s=args.interval, gpus_per_node=args.gpus_per_node,
+            args.export,
+            args.failures,
+            args.out,
+            cadence_s=args.interval,
+            gpus_per_node=args.gpus_per_node,
             node_labels=labels,
-        )  # fmt: skip
+        )
     except DataError as exc:
         print(f"faultcast import-prometheus: {exc}", file=sys.stderr)
         return 2
@@ -61,6 +72,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def describe_import(out: Path, manifest: dict[str, Any]) -> str:
+    """What an import wrote, in a few lines for the console."""
     config, rows = manifest["config"], manifest["rows"]
     lines = [
         f"wrote {out}: {manifest['gpus']} GPUs on {config['nodes']} nodes, {config['days'] * 24:.1f} h at "
@@ -88,6 +100,7 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
 
 
 def run_score(args: argparse.Namespace) -> int:
+    """`faultcast score`: the alerts a model would have raised on a data directory."""
     from faultcast.model.artifact import ModelError
     from faultcast.model.batch_alerts import render_table, score, summary, write_csv
     from faultcast.model.dataset import DataError

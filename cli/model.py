@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the model package loads on demand: `faultcast --help` stays
 
 
 def add_parsers(commands: Subcommands) -> None:
+    """Add `faultcast train` and `faultcast evaluate`."""
     train = commands.add_parser(
         "train", help="train the failure-prediction model on telemetry and a failure log"
     )
@@ -42,24 +43,33 @@ def add_parsers(commands: Subcommands) -> None:
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--json", type=Path, help="write the metrics here")
     evaluate.add_argument(
-        "--warning-time", type=duration, default=300.0,
+        "--warning-time",
+        type=duration,
+        default=300.0,
         help="minimal warning time: a failure counts as caught only when warned at least this early",
-    )  # fmt: skip
+    )
     evaluate.add_argument(
-        "--prediction-period", type=duration, default=7200.0,
+        "--prediction-period",
+        type=duration,
+        default=7200.0,
         help="an alert counts as true when its failure comes within this after it (else premature or false)",
-    )  # fmt: skip
+    )
     evaluate.set_defaults(handler=run_evaluate)
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """`faultcast train`: train on a data directory, write the model; returns the exit status."""
     from faultcast.model.dataset import DataError, open_dataset
     from faultcast.model.train import TrainConfig, train
 
     try:
         dataset = open_dataset(args.data)
-        config = TrainConfig(horizon_s=args.horizon, seed=args.seed, negative_rate=args.negative_rate,
-                             false_alarm_budget=args.false_alarm_budget)  # fmt: skip
+        config = TrainConfig(
+            horizon_s=args.horizon,
+            seed=args.seed,
+            negative_rate=args.negative_rate,
+            false_alarm_budget=args.false_alarm_budget,
+        )
         client = None
         if args.dask_scheduler:
             from distributed import Client
@@ -89,6 +99,7 @@ def trained_summary(out: Path, card: ModelManifest) -> str:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    """`faultcast evaluate`: the event-level evaluation on held-out data, as a table or JSON."""
     from faultcast.model.artifact import ModelError, load
     from faultcast.model.dataset import DataError, open_dataset
     from faultcast.model.evaluate import held_out_report, json_safe
@@ -123,10 +134,15 @@ def _fmt(value: object, pct: bool = False) -> str:
 
 
 def render_table(report: dict[str, Any]) -> str:
+    """The evaluation report as the Markdown table the README shows (model and baselines side by side)."""
     d = report["definitions"]
     warning, period = d["warning_s"] / 60, d["period_s"] / 60
-    rows = [("model", report["model"]), ("model, dcgm-exporter defaults only", report["model_dcgm_default_metrics"]),
-            ("logistic regression", report["logistic"]), ("rules (DCGM + NVSentinel)", report["rules"])]  # fmt: skip
+    rows = [
+        ("model", report["model"]),
+        ("model, dcgm-exporter defaults only", report["model_dcgm_default_metrics"]),
+        ("logistic regression", report["logistic"]),
+        ("rules (DCGM + NVSentinel)", report["rules"]),
+    ]
     lines = [
         f"held-out: {report['test_gpu_days']:.0f} GPU-days, {report['test_failures']} failures; minimal warning "
         f"{warning:.0f} min, prediction period {period:.0f} min",
@@ -143,6 +159,8 @@ def render_table(report: dict[str, Any]) -> str:
             f"| {_fmt(m['premature_alarms_per_1000_gpu_days'])} | {_fmt(m['false_only_alarms_per_1000_gpu_days'])} "
             f"| {_fmt(m['alert_precision'], True)} | {_fmt(m['pr_auc'])} |"
         )
-    lines.append(f"recall at >={warning:.0f} min by mode (model): " + ", ".join(
-        f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items()))  # fmt: skip
+    lines.append(
+        f"recall at >={warning:.0f} min by mode (model): "
+        + ", ".join(f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items())
+    )
     return "\n".join(lines)

@@ -27,6 +27,7 @@ _STOP_LIMIT_S = 60.0
 
 
 def add_parser(commands: Subcommands) -> None:
+    """Add `faultcast serve` and `faultcast token`."""
     serve = commands.add_parser("serve", help="the prediction service: ingest, scoring, alerts, remediation")
     serve.add_argument("--model", type=Path, required=True, help="the model directory (faultcast train)")
     serve.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (HOST:PORT)")
@@ -126,6 +127,7 @@ def run_token(args: argparse.Namespace) -> int:
 
 
 def make_actuator(args: argparse.Namespace) -> Actuator:
+    """The actuator the flags choose (none, Slurm, Kubernetes or a webhook)."""
     if args.actuator == "webhook":
         if not args.webhook_url:
             raise SystemExit("--actuator webhook needs --webhook-url")
@@ -176,6 +178,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """`faultcast serve`: run the service until SIGTERM/SIGINT; exit 2 on a bad setting, one line why."""
     from prometheus_client import start_http_server
 
     from faultcast.model.artifact import ModelError

@@ -52,6 +52,7 @@ class CuedFailure:
 
     @staticmethod
     def parse(text: str) -> CuedFailure:
+        """MODE:NODE:GPU:AT[:LEAD] as `faultcast collect --scenario` takes it; ValueError otherwise."""
         parts = text.split(":")
         if len(parts) not in (4, 5) or parts[0] not in BY_NAME:
             raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], MODE one of {', '.join(BY_NAME)}")
@@ -59,6 +60,7 @@ class CuedFailure:
         return CuedFailure(parts[0], int(parts[1]), int(parts[2]), parse_duration(parts[3]), lead)
 
     def arg(self) -> str:
+        """The same failure as a `--scenario` argument for a collector."""
         lead = f":{self.lead_s:.0f}s" if self.lead_s is not None else ""
         return f"{self.mode}:{self.node}:{self.gpu}:{self.at_s:.0f}s{lead}"
 
@@ -83,6 +85,7 @@ class Seen:
 
 
 def node_name(i: int) -> str:
+    """The demo's name for twin node `i` (node-0000, ...)."""
     return f"node-{i:04d}"
 
 
@@ -184,11 +187,28 @@ def _collector(
 ) -> subprocess.Popen[bytes]:
     interval = TWIN_CADENCE_S / args.speed
     command = [
-        FAULTCAST, "collect", "--source", "simulated", "--sim-node", str(i), "--node", node_name(i),
-        "--interval", f"{interval * 1000:.0f}ms", "--speed", f"{args.speed:g}", "--sim-start", str(sim_start),
-        "--service", f"127.0.0.1:{port}", "--insecure", "--spool", str(args.out / f"spool-{i}.sqlite"),
-        "--prometheus-port", "0",
-    ]  # fmt: skip
+        FAULTCAST,
+        "collect",
+        "--source",
+        "simulated",
+        "--sim-node",
+        str(i),
+        "--node",
+        node_name(i),
+        "--interval",
+        f"{interval * 1000:.0f}ms",
+        "--speed",
+        f"{args.speed:g}",
+        "--sim-start",
+        str(sim_start),
+        "--service",
+        f"127.0.0.1:{port}",
+        "--insecure",
+        "--spool",
+        str(args.out / f"spool-{i}.sqlite"),
+        "--prometheus-port",
+        "0",
+    ]
     for f in failures:
         if f.node == i:
             command += ["--scenario", f.arg()]
@@ -284,10 +304,13 @@ def _listen(
                 # The trainer's side: snapshot at the next step boundary, then say so, once per alert.
                 reply = stub.Acknowledge(
                     apb.AcknowledgeRequest(
-                        alert_id=alert.opened_id, job_id="demo-job", action=apb.ACK_ACTION_SNAPSHOT_DONE,
-                        step=int(t // 60), checkpoint_uri=f"file:///checkpoints/demo-job/step-{int(t // 60)}",
+                        alert_id=alert.opened_id,
+                        job_id="demo-job",
+                        action=apb.ACK_ACTION_SNAPSHOT_DONE,
+                        step=int(t // 60),
+                        checkpoint_uri=f"file:///checkpoints/demo-job/step-{int(t // 60)}",
                     )
-                )  # fmt: skip
+                )
                 print(f"           trainer: snapshot done -> service: {reply.remediation}")
     except grpc.RpcError:
         return  # the demo is over

@@ -98,6 +98,7 @@ class NodeState:
 
     @staticmethod
     def initial(config: FleetConfig, traits: NodeTraits) -> NodeState:
+        """A node's counters at the twin's start: zero, but for some energy and ECC history."""
         r = rng(config.seed, Stream.TRAITS, traits.index, 1)
         g = config.gpus_per_node
         gpu = {m.name: np.zeros(g) for m in metrics_for(Scope.GPU) if m.kind is Kind.COUNTER}
@@ -118,6 +119,8 @@ class NodeState:
 
 @dataclass
 class NodeChunk:
+    """One node's generated rows for one chunk of steps, ready for the writer."""
+
     node: int
     first_step: int
     times_s: np.ndarray  # (T,) seconds since the start
