@@ -31,7 +31,16 @@ def add_parser(commands: Subcommands) -> None:
     serve = commands.add_parser("serve", help="the prediction service: ingest, scoring, alerts, remediation")
     serve.add_argument("--model", type=Path, required=True, help="the model directory (faultcast train)")
     serve.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (HOST:PORT)")
-    serve.add_argument("--prometheus-port", type=int, default=9401, help="metrics port (0: none)")
+    serve.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9401,
+        help="/metrics port; 0 picks a free one (said in the log)",
+    )
+    serve.add_argument("--no-prometheus", action="store_true", help="serve no /metrics")
+    serve.add_argument(
+        "--metrics-port-file", type=Path, help="write the bound /metrics port here once serving"
+    )
     serve.add_argument("--state-dir", type=Path, required=True, help="the durable alert log and cursors")
     serve.add_argument(
         "--max-threads",
@@ -210,10 +219,14 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     port = service.start(args.listen, max_threads=args.max_threads, tls=tls)
     exporter = (
-        start_http_server(args.prometheus_port, registry=service.metrics.registry)[0]
-        if args.prometheus_port
-        else None
+        None
+        if args.no_prometheus
+        else start_http_server(args.prometheus_port, registry=service.metrics.registry)[0]
     )
+    if exporter is not None:
+        log.info("serving /metrics on port %d", exporter.server_port)
+        if args.metrics_port_file:
+            args.metrics_port_file.write_text(f"{exporter.server_port}\n")
     done = threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:

@@ -98,7 +98,7 @@ class DemoSettings:
     failures: tuple[CuedFailure, ...] = DEFAULT_FAILURES
     model: Path = Path("out/demo-model")  # trained here on first run
     out: Path = Path("out/demo")  # logs and state of the run
-    prometheus_port: int = 9401  # the service's /metrics
+    prometheus_port: int = 9401  # the service's /metrics (0: any free port, printed)
 
 
 def run_demo(args: DemoSettings) -> int:
@@ -117,7 +117,9 @@ def run_demo(args: DemoSettings) -> int:
         # Default limits: the twin's clock starts in the past (below), so it never runs ahead.
         service = Service.open(args.model, Path(state), ServiceConfig(grace_s=30.0))
         port = service.start("127.0.0.1:0")
-        start_http_server(args.prometheus_port, registry=service.metrics.registry)
+        metrics_port = start_http_server(args.prometheus_port, registry=service.metrics.registry)[
+            0
+        ].server_port
         names = [node_name(i) for i in range(args.nodes)]
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = apb_grpc.AlertsStub(channel)
@@ -128,7 +130,7 @@ def run_demo(args: DemoSettings) -> int:
         sim_start = int(time.time() - max(4 * 3600.0, end_s + 600.0))
         model = service.model
         print(
-            f"service on 127.0.0.1:{port}, metrics on :{args.prometheus_port}/metrics; model threshold "
+            f"service on 127.0.0.1:{port}, metrics on :{metrics_port}/metrics; model threshold "
             f"{model.threshold:.3f} (an alert holds above {model.policy.hold(model.threshold):.3f}), horizon "
             f"{model.horizon_s / 60:.0f} min, trained {model.card.created_at}"
         )

@@ -57,21 +57,17 @@ def missing_part(message: str) -> NoReturn:
 # A port picked, closed and handed to a server is a race: anything may take it in between. In order:
 # 1. A server of ours binds port 0 and tells the test what it bound: in process, read the bound
 #    socket (`server.server_port`, `Service.start(...)` returns it); a `faultcast collect` process
-#    prints "serving /metrics on http://ADDR:PORT/metrics", `faultcast serve --port-file` writes its
-#    gRPC port.
+#    prints "serving /metrics on http://ADDR:PORT/metrics", `faultcast serve --port-file` and
+#    `--metrics-port-file` write its gRPC and /metrics ports.
 # 2. Nothing may listen (a client's "connection refused" path): `refused_port()`.
 # 3. An external daemon that takes a port number and cannot report one it chose (Prometheus,
 #    slurmctld, slurmd): `start_on_free_ports()`, which starts it again on fresh ports when it could
 #    not bind them.
 
 
-def free_port() -> int:
-    """A port that was free a moment ago. Racy on its own: use one of the three ways above."""
-    return free_ports(1)[0]
-
-
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports that were free a moment ago (all held open together while picked)."""
+    """`count` distinct ports that were free a moment ago (all held open together while picked); racy on
+    its own, for `start_on_free_ports` alone."""
     with ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(count)]
         for sock in socks:

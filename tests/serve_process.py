@@ -14,8 +14,6 @@ from pathlib import Path
 
 import grpc
 
-from tests.conftest import free_port
-
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 WAIT_S = 60.0
 
@@ -28,7 +26,8 @@ class ServeProcess:
         self.log_path = log
         self.port_file = state / "port"
         self.port_file.unlink(missing_ok=True)
-        self.metrics_port = free_port()
+        metrics_port_file = state / "metrics-port"
+        metrics_port_file.unlink(missing_ok=True)
         self.log = log.open("ab")
         self.process = subprocess.Popen(
             [
@@ -43,7 +42,9 @@ class ServeProcess:
                 "--port-file",
                 str(self.port_file),
                 "--prometheus-port",
-                str(self.metrics_port),
+                "0",
+                "--metrics-port-file",
+                str(metrics_port_file),
                 "--max-clock-skew",
                 "0",
                 "--max-sample-age",
@@ -56,6 +57,7 @@ class ServeProcess:
         )
         self.until(lambda: self.port_file.is_file() and self.port_file.read_text().strip() != "")
         self.port = int(self.port_file.read_text())
+        self.metrics_port = int(metrics_port_file.read_text())  # written before the gRPC port file
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
 
     def until(self, ready: Callable[[], bool]) -> None:

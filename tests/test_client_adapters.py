@@ -23,7 +23,6 @@ from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import free_port
 
 if TYPE_CHECKING:  # imported for real inside the tests, once importorskip found them
     import lightning.pytorch as pl
@@ -46,7 +45,6 @@ class Alerting:
 
 @pytest.fixture
 def alerting(service_model: Path, tmp_path: Path) -> Iterator[Alerting]:
-    port = free_port()
     actuator = NoopActuator()
     service = Service.open(
         service_model,
@@ -54,7 +52,7 @@ def alerting(service_model: Path, tmp_path: Path) -> Iterator[Alerting]:
         ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)),
         actuator=actuator,
     )
-    service.start(f"127.0.0.1:{port}")
+    port = service.start("127.0.0.1:0")
     try:
         # Five minutes before an HBM failure: the alert is stored, and a guard that subscribes later
         # is sent it from the durable log.

@@ -20,7 +20,7 @@ from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import free_port
+from tests.conftest import refused_port
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU, FAIL_S = 2, 3, 10 * 3600.0
@@ -31,20 +31,17 @@ WAIT_S = 30.0
 def test_the_guard_asks_for_a_snapshot_and_its_acknowledgement_drains_the_node(
     service_model: Path, tmp_path: Path
 ) -> None:
-    port = free_port()
-    guard = Guard(f"127.0.0.1:{port}", "job-g", [NAME], backoff_s=(0.05, 0.2)).start()
+    actuator = NoopActuator()
+    service = Service.open(
+        service_model, tmp_path, ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)), actuator=actuator
+    )  # loads the model; binds nothing until start
+    with refused_port() as port:  # the guard's address: refused, and no other process can listen there
+        guard = Guard(f"127.0.0.1:{port}", "job-g", [NAME], backoff_s=(0.05, 0.2)).start()
     try:
         # No service yet: training goes on, nothing to snapshot, acknowledgements are not sent.
         assert not guard.should_snapshot()
         assert guard.snapshot_done(0, "file:///x") == "no alert pending"
         assert not guard.connected
-        actuator = NoopActuator()
-        service = Service.open(
-            service_model,
-            tmp_path,
-            ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0)),
-            actuator=actuator,
-        )
         service.start(f"127.0.0.1:{port}")
         try:
             assert guard.wait_connected(WAIT_S), guard.last_error
@@ -159,9 +156,8 @@ def test_an_update_asks_for_another_snapshot_only_when_it_escalates(
 def test_a_service_that_lost_its_log_is_followed_on_its_new_log_without_a_gap(
     service_model: Path, tmp_path: Path
 ) -> None:
-    port = free_port()
     first = Service.open(service_model, tmp_path / "a")
-    first.start(f"127.0.0.1:{port}")
+    port = first.start("127.0.0.1:0")  # the second service below takes the same port, as a restart would
     guard = Guard(f"127.0.0.1:{port}", "job-r", [NAME], backoff_s=(0.05, 0.2)).start()
     try:
         assert guard.wait_caught_up(WAIT_S)

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import start_http_server
 
 from faultcast.service.server import Service
-from tests.conftest import free_port, require_binary
-from tests.prometheus_api import api, until
+from tests.conftest import require_binary
+from tests.prometheus_api import api, running_prometheus, until
 from tests.test_deploy import RULES, panel_queries
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
@@ -62,29 +62,15 @@ def collector_port() -> Iterator[int]:
 
 @pytest.fixture
 def prometheus_port(tmp_path: Path, collector_port: int) -> Iterator[int]:
-    binary = require_binary("prometheus")
+    require_binary("prometheus")  # before anything else is set up: fail (CI) or skip at once
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: faultcast\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{collector_port}']\n"
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("w"),
-    )
-    try:
+    with running_prometheus(config, tmp_path) as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _names(port: int, selector: str) -> set[str]:
@@ -180,7 +166,7 @@ def healthy_fleet(
 ) -> Iterator[Fleet]:
     """A real service (default limits, insecure gRPC) with its /metrics on a port, one simulated
     collector shipping to it, and a real Prometheus scraping both every second with the shipped rules."""
-    binary = require_binary("prometheus")
+    require_binary("prometheus")  # before anything else is set up: fail (CI) or skip at once
     model: Path = request.getfixturevalue("service_model")  # trained only when Prometheus is here
     tmp_path = tmp_path_factory.mktemp("healthy-fleet")
     (tmp_path / "state").mkdir()
@@ -205,19 +191,7 @@ def healthy_fleet(
         }
         config_file = tmp_path / "prometheus.yml"
         config_file.write_text(json.dumps(config))  # YAML is a superset of JSON
-        port = free_port()
-        prometheus = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_file}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / "prometheus.log").open("w"),
-        )
-        stack.callback(prometheus.wait, 30)
-        stack.callback(prometheus.terminate)
+        port = stack.enter_context(running_prometheus(config_file, tmp_path))
         yield Fleet(port, SCORED_NODE)
 
 

@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -35,7 +36,6 @@ from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
-from tests.conftest import free_port
 from tests.pki import Authority, Pair
 
 FLEET = FleetConfig(nodes=2, days=1.0, seed=5, acceleration=1.0)
@@ -386,7 +386,6 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
     token_file = tmp_path / "node-t.token"
     token_file.write_text(made.stdout)
     assert made.stdout.strip() not in tokens.read_text()  # the file keeps the digest only
-    port, metrics_port = free_port(), free_port()
     log = (tmp_path / "serve.log").open("wb")
     serve = subprocess.Popen(
         [
@@ -397,9 +396,8 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
             "--state-dir",
             str(tmp_path / "state"),
             "--listen",
-            f"127.0.0.1:{port}",
-            "--prometheus-port",
-            str(metrics_port),
+            "127.0.0.1:0",
+            "--no-prometheus",
             "--max-clock-skew",
             "0",
             "--max-sample-age",
@@ -417,6 +415,7 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
         stderr=subprocess.STDOUT,
     )
     try:
+        port = _bound_port(tmp_path / "port", serve)
         collect = subprocess.run(
             [
                 FAULTCAST,
@@ -455,6 +454,17 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
     scrapes = int(collect.stdout.split("scrapes ")[1].split()[0])
     assert _cursor(tmp_path / "state", "node-t") == scrapes  # every scrape taken, over TLS with a token
     assert "INSECURE" not in (tmp_path / "serve.log").read_text()
+
+
+def _bound_port(port_file: Path, serve: subprocess.Popen[bytes]) -> int:
+    """The gRPC port `faultcast serve --listen ...:0` bound, once it writes it (polling the file is
+    the only way to see it)."""
+    deadline = time.monotonic() + WAIT_S
+    while not (port_file.is_file() and port_file.read_text().strip()):
+        if serve.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"faultcast serve never wrote its port (exit {serve.returncode})")
+        time.sleep(0.05)
+    return int(port_file.read_text())
 
 
 def _cursor(state: Path, node: str) -> int:
