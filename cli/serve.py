@@ -197,6 +197,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from faultcast.service.state_db import StateError
 
     metrics = ServiceMetrics()
+    if args.no_prometheus and args.metrics_port_file:
+        log.error("--metrics-port-file contradicts --no-prometheus: there is no /metrics port to write")
+        return 2
     try:
         config = service_config(args)
         tls = server_tls(server_tls_options(args))
@@ -224,7 +227,9 @@ def run_serve(args: argparse.Namespace) -> int:
         else start_http_server(args.prometheus_port, registry=service.metrics.registry)[0]
     )
     if exporter is not None:
-        log.info("serving /metrics on port %d", exporter.server_port)
+        # Until December 2026, 0 meant no /metrics: say what it means now.
+        picked = "" if args.prometheus_port else " (port 0 picks a free one; --no-prometheus serves none)"
+        log.info("serving /metrics on port %d%s", exporter.server_port, picked)
         if args.metrics_port_file:
             args.metrics_port_file.write_text(f"{exporter.server_port}\n")
     done = threading.Event()

@@ -6,7 +6,9 @@ model directory can write any value into it: `ModelManifest.from_json` checks ea
 reads for type and range, and refuses a bad one with the file, the key, the value and what is
 allowed. A JSON bool is refused where a number is expected (Python's bool is an int), and so is a
 number written as a string. What training records for people (data, split, metrics, timings) is
-checked for type only, and may be absent: older manifests lack parts of it, and they still load.
+checked for type only. The sections and fields older manifests lack may be absent (they still load);
+any other field of a section that is there must be there and well-formed, or the model is refused
+(the old loader ignored those; a half-written record is more likely tampering than history).
 
 `to_json` gives the manifest in the order and shape it has always had on disk, so a model written
 today is byte for byte what was written before these types existed.

@@ -43,7 +43,9 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         if self.max_drains < 1 or self.drain_window_s <= 0:
-            raise ValueError("the circuit breaker needs max_nodes >= 1 and a positive window")
+            raise ValueError(
+                "the circuit breaker needs max_drains (--max-drains) >= 1 and a positive drain window"
+            )
 
     def breaker(self) -> CircuitBreaker:
         """A new circuit breaker with this configuration's limits."""

@@ -84,6 +84,18 @@ def test_bad_arguments_are_refused_with_the_reason() -> None:
     assert "'fast' is not a duration" in done.stderr
 
 
+def test_serve_refuses_a_metrics_port_file_without_metrics(tmp_path: Path) -> None:
+    """The file would never be written and a harness waiting for it would hang: refused before any
+    model is read (so none is needed here)."""
+    done = _run(
+        "serve", "--model", str(tmp_path / "no-model"), "--state-dir", str(tmp_path / "state"), "--insecure",
+        "--no-prometheus", "--metrics-port-file", str(tmp_path / "metrics-port"),
+    )  # fmt: skip  # flag and value side by side
+    assert done.returncode == 2
+    assert "--metrics-port-file contradicts --no-prometheus" in done.stderr
+    assert not (tmp_path / "metrics-port").exists()
+
+
 def test_metrics_prints_the_catalogue() -> None:
     done = _run("metrics")
     assert done.returncode == 0

@@ -85,6 +85,18 @@ def test_imports_point_from_vocabulary_to_tools(folder: str) -> None:
     assert _violations(folder) == []
 
 
+def test_imports_are_absolute() -> None:
+    """A relative import (`from ..sim import x`) would slip past the direction check above."""
+    relative = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for folder in sorted(ALLOWED)
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert relative == []
+
+
 def test_the_check_sees_a_wrong_way_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker itself: a model module importing the simulator, lazily, is found."""
     (tmp_path / "model").mkdir()

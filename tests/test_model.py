@@ -14,6 +14,7 @@ import pytest
 from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.model.dataset import Failure, FailureLog, Labels, open_dataset
+from faultcast.model.evaluate import held_out_part
 from faultcast.model.features import FeatureConfig, FeatureEngine
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.outcomes import (
@@ -166,6 +167,28 @@ def test_an_older_manifest_without_a_record_field_still_loads(
 ) -> None:
     older = load(_edited(trained[1], tmp_path / "older", path, None))
     assert older.threshold == trained[0].threshold
+
+
+def test_evaluation_holds_out_the_split_of_data_written_before_the_cadence_rename(
+    data: Path, trained: tuple[FaultModel, Path], tmp_path: Path
+) -> None:
+    """The same twin, its manifest saying "interval_s" as data written before December 2026 does: it
+    opens, and evaluation still knows it for the model's own training data (held-out nodes only)."""
+    model, _ = trained
+    old = tmp_path / "old-data"
+    shutil.copytree(data, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["config"]["interval_s"] = manifest["config"].pop("cadence_s")
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    dataset = open_dataset(old)
+    assert dataset.cadence_s == open_dataset(data).cadence_s
+    nodes, start, own_data = held_out_part(dataset, model)
+    assert own_data
+    assert model.card.split is not None
+    assert (sorted(nodes), start) == (
+        sorted(dataset.node_index(n) for n in model.card.split.test_nodes),
+        model.card.split.test_start_unix_s,
+    )
 
 
 def test_the_split_holds_out_nodes_and_the_last_weeks(data: Path) -> None:
