@@ -459,7 +459,15 @@ class AlertBook:
 
     def _orphan_cleared(self, alert: apb.Alert, time_s: float) -> apb.Alert:
         """A restored alert with no GPU of its own left (another alert holds them, or its GPU is out
-        of the model's range) ends here; counted as active since the start, it is counted down."""
+        of the model's range) ends here."""
+        text = "cleared after a restart: another alert holds its GPUs"
+        return self._restored_cleared(alert, time_s, text, apb.CLEAR_REASON_SUPERSEDED)
+
+    def _restored_cleared(
+        self, alert: apb.Alert, time_s: float, text: str, reason: apb.ClearReason.ValueType
+    ) -> apb.Alert:
+        """The CLEARED event of an alert restored at start and never scored since (so not in the
+        tracker): it was counted as active at the start, so it is counted down here."""
         self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
         return apb.Alert(
             node=alert.node,
@@ -473,8 +481,8 @@ class AlertBook:
             model_version=self.version,
             model=self.info,
             opened_id=alert.opened_id,
-            cleared_reason="cleared after a restart: another alert holds its GPUs",
-            clear_reason=apb.CLEAR_REASON_SUPERSEDED,
+            cleared_reason=text,
+            clear_reason=reason,
             gpus=alert.gpus,
         )
 
@@ -560,26 +568,8 @@ class AlertBook:
             (changes,) = self.tracker.close_node(node, int(last_s // self.cadence_s), CloseReason.NODE_SILENT)
             events = [self._cleared(incident, last_s, None, text) for incident in changes.closed]
         for alert in self._restored.pop(name, []):
-            # Never scored since the restart: not in the tracker, counted as active at the start.
-            self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
-            events.append(
-                apb.Alert(
-                    node=name,
-                    gpu=alert.gpu,
-                    gpu_uuid=alert.gpu_uuid,
-                    mode=alert.mode,
-                    action=alert.action,
-                    state=apb.ALERT_STATE_CLEARED,
-                    kind=apb.EVENT_KIND_CLEARED,
-                    time_unix_nano=int(max(last_s, alert.time_unix_nano / 1e9) * 1e9),
-                    model_version=self.version,
-                    model=self.info,
-                    opened_id=alert.opened_id,
-                    cleared_reason=text,
-                    clear_reason=apb.CLEAR_REASON_NODE_SILENT,
-                    gpus=alert.gpus,
-                )
-            )
+            at_s = max(last_s, alert.time_unix_nano / 1e9)  # never before the alert's own latest event
+            events.append(self._restored_cleared(alert, at_s, text, apb.CLEAR_REASON_NODE_SILENT))
         during = bool(events)
         self._silent[name] = during
         self._save_silent()
