@@ -192,57 +192,19 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
 def run(args: argparse.Namespace) -> int:
     """Run the collector as the flags say, until --duration or a signal (or one scrape with --once).
     Returns the exit status: 0, or 2 for bad flags, TLS settings or an unusable --source."""
-    if args.spool_max_bytes is not None and args.spool_max_bytes < 65536:
-        print("faultcast: --spool-max-bytes must be at least 65536", file=sys.stderr)
-        return 2
+    problem = _flag_problem(args)
     channels: ChannelFactory | None = None
-    if args.service and not args.once:
-        try:
-            channels = client_channel_factory(client_tls_options(args))
-        except TLSConfigError as exc:
-            print(f"faultcast: --service: {exc}", file=sys.stderr)
-            return 2
-    if args.sim_start is not None and args.sim_backfill is not None:
-        print("faultcast: give --sim-start or --sim-backfill, not both", file=sys.stderr)
-        return 2
-    if args.sim_backfill is not None and args.sim_backfill < 0:
-        print("faultcast: --sim-backfill must not be negative", file=sys.stderr)
-        return 2
     try:
-        gpus = gpu_source(args)
-    except NvmlUnavailable as exc:
-        print(f"faultcast: --source nvml: {exc}", file=sys.stderr)
+        if problem is not None:
+            raise _RefusedError(problem)
+        if args.service and not args.once:
+            channels = _channels(args)
+        gpus = _gpus(args)
+    except _RefusedError as refused:
+        print(f"faultcast: {refused}", file=sys.stderr)
         return 2
-    except ValueError as exc:  # a --sim-start in the future, a bad --nvml-timeout
-        print(f"faultcast: {exc}", file=sys.stderr)
-        return 2
-    if (
-        isinstance(gpus, SimulatedSource)
-        and args.sim_start is None
-        and sim_backfill_s(args) >= _SERVICE_MAX_AGE_S
-    ):
-        print(
-            "faultcast: warning: with --sim-backfill of 6 h or more the first samples are older than a default "
-            "service takes (--max-sample-age)",
-            file=sys.stderr,
-        )
-    # The simulated node reports its own (simulated) network; a real node reads this machine's.
-    sources: list[Source] = [gpus]
-    prober = None
-    if isinstance(gpus, SimulatedSource):
-        if args.peer:
-            print(
-                "faultcast: --peer is ignored with the simulated source (it simulates its peers)",
-                file=sys.stderr,
-            )
-    else:
-        prober = PeerProber([parse_peer(p) for p in args.peer]) if args.peer else None
-        sources.append(NetworkSource(args.proc_root, args.sys_root, prober=prober))
-    if args.once and args.service:
-        print(
-            "faultcast: --service is ignored with --once (a single scrape is printed, not shipped)",
-            file=sys.stderr,
-        )
+    _warn_about_ignored_flags(args, gpus)
+    sources, prober = _sources(args, gpus)
     spool = (
         Spool(
             args.spool or default_spool_path(args.node),
@@ -254,7 +216,6 @@ def run(args: argparse.Namespace) -> int:
     )
     collector = NodeCollector(args.node, sources, spool=spool)
     exporter = SnapshotExporter(collector.latest, Vocabulary(args.dcgm_names))
-
     if args.once:
         try:
             snapshot = collector.scrape()
@@ -262,7 +223,82 @@ def run(args: argparse.Namespace) -> int:
         finally:
             collector.close()
         return 0
+    _run_until_stopped(args, collector, exporter, spool, channels, prober)
+    return 0
 
+
+class _RefusedError(Exception):
+    """A flag or setting the collector cannot run with; the message is printed after "faultcast: "."""
+
+
+def _flag_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with flags that argparse cannot check alone, or None."""
+    if args.spool_max_bytes is not None and args.spool_max_bytes < 65536:
+        return "--spool-max-bytes must be at least 65536"
+    return None
+
+
+def _channels(args: argparse.Namespace) -> ChannelFactory:
+    try:
+        return client_channel_factory(client_tls_options(args))
+    except TLSConfigError as exc:
+        raise _RefusedError(f"--service: {exc}") from None
+
+
+def _gpus(args: argparse.Namespace) -> Source:
+    """The GPU source the flags choose, or _RefusedError saying why it cannot be used."""
+    if args.sim_start is not None and args.sim_backfill is not None:
+        raise _RefusedError("give --sim-start or --sim-backfill, not both")
+    if args.sim_backfill is not None and args.sim_backfill < 0:
+        raise _RefusedError("--sim-backfill must not be negative")
+    try:
+        return gpu_source(args)
+    except NvmlUnavailable as exc:
+        raise _RefusedError(f"--source nvml: {exc}") from None
+    except ValueError as exc:  # a --sim-start in the future, a bad --nvml-timeout
+        raise _RefusedError(str(exc)) from None
+
+
+def _warn_about_ignored_flags(args: argparse.Namespace, gpus: Source) -> None:
+    if (
+        isinstance(gpus, SimulatedSource)
+        and args.sim_start is None
+        and sim_backfill_s(args) >= _SERVICE_MAX_AGE_S
+    ):
+        print(
+            "faultcast: warning: with --sim-backfill of 6 h or more the first samples are older than a default "
+            "service takes (--max-sample-age)",
+            file=sys.stderr,
+        )
+    if isinstance(gpus, SimulatedSource) and args.peer:
+        print(
+            "faultcast: --peer is ignored with the simulated source (it simulates its peers)", file=sys.stderr
+        )
+    if args.once and args.service:
+        print(
+            "faultcast: --service is ignored with --once (a single scrape is printed, not shipped)",
+            file=sys.stderr,
+        )
+
+
+def _sources(args: argparse.Namespace, gpus: Source) -> tuple[list[Source], PeerProber | None]:
+    """The GPU source and, on a real node, this machine's network (the simulated node reports its own)."""
+    if isinstance(gpus, SimulatedSource):
+        return [gpus], None
+    prober = PeerProber([parse_peer(p) for p in args.peer]) if args.peer else None
+    return [gpus, NetworkSource(args.proc_root, args.sys_root, prober=prober)], prober
+
+
+def _run_until_stopped(
+    args: argparse.Namespace,
+    collector: NodeCollector,
+    exporter: SnapshotExporter,
+    spool: Spool | None,
+    channels: ChannelFactory | None,
+    prober: PeerProber | None,
+) -> None:
+    """Scrape every --interval, serving /metrics and shipping to the service, until --duration or
+    SIGINT/SIGTERM; then print the summary."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -295,7 +331,6 @@ def run(args: argparse.Namespace) -> int:
     print(_summary(collector, time.monotonic() - started, shipper, spool))
     if spool is not None:
         spool.close()
-    return 0
 
 
 class _TablePrinter:
