@@ -6,14 +6,15 @@ import argparse
 from pathlib import Path
 
 from faultcast.cli.types import Subcommands
-from faultcast.demo.run import DEFAULT_FAILURES, CuedFailure, DemoSettings, run_demo
+from faultcast.demo.run import DEFAULT_FAILURES, DemoSettings, run_demo
+from faultcast.sim.schedule import Scenario
 
 _DEFAULTS = DemoSettings()
 
 
-def _failure(text: str) -> CuedFailure:
+def _failure(text: str) -> Scenario:
     try:
-        return CuedFailure.parse(text)
+        return Scenario.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

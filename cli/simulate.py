@@ -7,34 +7,16 @@ import sys
 from pathlib import Path
 
 from faultcast.cli.types import Subcommands, duration
-from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
-from faultcast.sim.modes import BY_NAME
 from faultcast.sim.schedule import Scenario
 
 
 def parse_scenario(text: str) -> Scenario:
-    """MODE:NODE:GPU:AT, e.g. hbm_wear:3:5:2h (GPU 5 of node 3 fails 2 h in); GPU empty for node level.
-
-    An optional fifth field sets the precursor's lead (default: the mode's median), e.g. :40m."""
-    parts = text.split(":")
-    if len(parts) not in (4, 5):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], e.g. hbm_wear:0:3:30m")
-    name, node, gpu, at, *lead = parts
-    spec = BY_NAME.get(name)
-    if spec is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: unknown mode {name!r}; known: {', '.join(BY_NAME)}")
+    """A --scenario flag's value (faultcast.sim.schedule.Scenario.parse), errors as usage errors."""
     try:
-        node_index = int(node)
-        gpu_index = None if gpu == "" else int(gpu)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: NODE and GPU are indexes (GPU empty for {name})"
-        ) from None
-    if (spec.level is Level.NODE) != (gpu_index is None):
-        advice = "leave GPU empty" if spec.level is Level.NODE else "give a GPU"
-        raise argparse.ArgumentTypeError(f"{text!r}: {name} is {spec.level.value}-level; {advice}")
-    return Scenario(name, node_index, gpu_index, duration(at), duration(lead[0]) if lead else None)
+        return Scenario.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(commands: Subcommands) -> None:

@@ -26,11 +26,10 @@ from typing import Any
 
 import grpc
 
-from faultcast.durations import parse_duration
 from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
-from faultcast.modes import Level
 from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.sim.modes import BY_NAME
+from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
@@ -40,36 +39,11 @@ FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 TWIN_CADENCE_S = 60.0  # one twin step per scrape: the model's cadence
 
 
-@dataclass(frozen=True)
-class CuedFailure:
-    """A failure ordered on cue: MODE:NODE:GPU:AT[:LEAD] as `faultcast collect --scenario` takes it."""
-
-    mode: str
-    node: int
-    gpu: int
-    at_s: float
-    lead_s: float | None = None
-
-    @staticmethod
-    def parse(text: str) -> CuedFailure:
-        """MODE:NODE:GPU:AT[:LEAD] as `faultcast collect --scenario` takes it; ValueError otherwise."""
-        parts = text.split(":")
-        if len(parts) not in (4, 5) or parts[0] not in BY_NAME:
-            raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], MODE one of {', '.join(BY_NAME)}")
-        lead = parse_duration(parts[4]) if len(parts) == 5 else None
-        return CuedFailure(parts[0], int(parts[1]), int(parts[2]), parse_duration(parts[3]), lead)
-
-    def arg(self) -> str:
-        """The same failure as a `--scenario` argument for a collector."""
-        lead = f":{self.lead_s:.0f}s" if self.lead_s is not None else ""
-        return f"{self.mode}:{self.node}:{self.gpu}:{self.at_s:.0f}s{lead}"
-
-
 DEFAULT_FAILURES = (
-    CuedFailure("hbm_wear", 0, 3, 100 * 60.0, 45 * 60.0),
-    CuedFailure("firmware", 3, 0, 115 * 60.0),
-    CuedFailure("nvlink", 1, 5, 130 * 60.0, 50 * 60.0),
-    CuedFailure("pcie", 2, 1, 160 * 60.0, 45 * 60.0),
+    Scenario("hbm_wear", 0, 3, 100 * 60.0, 45 * 60.0),
+    Scenario("firmware", 3, 0, 115 * 60.0),
+    Scenario("nvlink", 1, 5, 130 * 60.0, 50 * 60.0),
+    Scenario("pcie", 2, 1, 160 * 60.0, 45 * 60.0),
 )
 
 
@@ -95,7 +69,7 @@ class DemoSettings:
 
     nodes: int = 4  # simulated nodes, 8 GPUs each
     speed: float = 240.0  # simulated seconds per wall-clock second
-    failures: tuple[CuedFailure, ...] = DEFAULT_FAILURES
+    failures: tuple[Scenario, ...] = DEFAULT_FAILURES
     model: Path = Path("out/demo-model")  # trained here on first run
     out: Path = Path("out/demo")  # logs and state of the run
     prometheus_port: int = 9401  # the service's /metrics (0: any free port, printed)
@@ -109,7 +83,7 @@ def run_demo(args: DemoSettings) -> int:
     from faultcast.service.config import ServiceConfig
     from faultcast.service.server import Service
 
-    failures: list[CuedFailure] = list(args.failures)
+    failures: list[Scenario] = list(args.failures)
     ensure_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     _log_to(args.out / "service.log")
@@ -124,7 +98,7 @@ def run_demo(args: DemoSettings) -> int:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = apb_grpc.AlertsStub(channel)
         stub.RegisterJob(apb.RegisterJobRequest(job_id="demo-job", nodes=names))
-        end_s = max(f.at_s for f in failures) + 15 * 60.0
+        end_s = max(f.fail_s for f in failures) + 15 * 60.0
         # The simulated clock starts this far in the past (under the service's 6 h sample age) so
         # that at `speed` times real time it is still behind the wall clock when the demo ends.
         sim_start = int(time.time() - max(4 * 3600.0, end_s + 600.0))
@@ -141,7 +115,7 @@ def run_demo(args: DemoSettings) -> int:
         )
         print(f"{args.nodes} simulated nodes x 8 GPUs, {args.speed:.0f}x real time; failures ordered:")
         for f in failures:
-            print(f"  {_clock(f.at_s)}  {node_name(f.node)} gpu {f.gpu}: {f.mode}")
+            print(f"  {_clock(f.fail_s)}  {_where(f)}: {f.mode}")
         seen = Seen()
         stream = stub.Subscribe(apb.SubscribeRequest(job_id="demo-job"))
         listener = threading.Thread(
@@ -152,14 +126,14 @@ def run_demo(args: DemoSettings) -> int:
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        announced: set[CuedFailure] = set()
+        announced: set[Scenario] = set()
         wall_end = time.monotonic() + end_s / args.speed + 30.0
         while not stop.is_set() and time.monotonic() < wall_end:
             now_s = service.latest_event_s - sim_start  # the service's view of simulated time
             for f in failures:
-                if f not in announced and now_s >= f.at_s:
+                if f not in announced and now_s >= f.fail_s:
                     announced.add(f)
-                    print(f"[{_clock(f.at_s)}] the twin fails {node_name(f.node)} gpu {f.gpu} ({f.mode})")
+                    print(f"[{_clock(f.fail_s)}] the twin fails {_where(f)} ({f.mode})")
             if now_s >= end_s:
                 break
             stop.wait(0.2)
@@ -185,7 +159,7 @@ def _log_to(path: Path) -> None:
 
 
 def _collector(
-    i: int, port: int, sim_start: int, args: DemoSettings, failures: list[CuedFailure]
+    i: int, port: int, sim_start: int, args: DemoSettings, failures: list[Scenario]
 ) -> subprocess.Popen[bytes]:
     interval = TWIN_CADENCE_S / args.speed
     command = [
@@ -224,27 +198,31 @@ def _clock(sim_s: float) -> str:
     return f"sim {minutes // 60:02d}:{minutes % 60:02d}"
 
 
-def _credited(alert: apb.Alert, f: CuedFailure) -> bool:
+def _where(f: Scenario) -> str:
+    """The failure's node, and its GPU unless the whole node fails."""
+    return node_name(f.node) if f.gpu is None else f"{node_name(f.node)} gpu {f.gpu}"
+
+
+def _credited(alert: apb.Alert, f: Scenario) -> bool:
     """Whether failure `f` is where the alert's evidence pointed: its GPU, or its node for a
     node-level alert and a node-level failure (the rule of model/outcomes.py)."""
-    node_level = BY_NAME[f.mode].level is Level.NODE
-    return alert.node == node_name(f.node) and alert.gpu == (-1 if node_level else f.gpu)
+    return alert.node == node_name(f.node) and alert.gpu == (-1 if f.gpu is None else f.gpu)
 
 
 def _judge(
-    alert: apb.Alert, failures: list[CuedFailure], sim_start: int, periods: PredictionPeriods
-) -> tuple[Outcome, CuedFailure | None, float]:
+    alert: apb.Alert, failures: list[Scenario], sim_start: int, periods: PredictionPeriods
+) -> tuple[Outcome, Scenario | None, float]:
     """The alert's outcome by the first failure it credits after it opened, that failure, and the
     lead in seconds."""
     t = alert.time_unix_nano / 1e9 - sim_start
-    following = sorted((f for f in failures if _credited(alert, f) and f.at_s >= t), key=lambda f: f.at_s)
-    f = following[0] if following and following[0].at_s - t <= periods.false_after_s else None
-    lead = None if f is None else f.at_s - t
+    following = sorted((f for f in failures if _credited(alert, f) and f.fail_s >= t), key=lambda f: f.fail_s)
+    f = following[0] if following and following[0].fail_s - t <= periods.false_after_s else None
+    lead = None if f is None else f.fail_s - t
     return periods.outcome(lead), f, float("nan") if lead is None else lead
 
 
 def _verdict(
-    alert: apb.Alert, failures: list[CuedFailure], sim_start: int, periods: PredictionPeriods, opened: bool
+    alert: apb.Alert, failures: list[Scenario], sim_start: int, periods: PredictionPeriods, opened: bool
 ) -> str:
     """What the twin does next; an alert's outcome is judged from when it opened, so updates only say
     how far the failure is."""
@@ -264,7 +242,7 @@ def _verdict(
 def _listen(
     stream: Any,
     stub: apb_grpc.AlertsStub,
-    failures: list[CuedFailure],
+    failures: list[Scenario],
     sim_start: int,
     periods: PredictionPeriods,
     seen: Seen,
@@ -319,7 +297,7 @@ def _listen(
 
 
 def _summary(
-    failures: list[CuedFailure],
+    failures: list[Scenario],
     seen: Seen,
     periods: PredictionPeriods,
     sim_start: int,
@@ -332,7 +310,7 @@ def _summary(
     warning, period = periods.warning_s / 60, periods.period_s / 60
     caught = 0
     for f in failures:
-        leads = [f.at_s - (a.time_unix_nano / 1e9 - sim_start) for a in alerts if _credited(a, f)]
+        leads = [f.fail_s - (a.time_unix_nano / 1e9 - sim_start) for a in alerts if _credited(a, f)]
         within = [lead for lead in leads if 0 <= lead <= periods.period_s]
         if within and max(within) >= periods.warning_s:
             caught += 1
@@ -345,7 +323,7 @@ def _summary(
             outcome = "missed"
         else:
             outcome = "missed (no precursor: no model can see it coming)"
-        lines.append(f"  {node_name(f.node)} gpu {f.gpu} {f.mode:<11} at {_clock(f.at_s)}: {outcome}")
+        lines.append(f"  {_where(f)} {f.mode:<11} at {_clock(f.fail_s)}: {outcome}")
     judged = [_judge(a, failures, sim_start, periods)[0] for a in alerts]
     count = {o: judged.count(o) for o in Outcome}
     gpu_days = nodes * 8 * end_s / 86_400.0

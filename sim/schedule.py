@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from faultcast.durations import parse_duration
 from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.modes import BY_NAME, MODES, ModeSpec
@@ -84,6 +85,37 @@ class Scenario:
             )
         if self.fail_s <= 0:
             raise ValueError(f"a scenario must fail after the start, got {self.fail_s} s")
+
+    @staticmethod
+    def parse(text: str) -> Scenario:
+        """MODE:NODE:GPU:AT, e.g. hbm_wear:3:5:2h (GPU 5 of node 3 fails 2 h in); GPU empty for node
+        level. An optional fifth field sets the precursor's lead (default: the mode's median), e.g.
+        :40m. ValueError saying what is wrong otherwise (`faultcast collect/simulate --scenario`,
+        `faultcast demo --failure`)."""
+        parts = text.split(":")
+        if len(parts) not in (4, 5):
+            raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], e.g. hbm_wear:0:3:30m")
+        name, node, gpu, at, *lead = parts
+        spec = BY_NAME.get(name)
+        if spec is None:
+            raise ValueError(f"{text!r}: unknown mode {name!r}; known: {', '.join(BY_NAME)}")
+        try:
+            node_index = int(node)
+            gpu_index = None if gpu == "" else int(gpu)
+        except ValueError:
+            raise ValueError(f"{text!r}: NODE and GPU are indexes (GPU empty for {name})") from None
+        if (spec.level is Level.NODE) != (gpu_index is None):
+            advice = "leave GPU empty" if spec.level is Level.NODE else "give a GPU"
+            raise ValueError(f"{text!r}: {name} is {spec.level.value}-level; {advice}")
+        return Scenario(
+            name, node_index, gpu_index, parse_duration(at), parse_duration(lead[0]) if lead else None
+        )
+
+    def arg(self) -> str:
+        """The scenario as `parse` reads it (for a `--scenario` flag)."""
+        gpu = "" if self.gpu is None else str(self.gpu)
+        lead = f":{self.lead_s:.0f}s" if self.lead_s is not None else ""
+        return f"{self.mode}:{self.node}:{gpu}:{self.fail_s:.0f}s{lead}"
 
 
 @dataclass(frozen=True)
