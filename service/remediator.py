@@ -57,6 +57,7 @@ T = TypeVar("T")
 
 # Settings (StateStore.settings) that carry remediation across a restart, in unix time.
 GRACE_DEADLINES_KEY = "remediation_grace_deadlines"  # {opened_id: when its grace period ends}
+PAUSED_BY_KEY = "remediation_paused_by"  # who paused remediation (SetRemediation)
 BREAKER_WINDOW_KEY = "remediation_breaker_window"  # [[when, node], ...] admitted within the window
 # Clear reasons after which a grace timer has nothing to do (others may be the failure itself).
 _RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
@@ -102,7 +103,8 @@ class Remediator:
         self.grace_s, self.clock, self.wall, self.store_retry_s = grace_s, clock, wall, store_retry_s
         self.breaker = breaker or CircuitBreaker()
         # Who paused remediation (SetRemediation), None while it runs; kept across restarts.
-        self.paused_by: str | None = store.settings.get("remediation_paused_by")
+        self.paused_by: str | None = store.settings.get(PAUSED_BY_KEY)
+        self._pause_dirty = False  # paused_by changed since it was last written
         self.retry = retry or RetryPolicy()
         self._rng = rng or random.Random()  # noqa: S311 (jitter, not cryptography)
         self._deadlines: list[tuple[float, int]] = []  # (clock time, opened_id): grace timers to look at
@@ -207,6 +209,32 @@ class Remediator:
                 self._store_trouble(exc)
                 with self._cv:
                     self._grace_dirty = True
+                    self._retry_store_later()
+
+    def set_paused(self, by: str | None) -> None:
+        """Pause remediation (`by` whom) or resume it (None): in force at once, even while the store
+        refuses writes (a pause is what an admin reaches for in an incident); kept across restarts
+        as soon as the store takes it, the worker trying again until then."""
+        with self._cv:
+            self.paused_by = by
+            self._pause_dirty = True
+        self._save_pause()
+
+    def _save_pause(self) -> None:
+        """Write who paused when it changed; kept to be written later when refused."""
+        with self._save_lock:  # one writer at a time, each writing the newest value
+            with self._cv:
+                if not self._pause_dirty:
+                    return
+                self._pause_dirty = False
+                value = self.paused_by
+            try:
+                self._write("remediation pause", lambda: self.store.settings.save(PAUSED_BY_KEY, value))
+            except sqlite3.OperationalError as exc:
+                self._store_trouble(exc)
+                log.error("%s: the remediation pause is in force but would not outlive a restart yet", exc)
+                with self._cv:
+                    self._pause_dirty = True
                     self._retry_store_later()
 
     # -- writes the store may refuse -----------------------------------------------------------
@@ -468,6 +496,7 @@ class Remediator:
             backing_off = self._store_retry_at is not None
         if not backing_off:
             self._save_grace()
+            self._save_pause()
         return len(work)
 
     def _fire_all(self, due: list[int]) -> None:

@@ -124,7 +124,6 @@ class Service:
         self._admin_pool: futures.ThreadPoolExecutor | None = None
         self._cursor_thread: threading.Thread | None = None
         self._reload_lock = threading.Lock()
-        self._pause_unsaved = False  # SetRemediation changed the pause and the store refused it
         self._settings_changed_by = ""
         self._describe(model)
         self.metrics.backlog.set_function(lambda: float(self.scorer.backlog()))
@@ -234,7 +233,6 @@ class Service:
         only the cursors that moved since the last save."""
         saved: dict[tuple[str, int], int] = {}
         while not self.stopping.wait(_CURSOR_SAVE_S):
-            self._save_pause()
             now = self.telemetry.cursors()
             moved = {key: seq for key, seq in now.items() if saved.get(key) != seq}
             if moved:
@@ -324,11 +322,7 @@ class Service:
             raise ValueError(f"drain_window_seconds must be a finite number of seconds, not {window}")
         breaker.resize(max_drains, window)
         if request.HasField("paused"):
-            # In force at once, even while the state disk refuses writes (a pause is what an admin
-            # reaches for in an incident); kept across restarts as soon as the disk takes it.
-            self.remediator.paused_by = by if request.paused else None
-            self._pause_unsaved = True
-            self._save_pause()
+            self.remediator.set_paused(by if request.paused else None)
         self._settings_changed_by = by
         log.warning(
             "remediation settings changed by %s: paused %s, at most %d nodes per %.0f s",
@@ -338,17 +332,6 @@ class Service:
             breaker.window_s,
         )
         return self.remediation_settings()
-
-    def _save_pause(self) -> None:
-        """Store the pause if it changed and is not stored yet; the cursor thread tries again."""
-        if not self._pause_unsaved:
-            return
-        try:
-            self.store.settings.save("remediation_paused_by", self.remediator.paused_by)
-        except StateWriteError as exc:
-            log.error("%s: the remediation pause is in force but would not outlive a restart yet", exc)
-            return
-        self._pause_unsaved = False
 
     # -- the server ---------------------------------------------------------------------------
 
