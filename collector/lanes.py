@@ -34,8 +34,8 @@ class Lane:
     began (the job stamps it); `partial` is whatever the job chose to publish so far (kept if the
     caller stops waiting); after `abandoned` is set, the job is expected to return at its next
     check, and `returned_after` then says how long the abandoned call took. A bare lock, not an
-    Event, signals the end of a job: its acquire and release are single C calls, which makes the
-    hand-off several times cheaper (docs/benchmarks.md).
+    Event, signals the end of a job: its acquire and release are single C calls, which made the
+    hand-off about 4x cheaper in a one-off scratch measurement.
     """
 
     __slots__ = (

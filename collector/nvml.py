@@ -50,7 +50,7 @@ from faultcast.collector.nvml_stats import CallStats, merge
 from faultcast.collector.nvml_xid import XidEvents
 from faultcast.readings import Reading
 
-__all__ = ["DEFAULT_TIMEOUT_S", "CallStats", "NvmlSource", "NvmlUnavailable", "nvml_available"]
+__all__ = ["DEFAULT_TIMEOUT_S", "NvmlSource", "NvmlUnavailable", "nvml_available"]
 
 # NVML answers in micro- to milliseconds; a call still out after this long is treated as hung.
 DEFAULT_TIMEOUT_S = 2.0
@@ -77,11 +77,9 @@ class NvmlSource:
         timeout: float | None = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"the NVML call timeout must be positive seconds or None, not {timeout!r}")
+        deadline = Deadline(timeout, clock)  # raises ValueError for a bad timeout, before NVML loads
         lib = load(nvml)
         codes = NvmlCodes.of(lib)
-        deadline = Deadline(timeout, clock)
         self._nvml = lib
         self._notes = Notes()
         self._xids = XidEvents(lib, codes, deadline, self._notes)
@@ -118,11 +116,6 @@ class NvmlSource:
             if isinstance(err, lib.NVMLError):
                 raise NvmlUnavailable(f"cannot use NVML: GPU discovery failed: {err}") from err
             raise
-
-    @property
-    def gpu_count(self) -> int:
-        """How many GPUs NVML reported when the source opened (opened or not)."""
-        return len(self._gpus)
 
     @property
     def notes(self) -> tuple[str, ...]:

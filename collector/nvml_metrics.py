@@ -45,11 +45,6 @@ PlannedCall = Call | FieldCall
 class MetricGroup(Protocol):
     """A group of related NVML calls and the catalogue values they give."""
 
-    @property
-    def name(self) -> str:
-        """What the group reads, in words."""
-        ...
-
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
         """The group's calls, in scrape order."""
         ...
@@ -62,7 +57,6 @@ class MetricGroup(Protocol):
 class _Scalars:
     """A group whose every call answers one number: catalogue value = answer x scale."""
 
-    name = ""
     # (catalogue position, scale), one per call in `calls` order.
     scales: tuple[tuple[int, float], ...] = ()
 
@@ -82,7 +76,6 @@ def _scales(*pairs: tuple[str, float]) -> tuple[tuple[int, float], ...]:
 class PowerThermal(_Scalars):
     """GPU and memory temperature, power draw and limit, energy since the driver loaded."""
 
-    name = "temperature and power"
     scales = _scales(
         ("gpu_temp", 1.0),
         ("memory_temp", 1.0),
@@ -105,7 +98,6 @@ class PowerThermal(_Scalars):
 class Clocks(_Scalars):
     """SM and memory clocks (MHz)."""
 
-    name = "clocks"
     scales = _scales(("sm_clock", 1.0), ("mem_clock", 1.0))
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
@@ -125,8 +117,6 @@ _I_FB_FREE = IDX["fb_free"]
 class Utilization:
     """Compute and memory-copy utilisation (%), framebuffer used and free (MiB)."""
 
-    name = "utilisation and memory"
-
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
         """Utilisation rates, then memory info."""
         return (Call("nvmlDeviceGetUtilizationRates"), Call("nvmlDeviceGetMemoryInfo"))
@@ -145,7 +135,6 @@ class Utilization:
 class Fan(_Scalars):
     """Fan speed (% of maximum)."""
 
-    name = "fan"
     scales = _scales(("fan_speed", 1.0))
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
@@ -169,8 +158,6 @@ _I_REASONS = IDX["clock_event_reasons"]
 
 class Throttle:
     """Performance state and why clocks are held down: the reasons bitmask and one flag per reason."""
-
-    name = "performance state and throttling"
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
         """The performance state, then the clock event reasons."""
@@ -206,8 +193,6 @@ _ECC_IDX = tuple(
 
 class MemoryErrors:
     """HBM health: ECC error counts, retired pages and row remapping."""
-
-    name = "ECC, retired pages and row remapping"
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
         """ECC (corrected/uncorrected x volatile/aggregate), retired pages by cause, pending, remaps."""
@@ -248,7 +233,6 @@ class MemoryErrors:
 class Pcie(_Scalars):
     """PCIe health and load: replay counter, link generation and width (now and maximum), throughput."""
 
-    name = "PCIe"
     scales = _scales(
         ("pcie_replay", 1.0),
         ("pcie_link_gen", 1.0),
@@ -287,8 +271,6 @@ _I_LINKS_ACTIVE = IDX["nvlink_links_active"]
 
 class NvLink:
     """One GPU's NVLink links: how many are up, and each error counter summed and at its worst link."""
-
-    name = "NVLink"
 
     def __init__(self, links: tuple[int, ...]) -> None:
         self.links = links

@@ -53,18 +53,15 @@ NO_PLAN = Plan()  # a GPU that has not opened
 class Planner:
     """Binds the metric groups' calls to one GPU's device handle."""
 
-    def __init__(
-        self, lib: Nvml, codes: NvmlCodes, groups: tuple[MetricGroup, ...] = STANDARD_GROUPS
-    ) -> None:
+    def __init__(self, lib: Nvml, codes: NvmlCodes) -> None:
         self._lib = lib
         self._codes = codes
-        self._groups = groups
 
     def plan(self, handle: object, links: tuple[int, ...], stats: dict[str, CallStat]) -> Plan:
         """The plan for the GPU behind `handle`; latencies go into `stats`, by function name."""
         steps: list[Step] = []
         parts: list[tuple[MetricGroup, int]] = []
-        for group in (*self._groups, NvLink(links)):
+        for group in (*STANDARD_GROUPS, NvLink(links)):
             parts.append((group, len(steps)))
             steps.extend(self._step(handle, call, stats) for call in group.calls(self._lib))
         return Plan(tuple(steps), tuple(parts))
