@@ -133,7 +133,8 @@ class Guard:
             alert_id=alert.id, job_id=self.job_id, action=action, step=step, checkpoint_uri=uri
         )
         stub = apb_grpc.AlertsStub(channel)
-        for delay_s in (*_ACK_RETRY_S, None):
+        attempt = 0
+        while True:
             try:
                 return stub.Acknowledge(request, timeout=self.rpc_timeout_s).remediation
             except grpc.RpcError as exc:
@@ -141,17 +142,24 @@ class Guard:
                 # restarting); a DECLINED or SNAPSHOT_DONE lost here would let a grace timer drain
                 # the node regardless, so it is sent again a few times.
                 retry = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
-                if not retry or delay_s is None:
+                if not retry or attempt == len(_ACK_RETRY_S):
                     log.warning("faultcast: acknowledging alert %d failed: %s", alert.id, _describe(exc))
                     return f"acknowledgement failed: {_describe(exc)}"
+                delay_s = _ACK_RETRY_S[attempt]
                 log.info(
                     "faultcast: acknowledging alert %d: %s; again in %.2f s",
                     alert.id,
                     _describe(exc),
                     delay_s,
                 )
-                threading.Event().wait(delay_s)
-        raise AssertionError("unreachable: the last attempt returns")
+                if self._stop.wait(delay_s):  # a retry delay that close() cuts short
+                    log.warning(
+                        "faultcast: acknowledging alert %d abandoned: guard closed (last answer %s)",
+                        alert.id,
+                        _describe(exc),
+                    )
+                    return f"acknowledgement failed: guard closed (last answer {_describe(exc)})"
+                attempt += 1
 
     # -- the background subscription ------------------------------------------------------------
 
