@@ -6,7 +6,6 @@ over TLS, as in production."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import shutil
 import threading
@@ -35,6 +34,7 @@ from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+from tests.aio_server import aio_telemetry_server
 from tests.pki import Authority
 
 FLEET = FleetConfig(nodes=3, days=1.0, seed=11, acceleration=1.0)
@@ -211,33 +211,16 @@ def test_past_the_backlog_bound_streams_wait_and_go_on_once_the_scorer_catches_u
     servicer = AsyncTelemetryServicer(
         TelemetryServicer(taken.append), limits=LIMITS, backlog=lambda: backlog[0], on_throttle=on_throttle
     )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def serve() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server()
-        tpb_grpc.add_TelemetryServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return server, port
-
-    server, port = asyncio.run_coroutine_threadsafe(serve(), loop).result()
     samples = list(twin_snapshots(TwinSource(FLEET, 2, []), "node-b", 3))
     result: list[list[tpb.PushAck]] = []
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            pusher = threading.Thread(target=lambda: result.append(push(channel, "node-b", samples)))
-            pusher.start()
-            assert waits.acquire(timeout=WAIT_S)  # the stream is waiting on the backlog ...
-            assert waits.acquire(timeout=WAIT_S)  # ... and keeps waiting while it lasts
-            assert taken == []  # nothing was read past the bound
-            backlog[0] = 0  # the scorer caught up
-            pusher.join(WAIT_S)
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(WAIT_S)
+    with aio_telemetry_server(servicer) as port, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        pusher = threading.Thread(target=lambda: result.append(push(channel, "node-b", samples)))
+        pusher.start()
+        assert waits.acquire(timeout=WAIT_S)  # the stream is waiting on the backlog ...
+        assert waits.acquire(timeout=WAIT_S)  # ... and keeps waiting while it lasts
+        assert taken == []  # nothing was read past the bound
+        backlog[0] = 0  # the scorer caught up
+        pusher.join(WAIT_S)
     assert [s.sequence for s in taken] == [1, 2, 3]
     assert result[0][-1].acked_through == 3
 

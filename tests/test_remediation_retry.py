@@ -21,17 +21,10 @@ from faultcast.service.remediator import Remediator
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.v1 import alerts_pb2 as apb
+from tests.attacks.remediation_parts import Clock, migrate_alert
 
-START_S = 1000.0
+START_S = Clock().now  # where the test's clock stands until moved
 NO_JITTER = RetryPolicy(initial_s=5.0, multiplier=2.0, max_s=15.0, max_attempts=6, jitter=0.0)
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = START_S
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _Flaky:
@@ -40,7 +33,7 @@ class _Flaky:
 
     name = "flaky"
 
-    def __init__(self, clock: _Clock, failures: dict[str, int]) -> None:
+    def __init__(self, clock: Clock, failures: dict[str, int]) -> None:
         self.clock, self.failures = clock, failures
         self.calls: list[tuple[str, float]] = []  # (node, clock time) of every call
 
@@ -65,23 +58,11 @@ class _Dying:
         raise _Killed
 
 
-def _migrate_alert(store: StateStore, node: str) -> apb.Alert:
-    alert = apb.Alert(
-        node=node,
-        gpu=2,
-        mode=apb.FAILURE_MODE_NVLINK,
-        risk=0.8,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
-        state=apb.ALERT_STATE_OPEN,
-    )
-    return store.alerts.append([alert])[0]
-
-
 def _snapshot_done(remediator: Remediator, alert: apb.Alert) -> str:
     return remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 9, f"s3://ckpt/{alert.id}"))
 
 
-def _advance(remediator: Remediator, clock: _Clock, to_s: float) -> None:
+def _advance(remediator: Remediator, clock: Clock, to_s: float) -> None:
     """Move the clock a second at a time to `to_s`, running the remediator at each tick."""
     while clock.now < to_s:
         clock.now += 1.0
@@ -104,10 +85,10 @@ def store(tmp_path: Path) -> StateStore:
 def test_a_failing_actuator_is_retried_with_exponential_backoff_and_remediated_once(
     store: StateStore,
 ) -> None:
-    clock, metrics = _Clock(), ServiceMetrics()
+    clock, metrics = Clock(), ServiceMetrics()
     actuator = _Flaky(clock, {"a": 4})
     remediator = Remediator(store, actuator, metrics, clock=clock, retry=NO_JITTER)
-    alert = _migrate_alert(store, "a")
+    alert = migrate_alert(store, "a")
     _snapshot_done(remediator, alert)
     assert remediator.run_once() == 1
     assert store.remediations.of(alert.id) == ("pending", "RuntimeError: scheduler down (call 1)")
@@ -134,11 +115,11 @@ def test_a_failing_actuator_is_retried_with_exponential_backoff_and_remediated_o
 def test_after_the_last_attempt_the_remediation_fails_with_the_last_error(
     store: StateStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock, metrics = _Clock(), ServiceMetrics()
+    clock, metrics = Clock(), ServiceMetrics()
     actuator = _Flaky(clock, {"a": 100})
     policy = RetryPolicy(initial_s=5.0, multiplier=2.0, max_s=300.0, max_attempts=3, jitter=0.0)
     remediator = Remediator(store, actuator, metrics, clock=clock, retry=policy)
-    alert = _migrate_alert(store, "a")
+    alert = migrate_alert(store, "a")
     _snapshot_done(remediator, alert)
     with caplog.at_level(logging.WARNING, logger="faultcast.service.remediator"):
         remediator.run_once()
@@ -157,10 +138,10 @@ def test_after_the_last_attempt_the_remediation_fails_with_the_last_error(
 
 
 def test_a_retry_waits_in_backoff_without_holding_up_other_remediations(store: StateStore) -> None:
-    clock = _Clock()
+    clock = Clock()
     actuator = _Flaky(clock, {"a": 1})
     remediator = Remediator(store, actuator, ServiceMetrics(), clock=clock, retry=NO_JITTER)
-    first, second = _migrate_alert(store, "a"), _migrate_alert(store, "b")
+    first, second = migrate_alert(store, "a"), migrate_alert(store, "b")
     _snapshot_done(remediator, first)
     _snapshot_done(remediator, second)
     assert remediator.run_once() == 2
@@ -176,19 +157,19 @@ def test_a_retry_waits_in_backoff_without_holding_up_other_remediations(store: S
 
 
 def test_the_circuit_breaker_counts_a_retried_node_once(store: StateStore) -> None:
-    clock = _Clock()
+    clock = Clock()
     actuator = _Flaky(clock, {"a": 1})
     policy = RetryPolicy(initial_s=15.0, multiplier=2.0, max_s=300.0, max_attempts=3, jitter=0.0)
     breaker = CircuitBreaker(max_nodes=1, window_s=10.0)
     remediator = Remediator(store, actuator, ServiceMetrics(), clock=clock, retry=policy, breaker=breaker)
-    _snapshot_done(remediator, _migrate_alert(store, "a"))
+    _snapshot_done(remediator, migrate_alert(store, "a"))
     remediator.run_once()  # node a admitted, its drain fails
     clock.now = START_S + 11  # the window has moved past node a
-    _snapshot_done(remediator, _migrate_alert(store, "b"))
+    _snapshot_done(remediator, migrate_alert(store, "b"))
     remediator.run_once()  # node b fills the breaker
     _advance(remediator, clock, START_S + 15)  # node a's retry: no new node, so not refused
     clock.now += 1
-    _snapshot_done(remediator, _migrate_alert(store, "c"))
+    _snapshot_done(remediator, migrate_alert(store, "c"))
     remediator.run_once()
     assert [(r.node, outcome) for r, outcome, _ in remediator.done] == [
         ("b", "ok"),
@@ -220,14 +201,14 @@ def test_the_backoff_is_capped_and_jitter_only_shortens_it() -> None:
 
 
 def test_the_remediator_draws_its_jitter_from_the_policy(store: StateStore) -> None:
-    clock = _Clock()
+    clock = Clock()
     actuator = _Flaky(clock, {"a": 1})
     policy = RetryPolicy(initial_s=8.0, multiplier=2.0, max_s=300.0, max_attempts=3, jitter=0.5)
     rng = random.Random(11)
     expected = policy.delay_s(1, random.Random(11).random())
     assert expected < 8.0
     remediator = Remediator(store, actuator, ServiceMetrics(), clock=clock, retry=policy, rng=rng)
-    _snapshot_done(remediator, _migrate_alert(store, "a"))
+    _snapshot_done(remediator, migrate_alert(store, "a"))
     remediator.run_once()
     clock.now = START_S + expected - 0.001
     assert remediator.run_once() == 0
@@ -288,7 +269,7 @@ def test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start(tmp_pa
         child.kill()  # SIGKILL: no finally, no atexit, the claim stays as it was
         child.communicate(timeout=60)
 
-    clock, metrics = _Clock(), ServiceMetrics()
+    clock, metrics = Clock(), ServiceMetrics()
     store = StateStore.in_dir(tmp_path)
     assert store.remediations.of(alert_id) == ("pending", "")
     actuator = _Flaky(clock, {})
@@ -312,10 +293,10 @@ def test_a_remediation_cut_off_by_sigkill_is_carried_on_at_the_next_start(tmp_pa
 
 def test_a_retry_waiting_at_shutdown_is_carried_on_with_its_attempts_counted(tmp_path: Path) -> None:
     policy = RetryPolicy(initial_s=5.0, multiplier=2.0, max_s=300.0, max_attempts=3, jitter=0.0)
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store, clock = StateStore.in_dir(tmp_path), Clock()
     store.jobs.register("j1", ["a"])
     first = Remediator(store, _Flaky(clock, {"a": 100}), ServiceMetrics(), clock=clock, retry=policy)
-    alert = _migrate_alert(store, "a")
+    alert = migrate_alert(store, "a")
     _snapshot_done(first, alert)
     first.run_once()  # attempt 1 fails; the service stops while its retry waits
     store.close()
@@ -338,7 +319,7 @@ def test_an_actuator_that_kills_the_service_is_not_retried_forever(tmp_path: Pat
     store = StateStore.in_dir(tmp_path)
     store.jobs.register("j1", ["a"])
     dying = Remediator(store, _Dying(), ServiceMetrics(), retry=policy)
-    _snapshot_done(dying, _migrate_alert(store, "a"))
+    _snapshot_done(dying, migrate_alert(store, "a"))
     kills = 0
     for _ in range(2 * policy.max_attempts):  # each attempt ends in a "kill", each restart carries on
         with pytest.raises(_Killed):
@@ -369,7 +350,7 @@ def test_a_remediation_left_pending_by_an_older_version_is_surfaced_as_failed(tm
         db.execute("INSERT INTO remediations VALUES (7, 'a', 'slurm', 'pending', '', 0)")
     db.close()
     store = StateStore.in_dir(tmp_path)
-    actuator = _Flaky(_Clock(), {})
+    actuator = _Flaky(Clock(), {})
     remediator = Remediator(store, actuator, ServiceMetrics())
     assert remediator.resume() == 0
     assert actuator.calls == []

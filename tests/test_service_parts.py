@@ -31,6 +31,7 @@ from faultcast.service.validation import Limits, SampleRejected, check
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb
+from tests.attacks.remediation_parts import Clock, migrate_alert
 
 # -- the alert state machine, online = offline ------------------------------------------------
 
@@ -211,7 +212,7 @@ def test_a_long_precursor_with_a_change_of_mode_is_one_alert_with_updates_and_on
     metrics = ServiceMetrics()
     book = AlertBook(model, store, metrics, actions=ActionPolicy(migrate_within_s=900, migrate_risk=0.99))
     actuator = NoopActuator()
-    clock = _Clock()
+    clock = Clock()
     remediator = Remediator(store, actuator, metrics, grace_s=60.0, clock=clock)
     book.listen(remediator.on_alerts)
     g = model.feature_config.gpus_per_node
@@ -302,7 +303,7 @@ def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted_across_a_rest
 ) -> None:
     store = StateStore.in_dir(tmp_path)
     metrics = ServiceMetrics()
-    clock = _Clock()
+    clock = Clock()
     book = AlertBook(model, store, metrics, silent_after_steps=5, clock=clock)
     g = model.feature_config.gpus_per_node
     quiet = [0.0] * g
@@ -349,7 +350,7 @@ def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted_across_a_rest
 
 def test_a_node_whose_samples_come_late_is_not_silent(model: FaultModel, tmp_path: Path) -> None:
     store = StateStore.in_dir(tmp_path)
-    clock = _Clock()
+    clock = Clock()
     book = AlertBook(model, store, ServiceMetrics(), silent_after_steps=5, clock=clock)
     g = model.feature_config.gpus_per_node
     opened: list[apb.Alert] = []
@@ -374,7 +375,7 @@ def test_an_alert_left_open_by_a_run_whose_node_never_returns_clears_as_silent(
         book.observe([_step(model, "back", 300 + t, [0.95] * 2 + [0.0] * (g - 2), "hbm_wear")])
     store.close()
     reopened = StateStore.in_dir(tmp_path)
-    clock = _Clock()
+    clock = Clock()
     book = AlertBook(model, reopened, ServiceMetrics(), silent_after_steps=5, clock=clock)
     assert len(book.active()) == 3
     for t in range(5):  # "back" returns at once and keeps its two alerts; "gone" never does
@@ -500,14 +501,6 @@ def test_bad_values_and_gpus_are_dropped_one_by_one() -> None:
 # -- remediation ----------------------------------------------------------------------------
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _Raising:
     name = "raising"
 
@@ -515,27 +508,20 @@ class _Raising:
         raise RuntimeError("scheduler exploded")
 
 
-def _alert(store: StateStore, node: str, action: apb.RecommendedAction.ValueType) -> apb.Alert:
-    alert = apb.Alert(
-        node=node, gpu=1, mode=apb.FAILURE_MODE_NVLINK, risk=0.8, action=action, state=apb.ALERT_STATE_OPEN
-    )
-    return store.alerts.append([alert])[0]
-
-
-def _remediator(store: StateStore, clock: _Clock, **kw: object) -> tuple[Remediator, NoopActuator]:
+def _remediator(store: StateStore, clock: Clock, **kw: object) -> tuple[Remediator, NoopActuator]:
     actuator = NoopActuator()
     remediator = Remediator(store, actuator, ServiceMetrics(), grace_s=60.0, clock=clock, **kw)  # type: ignore[arg-type]
     return remediator, actuator
 
 
 def test_without_snapshot_done_the_node_is_drained_after_the_grace_period(tmp_path: Path) -> None:
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store, clock = StateStore.in_dir(tmp_path), Clock()
     store.jobs.register("j1", ["a", "b"])
     remediator, actuator = _remediator(store, clock)
-    migrate = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
-    declined = _alert(store, "b", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
-    no_job = _alert(store, "c", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
-    snapshot_only = _alert(store, "b", apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
+    migrate = migrate_alert(store, "a")
+    declined = migrate_alert(store, "b")
+    no_job = migrate_alert(store, "c")
+    snapshot_only = migrate_alert(store, "b", action=apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
     remediator.on_alerts([migrate, declined, no_job, snapshot_only])
     reply = remediator.on_ack(Ack(declined.id, "j1", apb.ACK_ACTION_DECLINED, 0, ""))
     assert "operator decides" in reply
@@ -553,12 +539,12 @@ def test_without_snapshot_done_the_node_is_drained_after_the_grace_period(tmp_pa
 
 
 def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contained(tmp_path: Path) -> None:
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store, clock = StateStore.in_dir(tmp_path), Clock()
     nodes = [f"n{i}" for i in range(4)]
     store.jobs.register("big", nodes)
     remediator, _actuator = _remediator(store, clock, breaker=CircuitBreaker(max_nodes=2, window_s=600))
     for node in nodes:
-        alert = _alert(store, node, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+        alert = migrate_alert(store, node)
         remediator.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     remediator.run_once()
     outcomes = [(r.node, outcome) for r, outcome, _ in remediator.done]
@@ -570,7 +556,7 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     # No retries here (tests/test_remediation_retry.py has them): the one failure is final.
     broken = Remediator(store, _Raising(), ServiceMetrics(), clock=clock, retry=RetryPolicy(max_attempts=1))
     store.jobs.register("big", [*nodes, "n4"])
-    alert = _alert(store, "n4", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)  # n0..n1 are out already
+    alert = migrate_alert(store, "n4")  # n0..n1 are out already
     broken.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     broken.run_once()
     assert broken.done[0][1:] == ("failed", "RuntimeError: scheduler exploded; gave up after 1 attempt")
@@ -598,27 +584,27 @@ def test_a_reload_that_restarts_the_features_keeps_open_alerts_for_the_new_model
 
 
 def test_two_alerts_on_one_node_drain_it_once_in_one_process_and_across_a_restart(tmp_path: Path) -> None:
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store, clock = StateStore.in_dir(tmp_path), Clock()
     store.jobs.register("j1", ["a"])
     remediator, actuator = _remediator(store, clock)
-    first = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
-    second = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    first = migrate_alert(store, "a")
+    second = migrate_alert(store, "a")
     remediator.on_alerts([first, second])  # both grace timers fall due in the same pass
     clock.now += 61
     remediator.run_once()
     assert [r.alert_id for r in actuator.seen] == [first.id]
     # Both acknowledged before the worker wakes: still once.
-    store2, clock2 = StateStore.in_dir(tmp_path / "two"), _Clock()
+    store2, clock2 = StateStore.in_dir(tmp_path / "two"), Clock()
     store2.jobs.register("j1", ["a"])
     remediator2, actuator2 = _remediator(store2, clock2)
-    one, two = (_alert(store2, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE) for _ in range(2))
+    one, two = (migrate_alert(store2, "a") for _ in range(2))
     assert "noop: drain a" in remediator2.on_ack(Ack(one.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     assert "not drained twice" in remediator2.on_ack(Ack(two.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     remediator2.run_once()
     assert [r.alert_id for r in actuator2.seen] == [one.id]
     # A new process (a restart) with the first alert still open: the node is not drained again.
     restarted, after = _remediator(store, clock)
-    third = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    third = migrate_alert(store, "a")
     assert "not drained twice" in restarted.on_ack(Ack(third.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
     restarted.run_once()
     assert after.seen == []
@@ -627,11 +613,11 @@ def test_two_alerts_on_one_node_drain_it_once_in_one_process_and_across_a_restar
 
 
 def test_a_grace_timer_survives_an_earlier_snapshot_and_a_restart(tmp_path: Path) -> None:
-    store, clock = StateStore.in_dir(tmp_path), _Clock()
+    store, clock = StateStore.in_dir(tmp_path), Clock()
     store.jobs.register("j1", ["a", "b"])
     remediator, actuator = _remediator(store, clock)
     # SNAPSHOT_DONE while the alert only asked for a snapshot; then it escalates and the job hangs.
-    snapshot = _alert(store, "a", apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
+    snapshot = migrate_alert(store, "a", action=apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY)
     remediator.on_ack(Ack(snapshot.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, "file:///s"))
     escalated = apb.Alert()
     escalated.CopyFrom(snapshot)
@@ -646,7 +632,7 @@ def test_a_grace_timer_survives_an_earlier_snapshot_and_a_restart(tmp_path: Path
     remediator.run_once()
     assert [r.alert_id for r in actuator.seen] == [snapshot.id]
     # A restart in the middle of a grace period: the timer is armed again.
-    waiting = _alert(store, "b", apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
+    waiting = migrate_alert(store, "b")
     remediator.on_alerts([waiting])
     restarted, after = _remediator(store, clock)
     restarted.resume()

@@ -91,8 +91,7 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     seen = opened.id
     while not alerts.empty():
         seen = alerts.get_nowait().id  # escalations of the same alert, if any
-    first.process.send_signal(signal.SIGKILL)
-    first.process.wait()
+    first.kill()
 
     second = ServeProcess(service_model, state, tmp_path / "serve.log")
     served.append(second)

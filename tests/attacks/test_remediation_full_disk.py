@@ -9,8 +9,6 @@ SQLite does on a full disk."""
 
 from __future__ import annotations
 
-import errno
-import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -26,6 +24,7 @@ from faultcast.service.state_acks import Ack
 from faultcast.service.state_db import StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
+from tests.disk import fill
 
 WAIT_S = 30.0
 WRITES = (
@@ -114,27 +113,6 @@ def store(tmp_path: Path) -> StateStore:
     return store
 
 
-def _write_until_full(fd: int, size: int) -> None:
-    try:
-        while True:
-            os.write(fd, b"\0" * size)
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise
-
-
-def _fill(disk: Path) -> Path:
-    """Write a file until the filesystem has no byte left; returns it (delete it to free the disk)."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for size in (4096, 512, 64, 1):  # the last partial blocks too
-            _write_until_full(fd, size)
-    finally:
-        os.close(fd)
-    return filler
-
-
 def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(small_disk: Path) -> None:
     clock, metrics, actuator = Clock(), ServiceMetrics(), _Recording()
     # Wired as the service wires it: the store counts its refused writes.
@@ -145,7 +123,7 @@ def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(s
     remediator = Remediator(store, actuator, metrics, clock=clock)
     alert = migrate_alert(store, "a")
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
-    filler = _fill(small_disk)
+    filler = fill(small_disk)
     for _ in range(3):
         remediator.run_once()  # the claim is refused: nothing is drained that is not on disk
         clock.now += 1.0

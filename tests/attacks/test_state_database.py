@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
-import sys
 from contextlib import closing
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 
 from faultcast.service.state import StateStore
 from faultcast.service.state_db import StateError, StateWriteError
 from faultcast.v1 import alerts_pb2 as apb
+from tests.disk import fill
+from tests.serve_process import FAULTCAST
 
 
 def _open_event(node: str = "node-0001", gpu: int = 0) -> apb.Alert:
@@ -155,9 +155,7 @@ def test_a_full_disk_at_start_is_named_as_such_not_as_damage(small_disk: Path) -
     _filled(state).close()
     for leftover in ("-wal", "-shm"):
         (state / f"faultcast-service.sqlite{leftover}").unlink(missing_ok=True)
-    filler = small_disk / "filler"
-    with filler.open("ab", buffering=0) as out, pytest.raises(OSError, match="No space left"):
-        _write_until_full(out)
+    filler = fill(small_disk)
     message = _refusal(state)
     assert "full" in message
     assert "not found damaged" in message
@@ -168,24 +166,12 @@ def test_a_full_disk_at_start_is_named_as_such_not_as_damage(small_disk: Path) -
     reopened.close()
 
 
-def _write_until_full(out: BinaryIO) -> None:
-    for size in (4096, 512, 1):
-        try:
-            while True:
-                out.write(b"\0" * size)
-        except OSError:
-            if size == 1:
-                raise
-
-
 def test_a_small_write_that_works_does_not_report_a_recovery_while_alert_writes_fail(
     small_disk: Path,
 ) -> None:
     changes: list[bool] = []
     store = StateStore.in_dir(small_disk / "state", on_writable=lambda ok, why: changes.append(ok))
-    filler = small_disk / "filler"
-    with filler.open("ab", buffering=0) as out, pytest.raises(OSError, match="No space left"):
-        _write_until_full(out)
+    filler = fill(small_disk)
     big = [apb.Alert(node="node-0001", gpu=0, state=apb.ALERT_STATE_OPEN, cleared_reason="x" * 50_000)] * 40
     with pytest.raises(StateWriteError):
         store.alerts.append(big)
@@ -208,9 +194,6 @@ def test_an_existing_database_keeps_its_data_and_ids_across_a_restart(tmp_path: 
     assert reopened.jobs.all() == {"job-a": ["node-0001"]}
     assert reopened.settings.get("remediation_paused_by") == "admin"
     reopened.close()
-
-
-FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 
 
 @pytest.mark.parametrize("damage", ["empty", "half", "directory"])
