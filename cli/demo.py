@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from faultcast.cli.types import Subcommands
-from faultcast.demo.run import DEFAULT_FAILURES, DemoSettings, run_demo
-from faultcast.sim.schedule import Scenario
+from faultcast.cli.types import Subcommands, scenario
+from faultcast.demo.settings import DEFAULT_FAILURES, DemoSettings
 
 _DEFAULTS = DemoSettings()
-
-
-def _failure(text: str) -> Scenario:
-    try:
-        return Scenario.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -27,7 +19,7 @@ def add_parser(commands: Subcommands) -> None:
         "--speed", type=float, default=_DEFAULTS.speed, help="simulated seconds per wall-clock second"
     )
     demo.add_argument(
-        "--failure", type=_failure, action="append", dest="failures", metavar="MODE:NODE:GPU:AT[:LEAD]",
+        "--failure", type=scenario, action="append", dest="failures", metavar="MODE:NODE:GPU:AT[:LEAD]",
         help="order a failure (repeatable); default: HBM, firmware, NVLink and PCIe failures over ~3 hours",
     )  # fmt: skip  # one argument per call reads better than the formatter's split
     demo.add_argument("--model", type=Path, default=_DEFAULTS.model, help="trained here on first run")
@@ -44,4 +36,6 @@ def run(args: argparse.Namespace) -> int:
         nodes=args.nodes, speed=args.speed, failures=tuple(args.failures or DEFAULT_FAILURES),
         model=args.model, out=args.out, prometheus_port=args.prometheus_port,
     )  # fmt: skip  # one line per group of settings
+    from faultcast.demo.run import run_demo  # the service and LightGBM: only when the demo runs
+
     return run_demo(settings)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from faultcast.cli.types import Subcommands, duration
 from faultcast.goodput.engine import JobCosts, Outcome
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
-from faultcast.goodput.replay import Replay
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the command runs
+    from faultcast.goodput.replay import Replay
     from faultcast.goodput.study import Job, PolicyResult, SweepPoint
     from faultcast.model.artifact import FaultModel
 

@@ -10,14 +10,17 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from faultcast.cli.tls_args import add_server_arguments, server_tls_options
 from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.auth import Role, digest
-from faultcast.service.config import ServiceConfig
 from faultcast.service.validation import Limits
 from faultcast.tls import TLSConfigError, server_tls
+
+if TYPE_CHECKING:  # the service's configuration loads the model package (LightGBM): only when serving
+    from faultcast.service.config import ServiceConfig
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +173,8 @@ def _inventory(path: Path | None) -> frozenset[str]:
 def service_config(args: argparse.Namespace) -> ServiceConfig:
     """The service's tunables from `faultcast serve`'s flags; ValueError (or OSError, SystemExit for
     the nodes file) on a value the service cannot run with."""
+    from faultcast.service.config import ServiceConfig
+
     return ServiceConfig(
         limits=Limits(
             max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)

@@ -26,9 +26,10 @@ from typing import Any
 
 import grpc
 
+from faultcast.demo.settings import DemoSettings
 from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
+from faultcast.modes import FailureMode
 from faultcast.service.alert_book import PB_TO_MODE
-from faultcast.sim.modes import BY_NAME
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -37,14 +38,6 @@ log = logging.getLogger(__name__)
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 TWIN_CADENCE_S = 60.0  # one twin step per scrape: the model's cadence
-
-
-DEFAULT_FAILURES = (
-    Scenario("hbm_wear", 0, 3, 100 * 60.0, 45 * 60.0),
-    Scenario("firmware", 3, 0, 115 * 60.0),
-    Scenario("nvlink", 1, 5, 130 * 60.0, 50 * 60.0),
-    Scenario("pcie", 2, 1, 160 * 60.0, 45 * 60.0),
-)
 
 
 @dataclass
@@ -61,18 +54,6 @@ class Seen:
 def node_name(i: int) -> str:
     """The demo's name for twin node `i` (node-0000, ...)."""
     return f"node-{i:04d}"
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """What `faultcast demo` takes: the fleet, its pace, the failures on cue and where things go."""
-
-    nodes: int = 4  # simulated nodes, 8 GPUs each
-    speed: float = 240.0  # simulated seconds per wall-clock second
-    failures: tuple[Scenario, ...] = DEFAULT_FAILURES
-    model: Path = Path("out/demo-model")  # trained here on first run
-    out: Path = Path("out/demo")  # logs and state of the run
-    prometheus_port: int = 9401  # the service's /metrics (0: any free port, printed)
 
 
 def run_demo(args: DemoSettings) -> int:
@@ -319,7 +300,7 @@ def _summary(
             outcome = f"late: warned only {max(within) / 60:.1f} min ahead (under {warning:.0f} min)"
         elif any(lead > periods.period_s for lead in leads):
             outcome = f"missed: the only alert came more than {period:.0f} min before (premature)"
-        elif BY_NAME[f.mode].predictable:
+        elif FailureMode(f.mode).has_precursor:
             outcome = "missed"
         else:
             outcome = "missed (no precursor: no model can see it coming)"

@@ -96,6 +96,19 @@ def test_serve_refuses_a_metrics_port_file_without_metrics(tmp_path: Path) -> No
     assert not (tmp_path / "metrics-port").exists()
 
 
+def test_the_command_line_parses_without_loading_the_model_stack() -> None:
+    """Every `faultcast collect` on every node builds the whole parser first: LightGBM, scikit-learn
+    and pandas load only when a command that needs them runs."""
+    probe = (
+        "import sys; from faultcast.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('lightgbm', 'sklearn', 'pandas', 'pyarrow') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
 def test_metrics_prints_the_catalogue() -> None:
     done = _run("metrics")
     assert done.returncode == 0

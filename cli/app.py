@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    # Each subcommand's module imports its library lazily, so `faultcast --help` stays quick.
+    # Each subcommand's module loads its heavy parts (the model stack, the service) only when it runs,
+    # so every `faultcast collect` start stays light (tests/test_cli.py holds the line).
     from faultcast.cli import collect, demo, goodput, import_score, model, serve, simulate
 
     collect.add_parser(commands)

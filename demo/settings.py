@@ -1,0 +1,29 @@
+"""What `faultcast demo` takes, with its defaults: kept apart from the demo itself (faultcast.demo.run,
+which loads the service and LightGBM) so the command line can show them without loading either."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from faultcast.sim.schedule import Scenario
+
+# HBM, firmware, NVLink and PCIe failures over about three simulated hours.
+DEFAULT_FAILURES = (
+    Scenario("hbm_wear", 0, 3, 100 * 60.0, 45 * 60.0),
+    Scenario("firmware", 3, 0, 115 * 60.0),
+    Scenario("nvlink", 1, 5, 130 * 60.0, 50 * 60.0),
+    Scenario("pcie", 2, 1, 160 * 60.0, 45 * 60.0),
+)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """The fleet, its pace, the failures on cue and where things go."""
+
+    nodes: int = 4  # simulated nodes, 8 GPUs each
+    speed: float = 240.0  # simulated seconds per wall-clock second
+    failures: tuple[Scenario, ...] = DEFAULT_FAILURES
+    model: Path = Path("out/demo-model")  # trained here on first run
+    out: Path = Path("out/demo")  # logs and state of the run
+    prometheus_port: int = 9401  # the service's /metrics (0: any free port, printed)
