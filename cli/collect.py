@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 from faultcast.catalogue import Scope
-from faultcast.cli.simulate import parse_scenario
 from faultcast.cli.tls_args import add_client_arguments, client_tls_options
-from faultcast.cli.types import Subcommands, duration
+from faultcast.cli.types import Subcommands, duration, scenario
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
@@ -135,7 +134,7 @@ def add_parser(commands: Subcommands) -> None:
     sim.add_argument(
         "--scenario",
         action="append",
-        type=parse_scenario,
+        type=scenario,
         default=[],
         metavar="MODE:NODE:GPU:AT",
         help="make a GPU fail on cue, AT simulated time after the start (NODE is ignored: "

@@ -6,17 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from faultcast.cli.types import Subcommands, duration
+from faultcast.cli.types import Subcommands, duration, scenario
 from faultcast.sim.config import FleetConfig
-from faultcast.sim.schedule import Scenario
-
-
-def parse_scenario(text: str) -> Scenario:
-    """A --scenario flag's value (faultcast.sim.schedule.Scenario.parse), errors as usage errors."""
-    try:
-        return Scenario.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -44,7 +35,7 @@ def add_parser(commands: Subcommands) -> None:
     p.add_argument(
         "--scenario",
         action="append",
-        type=parse_scenario,
+        type=scenario,
         default=[],
         metavar="MODE:NODE:GPU:AT",
         help="order a failure on cue, e.g. hbm_wear:0:3:6h (repeatable)",

@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, TypeAlias
 
 from faultcast.durations import DurationError, parse_duration, parse_limit
+from faultcast.sim.schedule import Scenario
 
 if TYPE_CHECKING:  # argparse's action is generic only in typeshed, not at run time
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -27,4 +28,12 @@ def limit(text: str) -> float:
     try:
         return parse_limit(text)
     except DurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def scenario(text: str) -> Scenario:
+    """A failure on cue, MODE:NODE:GPU:AT[:LEAD] (faultcast.sim.schedule.Scenario.parse)."""
+    try:
+        return Scenario.parse(text)
+    except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None

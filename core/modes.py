@@ -60,14 +60,6 @@ class FailureMode(StrEnum):
         """One human sentence on how it unfolds, for help texts and reports."""
         return _FACTS[self].description
 
-    @classmethod
-    def parse(cls, name: str) -> FailureMode:
-        """The mode called `name`; ValueError naming the known modes when there is none."""
-        try:
-            return cls(name)
-        except ValueError:
-            raise ValueError(f"unknown failure mode {name!r}; known: {', '.join(cls)}") from None
-
 
 _FACTS: dict[FailureMode, _Facts] = {
     FailureMode.HBM_WEAR: _Facts(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from faultcast.goodput.engine import JobFailure, Scenario
-from faultcast.modes import Level
+from faultcast.modes import MODES_WITH_PRECURSOR, Level
 from faultcast.sim.modes import MODES
 
 LLAMA3_UNEXPECTED = 419
@@ -31,7 +31,6 @@ UNMODELLED = "unmodelled"
 GPUS_PER_NODE = 8
 """GPUs per node of the goodput twin's jobs (a node-level failure takes eight GPUs)."""
 _DAY_S = 86_400.0
-_PREDICTABLE = frozenset(m.name for m in MODES if m.predictable)
 
 
 def failure_rates() -> dict[str, float]:
@@ -63,8 +62,10 @@ class AlertSample:
         found = self.leads_s.get(mode)
         if found:
             return found
-        if mode in _PREDICTABLE:
-            return [lead for name, leads in self.leads_s.items() if name in _PREDICTABLE for lead in leads]
+        if mode in MODES_WITH_PRECURSOR:
+            return [
+                lead for name, leads in self.leads_s.items() if name in MODES_WITH_PRECURSOR for lead in leads
+            ]
         return []
 
     def with_false_alarm_rate(self, per_gpu_day: float) -> AlertSample:

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from faultcast.goodput.process import AlertSample
-from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, FailureLog
 from faultcast.model.incidents import AlertPolicy
@@ -35,6 +34,7 @@ from faultcast.model.outcomes import (
     ScoredPeriod,
     incidents,
 )
+from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from faultcast.modes import NODE_LEVEL_MODES as NODE_LEVEL_MODES
 
 # Modes whose failure takes a whole node (NODE_LEVEL_MODES) get one alert per node (gpu -1); only
 # modes with a precursor get a time to failure.
-PREDICTABLE_MODES = MODES_WITH_PRECURSOR
 TTF_QUANTILES = (0.1, 0.5, 0.9)
 
 
@@ -43,7 +42,7 @@ class ActionPolicy:
     def action(self, mode: str, risk: float, ttf_s: float) -> Action:
         """The action for an alert of `mode` at `risk`, failing in `ttf_s`: watch a mode without a precursor,
         migrate when it comes soon or is likely, else snapshot only."""
-        if mode not in PREDICTABLE_MODES:
+        if mode not in MODES_WITH_PRECURSOR:
             return Action.WATCH
         if ttf_s <= self.migrate_within_s or risk >= self.migrate_risk:
             return Action.SNAPSHOT_AND_MIGRATE
@@ -121,7 +120,7 @@ def describe(
     for i in range(len(rows)):
         likely = int(np.argmax(probabilities[i])) if probabilities.shape[1] else -1
         mode = model.modes[likely] if likely >= 0 else "unknown"
-        ttf = tuple(float(v) for v in quantiles[i]) if mode in PREDICTABLE_MODES else None
+        ttf = tuple(float(v) for v in quantiles[i]) if mode in MODES_WITH_PRECURSOR else None
         p50 = ttf[1] if ttf is not None else float("inf")
         out.append(
             AlertContent(

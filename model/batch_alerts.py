@@ -23,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from faultcast.model.alert_content import NODE_LEVEL_MODES, AlertContent, describe
+from faultcast.model.alert_content import AlertContent, describe
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, load
 from faultcast.model.dataset import DataError, Dataset, Step, open_dataset, replay
 from faultcast.model.evaluate import WARMUP_S, score_period
 from faultcast.model.incidents import Incident
 from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods, incidents, judge
+from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from faultcast.model.alert_content import NODE_LEVEL_MODES, PREDICTABLE_MODES
 from faultcast.model.artifact import FaultModel
 from faultcast.model.dataset import Dataset, Labels, Step, current_config, replay
 from faultcast.model.outcomes import (
@@ -20,6 +19,7 @@ from faultcast.model.outcomes import (
     incidents,
 )
 from faultcast.model.rules import RulesBaseline
+from faultcast.modes import MODES_WITH_PRECURSOR, NODE_LEVEL_MODES
 
 WARMUP_S = 6 * 3600.0  # history fed to the engine before a scored period starts (windows, baselines)
 # Rows where some method's score reaches this get the model's likely mode (the tracker reads it where
@@ -136,7 +136,7 @@ def evaluate_period(
     for method, threshold in thresholds.items():
         found = incidents(period, method, [threshold], model.policy, NODE_LEVEL_MODES)[0]
         metrics = event_metrics(
-            period, dataset.failures, found, periods, set(PREDICTABLE_MODES), period.scores[method]
+            period, dataset.failures, found, periods, set(MODES_WITH_PRECURSOR), period.scores[method]
         )
         out[method] = {"threshold": threshold, **metrics}
     return out

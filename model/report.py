@@ -264,7 +264,6 @@ PRECURSORS: dict[str, tuple[str, ...]] = {
     "detachment": ("nvml_call_seconds", "nvml_failed_calls", "sample_missing"),
     "firmware": ("gpu_temp", "power_usage", "xid_119_events", "xid_120_events"),
 }
-NODE_LEVEL = NODE_LEVEL_MODES
 
 
 def is_cumulative(metric: str) -> bool:
@@ -470,7 +469,7 @@ def plot_failure_overview(failures: pd.DataFrame, nodes: Sequence[str]) -> Figur
     index = {name: i for i, name in enumerate(nodes)}
     for name, group in failures.groupby("mode"):
         label = str(name)
-        level = label in NODE_LEVEL
+        level = label in NODE_LEVEL_MODES
         axes[2].scatter(
             group["timestamp"],
             group["node"].map(index),

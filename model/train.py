@@ -20,7 +20,6 @@ import lightgbm as lgb
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
 from faultcast.model.dataset import Dataset, Labels, Step, replay
 from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, score_period
@@ -28,7 +27,7 @@ from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, Fea
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.manifest import FalseAlarms, SplitRecord, Timings, TrainingData, TrainingMetrics
 from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, choose_threshold
-from faultcast.modes import NODE_LEVEL_MODES as _NODE_MODES
+from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class _Sampler:
         self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
         self.rng = np.random.default_rng(seed)
         self.rows = Rows()
-        self.node_modes = np.array(sorted(m.value for m in _NODE_MODES), dtype=object)
+        self.node_modes = np.array(sorted(m.value for m in NODE_LEVEL_MODES), dtype=object)
 
     def __call__(self, step: Step) -> None:
         positive, ttf, mode = self.labels.at(step.time_s, self.nodes, self.g)

@@ -73,11 +73,3 @@ BY_NAME: dict[str, ModeSpec] = {m.name: m for m in MODES}
 """MODES by failure-log name; every FailureMode has an entry (checked at import)."""
 if set(BY_NAME) != set(FailureMode):
     raise RuntimeError("every failure mode needs its physics in MODES")
-
-
-def mode(name: str) -> ModeSpec:
-    """The physics of the mode called `name`; KeyError naming the known modes when there is none."""
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"unknown failure mode {name!r}; known: {', '.join(BY_NAME)}") from None

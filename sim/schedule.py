@@ -78,11 +78,10 @@ class Scenario:
     def __post_init__(self) -> None:
         spec = BY_NAME.get(self.mode)
         if spec is None:
-            raise ValueError(f"unknown failure mode {self.mode!r}; known: {', '.join(BY_NAME)}")
+            raise ValueError(f"unknown mode {self.mode!r}; known: {', '.join(BY_NAME)}")
         if (spec.level is Level.NODE) != (self.gpu is None):
-            raise ValueError(
-                f"{self.mode} is a {spec.level.value}-level mode: give {'no' if spec.level is Level.NODE else 'a'} GPU"
-            )
+            advice = "leave GPU empty" if spec.level is Level.NODE else "give a GPU"
+            raise ValueError(f"{self.mode} is {spec.level.value}-level; {advice}")
         if self.fail_s <= 0:
             raise ValueError(f"a scenario must fail after the start, got {self.fail_s} s")
 
@@ -96,20 +95,18 @@ class Scenario:
         if len(parts) not in (4, 5):
             raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], e.g. hbm_wear:0:3:30m")
         name, node, gpu, at, *lead = parts
-        spec = BY_NAME.get(name)
-        if spec is None:
-            raise ValueError(f"{text!r}: unknown mode {name!r}; known: {', '.join(BY_NAME)}")
         try:
-            node_index = int(node)
-            gpu_index = None if gpu == "" else int(gpu)
+            node_index, gpu_index = int(node), None if gpu == "" else int(gpu)
         except ValueError:
-            raise ValueError(f"{text!r}: NODE and GPU are indexes (GPU empty for {name})") from None
-        if (spec.level is Level.NODE) != (gpu_index is None):
-            advice = "leave GPU empty" if spec.level is Level.NODE else "give a GPU"
-            raise ValueError(f"{text!r}: {name} is {spec.level.value}-level; {advice}")
-        return Scenario(
-            name, node_index, gpu_index, parse_duration(at), parse_duration(lead[0]) if lead else None
-        )
+            raise ValueError(
+                f"{text!r}: NODE and GPU are indexes (GPU empty for a node-level mode)"
+            ) from None
+        try:
+            return Scenario(
+                name, node_index, gpu_index, parse_duration(at), parse_duration(lead[0]) if lead else None
+            )
+        except ValueError as e:  # the mode, its level, the times: said once, in __post_init__
+            raise ValueError(f"{text!r}: {e}") from None
 
     def arg(self) -> str:
         """The scenario as `parse` reads it (for a `--scenario` flag)."""

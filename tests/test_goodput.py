@@ -28,7 +28,6 @@ from faultcast.goodput.process import (
     scenario,
 )
 from faultcast.goodput.replay import model_digest, samples_at
-from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import ModelError, load
 from faultcast.model.dataset import Failure as LoggedFailure
 from faultcast.model.dataset import FailureLog
@@ -36,6 +35,7 @@ from faultcast.model.incidents import AlertPolicy
 from faultcast.model.outcomes import Outcome as Verdict
 from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
 from faultcast.model.threshold_file import write as write_threshold
+from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.service.server import Service
 
 # Round numbers so every case below can be followed on paper: 1,000 s of compute, then a 100 s

@@ -22,7 +22,6 @@ import pytest
 from faultcast import cli
 from faultcast.catalogue import METRICS, Scope, by_name, metrics_for
 from faultcast.dcgm import Vocabulary, names
-from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import load
 from faultcast.model.batch_alerts import CSV_FIELDS, ScoredAlert, score
 from faultcast.model.dataset import DataError, open_dataset, unix_seconds
@@ -30,6 +29,7 @@ from faultcast.model.evaluate import WARMUP_S
 from faultcast.model.importer import import_prometheus
 from faultcast.model.outcomes import Outcome
 from faultcast.model.train import TrainConfig, train
+from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.rollup import NETWORK_COLUMNS
 from faultcast.schemas import FAILURE_FIELDS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
 from faultcast.sim.config import FleetConfig

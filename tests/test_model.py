@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model.alert_content import NODE_LEVEL_MODES
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.model.dataset import Failure, FailureLog, Labels, open_dataset
 from faultcast.model.evaluate import held_out_part
@@ -28,6 +27,7 @@ from faultcast.model.outcomes import (
 )
 from faultcast.model.rules import RULES, RulesBaseline
 from faultcast.model.train import TrainConfig, make_split, train
+from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario
 from faultcast.sim.writer import simulate

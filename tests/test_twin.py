@@ -360,9 +360,9 @@ def test_a_scenario_injected_live_fails_on_cue_with_its_precursor() -> None:
 
 
 def test_a_scenario_must_make_sense() -> None:
-    with pytest.raises(ValueError, match="unknown failure mode"):
+    with pytest.raises(ValueError, match="unknown mode"):
         Scenario("meteor", 0, 1, 60.0)
-    with pytest.raises(ValueError, match="give no GPU"):
+    with pytest.raises(ValueError, match="leave GPU empty"):
         Scenario("infiniband", 0, 1, 60.0)
     with pytest.raises(ValueError, match="after the start"):
         Scenario("hbm_wear", 0, 1, 0.0)
@@ -398,7 +398,7 @@ def test_the_simulate_command_writes_the_four_files(tmp_path: Path) -> None:
 def test_scenarios_parse_from_the_command_line_with_clear_errors() -> None:
     from argparse import ArgumentTypeError
 
-    from faultcast.cli.simulate import parse_scenario
+    from faultcast.cli.types import scenario as parse_scenario
 
     assert parse_scenario("hbm_wear:2:5:90m") == Scenario("hbm_wear", 2, 5, 5400.0, None)
     assert parse_scenario("infiniband:1::2h:20m") == Scenario("infiniband", 1, None, 7200.0, 1200.0)
