@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pyarrow as pa
 
 from faultcast.catalogue import Scope, metrics_for
@@ -32,3 +35,15 @@ NETWORK_SCHEMA = pa.schema(
 """network.parquet: one row per node per step, the node's devices rolled up (faultcast.rollup)."""
 FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "description")
 """failures.csv's header, in order; `mode` is a FailureMode value, `gpu` and `uuid` empty for a node-level failure."""
+
+# Keys of a data manifest's "config" renamed since data was first written: old name -> current name.
+_RENAMED_CONFIG_KEYS = {"interval_s": "cadence_s"}  # December 2026: the cadence got one name
+
+
+def current_data_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A data directory's manifest.json with its "config" under today's key names, so data written
+    before a rename reads (and compares) like data written after it."""
+    config = manifest.get("config")
+    if not isinstance(config, Mapping):
+        return dict(manifest)
+    return {**manifest, "config": {_RENAMED_CONFIG_KEYS.get(k, k): v for k, v in config.items()}}

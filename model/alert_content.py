@@ -12,7 +12,6 @@ import numpy as np
 
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
 from faultcast.modes import MODES_WITH_PRECURSOR
-from faultcast.modes import NODE_LEVEL_MODES as NODE_LEVEL_MODES
 
 # Modes whose failure takes a whole node (NODE_LEVEL_MODES) get one alert per node (gpu -1); only
 # modes with a precursor get a time to failure.

@@ -12,16 +12,17 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.schemas import current_data_manifest
 
 
 class Failure(NamedTuple):
@@ -123,16 +124,6 @@ class DataError(ValueError):
     """The data directory is incomplete or inconsistent; the message says what is wrong."""
 
 
-# Data-manifest config keys renamed since data was first written: old name -> current name.
-_RENAMED_CONFIG_KEYS = {"interval_s": "cadence_s"}  # December 2026: the cadence got one name
-
-
-def current_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A data manifest's "config" with keys of older data under their current names, so configs
-    written before and after a rename compare equal."""
-    return {_RENAMED_CONFIG_KEYS.get(key, key): value for key, value in config.items()}
-
-
 def open_dataset(path: Path) -> Dataset:
     """Open a data directory (`faultcast simulate` or an import) and read its failure log; raises
     DataError when a file is missing or the manifest cannot place the data on a grid."""
@@ -141,8 +132,8 @@ def open_dataset(path: Path) -> Dataset:
             raise DataError(
                 f"{path}: {name} is missing (expected the output of `faultcast simulate` or an import)"
             )
-    manifest = json.loads((path / "manifest.json").read_text())
-    config = current_config(manifest.get("config", {}))
+    manifest = current_data_manifest(json.loads((path / "manifest.json").read_text()))
+    config = manifest.get("config", {})
     try:
         gpus = int(config["gpus_per_node"])
         interval = float(config["cadence_s"])

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from faultcast.model.artifact import FaultModel
-from faultcast.model.dataset import Dataset, Labels, Step, current_config, replay
+from faultcast.model.dataset import Dataset, Labels, Step, replay
 from faultcast.model.outcomes import (
     DEFAULT_PERIODS,
     PredictionPeriods,
@@ -153,14 +153,8 @@ def held_out_part(dataset: Dataset, model: FaultModel) -> tuple[list[int], float
     the features' warm-up."""
     split, trained = model.card.split, model.card.training_data
     trained_on = trained.manifest.get("config") if trained is not None else None
-    data_config = dataset.manifest.get("config")
-    if (
-        split is not None
-        and isinstance(trained_on, dict)
-        and isinstance(data_config, dict)
-        # a model trained before a config key's rename still knows its own data
-        and current_config(trained_on) == current_config(data_config)
-    ):
+    # Both sides read with today's key names (faultcast.schemas.current_data_manifest).
+    if split is not None and trained_on == dataset.manifest.get("config"):
         return [dataset.node_index(n) for n in split.test_nodes], split.test_start_unix_s, True
     return list(range(len(dataset.nodes))), dataset.start_s + WARMUP_S, False
 

@@ -26,6 +26,7 @@ from typing import NoReturn, TypeGuard
 from faultcast.model.features import FeatureConfig
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.outcomes import PredictionPeriods
+from faultcast.schemas import current_data_manifest
 
 FORMAT = "faultcast-model/1"
 TTF_BUCKETS_S = (300.0, 900.0, 1800.0)  # risk within 5, 15 and 30 minutes
@@ -411,7 +412,7 @@ def _training_data(where: Path, data: Mapping[str, object]) -> TrainingData | No
     section = _section(where, data, "training_data")
     return TrainingData(
         path=_text(where, section, "training_data.path"),
-        manifest=_section(where, section, "training_data.manifest"),
+        manifest=current_data_manifest(_section(where, section, "training_data.manifest")),
     )
 
 

@@ -35,7 +35,6 @@ from prometheus_client import Gauge
 
 from faultcast.model.alert_content import (
     DEFAULT_ACTIONS,
-    NODE_LEVEL_MODES,
     Action,
     ActionPolicy,
     AlertContent,
@@ -44,7 +43,7 @@ from faultcast.model.alert_content import (
 )
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
-from faultcast.modes import FailureMode
+from faultcast.modes import NODE_LEVEL_MODES, FailureMode
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version

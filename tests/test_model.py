@@ -189,6 +189,13 @@ def test_evaluation_holds_out_the_split_of_data_written_before_the_cadence_renam
         sorted(dataset.node_index(n) for n in model.card.split.test_nodes),
         model.card.split.test_start_unix_s,
     )
+    # And the other way round: a model trained before the rename, on data written after it.
+    config = json.loads((trained[1] / "manifest.json").read_text())["training_data"]["manifest"]["config"]
+    config["interval_s"] = config.pop("cadence_s")
+    older = load(
+        _edited(trained[1], tmp_path / "older-model", ("training_data", "manifest", "config"), config)
+    )
+    assert held_out_part(open_dataset(data), older)[2]
 
 
 def test_the_split_holds_out_nodes_and_the_last_weeks(data: Path) -> None:

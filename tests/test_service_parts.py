@@ -15,10 +15,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from faultcast.catalogue import Scope, index_of
-from faultcast.model.alert_content import NODE_LEVEL_MODES, ActionPolicy, ttf_quantiles
+from faultcast.model.alert_content import ActionPolicy, ttf_quantiles
 from faultcast.model.artifact import FaultModel, load
 from faultcast.model.incidents import AlertPolicy, CloseReason, IncidentTracker
 from faultcast.model.outcomes import ScoredPeriod, incidents
+from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.readings import NodeSnapshot
 from faultcast.service.actuators import CircuitBreaker, NoopActuator, Outcome, Remediation, RetryPolicy
 from faultcast.service.alert_book import AlertBook
