@@ -442,10 +442,11 @@ def _failures(
                 "optional: xid, uuid, description)"
             )
         reader.fieldnames = header
+        known = frozenset(nodes)
         for line, raw in enumerate(reader, start=2):
             row = {k: (v or "").strip() for k, v in raw.items() if k is not None}
             where = f"{path}:{line}"
-            when, node, gpu, xid = _failure_fields(where, row, nodes, gpus_per_node)
+            when, node, gpu, xid = _failure_fields(where, row, nodes, known, gpus_per_node)
             uuid = row.get("uuid", "")
             if not uuid and gpu >= 0 and (node, gpu) in uuid_at:
                 uuid = _uuid_before(*uuid_at[(node, gpu)], when, grid)
@@ -464,7 +465,7 @@ def _failures(
 
 
 def _failure_fields(
-    where: str, row: dict[str, str], nodes: Sequence[str], gpus_per_node: int
+    where: str, row: dict[str, str], nodes: Sequence[str], known: frozenset[str], gpus_per_node: int
 ) -> tuple[float, str, int, str]:
     """A failure row's time (unix seconds), node, GPU (-1: the whole node) and Xid (a whole number
     as text, or ""); raises DataError, naming `where`, on a value that is not one."""
@@ -473,7 +474,7 @@ def _failure_fields(
     except (ValueError, OverflowError) as exc:
         raise DataError(f"{where}: timestamp {row['timestamp']!r} is not a time ({exc})") from exc
     node = row["node"]
-    if node not in nodes:
+    if node not in known:
         shown = ", ".join(list(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
         raise DataError(f"{where}: node {node!r} is not in the export (nodes: {shown})")
     gpu = -1

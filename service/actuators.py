@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import urllib.error
 import urllib.request
@@ -144,8 +145,7 @@ class CircuitBreaker:
     must not start each run with a fresh allowance."""
 
     def __init__(self, max_nodes: int = 4, window_s: float = 3600.0) -> None:
-        if max_nodes < 1 or window_s <= 0:
-            raise ValueError("the circuit breaker needs max_nodes >= 1 and a positive window")
+        self.check(max_nodes, window_s)
         self.max_nodes, self.window_s = max_nodes, window_s
         self._taken: deque[tuple[float, str]] = deque()
         self._lock = threading.Lock()
@@ -153,10 +153,19 @@ class CircuitBreaker:
 
     def resize(self, max_nodes: int, window_s: float) -> None:
         """New limits from now on (an admin's SetRemediation); the nodes taken so far still count."""
-        if max_nodes < 1 or window_s <= 0:
-            raise ValueError("the circuit breaker needs max_drains >= 1 and a positive window")
+        self.check(max_nodes, window_s)
         with self._lock:
             self.max_nodes, self.window_s = max_nodes, window_s
+
+    @staticmethod
+    def check(max_nodes: int, window_s: float) -> None:
+        """ValueError unless the limits make sense: at least one node (--max-drains), a window of
+        finitely many seconds over zero (--drain-window; NaN would never end one)."""
+        if max_nodes < 1 or not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(
+                f"the circuit breaker needs at least 1 node (--max-drains, max_drains) and a finite, positive "
+                f"window (--drain-window, drain_window_seconds), not {max_nodes} per {window_s} s"
+            )
 
     def allow(self, node: str, now_s: float) -> bool:
         """Whether `node` may be taken out at `now_s`: a node already admitted in the window

@@ -42,10 +42,7 @@ class ServiceConfig:
     silent_after_steps: int = 5
 
     def __post_init__(self) -> None:
-        if self.max_drains < 1 or self.drain_window_s <= 0:
-            raise ValueError(
-                "the circuit breaker needs max_drains (--max-drains) >= 1 and a positive drain window"
-            )
+        CircuitBreaker.check(self.max_drains, self.drain_window_s)
 
     def breaker(self) -> CircuitBreaker:
         """A new circuit breaker with this configuration's limits."""

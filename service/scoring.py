@@ -111,7 +111,7 @@ class Scorer:
             except LateSample as exc:
                 raise SampleRejected("late", str(exc)) from exc
             skipped = node.online.skipped - before
-            if skipped >= max(self.model.feature_config.window_steps()) and not node.jumped:
+            if skipped and not node.jumped and skipped >= max(self.model.feature_config.window_steps()):
                 # Past the longest window the node's windows restart empty, as after a restart of
                 # the service: worth a line (once per node) since its scores lose their history.
                 node.jumped = True
@@ -195,6 +195,7 @@ class Scorer:
             if not same:
                 self._nodes.clear()
                 self._queue.clear()
+            empty_steps = _empty_steps(model)
             for node in self._nodes.values():
-                node.online.empty_steps = _empty_steps(model)
+                node.online.empty_steps = empty_steps
             return same

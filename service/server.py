@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import threading
 import time
 from concurrent import futures
@@ -318,8 +317,6 @@ class Service:
         window = (
             request.drain_window_seconds if request.HasField("drain_window_seconds") else breaker.window_s
         )
-        if not math.isfinite(window):  # the breaker takes NaN (NaN <= 0 is False): a window never ending
-            raise ValueError(f"drain_window_seconds must be a finite number of seconds, not {window}")
         breaker.resize(max_drains, window)
         if request.HasField("paused"):
             self.remediator.set_paused(by if request.paused else None)

@@ -214,21 +214,15 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
     def _log_failure(self, sequence: int, node: str, exc: Exception) -> None:
         """One line per failed sample; the traceback with the first failure of each kind (a sample
         that fails will often fail again on every Push: the log keeps one traceback of it)."""
-        if type(exc) in self._failures_traced:
-            log.error(
-                "rejected sample %d from %r: the sink failed on it (%r); the stream goes on",
-                sequence,
-                node,
-                exc,
-            )
-            return
+        first = type(exc) not in self._failures_traced
         self._failures_traced.add(type(exc))
-        log.exception(
-            "rejected sample %d from %r: the sink failed on it (%r); the stream goes on (later failures "
-            "of this kind are logged without the traceback)",
+        log.error(
+            "rejected sample %d from %r: the sink failed on it (%r); the stream goes on%s",
             sequence,
             node,
             exc,
+            " (later failures of this kind are logged without the traceback)" if first else "",
+            exc_info=first,
         )
 
     def _take(self, snapshot: NodeSnapshot) -> None:

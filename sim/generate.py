@@ -409,8 +409,9 @@ def generate_chunk(
     if config.confounders:
         app_xids = _confounders(fx, traits, rs, config.cadence_s, load.busy)
     heat = _thermals(traits, load, fx, noise)
-    v = _counters(config, traits, state, out, fx, rs, heat.power)
-    v["xid_last"] = _xids(state, out, fx, rs, app_xids, v)
+    remaps = _remaps(rs, fx)  # one draw: the remap counter and Xid 63 show the same remaps
+    v = _counters(config, traits, state, out, fx, rs, heat.power, remaps)
+    v["xid_last"] = _xids(state, out, fx, rs, app_xids, v, remaps)
     v |= _gauges(traits, schedule, t, load, heat, fx, noise)
     gpu_values = _gpu_values(v, out.lost)
     ib_values, iface_values, peer_values, host_values = _network(
@@ -572,6 +573,7 @@ def _counters(
     fx: _Effects,
     rs: _Streams,
     power: np.ndarray,
+    remaps: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """The GPU counters but the Xid ones, carried on from `state` (which they advance), by name."""
     n, g = out.lost.shape
@@ -593,7 +595,7 @@ def _counters(
     counter("ecc_sbe_aggregate", sbe, aggregate_reset)
     counter("ecc_dbe_volatile", np.zeros((n, g)), volatile_reset)
     counter("ecc_dbe_aggregate", np.zeros((n, g)), aggregate_reset)
-    counter("remapped_rows_correctable", _remaps(rs, fx), aggregate_reset)
+    counter("remapped_rows_correctable", remaps, aggregate_reset)
     counter("remapped_rows_uncorrectable", np.zeros((n, g)), aggregate_reset)
     counter(
         "pcie_replay", _poisson(rs("pcie_replay"), fx.pcie_per_min, dt_min) + fx.pcie_burst, volatile_reset
@@ -629,6 +631,7 @@ def _xids(
     rs: _Streams,
     app_xids: np.ndarray,
     v: dict[str, np.ndarray],
+    remaps: np.ndarray,
 ) -> np.ndarray:
     """Adds the Xid event counters to `v` and returns the last Xid each step shows (T, G)."""
     n, g = out.lost.shape
@@ -643,7 +646,7 @@ def _xids(
     xr = rs(_Key.XID)
     xid = app_xids.copy()
     xid = np.where(xr.random((n, g)) < fx.xid92_p, 92, xid)
-    xid = np.where(_remaps(rs, fx) > 0, 63, xid)
+    xid = np.where(remaps > 0, 63, xid)
     xid = np.where(alive, xid, 0)
     xid = np.where(out.lost_at > 0, out.lost_at, xid)
     for code in TRACKED_XIDS:
