@@ -4,7 +4,8 @@
     client  <-  proto only
 
 Each folder's modules may import only the layers listed for it below; the simulator is a data source
-like any fleet, so no production package imports it. Checked on the source (every `import` and
+like any fleet, so collector, model and service never import it (the demo, goodput and the command
+line, which runs the twin for `collect --source simulated`, may). Checked on the source (every `import` and
 `from ... import`, lazy ones inside functions included), not on what happens to be loaded.
 """
 
@@ -51,6 +52,12 @@ ENTRY_POINTS = {ROOT / "core" / "__main__.py": {"faultcast.cli"}}
 
 
 def _imported(path: Path) -> set[str]:
+    """The faultcast modules (and names in them) that `path` imports."""
+    return {n for n in _all_imports(path) if n == CORE or n.startswith(CORE + ".")}
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module `path` imports, and every `module.name` it imports from one."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -58,7 +65,7 @@ def _imported(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {n for n in names if n == CORE or n.startswith(CORE + ".")}
+    return names
 
 
 def _package_of(module: str) -> str:
@@ -123,13 +130,3 @@ def test_only_the_command_line_parses_arguments() -> None:
         if "argparse" in {name.split(".")[0] for name in _all_imports(path)}
     ]
     assert users == []
-
-
-def _all_imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
