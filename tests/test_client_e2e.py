@@ -36,6 +36,7 @@ from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.conftest import require_binary
+from tests.fixtures.guarded_job import STUCK_MARK
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
 JOB = Path(__file__).parent / "fixtures" / "guarded_job.py"
@@ -78,17 +79,22 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     """The same job run straight through, with no service and no Slurm."""
     import subprocess
 
-    # It takes seconds; a run stuck past the watchdog (once in CI, inside torchrun or gloo, before
-    # this watchdog existed) is shown as a warning with its stacks and run once more: the reference
-    # is the test's yardstick, not the behaviour under test.
+    # It takes seconds. A run stuck past its watchdog or the deadline (once in CI, inside torchrun or
+    # gloo, before the watchdog existed) is shown as a warning with its stacks and run once more: the
+    # reference is the test's yardstick, not the behaviour under test. Any other failure fails at once.
     for attempt in (1, 2):
         out = tmp_path_factory.mktemp("reference")
         command = _torchrun(out, out / "snapshots", "--watchdog-s", str(WAIT_S / 3))
-        run = subprocess.run(command, timeout=WAIT_S, capture_output=True, text=True)
-        if run.returncode == 0:
-            break
-        report = f"reference run {attempt} failed (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-8000:]}"
-        if attempt == 2:
+        try:
+            run = subprocess.run(command, timeout=WAIT_S, capture_output=True, text=True)
+        except subprocess.TimeoutExpired as expired:  # stuck before any rank's watchdog ran
+            stuck, code, output = True, "timeout", f"{expired.stdout!r}\n{expired.stderr!r}"
+        else:
+            if run.returncode == 0:
+                break
+            stuck, code, output = STUCK_MARK in run.stderr, str(run.returncode), run.stdout + run.stderr
+        report = f"reference run {attempt} failed (exit {code}):\n{output[-12000:]}"
+        if attempt == 2 or not stuck:
             raise AssertionError(report)
         warnings.warn(report, stacklevel=1)
     final: dict[str, torch.Tensor] = torch.load(out / "final.pt")
