@@ -11,6 +11,7 @@ of training instead of racing it.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -86,7 +87,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
         out = tmp_path_factory.mktemp("reference")
         command = _torchrun(out, out / "snapshots", "--watchdog-s", str(WAIT_S / 3))
         try:
-            run = subprocess.run(command, timeout=WAIT_S, capture_output=True, text=True)
+            # LOGLEVEL=INFO: torchrun's agent says how far it got (rendezvous, workers started), for
+            # a run stuck before any rank ran (seen once more in review: no rank output at all).
+            env = {**os.environ, "LOGLEVEL": "INFO"}
+            run = subprocess.run(command, timeout=WAIT_S, capture_output=True, text=True, env=env)
         except subprocess.TimeoutExpired as expired:  # stuck before any rank's watchdog ran
             stuck, code, output = True, "timeout", f"{expired.stdout!r}\n{expired.stderr!r}"
         else:
