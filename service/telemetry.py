@@ -222,7 +222,7 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
             node,
             exc,
             " (later failures of this kind are logged without the traceback)" if first else "",
-            exc_info=first,
+            exc_info=True if first else None,  # False would still set the record's exc_info
         )
 
     def _take(self, snapshot: NodeSnapshot) -> None:
