@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ class Failure(NamedTuple):
     node: int  # index into Dataset.nodes
     gpu: int  # -1 for a node-level failure
     mode: str
+    # Seconds its precursor ran before it: 0 when it had none (no model could see it coming), NaN
+    # when the log does not say (a real fleet's log, or one written before the column existed).
+    precursor_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class FailureLog:
     node: np.ndarray
     gpu: np.ndarray
     mode: np.ndarray  # object array of str
+    precursor_s: np.ndarray  # float, NaN where the log does not say
 
     @staticmethod
     def of(rows: Sequence[Failure]) -> FailureLog:
@@ -52,6 +57,7 @@ class FailureLog:
             np.array([r.node for r in ordered], dtype=np.int64),
             np.array([r.gpu for r in ordered], dtype=np.int64),
             np.array([r.mode for r in ordered], dtype=object),
+            np.array([r.precursor_s for r in ordered], dtype=np.float64),
         )
 
     def __len__(self) -> int:
@@ -60,11 +66,10 @@ class FailureLog:
     def rows(self, mask: np.ndarray | None = None) -> list[Failure]:
         """The failures (those where `mask` is true, when given), in time order."""
         keep = np.ones(len(self), dtype=bool) if mask is None else mask
+        columns = (self.time_s, self.node, self.gpu, self.mode, self.precursor_s)
         return [
-            Failure(float(t), int(n), int(g), str(m))
-            for t, n, g, m in zip(
-                self.time_s[keep], self.node[keep], self.gpu[keep], self.mode[keep], strict=True
-            )
+            Failure(float(t), int(n), int(g), str(m), float(p))
+            for t, n, g, m, p in zip(*(c[keep] for c in columns), strict=True)
         ]
 
     def between(self, after_s: float, until_s: float, nodes: Sequence[int] | None = None) -> list[Failure]:
@@ -107,12 +112,23 @@ def _read_failures(path: Path, nodes: Sequence[str]) -> FailureLog:
                 node = index[record["node"]]
                 moment = dt.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
                 gpu = int(record["gpu"]) if record.get("gpu") else -1
-                rows.append(Failure(moment.timestamp(), node, gpu, record["mode"]))
+                precursor = _precursor_s(record.get("precursor_s"))
+                rows.append(Failure(moment.timestamp(), node, gpu, record["mode"], precursor))
             except KeyError as exc:
                 raise DataError(f"{path}:{line}: unknown node or missing column {exc}") from exc
             except ValueError as exc:
                 raise DataError(f"{path}:{line}: {exc}") from exc
     return FailureLog.of(rows)
+
+
+def _precursor_s(text: str | None) -> float:
+    """A failure's `precursor_s`: NaN when the column is absent or empty (the log does not say)."""
+    if not text:
+        return math.nan
+    seconds = float(text)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"precursor_s {text!r} is not a non-negative number of seconds")
+    return seconds
 
 
 def unix_seconds(times: pd.Series) -> np.ndarray:

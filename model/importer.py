@@ -439,7 +439,7 @@ def _failures(
         if missing:
             raise DataError(
                 f"{path}: the failure log lacks columns {missing} (required: {', '.join(_REQUIRED_FAILURE_FIELDS)}; "
-                "optional: xid, uuid, description)"
+                "optional: xid, uuid, precursor_s, description)"
             )
         reader.fieldnames = header
         known = frozenset(nodes)
@@ -457,6 +457,7 @@ def _failures(
                 "uuid": uuid,
                 "mode": row["mode"],
                 "xid": "" if xid == "0" else xid,
+                "precursor_s": _precursor_text(where, row.get("precursor_s", "")),
                 "description": row.get("description", ""),
             }
             rows.append((when, node, gpu, normalised))
@@ -496,6 +497,22 @@ def _failure_fields(
         except ValueError as exc:
             raise DataError(f"{where}: xid {xid!r} is not a number") from exc
     return when, node, gpu, xid
+
+
+def _precursor_text(where: str, text: str) -> str:
+    """A user's `precursor_s` (seconds the failure's precursor ran; 0: none) as written: "" when the
+    log does not say; raises DataError, naming `where`, on anything but a non-negative number."""
+    if not text:
+        return ""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise DataError(
+            f"{where}: precursor_s {text!r} is not a non-negative number of seconds (empty: unknown)"
+        )
+    return str(int(seconds)) if seconds.is_integer() else repr(seconds)
 
 
 def _uuid_before(codes: np.ndarray, uuids: list[str], when: float, grid: tuple[float, float]) -> str:

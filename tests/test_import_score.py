@@ -443,8 +443,28 @@ def test_the_failure_log_is_validated_and_normalised(
         m: sum(r["mode"] == m for r in original) for m in {r["mode"] for r in original}
     }
     assert manifest["failures_outside_data"] == 0
+    assert {r["precursor_s"] for r in written} == {""}  # the user's log does not say: unknown
     dataset = open_dataset(out)
     assert len(dataset.failures) == len(original)
+    assert np.isnan(dataset.failures.precursor_s).all()
+
+
+def test_a_precursor_column_in_the_failure_log_is_carried_through(
+    tmp_path: Path, twin: Path, export_60s: Response
+) -> None:
+    original = list(csv.DictReader((twin / "failures.csv").open()))
+    given = ["1800", "0", "", "42.5", " 7 "]
+    log = tmp_path / "ops-log.csv"
+    with log.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["timestamp", "node", "gpu", "mode", "precursor_s"])
+        for i, row in enumerate(original):
+            writer.writerow([row["timestamp"], row["node"], row["gpu"], row["mode"], given[i % len(given)]])
+    out, _ = _import(tmp_path, export_60s, log)
+    expected = [given[i % len(given)].strip() for i in range(len(original))]
+    assert [r["precursor_s"] for r in csv.DictReader((out / "failures.csv").open())] == expected
+    read = open_dataset(out).failures.precursor_s.tolist()
+    assert [str(v) for v in read] == [str(float(v)) if v else "nan" for v in expected]
 
 
 def _with(result: list[dict[str, Any]], **changes: Any) -> Response:
@@ -512,6 +532,16 @@ def test_an_export_that_is_not_json_raises(tmp_path: Path, twin: Path) -> None:
             "xid 'Xid' is not a number",
         ),
         ("timestamp,node,gpu,mode", "2026-01-05T03:00:00Z,node-0000,0,", "mode is empty"),
+        (
+            "timestamp,node,gpu,mode,precursor_s",
+            "2026-01-05T03:00:00Z,node-0000,0,power,-5",
+            "precursor_s '-5' is not a non-negative number",
+        ),
+        (
+            "timestamp,node,gpu,mode,precursor_s",
+            "2026-01-05T03:00:00Z,node-0000,0,power,soon",
+            "precursor_s 'soon'",
+        ),
     ],
 )
 def test_malformed_failure_logs_raise_data_error(
