@@ -37,19 +37,42 @@ RULES: tuple[tuple[str, float, str], ...] = (
 )
 
 
-class RulesBaseline:
-    """The rules baseline (RULES): a row scores 1 when any rule's feature is above its threshold."""
+# Scaling a rule multiplies its threshold, and zero times anything is zero: a rule that fires on any
+# count (threshold 0, every one a rate per second) scales from one event an hour instead.
+ZERO_RULE_FLOOR = 1.0 / 3600.0
 
-    def __init__(self, feature_names: Sequence[str]) -> None:
+
+class RulesBaseline:
+    """The rules baseline (RULES): a row scores 1 when any rule's feature is above its threshold.
+
+    `scale` k > 1 makes every rule stricter: its threshold becomes max(threshold, ZERO_RULE_FLOOR) x k
+    (what matching the rules to another method's false-alarm rate searches over); 1 is the rules as
+    shipped, thresholds of 0 included."""
+
+    def __init__(self, feature_names: Sequence[str], scale: float = 1.0) -> None:
+        if not scale >= 1.0:
+            raise ValueError(f"the rules' scale must be at least 1 (as shipped), got {scale}")
         index = {name: i for i, name in enumerate(feature_names)}
         missing = [name for name, _, _ in RULES if name not in index]
         if missing:
             raise KeyError(f"features the rules need are not computed: {missing}")
         self.columns = np.array([index[name] for name, _, _ in RULES])
-        self.thresholds = np.array([threshold for _, threshold, _ in RULES])
+        shipped = np.array([threshold for _, threshold, _ in RULES])
+        self.bases = np.maximum(shipped, ZERO_RULE_FLOOR)  # the thresholds a scale multiplies
+        self.scale = scale
+        self.thresholds = shipped if scale == 1.0 else self.bases * scale  # what each rule fires above
 
     def score(self, features: np.ndarray) -> np.ndarray:
         """(rows,) 1.0 where a rule fired, else 0.0; a missing feature fires nothing."""
+        if self.scale != 1.0:  # by the margin, so that a scale and the margin never disagree
+            return np.asarray(self.margin(features) > self.scale, dtype=np.float64)
         values = features[:, self.columns]
         fired = np.nan_to_num(values, nan=-np.inf) > self.thresholds
         return np.asarray(fired.any(axis=1), dtype=np.float64)
+
+    def margin(self, features: np.ndarray) -> np.ndarray:
+        """(rows,) the largest scale at which some rule still fires (0 when none is above 0): a row
+        scores 1 under `RulesBaseline(names, scale=k)`, k > 1, exactly where its margin exceeds k, so
+        one column of margins stands for every scale."""
+        values = np.nan_to_num(features[:, self.columns], nan=-np.inf)
+        return np.asarray((values / self.bases).max(axis=1, initial=0.0), dtype=np.float64)
