@@ -17,7 +17,7 @@ from pathlib import Path
 
 from faultcast.catalogue import Scope
 from faultcast.cli.tls_args import add_client_arguments, client_tls_options
-from faultcast.cli.types import Subcommands, duration, scenario
+from faultcast.cli.types import Subcommands, add_world_flags, duration, scenario, world_from_args
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
@@ -108,6 +108,7 @@ def add_parser(commands: Subcommands) -> None:
     sim = p.add_argument_group("simulated source (one node of the fleet twin)")
     sim.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated node")
     sim.add_argument("--seed", type=int, default=0, help="the twin's seed")
+    add_world_flags(sim)
     sim.add_argument("--sim-node", type=int, default=0, help="which node of the twin to be")
     sim.add_argument(
         "--speed",
@@ -185,6 +186,7 @@ def _simulated(args: argparse.Namespace) -> SimulatedSource:
         sim_node=args.sim_node,
         acceleration=args.acceleration,
         scenarios=scenarios,
+        world=world_from_args(args),
     )
 
 

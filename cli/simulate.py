@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from faultcast.cli.types import Subcommands, duration, scenario
+from faultcast.cli.types import Subcommands, add_world_flags, duration, scenario, world_from_args
 from faultcast.sim.config import FleetConfig
 
 
@@ -32,6 +32,14 @@ def add_parser(commands: Subcommands) -> None:
     p.add_argument(
         "--no-confounders", action="store_true", help="healthy noise only, without look-alike events"
     )
+    add_world_flags(p)
+    p.add_argument(
+        "--family",
+        choices=["faultcast-twin", "independent"],
+        default="faultcast-twin",
+        help="which generator: the fleet twin (default), or the independent one written from the "
+        "literature alone (faultcast.sim.independent; it takes no world, scenario or h100 flags)",
+    )
     p.add_argument(
         "--scenario",
         action="append",
@@ -47,6 +55,8 @@ def add_parser(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the twin's files into --out and print a summary. Returns 0, or 2 for a configuration or
     scenario the twin refuses."""
+    if args.family == "independent":
+        return _independent(args)
     try:
         config = FleetConfig(
             nodes=args.nodes,
@@ -57,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             acceleration=args.acceleration,
             h100_fraction=args.h100_fraction,
             confounders=not args.no_confounders,
+            world=world_from_args(args),
         )
     except ValueError as exc:
         print(f"faultcast simulate: {exc}", file=sys.stderr)
@@ -72,6 +83,42 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.out}: {manifest['rows']['telemetry']:,} GPU rows, {manifest['rows']['network']:,} node rows, "
         f"{manifest['rows']['failures']} failures ({counts}) over {manifest['gpu_days']:g} GPU-days "
-        f"at acceleration {config.acceleration:g}, in {manifest['generation_seconds']:.1f} s"
+        f"at acceleration {config.acceleration:g}, world {config.world.id} ({config.world.family}"
+        f"{'' if config.world.seed is None else f', seed {config.world.seed}'}), "
+        f"{manifest['failures_with_precursor']} with a precursor, in {manifest['generation_seconds']:.1f} s"
+    )
+    return 0
+
+
+def _independent(args: argparse.Namespace) -> int:
+    """The independent generator: the same files, another author's physics."""
+    given = {
+        "--scenario": bool(args.scenario),
+        "--world-seed": args.world_seed is not None,
+        "--world-file": args.world_file is not None,
+        "--no-confounders": args.no_confounders,
+    }
+    ignored = [flag for flag, present in given.items() if present]
+    if ignored:
+        print(f"faultcast simulate: --family independent takes no {', '.join(ignored)}", file=sys.stderr)
+        return 2
+    from faultcast.sim.independent import IndependentConfig, generate
+
+    try:
+        config = IndependentConfig(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            days=args.days,
+            cadence_s=args.interval,
+            seed=args.seed,
+            acceleration=args.acceleration,
+        )
+        manifest = generate(args.out, config)
+    except ValueError as exc:
+        print(f"faultcast simulate: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {args.out} (independent family, world {manifest['world']['id']}): "
+        f"{manifest['rows']['failures']} failures, {manifest['failure_counts']}"
     )
     return 0

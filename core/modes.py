@@ -39,6 +39,11 @@ class FailureMode(StrEnum):
     INFINIBAND = "infiniband"
     DETACHMENT = "detachment"
     FIRMWARE = "firmware"
+    GPU_SRAM = "gpu_sram"
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"
+    HOST = "host"
+    SOFTWARE = "software"
+    NCCL_TIMEOUT = "nccl_timeout"
 
     @property
     def level(self) -> Level:
@@ -47,7 +52,9 @@ class FailureMode(StrEnum):
 
     @property
     def has_precursor(self) -> bool:
-        """Telemetry shows it coming (a model can catch it); False: sudden, no model can."""
+        """Telemetry can show it coming (some failures of the mode carry a precursor a model could
+        catch; whether one did is drawn per failure and recorded in the failure log's `precursor_s`).
+        False: always sudden, no model can."""
         return _FACTS[self].has_precursor
 
     @property
@@ -99,9 +106,34 @@ _FACTS: dict[FailureMode, _Facts] = {
         Level.GPU, False, "FAILURE_MODE_FIRMWARE",
         "Sudden GSP/firmware fault (Xid 119/120) with no precursor: no model can catch it",
     ),
+    FailureMode.GPU_SRAM: _Facts(
+        Level.GPU, True, "FAILURE_MODE_GPU_SRAM",
+        "GPU SRAM (L2 cache, register file) uncorrectable error (Xid 94/95); now and then preceded by "
+        "correctable errors, mostly sudden",
+    ),
+    FailureMode.SILENT_DATA_CORRUPTION: _Facts(
+        Level.GPU, False, "FAILURE_MODE_SILENT_DATA_CORRUPTION",
+        "Silent data corruption: the GPU computes wrong results (loss spikes, NaN) with no telemetry "
+        "precursor; found after the fact and the GPU pulled",
+    ),
+    FailureMode.HOST: _Facts(
+        Level.NODE, True, "FAILURE_MODE_HOST",
+        "Host hardware or maintenance (CPU, system memory, SSD, power supply, chassis, IO board): the "
+        "node goes down, seldom with a GPU-visible precursor",
+    ),
+    FailureMode.SOFTWARE: _Facts(
+        Level.NODE, False, "FAILURE_MODE_SOFTWARE",
+        "A software bug ends the job (often with an application Xid 13/31/43); the hardware is fine "
+        "and no hardware telemetry can foresee it",
+    ),
+    FailureMode.NCCL_TIMEOUT: _Facts(
+        Level.NODE, True, "FAILURE_MODE_NCCL_TIMEOUT",
+        "NCCL watchdog timeout with no hardware cause found; sometimes preceded by network latency "
+        "or retransmits, mostly sudden",
+    ),
 }  # fmt: skip  # one mode per block: level, precursor, proto name, then its description
 
 NODE_LEVEL_MODES = frozenset(m for m in FailureMode if m.level is Level.NODE)
 """The modes whose `level` is NODE."""
 MODES_WITH_PRECURSOR = frozenset(m for m in FailureMode if m.has_precursor)
-"""The modes a model can catch: those whose `has_precursor` is True."""
+"""The modes a model can sometimes catch: those whose `has_precursor` is True."""

@@ -33,8 +33,11 @@ NETWORK_SCHEMA = pa.schema(
     + [(name, pa.float64() if name in NETWORK_WIDE else pa.float32()) for name in NETWORK_COLUMNS]
 )
 """network.parquet: one row per node per step, the node's devices rolled up (faultcast.rollup)."""
-FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "description")
-"""failures.csv's header, in order; `mode` is a FailureMode value, `gpu` and `uuid` empty for a node-level failure."""
+FAILURE_FIELDS = ("timestamp", "node", "gpu", "uuid", "mode", "xid", "precursor_s", "description")
+"""failures.csv's header, in order; `mode` is a FailureMode value, `gpu` and `uuid` empty for a node-level
+failure. `precursor_s` is how long the failure's precursor ran before it, in seconds (0: it had none, so no
+model could see it coming); empty where the log does not know (a real fleet's log), and logs written before
+December 2026 lack the column."""
 
 # Keys of a data manifest's "config" renamed since data was first written: old name -> current name.
 _RENAMED_CONFIG_KEYS = {"interval_s": "cadence_s"}  # December 2026: the cadence got one name

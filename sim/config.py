@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from faultcast.sim.world import World
+
 # 2026-01-05 00:00 UTC, a Monday: the default start of simulated time.
 DEFAULT_START_UNIX_S = 1_767_571_200
 
@@ -24,12 +26,15 @@ class Generation:
     nvlinks: int
     slowdown_temp_c: float  # SW thermal slowdown starts
     shutdown_temp_c: float  # HW thermal slowdown / shutdown region
-    thermal_c_per_w: float  # temperature rise over inlet per watt
+    # Temperature rise over the inlet per watt, at steady state (sim/thermal.py splits it in two stages):
+    # about 0.1 C/W for an air-cooled A100 and 0.04-0.07 for an H100 (loaded temperatures in Latif et
+    # al. 2025 and NVIDIA's datasheets; docs/failure-modes.md).
+    thermal_c_per_w: float
 
 
-A100 = Generation("NVIDIA A100-SXM4-80GB", 400.0, 55.0, 1410.0, 1593.0, 81_920.0, 4, 12, 85.0, 92.0, 0.085)
+A100 = Generation("NVIDIA A100-SXM4-80GB", 400.0, 55.0, 1410.0, 1593.0, 81_920.0, 4, 12, 85.0, 92.0, 0.10)
 """The A100 SXM4 80 GB."""
-H100 = Generation("NVIDIA H100 80GB HBM3", 700.0, 70.0, 1980.0, 2619.0, 81_559.0, 5, 18, 87.0, 92.0, 0.052)
+H100 = Generation("NVIDIA H100 80GB HBM3", 700.0, 70.0, 1980.0, 2619.0, 81_559.0, 5, 18, 87.0, 92.0, 0.06)
 """The H100 SXM 80 GB; a node is one with probability FleetConfig.h100_fraction, else an A100."""
 
 
@@ -53,10 +58,13 @@ class FleetConfig:
     peers: int = 2
     chunk_steps: int = 1440  # generation unit; a day at 60 s
     failures: bool = True
-    confounders: bool = True
+    confounders: bool = True  # look-alikes on healthy hardware (the world says how often)
     notes: tuple[str, ...] = field(default=())
+    world: World = field(default_factory=World)  # the median world unless drawn or read from a file
 
     def __post_init__(self) -> None:
+        if isinstance(self.world, dict):  # FleetConfig(**config.to_json()) rebuilds the world too
+            object.__setattr__(self, "world", World.from_json(self.world))
         problems = []
         if self.nodes < 1 or self.gpus_per_node < 1:
             problems.append("nodes and gpus_per_node must be at least 1")
@@ -68,6 +76,10 @@ class FleetConfig:
             problems.append(f"acceleration must be >= 0, got {self.acceleration}")
         if not 0.0 <= self.h100_fraction <= 1.0:
             problems.append(f"h100_fraction must be within [0, 1], got {self.h100_fraction}")
+        try:
+            self.world.check()
+        except ValueError as e:
+            problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 import enum
 import math
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from faultcast.catalogue import TRACKED_XIDS, Kind, Scope, index_of, metrics_for
 from faultcast.rollup import is_wide
 from faultcast.sim.config import FleetConfig
-from faultcast.sim.fleet import NodeTraits, ambient_c
-from faultcast.sim.schedule import NodeSchedule, ScheduledFailure, in_windows
+from faultcast.sim.episodes import episodes, spilled
+from faultcast.sim.fleet import NodeTraits
+from faultcast.sim.lookalikes import apply_lookalikes
+from faultcast.sim.precursors import Effects, apply_precursor
+from faultcast.sim.schedule import NodeSchedule, in_windows
 from faultcast.sim.streams import Stream, rng
+from faultcast.sim.thermal import daily_cycle_c, stage_rises, weather_c
 
 NAN = math.nan
 GPU_INDEX = index_of(Scope.GPU)
@@ -46,7 +49,6 @@ def narrow_gauges(values: np.ndarray, wide: np.ndarray) -> np.ndarray:
     return values
 
 
-_APP_XIDS = np.array([13, 31, 43])  # application errors: common, harmless to the hardware
 _NVLINK_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
 
 # How long the collector reports a GPU that fell off the bus before the node is drained.
@@ -94,6 +96,10 @@ class NodeState:
     iface: dict[str, np.ndarray]
     peers_probes: np.ndarray
     host: dict[str, np.ndarray]
+    # The thermal stages' rise at the end of the chunk (sim/thermal.py): die over cold plate, cold
+    # plate over inlet, per GPU; they carry the GPU's heat into the next chunk.
+    die_rise: np.ndarray
+    sink_rise: np.ndarray
     chunks_done: int = 0
 
     @staticmethod
@@ -114,6 +120,9 @@ class NodeState:
             iface={m.name: np.zeros(1) for m in IF_METRICS},
             peers_probes=np.zeros(config.peers),
             host={m.name: np.zeros(1) for m in HOST_METRICS},
+            # At work when the clock starts (the fleet is busy then): near its load's steady state.
+            die_rise=0.4 * traits.generation.thermal_c_per_w * 0.8 * traits.generation.tdp_w * np.ones(g),
+            sink_rise=0.6 * traits.generation.thermal_c_per_w * 0.8 * traits.generation.tdp_w * np.ones(g),
         )
 
 
@@ -177,41 +186,6 @@ def _poisson(r: np.random.Generator, rate_per_min: np.ndarray, dt_min: float) ->
     return counts.astype(np.float64)
 
 
-def _per_step(rate_per_min: np.ndarray | float, dt_min: float) -> np.ndarray:
-    """Probability that an event of this rate happens within one step."""
-    return -np.expm1(-np.asarray(rate_per_min, dtype=np.float64) * dt_min)
-
-
-def _episodes(
-    r: np.random.Generator, shape: tuple[int, ...], p_start: float, steps: tuple[int, int], extend: int = 0
-) -> np.ndarray:
-    """Boolean episodes: start with probability p_start per step, last a uniform number of steps.
-    With `extend`, the result is that many steps longer, to see episodes running past the end."""
-    starts = r.random(shape) < p_start
-    lengths = r.integers(steps[0], steps[1] + 1, shape)
-    out = np.zeros((shape[0] + extend, *shape[1:]), dtype=bool)
-    for index in zip(*np.nonzero(starts), strict=True):
-        i = index[0]
-        out[(slice(i, i + int(lengths[index])), *index[1:])] = True
-    return out
-
-
-def _spilled(
-    stream: Callable[[int], np.random.Generator],
-    chunk: int,
-    shape: tuple[int, ...],
-    draw: Callable[..., np.ndarray],
-) -> np.ndarray:
-    """`draw(generator, shape, extend)` for this chunk, combined with the previous chunk's episodes
-    that run past its end: an episode that starts near a chunk's end goes on into the next."""
-    current = draw(stream(chunk), shape, 0)
-    if chunk == 0:
-        return current
-    tail = draw(stream(chunk - 1), shape, shape[0])[shape[0] :]
-    combined: np.ndarray = current | tail if current.dtype == bool else np.minimum(current, tail)
-    return combined
-
-
 _PHASES = ((25 * 60, (60, 180), 0.45), (4 * 3600, (300, 720), 0.65), (90 * 60, (120, 300), 0.06))
 
 
@@ -225,12 +199,44 @@ def _phases(config: FleetConfig, node: int, chunk: int, t: np.ndarray, busy: np.
         # (mean period, duration range in seconds, utilization during the phase)
         for period, (lo, hi), level in _PHASES:
             steps = (max(1, round(lo / cadence_s)), max(1, round(hi / cadence_s)))
-            on = _episodes(r, shape, cadence_s / period, steps, extend)
+            on = episodes(r, shape, cadence_s / period, steps, extend)
             target = np.where(on, np.minimum(target, level), target)
         return target
 
-    target = _spilled(lambda c: rng(config.seed, Stream.PHASES, pod, c), chunk, t.shape, draw)
+    target = spilled(lambda c: rng(config.seed, Stream.PHASES, pod, c), chunk, t.shape, draw)
     return np.where(busy, target, 0.0)
+
+
+def _job_hash(start_s: float, salt: int) -> float:
+    """A job's own uniform number in [0, 1) (from its start time), the same on every node of its pod."""
+    return (((int(start_s * 1000) + salt * 7919) * 2654435761) % 1_000_003) / 1_000_003.0
+
+
+def _job_kinds(
+    config: FleetConfig, jobs: tuple[tuple[float, float], ...], t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: whether the running job is bursty (power swings idle<->full every few minutes: RL,
+    inference, evaluation-heavy work) and how hard it pushes (above 1: it asks for more than the
+    power limit and sits at the power cap)."""
+    bursty, intensity = np.zeros(t.shape, dtype=bool), np.full(t.shape, 0.9)
+    w = config.world
+    for start, end in jobs:
+        if end > t[0] and start <= t[-1]:
+            running = (t >= start) & (t < end)
+            bursty |= running & (_job_hash(start, 1) < w.bursty_job_share)
+            heavy = _job_hash(start, 2) < w.heavy_job_share
+            level = 1.05 + 0.2 * _job_hash(start, 3) if heavy else 0.7 + 0.25 * _job_hash(start, 3)
+            intensity = np.where(running, level, intensity)
+    return bursty, intensity
+
+
+def _bursts(config: FleetConfig, pod: int, chunk: int, n: int) -> np.ndarray:
+    """A bursty job's utilization per step: levels held for about three minutes, shared by the pod."""
+    r = rng(config.seed, Stream.PHASES, pod, chunk, 7)
+    hold = max(1.0, 180.0 / config.cadence_s)
+    segment = np.cumsum(r.random(n) < 1.0 / hold) % n
+    levels: np.ndarray = np.array([0.08, 0.35, 0.7, 0.97])[r.integers(0, 4, n)][segment]
+    return levels
 
 
 def _job_memory_fraction(jobs: tuple[tuple[float, float], ...], t: np.ndarray) -> np.ndarray:
@@ -241,142 +247,6 @@ def _job_memory_fraction(jobs: tuple[tuple[float, float], ...], t: np.ndarray) -
             footprint = 0.70 + 0.22 * ((int(start * 1000) * 2654435761) % 1000) / 1000.0
             frac = np.where((t >= start) & (t < end), footprint, frac)
     return frac
-
-
-@dataclass
-class _Effects:
-    """What failure precursors and confounders do to a node, before the counters integrate it."""
-
-    t: np.ndarray
-    g: int
-    p: int  # IB ports
-    temp_add: np.ndarray = field(init=False)
-    clock: np.ndarray = field(init=False)
-    power: np.ndarray = field(init=False)
-    power_noise: np.ndarray = field(init=False)
-    sbe_per_min: np.ndarray = field(init=False)
-    remap_p: np.ndarray = field(init=False)
-    pending: np.ndarray = field(init=False)
-    brake: np.ndarray = field(init=False)
-    cap: np.ndarray = field(init=False)
-    nvlink_per_min: np.ndarray = field(init=False)  # (4, T, G) on the worst link
-    nvlink_burst: np.ndarray = field(init=False)
-    pcie_per_min: np.ndarray = field(init=False)
-    pcie_burst: np.ndarray = field(init=False)
-    width_down: np.ndarray = field(init=False)
-    gen_down: np.ndarray = field(init=False)
-    nvml_slow: np.ndarray = field(init=False)
-    nvml_fail_per_min: np.ndarray = field(init=False)
-    missing: np.ndarray = field(init=False)
-    xid92_p: np.ndarray = field(init=False)
-    ib_symbol_per_min: np.ndarray = field(init=False)  # (T, P)
-    ib_recovery_per_min: np.ndarray = field(init=False)
-    ib_burst: np.ndarray = field(init=False)
-    ib_ack_timeout_per_min: np.ndarray = field(init=False)
-    rtt: np.ndarray = field(init=False)  # (T,) multiplier of p50
-    rtt_tail: np.ndarray = field(init=False)  # (T,) multiplier of p99
-    loss: np.ndarray = field(init=False)
-    retrans_per_min: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        n, g, p = len(self.t), self.g, self.p
-        zeros, ones = np.zeros((n, g)), np.ones((n, g))
-        self.temp_add, self.clock, self.power, self.power_noise = (
-            zeros.copy(),
-            ones.copy(),
-            ones.copy(),
-            zeros.copy(),
-        )
-        self.sbe_per_min, self.remap_p, self.xid92_p = zeros.copy(), zeros.copy(), zeros.copy()
-        self.pending, self.brake, self.cap = (np.zeros((n, g), dtype=bool) for _ in range(3))
-        self.nvlink_per_min, self.nvlink_burst = np.zeros((4, n, g)), zeros.copy()
-        self.pcie_per_min, self.pcie_burst = zeros.copy(), zeros.copy()
-        self.width_down, self.gen_down = np.zeros((n, g), dtype=bool), np.zeros((n, g), dtype=bool)
-        self.nvml_slow, self.nvml_fail_per_min, self.missing = ones.copy(), zeros.copy(), zeros.copy()
-        self.ib_symbol_per_min, self.ib_recovery_per_min = np.zeros((n, p)), np.zeros((n, p))
-        self.ib_burst, self.ib_ack_timeout_per_min = np.zeros((n, p)), np.zeros((n, p))
-        self.rtt, self.rtt_tail, self.loss = np.ones(n), np.ones(n), np.zeros(n)
-        self.retrans_per_min = np.zeros(n)
-
-
-def _precursor(fx: _Effects, f: ScheduledFailure, r: np.random.Generator, dt_min: float) -> None:
-    """Add one failure's precursor to the effects; p runs from 0 to 1 over the precursor window."""
-    t = fx.t
-    window = (t >= f.precursor_start_s) & (t < f.fail_s)
-    if f.lead_s <= 0 or not window.any():
-        return
-    p = np.where(window, np.clip((t - f.precursor_start_s) / f.lead_s, 0.0, 1.0), 0.0)
-    s = f.strength
-    g = f.gpu
-    if f.mode == "hbm_wear":
-        assert g is not None
-        fx.sbe_per_min[:, g] += window * (0.3 + s * 25.0 * np.expm1(4.0 * p) / math.expm1(4.0))
-        fx.remap_p[:, g] += window * _per_step(s * (0.02 + 0.6 * p**2), dt_min)
-        fx.pending[:, g] |= window & (p > 0.25 + 0.5 * f.draws[1])
-        fx.xid92_p[:, g] += window * (fx.sbe_per_min[:, g] > 8.0) * _per_step(0.1, dt_min)
-    elif f.mode == "cooling":
-        assert g is not None
-        fx.temp_add[:, g] += s * 26.0 * p**1.5
-    elif f.mode == "power":
-        assert g is not None
-        fx.brake[:, g] |= window & (r.random(len(t)) < _per_step(s * (0.01 + 0.5 * p**2), dt_min))
-        fx.power_noise[:, g] += 4.0 * s * p
-    elif f.mode == "nvlink":
-        assert g is not None
-        flit = s * (0.3 * p + 40.0 * p**2)
-        for k, scale in enumerate((1.0, 0.35, 0.6, 0.0)):
-            fx.nvlink_per_min[k, :, g] += flit * scale
-        fx.nvlink_per_min[3, :, g] += s * 0.4 * p**3
-    elif f.mode == "pcie":
-        assert g is not None
-        fx.pcie_per_min[:, g] += s * (0.2 * p + 25.0 * p**2)
-        if f.draws[2] < 0.7:
-            fx.width_down[:, g] |= window & (p > 0.45 + 0.45 * f.draws[3])
-        if f.draws[4] < 0.35:
-            fx.gen_down[:, g] |= window & (p > 0.5 + 0.45 * f.draws[5])
-    elif f.mode == "detachment":
-        assert g is not None
-        fx.nvml_slow[:, g] *= 1.0 + 40.0 * s * p**3
-        fx.nvml_fail_per_min[:, g] += 3.0 * s * p**2
-        fx.missing[:, g] += np.minimum(0.6, 0.5 * s * p**2)
-    elif f.mode == "infiniband":
-        port = min(int(f.draws[0] * fx.p), fx.p - 1)
-        fx.ib_symbol_per_min[:, port] += s * (2.0 * p + 150.0 * p**2)
-        fx.ib_recovery_per_min[:, port] += s * 0.4 * p**3
-        fx.ib_ack_timeout_per_min[:, port] += s * 5.0 * p**2
-        fx.rtt *= 1.0 + 3.0 * s * p**2
-        fx.rtt_tail *= (1.0 + 15.0 * s * p**2) / (1.0 + 3.0 * s * p**2)  # p99 grows 16x in all, p50 4x
-        fx.loss += np.minimum(0.5, 0.08 * s * p**3)
-        fx.retrans_per_min += s * 50.0 * p**2
-
-
-def _confounders(
-    fx: _Effects, traits: NodeTraits, rs: _Streams, cadence_s: float, busy: np.ndarray
-) -> np.ndarray:
-    """Healthy events that look like trouble and are followed by nothing. Returns app-Xid codes (T, G)."""
-    n, g = fx.clock.shape
-    day = 86_400.0
-    r = rs(_Key.CONFOUNDERS)
-    fx.sbe_per_min += traits.steady_sbe_per_min
-    # Transient power-cap throttling, 2-10 minutes, about once a day per GPU while busy.
-    cap_steps = (max(1, round(120 / cadence_s)), max(1, round(600 / cadence_s)))
-
-    def cap(gen: np.random.Generator, shape: tuple[int, ...], extend: int) -> np.ndarray:
-        return _episodes(gen, shape, cadence_s / day, cap_steps, extend)
-
-    streams = _Streams(rs.seed, rs.node, 0)
-    fx.cap |= (
-        _spilled(lambda c: _Streams(streams.seed, streams.node, c)("cap"), rs.chunk, (n, g), cap)
-        & busy[:, None]
-    )
-    # Short NVLink and PCIe error bursts after which nothing happens.
-    fx.nvlink_burst += (r.random((n, g)) < cadence_s / (3 * day)) * r.integers(5, 50, (n, g))
-    fx.pcie_burst += (r.random((n, g)) < cadence_s / (10 * day)) * r.integers(1, 20, (n, g))
-    # InfiniBand symbol-error bursts after a cable reseat, about every five days per node.
-    fx.ib_burst += (r.random((n, fx.p)) < cadence_s / (5 * day * fx.p)) * r.integers(20, 500, (n, fx.p))
-    # Application Xids (13, 31, 43) from buggy jobs, about weekly per GPU.
-    app = (r.random((n, g)) < cadence_s / (7 * day)) & busy[:, None]
-    return np.where(app, r.choice(_APP_XIDS, (n, g)), 0)
 
 
 def generate_chunk(
@@ -399,16 +269,19 @@ def generate_chunk(
     noise = rs(_Key.NOISE)
     out = _outages(config, schedule, t)
     load = _workload(config, traits, schedule, chunk, t, noise)
-    fx = _Effects(t, config.gpus_per_node, config.ib_ports)
-    for failure in schedule.failures:
+    fx = Effects(t, config.gpus_per_node, config.ib_ports)
+    for failure in (*schedule.failures, *schedule.aborted):
         if failure.lead_s > 0 and failure.precursor_start_s <= t[-1] and failure.fail_s > t[0]:
             # Keyed by the failure itself: adding another failure cannot change this one's draws.
-            key = f"event:{failure.gpu}:{round(failure.fail_s * 1000)}"
-            _precursor(fx, failure, rs(key), config.cadence_s / 60.0)
+            kind = "aborted" if failure.aborted else "event"
+            key = f"{kind}:{failure.gpu}:{round(failure.fail_s * 1000)}"
+            apply_precursor(fx, failure, rs(key), config.cadence_s)
     app_xids = np.zeros(out.lost.shape, dtype=np.int64)
     if config.confounders:
-        app_xids = _confounders(fx, traits, rs, config.cadence_s, load.busy)
-    heat = _thermals(traits, load, fx, noise)
+        app_xids = apply_lookalikes(
+            fx, config, traits, lambda c: _Streams(config.seed, traits.index, c), chunk, load.busy
+        )
+    heat = _thermals(config, traits, state, load, fx, noise)
     remaps = _remaps(rs, fx)  # one draw: the remap counter and Xid 63 show the same remaps
     v = _counters(config, traits, state, out, fx, rs, heat.power, remaps)
     v["xid_last"] = _xids(state, out, fx, rs, app_xids, v, remaps)
@@ -418,6 +291,7 @@ def generate_chunk(
         config, traits, state, fx, rs, load.busy, out.node_return, out.node_dark
     )
     node_present, gpu_present = _rows_present(config, rs, fx, out)
+    _freeze(fx.frozen, gpu_values, ib_values, iface_values, peer_values, host_values)
     state.chunks_done += 1
     cut = slice(0, rows)
     return NodeChunk(
@@ -496,9 +370,8 @@ class _Workload:
 
     busy: np.ndarray  # (T,)
     util: np.ndarray  # percent
-    power: np.ndarray  # W, before jitter
+    power: np.ndarray  # W asked for, before jitter (may exceed the limit: the cap then holds it)
     power_jitter: np.ndarray  # W
-    inlet: np.ndarray  # (T,) degrees C
 
 
 def _workload(
@@ -512,57 +385,92 @@ def _workload(
     n, g, gen = len(t), config.gpus_per_node, traits.generation
     busy = in_windows(t, schedule.jobs)
     target = _phases(config, traits.index, chunk, t, busy)
+    bursty, intensity = _job_kinds(config, schedule.jobs, t)
+    if bursty.any():
+        swings = _bursts(config, traits.index // config.nodes_per_job_pod, chunk, n)
+        target = np.where(bursty & busy, np.minimum(target, swings), target)
     util = np.clip(target[:, None] * 100.0 + noise.normal(0.0, 2.0, (n, g)) * busy[:, None], 0.0, 100.0)
-    power = gen.idle_w + (gen.tdp_w - gen.idle_w) * 0.9 * util / 100.0 + traits.power_offset_w
+    power = gen.idle_w + (gen.tdp_w - gen.idle_w) * intensity[:, None] * util / 100.0 + traits.power_offset_w
     power_jitter = noise.normal(0.0, 0.012 * gen.tdp_w, (n, g))
-    inlet = traits.rack_inlet_c + ambient_c(config.start_unix_s + t)
-    return _Workload(busy, util, power, power_jitter, inlet)
+    return _Workload(busy, util, power, power_jitter)
 
 
 @dataclass(frozen=True)
 class _Heat:
-    """Temperature and what it, power caps and brakes do to power and clocks (T, G)."""
+    """Temperatures and what they, power caps and brakes do to power and clocks (T, G)."""
 
     temp: np.ndarray
+    memory_temp: np.ndarray
     power: np.ndarray
     sm_clock: np.ndarray
+    cap: np.ndarray
     sw_thermal: np.ndarray
     hw_thermal: np.ndarray
     hw_slowdown: np.ndarray
     reasons: np.ndarray  # NVML's clock-event reason bits
 
 
-def _thermals(traits: NodeTraits, load: _Workload, fx: _Effects, noise: np.random.Generator) -> _Heat:
-    gen, busy = traits.generation, load.busy
-    power = load.power + load.power_jitter * (1.0 + fx.power_noise)
-    temp = (
-        load.inlet[:, None]
-        + gen.thermal_c_per_w * power
-        + traits.temp_offset_c
-        + noise.normal(0.0, 0.4, power.shape)
+def _inlet(config: FleetConfig, traits: NodeTraits, t: np.ndarray, fx: Effects) -> np.ndarray:
+    """The node's inlet air per step: the rack's mean, the day, the weather, cooling trouble."""
+    w = config.world
+    unix = config.start_unix_s + t
+    first_day = int(unix[0] // 86_400) - 1
+    days = range(first_day, int(unix[-1] // 86_400) + 2)
+    # Keyed by the day (shifted: days before 1970 exist in tests), so every node sees the same weather.
+    offsets = np.array([rng(config.seed, Stream.WEATHER, d + 10**6).normal(0.0, w.weather_c) for d in days])
+    inlet: np.ndarray = (
+        traits.rack_inlet_c
+        + daily_cycle_c(unix, w.inlet_daily_c)
+        + weather_c(unix, offsets, first_day)
+        + fx.inlet_add
     )
-    temp += fx.temp_add
+    return inlet
+
+
+def _thermals(
+    config: FleetConfig,
+    traits: NodeTraits,
+    state: NodeState,
+    load: _Workload,
+    fx: Effects,
+    noise: np.random.Generator,
+) -> _Heat:
+    gen, busy, w = traits.generation, load.busy, config.world
+    asked = load.power + load.power_jitter * (1.0 + fx.power_noise)
+    # The power limit holds a job that asks for more (SW power cap, clocks trimmed to fit).
+    cap = fx.cap | (asked > gen.tdp_w)
+    power = np.minimum(asked, np.where(cap, np.minimum(gen.tdp_w, 0.97 * asked + 0.03 * gen.tdp_w), asked))
+    power = np.where(fx.brake, power * 0.6, power)
+    c_per_w = gen.thermal_c_per_w * w.thermal_resistance_scale * np.ones(power.shape[1])
+    spread = 1.0 + 0.15 * np.tanh((traits.temp_offset_c - 4.0) / 3.0)  # the hot slots are slow to cool
+    die, sink = stage_rises(
+        np.clip(power, 0.0, None), c_per_w, w.tau_die_s * spread, w.tau_sink_s * spread,
+        (state.die_rise, state.sink_rise), config.cadence_s,
+    )  # fmt: skip
+    state.die_rise, state.sink_rise = die[-1].copy(), sink[-1].copy()
+    inlet = _inlet(config, traits, fx.t, fx)[:, None]
+    temp = inlet + traits.temp_offset_c + sink + die + fx.temp_add + noise.normal(0.0, 0.4, power.shape)
+    memory_temp = inlet + traits.temp_offset_c + 1.1 * sink + 5.5 + 0.15 * fx.temp_add
     sw_thermal = temp > gen.slowdown_temp_c
     hw_thermal = temp > gen.shutdown_temp_c
-    clock = fx.clock * np.clip(1.0 - 0.03 * np.clip(temp - gen.slowdown_temp_c, 0.0, None), 0.3, 1.0)
-    clock = np.where(fx.cap, clock * 0.93, clock)
-    clock = np.where(fx.brake, clock * 0.55, clock)
-    power = np.where(fx.cap, np.minimum(power, 0.92 * gen.tdp_w), power)
-    power = np.where(fx.brake, power * 0.6, power)
-    power = np.where(sw_thermal, power * (1.0 - 0.02 * np.clip(temp - gen.slowdown_temp_c, 0.0, 20.0)), power)
-    power = np.clip(power, 0.8 * gen.idle_w, 1.05 * gen.tdp_w)
+    over = np.clip(temp - gen.slowdown_temp_c, 0.0, 20.0)
+    clock = fx.clock * np.clip(1.0 - 0.03 * over, 0.3, 1.0)
+    clock = np.where(cap, clock * np.clip(gen.tdp_w / np.maximum(asked, 1.0), 0.85, 1.0) ** 0.5, clock)
+    clock = np.where(fx.brake, clock * 0.5, clock)
+    power = np.where(sw_thermal, power * (1.0 - 0.02 * over), power)
+    power = np.clip(power, 0.8 * gen.idle_w, 1.02 * gen.tdp_w)
     idle_clock = round(gen.sm_boost_mhz * 0.17 / 15.0) * 15.0
     sm_clock = np.where(busy[:, None], np.round(gen.sm_boost_mhz * clock / 15.0) * 15.0, idle_clock)
     hw_slowdown = hw_thermal | fx.brake
     reasons = (
         (~busy)[:, None] * 0x1
-        + fx.cap * 0x4
+        + cap * 0x4
         + hw_slowdown * 0x8
         + sw_thermal * 0x20
         + hw_thermal * 0x40
         + fx.brake * 0x80
     )
-    return _Heat(temp, power, sm_clock, sw_thermal, hw_thermal, hw_slowdown, reasons)
+    return _Heat(temp, memory_temp, power, sm_clock, cap, sw_thermal, hw_thermal, hw_slowdown, reasons)
 
 
 def _counters(
@@ -570,7 +478,7 @@ def _counters(
     traits: NodeTraits,
     state: NodeState,
     out: _Outages,
-    fx: _Effects,
+    fx: Effects,
     rs: _Streams,
     power: np.ndarray,
     remaps: np.ndarray,
@@ -619,7 +527,7 @@ def _counters(
     return v
 
 
-def _remaps(rs: _Streams, fx: _Effects) -> np.ndarray:
+def _remaps(rs: _Streams, fx: Effects) -> np.ndarray:
     """Correctable row remaps per step (0 or 1): its own stream, read by the counters and the Xids."""
     return (rs(_Key.REMAP).random(fx.remap_p.shape) < fx.remap_p).astype(np.float64)
 
@@ -627,7 +535,7 @@ def _remaps(rs: _Streams, fx: _Effects) -> np.ndarray:
 def _xids(
     state: NodeState,
     out: _Outages,
-    fx: _Effects,
+    fx: Effects,
     rs: _Streams,
     app_xids: np.ndarray,
     v: dict[str, np.ndarray],
@@ -670,7 +578,7 @@ def _gauges(
     t: np.ndarray,
     load: _Workload,
     heat: _Heat,
-    fx: _Effects,
+    fx: Effects,
     noise: np.random.Generator,
 ) -> dict[str, np.ndarray]:
     """The GPU gauges, by name (draws from `noise` in a fixed order: the dict's)."""
@@ -684,7 +592,7 @@ def _gauges(
     nvml_s = _NVML_CALL_S * np.exp(noise.normal(0.0, 0.12, (n, g))) * fx.nvml_slow
     return {
         "gpu_temp": np.round(temp),
-        "memory_temp": np.round(temp + 5.5 + 0.15 * fx.temp_add + noise.normal(0.0, 0.4, (n, g))),
+        "memory_temp": np.round(heat.memory_temp + noise.normal(0.0, 0.4, (n, g))),
         "power_usage": np.round(heat.power, 3),
         "power_limit": np.full((n, g), gen.tdp_w),
         "sm_clock": heat.sm_clock,
@@ -695,7 +603,7 @@ def _gauges(
         "fb_free": gen.fb_total_mib - fb_used,
         "pstate": np.zeros((n, g)),
         "clock_event_reasons": heat.reasons.astype(np.float64),
-        "throttle_sw_power_cap": fx.cap.astype(np.float64),
+        "throttle_sw_power_cap": heat.cap.astype(np.float64),
         "throttle_hw_slowdown": heat.hw_slowdown.astype(np.float64),
         "throttle_sw_thermal": heat.sw_thermal.astype(np.float64),
         "throttle_hw_thermal": heat.hw_thermal.astype(np.float64),
@@ -734,23 +642,35 @@ def _gpu_values(v: dict[str, np.ndarray], lost: np.ndarray) -> np.ndarray:
 
 
 def _rows_present(
-    config: FleetConfig, rs: _Streams, fx: _Effects, out: _Outages
+    config: FleetConfig, rs: _Streams, fx: Effects, out: _Outages
 ) -> tuple[np.ndarray, np.ndarray]:
     """Which rows exist: (node (T,), GPU (T, G)); lost scrapes are confounders' noise."""
     n, g = out.lost.shape
     mr = rs(_Key.MISSING)
     lost_scrape = mr.random(n) < (_NODE_ROW_MISSING if config.confounders else 0.0)
     lost_gpu = mr.random((n, g)) < (_GPU_ROW_MISSING if config.confounders else 0.0) + fx.missing
-    node_present = ~out.node_dark & ~lost_scrape
+    node_present = ~out.node_dark & ~lost_scrape & ~fx.gap
     gpu_present = (~out.gpu_dark & ~lost_gpu | out.lost) & node_present[:, None]
     return node_present, gpu_present
+
+
+def _freeze(frozen: np.ndarray, *arrays: np.ndarray) -> None:
+    """A frozen exporter repeats the values of the step before the freeze (in place, time axis 0);
+    a freeze from the chunk's first step repeats that step."""
+    if not frozen.any():
+        return
+    steps = np.arange(len(frozen))
+    last = np.maximum.accumulate(np.where(frozen, -1, steps))
+    source = np.where(last < 0, steps, last)
+    for values in arrays:
+        values[:] = values[source]
 
 
 def _network(
     config: FleetConfig,
     traits: NodeTraits,
     state: NodeState,
-    fx: _Effects,
+    fx: Effects,
     rs: _Streams,
     busy: np.ndarray,
     reboot: np.ndarray,
@@ -786,7 +706,7 @@ def _ib_ports(
     config: FleetConfig,
     traits: NodeTraits,
     state: NodeState,
-    fx: _Effects,
+    fx: Effects,
     rs: _Streams,
     r: np.random.Generator,
     cum: _NetworkCounters,
@@ -803,21 +723,24 @@ def _ib_ports(
             "ib_symbol_error",
             _poisson(rs("ib_symbol_error"), fx.ib_symbol_per_min, dt_min) + fx.ib_burst,
         ),
-        "ib_link_downed": cum(state.ib, "ib_link_downed", np.zeros((n, ports))),
+        # A flap: the link goes down and retrains within the step (link_downed and a recovery).
+        "ib_link_downed": cum(state.ib, "ib_link_downed", fx.ib_flap),
         "ib_link_error_recovery": cum(
             state.ib,
             "ib_link_error_recovery",
-            _poisson(rs("ib_link_error_recovery"), fx.ib_recovery_per_min, dt_min) + (fx.ib_burst > 0),
+            _poisson(rs("ib_link_error_recovery"), fx.ib_recovery_per_min, dt_min)
+            + (fx.ib_burst > 0)
+            + fx.ib_flap,
         ),
         "ib_port_rcv_errors": cum(
             state.ib,
             "ib_port_rcv_errors",
-            _poisson(rs("ib_port_rcv_errors"), 0.4 * fx.ib_symbol_per_min, dt_min),
+            _poisson(rs("ib_port_rcv_errors"), fx.ib_rcv_per_min, dt_min) + fx.ib_flap * 20.0,
         ),
         "ib_port_xmit_discards": cum(
             state.ib,
             "ib_port_xmit_discards",
-            _poisson(rs("ib_port_xmit_discards"), 0.2 * fx.ib_symbol_per_min + 0.002, dt_min),
+            _poisson(rs("ib_port_xmit_discards"), fx.ib_discard_per_min + 0.002, dt_min),
         ),
         "ib_local_link_integrity_errors": cum(
             state.ib, "ib_local_link_integrity_errors", np.zeros((n, ports))
@@ -883,7 +806,7 @@ def _interface(
 def _peers(
     config: FleetConfig,
     state: NodeState,
-    fx: _Effects,
+    fx: Effects,
     r: np.random.Generator,
     busy: np.ndarray,
     alive: np.ndarray,
@@ -909,7 +832,7 @@ def _peers(
 def _host(
     config: FleetConfig,
     state: NodeState,
-    fx: _Effects,
+    fx: Effects,
     rs: _Streams,
     r: np.random.Generator,
     cum: _NetworkCounters,

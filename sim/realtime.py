@@ -22,6 +22,7 @@ from faultcast.readings import Reading
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
+from faultcast.sim.world import World
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class SimulatedSource(TwinSource):
         acceleration: float = 1.0,
         scenarios: Iterable[Scenario] = (),
         days: float = LIVE_HORIZON_DAYS,
+        world: World | None = None,
         wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         if backfill_s < 0:
@@ -67,6 +69,7 @@ class SimulatedSource(TwinSource):
             seed=seed,
             acceleration=acceleration,
             start_unix_s=int(start_ns // 10**9),
+            world=World() if world is None else world,
         )
         super().__init__(config, sim_node, scenarios)
         self.wall_clock_ns = wall_clock_ns

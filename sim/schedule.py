@@ -2,8 +2,11 @@
 
 Everything here is drawn once from the node's own streams, before any telemetry, so the rates can
 be tested on a large fleet in seconds and the telemetry generator only has to read the schedule.
-Failures are Poisson arrivals per GPU (per node for node-level modes) at the accelerated rates; a
-GPU that failed is dark until repaired and can only fail again after it returns.
+Failures are Poisson arrivals per GPU (per node for node-level modes) at the accelerated rates of the
+world; a GPU that failed is dark until repaired and can only fail again after it returns. Whether a
+failure carries a precursor, how long, how loud, in which shape and with which of its mode's signals
+is drawn per failure. Degradations that stop without a failure (`NodeSchedule.aborted`) are drawn
+the same way, at the world's `aborted_per_precursor` times the rate of precursor-bearing failures.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.modes import BY_NAME, MODES, ModeSpec
 from faultcast.sim.streams import Stream, rng
+from faultcast.sim.world import World
 
 _MIN_LEAD_S = 60.0
 _MAX_LEAD_S = 8 * 3600.0
-# Healthy driver reloads (maintenance): about one per node per 20 days. Each resets counters.
-_RELOADS_PER_NODE_DAY = 1 / 20
+_STRENGTH_SIGMA = 0.8  # per-failure spread of precursor strength around the world's median
+# Precursor shapes (sim/precursors.py): a failure draws one, uniformly.
+SHAPES = ("ramp", "step", "intermittent", "plateau")
 _JOB_MEDIAN_S, _JOB_SIGMA = 6 * 3600.0, 0.8
 _GAP_MEDIAN_S, _GAP_SIGMA = 20 * 60.0, 1.0
 
@@ -45,6 +50,13 @@ class ScheduledFailure:
     # Uniform draws fixed for the failure's whole life (which IB port degrades, when a remap turns
     # pending, whether and when a PCIe link downtrains), so chunk boundaries cannot change them.
     draws: tuple[float, ...] = (0.5, 0.5, 0.5, 0.5, 0.5, 0.5)
+    shape: str = "ramp"  # one of SHAPES
+    # Which of the mode's signals the precursor shows (sim/precursors.py numbers them); all by default.
+    signals: tuple[bool, ...] = (True,) * 8
+    # A degradation that stops at fail_s without failing (not in the failure log, no outage); it
+    # reaches `peak` of the strength a failure's precursor would.
+    aborted: bool = False
+    peak: float = 1.0
 
     @property
     def precursor_start_s(self) -> float:
@@ -123,6 +135,7 @@ class NodeSchedule:
     failures: tuple[ScheduledFailure, ...]  # sorted by failure time
     reloads_s: tuple[float, ...]  # healthy driver reloads (counter resets)
     jobs: tuple[tuple[float, float], ...]  # (start, end) of the jobs on this node's pod
+    aborted: tuple[ScheduledFailure, ...] = ()  # degradations that stop without failing, by time
 
     def gpu_failures(self, gpu: int) -> list[ScheduledFailure]:
         """The failures of GPU slot `gpu` (not the node-level ones), in time order."""
@@ -138,31 +151,49 @@ def _lognormal(r: np.random.Generator, median: float, sigma: float) -> float:
 
 
 def _draw(
-    r: np.random.Generator, spec: ModeSpec, node: int, gpu: int | None, fail_s: float, earliest_s: float
+    r: np.random.Generator,
+    spec: ModeSpec,
+    world: World,
+    target: tuple[int, int | None],
+    fail_s: float,
+    earliest_s: float,
+    aborted: bool = False,
 ) -> ScheduledFailure:
+    node, gpu = target
     lead = 0.0
-    if spec.predictable:
-        lead = min(max(_lognormal(r, spec.lead_median_s, spec.lead_sigma), _MIN_LEAD_S), _MAX_LEAD_S)
+    carries = r.random() < spec.precursor_probability(world)
+    if carries or (aborted and spec.predictable):
+        median = spec.lead_median_s * world.lead_scale
+        lead = min(max(_lognormal(r, median, spec.lead_sigma), _MIN_LEAD_S), _MAX_LEAD_S)
+    else:
+        r.random()  # the same number of draws either way: one failure's choice cannot shift the next
     lead = max(0.0, min(lead, fail_s - earliest_s))  # a precursor cannot start before the GPU returned
-    strength = _lognormal(r, 1.0, 0.35)
+    strength = _lognormal(r, world.strength_median, _STRENGTH_SIGMA)
     downtime = _lognormal(r, spec.downtime_median_s, 0.5)
     codes, probs = zip(*spec.xids, strict=True)
     xid = int(r.choice(codes, p=np.asarray(probs) / sum(probs)))
     draws = tuple(float(u) for u in r.random(6))
-    return ScheduledFailure(node, gpu, spec.name, fail_s, lead, strength, downtime, xid, draws=draws)
+    shape = SHAPES[int(r.integers(len(SHAPES)))]
+    # Partial precursors: each signal of the mode shows with probability 0.6; the first always does.
+    signals = (True, *(bool(u < 0.6) for u in r.random(7)))
+    peak = float(r.uniform(0.3, 1.0)) if aborted else 1.0
+    return ScheduledFailure(
+        node, gpu, spec.name, fail_s, lead, strength, downtime, xid,
+        draws=draws, shape=shape, signals=signals, aborted=aborted, peak=peak,
+    )  # fmt: skip
 
 
 def _arrivals(
     r: np.random.Generator,
     specs: Sequence[ModeSpec],
+    world: World,
     accel: float,
     horizon: float,
     blocked: Sequence[tuple[float, float]],
-    node: int,
-    gpu: int | None,
+    target: tuple[int, int | None],
 ) -> list[ScheduledFailure]:
     """Poisson arrivals over [0, horizon) for one GPU (or node), skipping its dark periods and `blocked`."""
-    rates = np.array([s.rate_per_day * accel / 86_400.0 for s in specs])
+    rates = np.array([s.rate_per_day * world.rate_scale(s.name) * accel / 86_400.0 for s in specs])
     total = float(rates.sum())
     out: list[ScheduledFailure] = []
     if total <= 0:
@@ -179,7 +210,7 @@ def _arrivals(
             continue
         spec = specs[int(r.choice(len(specs), p=rates / total))]
         earliest = max([resumed, *(b for a, b in blocked if b <= t)])
-        failure = _draw(r, spec, node, gpu, t, earliest)
+        failure = _draw(r, spec, world, target, t, earliest)
         out.append(failure)
         t = resumed = failure.return_s
 
@@ -209,14 +240,18 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
     horizon = config.horizon_s
     node_specs = [m for m in MODES if m.level is Level.NODE]
     gpu_specs = [m for m in MODES if m.level is Level.GPU]
+    world = config.world
     node_level = _arrivals(
-        rng(config.seed, Stream.SCHEDULE, node, 0), node_specs, accel, horizon, (), node, None
+        rng(config.seed, Stream.SCHEDULE, node, 0), node_specs, world, accel, horizon, (), (node, None)
     )
     blocked = [(f.fail_s, f.return_s) for f in node_level]
     failures = list(node_level)
     for gpu in range(config.gpus_per_node):
         r = rng(config.seed, Stream.SCHEDULE, node, 1 + gpu)
-        failures.extend(_arrivals(r, gpu_specs, accel, horizon, blocked, node, gpu))
+        failures.extend(_arrivals(r, gpu_specs, world, accel, horizon, blocked, (node, gpu)))
+    aborted = _aborted(config, node, node_specs, None) if config.failures else []
+    for gpu in range(config.gpus_per_node if config.failures else 0):
+        aborted.extend(_aborted(config, node, gpu_specs, gpu))
 
     scripted = []
     for s in scenarios:
@@ -247,13 +282,43 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
     failures.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))
 
     reloads: list[float] = []
-    if config.confounders:
+    per_day = world.driver_reloads_per_node_day
+    if config.confounders and per_day > 0:
         r = rng(config.seed, Stream.SCHEDULE, node, 10_000)
-        t = float(r.exponential(86_400.0 / _RELOADS_PER_NODE_DAY))
+        t = float(r.exponential(86_400.0 / per_day))
         while t < horizon:
             reloads.append(t)
-            t += float(r.exponential(86_400.0 / _RELOADS_PER_NODE_DAY))
-    return NodeSchedule(node, tuple(failures), tuple(reloads), _jobs(config, node))
+            t += float(r.exponential(86_400.0 / per_day))
+    aborted.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))
+    return NodeSchedule(node, tuple(failures), tuple(reloads), _jobs(config, node), tuple(aborted))
+
+
+def _aborted(
+    config: FleetConfig, node: int, specs: Sequence[ModeSpec], gpu: int | None
+) -> list[ScheduledFailure]:
+    """Degradations of one GPU (or the node) that stop without a failure: the same precursors, at
+    `aborted_per_precursor` times the rate of the failures that carry one (acceleration included:
+    a twin that makes failures 50x more common makes their look-alike degradations so too)."""
+    world = config.world
+    key = 30_000 + (0 if gpu is None else 1 + gpu)
+    r = rng(config.seed, Stream.SCHEDULE, node, key)
+    rates = np.array(
+        [
+            s.rate_per_day * world.rate_scale(s.name) * config.acceleration / 86_400.0
+            * s.precursor_probability(world) * world.aborted_per_precursor
+            for s in specs
+        ]
+    )  # fmt: skip
+    total = float(rates.sum())
+    out: list[ScheduledFailure] = []
+    t = 0.0
+    while total > 0:
+        t += float(r.exponential(1.0 / total))
+        if t >= config.horizon_s:
+            break
+        spec = specs[int(r.choice(len(specs), p=rates / total))]
+        out.append(_draw(r, spec, world, (node, gpu), t, 0.0, aborted=True))
+    return out
 
 
 def in_windows(times: np.ndarray, windows: Sequence[tuple[float, float]]) -> np.ndarray:

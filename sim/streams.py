@@ -21,6 +21,8 @@ class Stream(enum.IntEnum):
     PHASES = 4
     CHUNK = 5
     UUID = 6
+    RACK = 7  # events a whole rack shares (room cooling, a PDU's power brake)
+    WEATHER = 8  # the day-to-day inlet drift every node shares
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

@@ -2,8 +2,9 @@
 
     telemetry.parquet  one row per GPU per interval (catalogue column names, float32)
     network.parquet    one row per node per interval (ports and peers aggregated per node)
-    failures.csv       the failure log: timestamp, node, gpu (empty for node level), uuid, mode, xid, description
-    manifest.json      configuration, seed, versions, acceleration, counts per mode
+    failures.csv       the failure log: timestamp, node, gpu (empty for node level), uuid, mode, xid,
+                       precursor_s (how long its precursor ran; 0: none), description
+    manifest.json      configuration, seed, versions, acceleration, the world, counts per mode
 
 Generation goes chunk by chunk (a day at 60 s) across all nodes, so memory stays bounded by one
 chunk of the fleet whatever the horizon.
@@ -50,6 +51,7 @@ class ManifestMode(TypedDict):
     name: str
     level: str
     predictable: bool
+    precursor_probability: float  # the chance one of its failures carries a precursor, in this world
     base_rate_per_gpu_day: float
     accelerated_rate_per_gpu_day: float
     lead_median_minutes: float
@@ -78,9 +80,12 @@ class TwinManifest(TypedDict):
     start: str
     end: str
     gpu_days: float
+    world: dict[str, Any]  # World.to_json(): family, seed, id, parameters
     rows: ManifestRows
     modes: list[ManifestMode]
     failure_counts: dict[str, int]  # every mode's name, 0 included
+    failures_with_precursor: int
+    aborted_degradations: int  # precursors that stopped without a failure (not in the log)
     scenarios: list[dict[str, object]]  # each Scenario's fields
     catalogue: ManifestCatalogue
     versions: dict[str, str]
@@ -174,7 +179,9 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
         key=lambda f: (f.fail_s, f.node, -1 if f.gpu is None else f.gpu),
     )
     _write_failures(config, out / "failures.csv", failures, twins)
+    aborted = sum(1 for twin in twins for f in twin.schedule.aborted if f.fail_s < config.horizon_s)
     manifest = _manifest(config, scenarios, failures, rows, network_rows, time.perf_counter() - started)
+    manifest["aborted_degradations"] = aborted
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -197,7 +204,16 @@ def _write_failures(
             xid = "" if f.xid == 0 else str(f.xid)
             gpu = "" if f.gpu is None else str(f.gpu)
             writer.writerow(
-                [_iso(config, f.fail_s), config.node_name(f.node), gpu, uuid, f.mode, xid, description]
+                [
+                    _iso(config, f.fail_s),
+                    config.node_name(f.node),
+                    gpu,
+                    uuid,
+                    f.mode,
+                    xid,
+                    f"{f.lead_s:.0f}",
+                    description,
+                ]
             )
 
 
@@ -220,18 +236,22 @@ def _manifest(
         "start": _iso(config, 0.0),
         "end": _iso(config, config.horizon_s),
         "gpu_days": gpu_days,
+        "world": config.world.to_json(),
         "rows": {"telemetry": rows, "network": network_rows, "failures": len(failures)},
         "modes": [
             {
                 "name": m.name,
                 "level": m.level.value,
                 "predictable": m.predictable,
+                "precursor_probability": m.precursor_probability(config.world),
                 "base_rate_per_gpu_day": m.rate_per_day
+                * config.world.rate_scale(m.name)
                 / (config.gpus_per_node if m.level is Level.NODE else 1),
                 "accelerated_rate_per_gpu_day": m.rate_per_day
+                * config.world.rate_scale(m.name)
                 * config.acceleration
                 / (config.gpus_per_node if m.level is Level.NODE else 1),
-                "lead_median_minutes": m.lead_median_s / 60.0,
+                "lead_median_minutes": m.lead_median_s * config.world.lead_scale / 60.0,
                 "lead_sigma": m.lead_sigma,
                 "downtime_median_hours": m.downtime_median_s / 3600.0,
                 "gpu_replaced": m.replaced,
@@ -241,6 +261,8 @@ def _manifest(
             for m in MODES
         ],
         "failure_counts": {m.name: counts.get(m.name, 0) for m in MODES},
+        "failures_with_precursor": sum(1 for f in failures if f.lead_s > 0),
+        "aborted_degradations": 0,
         "scenarios": [vars(s) if hasattr(s, "__dict__") else _slots(s) for s in scenarios],
         "catalogue": {"version": CATALOGUE_VERSION, "schema_hash": f"{SCHEMA_HASH:#018x}"},
         "versions": {

@@ -197,11 +197,12 @@ def _growth(frame: pd.DataFrame, column: str) -> float:
     return float(frame[column].max() - frame[column].min())
 
 
-# mode -> (column, how it shows): the increase of a counter, or the mean of a gauge, in the last
+# mode -> (column, how it shows): the increase of a counter, the mean of a gauge, or its mean in degrees
+# (a temperature: a ratio of Celsius means nothing; GPUs differ by their slot's air), in the last
 # 20 minutes before the failure against the same GPU three to five hours before.
 SIGNATURES = {
     "hbm_wear": ("ecc_sbe_volatile", "growth"),
-    "cooling": ("gpu_temp", "mean"),
+    "cooling": ("gpu_temp", "degrees"),
     "power": ("throttle_hw_power_brake", "mean"),
     "nvlink": ("nvlink_crc_flit_errors_worst_link", "growth"),
     "pcie": ("pcie_replay", "growth"),
@@ -228,6 +229,9 @@ def test_each_gpu_mode_shows_its_precursor_on_the_failing_gpu_only(tmp_path: Pat
             failing_early,
             others_late,
         )
+    elif how == "degrees":
+        assert failing_late > failing_early + 10, (failing_late, failing_early)
+        assert failing_late > others_late + 10, (failing_late, others_late)
     else:
         assert failing_late > 1.3 * failing_early, (failing_late, failing_early)
         assert failing_late > 1.3 * others_late, (
@@ -263,7 +267,7 @@ def test_confounders_happen_and_cause_no_failure(tmp_path: Path) -> None:
     config = FleetConfig(nodes=8, days=4.0, seed=21, failures=False)
     manifest = simulate(config, tmp_path)
     assert manifest["rows"]["failures"] == 0
-    assert (tmp_path / "failures.csv").read_text().strip() == "timestamp,node,gpu,uuid,mode,xid,description"
+    assert (tmp_path / "failures.csv").read_text().strip() == "timestamp,node,gpu,uuid,mode,xid,precursor_s,description"
     t = pd.read_parquet(tmp_path / "telemetry.parquet")
     slots = t.groupby(["node", "gpu"], observed=True)
     # Healthy look-alikes are there: steady low SBE, NVLink bursts, application Xids, power-cap throttling.

@@ -63,6 +63,16 @@ class _FailureModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureMo
     """GPU falls off the bus (Xid 79): few precursors"""
     FAILURE_MODE_FIRMWARE: _FailureMode.ValueType  # 8
     """GPU: GSP firmware fault; no known precursor"""
+    FAILURE_MODE_GPU_SRAM: _FailureMode.ValueType  # 9
+    """GPU: on-chip SRAM (cache, register file) uncorrectable error; rarely a precursor"""
+    FAILURE_MODE_SILENT_DATA_CORRUPTION: _FailureMode.ValueType  # 10
+    """GPU: wrong results, found after the fact; no precursor"""
+    FAILURE_MODE_HOST: _FailureMode.ValueType  # 11
+    """node: host hardware or maintenance (CPU, memory, SSD, PSU, board)"""
+    FAILURE_MODE_SOFTWARE: _FailureMode.ValueType  # 12
+    """node: a software bug ended the job; the hardware is fine"""
+    FAILURE_MODE_NCCL_TIMEOUT: _FailureMode.ValueType  # 13
+    """node: NCCL watchdog timeout without a hardware cause found"""
 
 class FailureMode(_FailureMode, metaclass=_FailureModeEnumTypeWrapper):
     """What is likely to break. The level of each mode (GPU or node) is in proto/README.md."""
@@ -84,6 +94,16 @@ FAILURE_MODE_DETACHMENT: FailureMode.ValueType  # 7
 """GPU falls off the bus (Xid 79): few precursors"""
 FAILURE_MODE_FIRMWARE: FailureMode.ValueType  # 8
 """GPU: GSP firmware fault; no known precursor"""
+FAILURE_MODE_GPU_SRAM: FailureMode.ValueType  # 9
+"""GPU: on-chip SRAM (cache, register file) uncorrectable error; rarely a precursor"""
+FAILURE_MODE_SILENT_DATA_CORRUPTION: FailureMode.ValueType  # 10
+"""GPU: wrong results, found after the fact; no precursor"""
+FAILURE_MODE_HOST: FailureMode.ValueType  # 11
+"""node: host hardware or maintenance (CPU, memory, SSD, PSU, board)"""
+FAILURE_MODE_SOFTWARE: FailureMode.ValueType  # 12
+"""node: a software bug ended the job; the hardware is fine"""
+FAILURE_MODE_NCCL_TIMEOUT: FailureMode.ValueType  # 13
+"""node: NCCL watchdog timeout without a hardware cause found"""
 Global___FailureMode: _TypeAlias = FailureMode  # noqa: Y015
 
 class _RecommendedAction:
