@@ -21,6 +21,7 @@ such incident.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from faultcast.model.dataset import Failure, FailureLog
 from faultcast.model.incidents import AlertPolicy, Incident, track
+from faultcast.model.intervals import NodeTallies
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +81,14 @@ class ScoredPeriod:
     modes: np.ndarray
 
     @property
+    def cadence_s(self) -> float:
+        """Seconds between two steps (60 for a period of one step)."""
+        return float(self.times_s[1] - self.times_s[0]) if len(self.times_s) > 1 else 60.0
+
+    @property
     def gpu_days(self) -> float:
         """GPU-days of present rows in the period."""
-        cadence = float(self.times_s[1] - self.times_s[0]) if len(self.times_s) > 1 else 60.0
-        return float(self.present.sum()) * cadence / 86_400.0
+        return float(self.present.sum()) * self.cadence_s / 86_400.0
 
     def slot_of(self, node: int, gpu: int) -> int:
         """The column of (dataset node index, GPU) in the period's arrays."""
@@ -178,29 +184,56 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
+@dataclass(frozen=True)
+class Events:
+    """What a method's incidents over a period came to: every failure with its warning, every
+    incident with its outcome."""
+
+    caught: list[Catch]
+    judged: list[Judged]
+
+
+def events(
+    period: ScoredPeriod, failures: FailureLog, found: Sequence[Incident], periods: PredictionPeriods
+) -> Events:
+    """Catches and judged incidents of `found` (one threshold's incidents) over the period."""
+    return Events(catches(period, failures, found, periods), judge(period, failures, found, periods))
+
+
+def predictable_counts(caught: Sequence[Catch], warning_s: float) -> tuple[int, int, int]:
+    """(failures that carried a precursor, how many of them were caught, failures the log does not
+    say about). Which failures were predictable is the failure log's word (`precursor_s`), never
+    inferred from the mode's name: a mode with a precursor can still strike without one."""
+    known = [c for c in caught if not math.isnan(c.failure.precursor_s)]
+    predictable = [c for c in known if c.failure.precursor_s > 0]
+    return len(predictable), sum(c.caught(warning_s) for c in predictable), len(caught) - len(known)
+
+
 def event_metrics(
     period: ScoredPeriod,
     failures: FailureLog,
     found: Sequence[Incident],
     periods: PredictionPeriods,
-    predictable: set[str],
     score: np.ndarray,
 ) -> dict[str, object]:
     """Recall (caught at >= the minimal warning time, within the prediction period), lead times of
     the caught failures, false alarms (premature + false) per 1,000 GPU-days, alert precision (the
     share of incidents that were true), PR-AUC of the rows."""
+    return metrics_of(period, events(period, failures, found, periods), periods, score)
+
+
+def metrics_of(
+    period: ScoredPeriod, found: Events, periods: PredictionPeriods, score: np.ndarray
+) -> dict[str, object]:
+    """`event_metrics` of incidents already judged. `recall_5min_predictable` is over the failures
+    the log says carried a precursor, and NaN when the log does not say for some failure of the
+    period (`failures_precursor_unknown` counts those)."""
     from sklearn.metrics import average_precision_score
 
-    caught = catches(period, failures, found, periods)
+    caught, judged = found.caught, found.judged
     warned = [c for c in caught if c.caught(periods.warning_s)]
     leads_min = [c.lead_s / 60.0 for c in warned if c.lead_s is not None]
-    by_mode: dict[str, list[int]] = {}
-    for c in caught:
-        tally = by_mode.setdefault(c.failure.mode, [0, 0])
-        tally[0] += c.caught(periods.warning_s)
-        tally[1] += 1
-    predictable_rows = [c for c in caught if c.failure.mode in predictable]
-    judged = judge(period, failures, found, periods)
+    predictable, predictable_caught, unknown = predictable_counts(caught, periods.warning_s)
     count = {o: sum(1 for j in judged if j.outcome is o) for o in Outcome}
     per_1000 = 1000.0 / max(period.gpu_days, 1e-9)
     n = len(caught)
@@ -211,11 +244,7 @@ def event_metrics(
     nan = float("nan")
     return {
         "recall_5min": len(warned) / n if n else nan,
-        "recall_5min_predictable": (
-            sum(c.caught(periods.warning_s) for c in predictable_rows) / len(predictable_rows)
-            if predictable_rows
-            else nan
-        ),
+        "recall_5min_predictable": predictable_caught / predictable if predictable and not unknown else nan,
         "recall_1min": sum(c.caught(60.0) for c in caught) / n if n else nan,
         "median_lead_min": _quantile(leads_min, 50),
         "p10_lead_min": _quantile(leads_min, 10),
@@ -232,9 +261,75 @@ def event_metrics(
         "false_alarms": count[Outcome.PREMATURE] + count[Outcome.FALSE],
         "failures": n,
         "failures_caught": len(warned),
+        "failures_predictable": None if unknown else predictable,
+        "failures_precursor_unknown": unknown,
         "pr_auc": pr_auc,
-        "recall_by_mode": {mode: hits / total for mode, (hits, total) in sorted(by_mode.items())},
+        "recall_by_mode": {
+            mode: hits / total for mode, (hits, total) in sorted(mode_counts(caught, periods).items())
+        },
     }
+
+
+def mode_counts(caught: Sequence[Catch], periods: PredictionPeriods) -> dict[str, tuple[int, int]]:
+    """Per failure mode: (caught at the minimal warning time, failures)."""
+    by_mode: dict[str, tuple[int, int]] = {}
+    for c in caught:
+        hits, total = by_mode.get(c.failure.mode, (0, 0))
+        by_mode[c.failure.mode] = (hits + c.caught(periods.warning_s), total + 1)
+    return by_mode
+
+
+_COUNTED = (
+    "failures",
+    "caught",
+    "caught_1min",
+    "predictable",
+    "predictable_caught",
+    "precursor_unknown",
+    "alerts",
+    "true_alarms",
+    "premature_alarms",
+    "false_only_alarms",
+)  # the NodeTallies columns counted one failure or incident at a time
+
+
+def node_tallies(period: ScoredPeriod, found: Events, periods: PredictionPeriods) -> NodeTallies:
+    """Per node of the period (in period.nodes order) the counts behind every figure: what the
+    bootstrap (model/intervals.py) resamples. A failure counts at its node, an incident at its own."""
+    n = len(period.nodes)
+    position = {node: i for i, node in enumerate(period.nodes)}
+    t = {name: np.zeros(n) for name in _COUNTED}
+    leads, owners = [], []
+    for c in found.caught:
+        i = position[c.failure.node]
+        hit = c.caught(periods.warning_s)
+        t["failures"][i] += 1
+        t["caught"][i] += hit
+        t["caught_1min"][i] += c.caught(60.0)
+        if math.isnan(c.failure.precursor_s):
+            t["precursor_unknown"][i] += 1
+        elif c.failure.precursor_s > 0:
+            t["predictable"][i] += 1
+            t["predictable_caught"][i] += hit
+        if hit and c.lead_s is not None:
+            leads.append(c.lead_s / 60.0)
+            owners.append(i)
+    column = {
+        Outcome.TRUE: "true_alarms",
+        Outcome.PREMATURE: "premature_alarms",
+        Outcome.FALSE: "false_only_alarms",
+    }
+    for j in found.judged:
+        t["alerts"][j.incident.node] += 1
+        if j.outcome in column:
+            t[column[j.outcome]][j.incident.node] += 1
+    rows = period.present.reshape(period.present.shape[0], n, period.gpus_per_node).sum(axis=(0, 2))
+    return NodeTallies(
+        **t,
+        gpu_days=rows * period.cadence_s / 86_400.0,
+        leads_min=np.asarray(leads, dtype=np.float64),
+        lead_node=np.asarray(owners, dtype=np.int64),
+    )
 
 
 def choose_threshold(

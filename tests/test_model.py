@@ -280,7 +280,7 @@ def test_incidents_are_true_late_premature_or_false_by_the_prediction_period() -
     assert [j.outcome for j in judged] == [Outcome.TRUE, Outcome.LATE, Outcome.PREMATURE, Outcome.FALSE]
     assert [j.lead_s for j in judged] == [1200.0, 180.0, 18000.0, None]
     assert [c.lead_s for c in catches(period, log, found, periods)] == [1200.0, 180.0, None]
-    metrics = event_metrics(period, log, found, periods, {"hbm_wear", "pcie", "power"}, risk)
+    metrics = event_metrics(period, log, found, periods, risk)
     per_1000 = 1000.0 / period.gpu_days
     assert metrics["recall_5min"] == pytest.approx(
         1 / 3
