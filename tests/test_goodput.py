@@ -182,8 +182,13 @@ def test_the_simulated_job_wastes_least_near_the_daly_interval() -> None:
 def test_the_failure_process_is_calibrated_to_llama_3() -> None:
     rates = failure_rates()
     assert sum(rates.values()) * LLAMA3_GPUS * LLAMA3_DAYS == pytest.approx(LLAMA3_UNEXPECTED)
-    # The twin's hardware modes are about three quarters of the unexpected interruptions.
-    assert 0.15 < rates[UNMODELLED] / sum(rates.values()) < 0.35
+    # The twin's modes now cover the whole Llama 3 table (software, host and NCCL timeouts included):
+    # nothing is left unmodelled, and the modes without any precursor are about a fifth.
+    assert rates[UNMODELLED] < 1e-3 * sum(rates.values())
+    sudden = sum(
+        rate for mode, rate in rates.items() if mode in ("software", "firmware", "silent_data_corruption")
+    )
+    assert 0.1 < sudden / sum(rates.values()) < 0.3
     counts = [len(draw(np.random.default_rng(s), LLAMA3_GPUS, LLAMA3_DAYS, rates).times_s) for s in range(20)]
     assert abs(np.mean(counts) - LLAMA3_UNEXPECTED) < 3 * math.sqrt(LLAMA3_UNEXPECTED / 20)
 

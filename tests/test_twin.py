@@ -267,7 +267,9 @@ def test_confounders_happen_and_cause_no_failure(tmp_path: Path) -> None:
     config = FleetConfig(nodes=8, days=4.0, seed=21, failures=False)
     manifest = simulate(config, tmp_path)
     assert manifest["rows"]["failures"] == 0
-    assert (tmp_path / "failures.csv").read_text().strip() == "timestamp,node,gpu,uuid,mode,xid,precursor_s,description"
+    assert (
+        tmp_path / "failures.csv"
+    ).read_text().strip() == "timestamp,node,gpu,uuid,mode,xid,precursor_s,description"
     t = pd.read_parquet(tmp_path / "telemetry.parquet")
     slots = t.groupby(["node", "gpu"], observed=True)
     # Healthy look-alikes are there: steady low SBE, NVLink bursts, application Xids, power-cap throttling.
