@@ -38,9 +38,27 @@ def add_parsers(commands: Subcommands) -> None:
     )
     train.set_defaults(handler=run_train)
 
-    evaluate = commands.add_parser("evaluate", help="event-level evaluation on held-out nodes and weeks")
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="event-level evaluation on the data the model never trained on, with intervals and baselines "
+        "matched to its false-alarm rate",
+    )
     evaluate.add_argument("--model", type=Path, required=True)
-    evaluate.add_argument("--data", type=Path, required=True)
+    evaluate.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        action="append",
+        help="data to measure recall on (repeat for several: each is reported, then all pooled)",
+    )
+    evaluate.add_argument(
+        "--false-alarm-data",
+        type=Path,
+        action="append",
+        default=[],
+        help="data to measure false alarms on at the same thresholds, typically a twin at --acceleration 1 "
+        "(repeatable: pooled)",
+    )
     evaluate.add_argument("--json", type=Path, help="write the metrics here")
     evaluate.add_argument(
         "--warning-time",
@@ -54,6 +72,10 @@ def add_parsers(commands: Subcommands) -> None:
         default=7200.0,
         help="an alert counts as true when its failure comes within this after it (else premature or false)",
     )
+    evaluate.add_argument(
+        "--resamples", type=int, default=1000, help="bootstrap resamples of the nodes for the 95%% intervals"
+    )
+    evaluate.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap")
     evaluate.set_defaults(handler=run_evaluate)
 
 
@@ -101,30 +123,62 @@ def trained_summary(out: Path, card: ModelManifest) -> str:
 def run_evaluate(args: argparse.Namespace) -> int:
     """`faultcast evaluate`: the event-level evaluation on held-out data, as a table or JSON."""
     from faultcast.model.artifact import ModelError, load
-    from faultcast.model.dataset import DataError, open_dataset
-    from faultcast.model.evaluate import held_out_report, json_safe
+    from faultcast.model.dataset import DataError, Dataset, open_dataset
+    from faultcast.model.evaluate import Scored, evaluate, json_safe, pooled_report, score_dataset
     from faultcast.model.outcomes import PredictionPeriods
 
-    try:
-        model = load(args.model)
-        dataset = open_dataset(args.data)
-    except (ModelError, DataError) as exc:
-        print(f"faultcast evaluate: {exc}", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
     if not 0 <= args.warning_time < args.prediction_period:
         print(
             "faultcast evaluate: the warning time must be shorter than the prediction period", file=sys.stderr
         )
         return 2
-    report, _ = held_out_report(dataset, model, PredictionPeriods(args.warning_time, args.prediction_period))
+    if args.resamples < 1:
+        print("faultcast evaluate: --resamples must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        model = load(args.model)
+        datasets = [open_dataset(path) for path in args.data]
+        apart = [open_dataset(path) for path in args.false_alarm_data]
+    except (ModelError, DataError) as exc:
+        print(f"faultcast evaluate: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    periods = PredictionPeriods(args.warning_time, args.prediction_period)
+    resampling = (args.resamples, args.bootstrap_seed)
+    scored: dict[Path, Scored] = {}  # data given both ways is scored once
+
+    def scored_once(dataset: Dataset) -> Scored:
+        key = dataset.path.resolve()
+        if key not in scored:
+            scored[key] = score_dataset(dataset, model)
+        return scored[key]
+
+    scored_apart = [scored_once(d) for d in apart]
+    done = [evaluate(scored_once(d), model, periods, scored_apart, *resampling) for d in datasets]
+    report: dict[str, Any]
+    if len(done) == 1:
+        report = done[0].report  # one dataset: the report as it always was
+    else:
+        report = {
+            "definitions": done[0].report["definitions"],
+            "datasets": [e.report for e in done],
+            "pooled": pooled_report(done, *resampling),
+        }
     report["evaluation_seconds"] = time.perf_counter() - started
     text = json.dumps(json_safe(report), indent=2)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")
-    print(render_table(report))
+    tables = [render_table(e.report) for e in done]
+    if len(done) > 1:
+        tables.append(render_pooled(report["pooled"], args.warning_time / 60))
+    print("\n\n".join(tables))
     return 0
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The method rows of a report, in its order: the entries that carry a label."""
+    return [(v["label"], v) for v in report.values() if isinstance(v, dict) and "label" in v]
 
 
 def _fmt(value: object, pct: bool = False) -> str:
@@ -133,34 +187,124 @@ def _fmt(value: object, pct: bool = False) -> str:
     return f"{100 * value:.1f}%" if pct else f"{value:.2f}"
 
 
-def render_table(report: dict[str, Any]) -> str:
-    """The evaluation report as the Markdown table the README shows (model and baselines side by side)."""
-    d = report["definitions"]
-    warning, period = d["warning_s"] / 60, d["period_s"] / 60
-    rows = [
-        ("model", report["model"]),
-        ("model, dcgm-exporter defaults only", report["model_dcgm_default_metrics"]),
-        ("logistic regression", report["logistic"]),
-        ("rules (DCGM + NVSentinel)", report["rules"]),
-    ]
+def _count(value: object) -> str:
+    return str(value) if isinstance(value, int) else "-"
+
+
+def _cell(m: dict[str, Any], key: str, pct: bool = False) -> str:
+    """A figure and its interval, "81.8% (69.7-89.8)"; a false-alarm rate of zero with its upper bound."""
+    value = m.get(key)
+    upper = m.get("false_alarms_upper95_per_1000_gpu_days")
+    if key == "false_alarms_per_1000_gpu_days" and value == 0 and isinstance(upper, int | float):
+        return f"{_fmt(value)} (< {upper:.2f})"
+    lo, hi = m.get("ci95", {}).get(key) or (None, None)
+    if not isinstance(lo, int | float) or not isinstance(hi, int | float) or _fmt(value) == "-":
+        return _fmt(value, pct)
+    scale, digits = (100.0, 1) if pct else (1.0, 2)
+    return f"{_fmt(value, pct)} ({scale * lo:.{digits}f}-{scale * hi:.{digits}f})"
+
+
+def _setting(m: dict[str, Any]) -> str:
+    scale, threshold = m.get("scale"), m.get("threshold")
+    if isinstance(scale, int | float):
+        return f"x{scale:g}"
+    return f"{threshold:.4g}" if isinstance(threshold, int | float) else "-"
+
+
+def _table(rows: list[tuple[str, dict[str, Any]]], warning_min: float) -> list[str]:
+    w = f"{warning_min:.0f}"
     lines = [
-        f"held-out: {report['test_gpu_days']:.0f} GPU-days, {report['test_failures']} failures; minimal warning "
-        f"{warning:.0f} min, prediction period {period:.0f} min",
-        f"| method | recall >={warning:.0f} min, predictable modes | recall >={warning:.0f} min | recall >=1 min "
+        f"| method | setting | recall >={w} min, predictable | recall >={w} min, all | recall >=1 min "
         "| lead p10 / median / p90 (min) | false alarms / 1,000 GPU-days | of which premature | of which false "
-        "| alert precision | PR-AUC |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| alerts: true / late | alert precision | PR-AUC |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in rows:
-        leads = " / ".join(_fmt(m[k]) for k in ("p10_lead_min", "median_lead_min", "p90_lead_min"))
-        lines.append(
-            f"| {name} | {_fmt(m['recall_5min_predictable'], True)} | {_fmt(m['recall_5min'], True)} "
-            f"| {_fmt(m['recall_1min'], True)} | {leads} | {_fmt(m['false_alarms_per_1000_gpu_days'])} "
-            f"| {_fmt(m['premature_alarms_per_1000_gpu_days'])} | {_fmt(m['false_only_alarms_per_1000_gpu_days'])} "
-            f"| {_fmt(m['alert_precision'], True)} | {_fmt(m['pr_auc'])} |"
+        if m.get("within_target") is False:
+            name += " (no setting reached it: the fewest false alarms)"
+        leads = (
+            f"{_fmt(m.get('p10_lead_min'))} / {_cell(m, 'median_lead_min')} / {_fmt(m.get('p90_lead_min'))}"
         )
-    lines.append(
+        lines.append(
+            f"| {name} | {_setting(m)} | {_cell(m, 'recall_5min_predictable', True)} "
+            f"| {_cell(m, 'recall_5min', True)} | {_cell(m, 'recall_1min', True)} | {leads} "
+            f"| {_cell(m, 'false_alarms_per_1000_gpu_days')} | {_cell(m, 'premature_alarms_per_1000_gpu_days')} "
+            f"| {_cell(m, 'false_only_alarms_per_1000_gpu_days')} "
+            f"| {_count(m.get('true_alarms'))} / {_count(m.get('late_alarms'))} "
+            f"| {_cell(m, 'alert_precision', True)} | {_fmt(m.get('pr_auc'))} |"
+        )
+    return lines
+
+
+def _acceleration(source: dict[str, Any]) -> str:
+    a = source.get("acceleration")
+    return f"acceleration {a:g}" if isinstance(a, int | float) else "acceleration unknown"
+
+
+def _data_line(report: dict[str, Any]) -> str:
+    data, world = report["data"], report["world"]
+    parts = [_acceleration(data)]
+    if world.get("id"):
+        seed = f", seed {world['seed']}" if world.get("seed") is not None else ""
+        parts.append(f"world {world['id']} ({world.get('family')}{seed})")
+    unseen = {True: "yes", False: "no", None: "unknown"}[world.get("unseen_world")]
+    how = f", by {world['compared_by']}" if world.get("compared_by") else ""
+    parts.append(f"unseen by the model: {unseen}{how}")
+    return f"data: {data['path']} ({'; '.join(parts)})"
+
+
+def _false_alarm_lines(block: dict[str, Any]) -> list[str]:
+    sources = ", ".join(f"{d['path']} ({_acceleration(d)})" for d in block["data"])
+    methods = block["methods"]
+    first = next(iter(methods.values()))
+    lines = [
+        f"false alarms measured apart, at the same settings: {sources}; {first['gpu_days']:.0f} GPU-days "
+        f"on {first['nodes']} nodes",
+        "| method | false alarms / 1,000 GPU-days | of which premature | of which false | alerts |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for m in methods.values():
+        lines.append(
+            f"| {m['label']} | {_cell(m, 'false_alarms_per_1000_gpu_days')} "
+            f"| {_cell(m, 'premature_alarms_per_1000_gpu_days')} "
+            f"| {_cell(m, 'false_only_alarms_per_1000_gpu_days')} | {m['alerts']} |"
+        )
+    return lines
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """One dataset's evaluation as Markdown: what was evaluated (leave-world-out or the training
+    world), each method as shipped and the baselines matched to the model's false-alarm rate, every
+    figure with its 95% interval, the false alarms measured apart, and the notes."""
+    d = report["definitions"]
+    warning, period = d["warning_s"] / 60, d["period_s"] / 60
+    lines = [
+        f"{report['world']['evaluation']}: {report['test_gpu_days']:.0f} GPU-days on "
+        f"{len(report['test_nodes'])} nodes, {report['test_failures']} failures; minimal warning "
+        f"{warning:.0f} min, prediction period {period:.0f} min",
+        _data_line(report),
+        f"(lo-hi): {d['ci95']}",
+        *_table(_rows(report), warning),
         f"recall at >={warning:.0f} min by mode (model): "
-        + ", ".join(f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items())
-    )
+        + (
+            ", ".join(f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items())
+            or "no failure"
+        ),
+    ]
+    if report.get("false_alarm_data"):
+        lines += ["", *_false_alarm_lines(report["false_alarm_data"])]
+    lines += [f"note: {note}" for note in report.get("notes", [])]
+    return "\n".join(lines)
+
+
+def render_pooled(pooled: dict[str, Any], warning_min: float) -> str:
+    """The pooled summary of several datasets as Markdown."""
+    unseen = ", ".join("unknown" if u is None else str(u).lower() for u in pooled["unseen_world"])
+    paths = ", ".join(d["path"] for d in pooled["data"])
+    lines = [
+        f"pooled over {len(pooled['data'])} datasets ({paths}; unseen world: {unseen}): "
+        f"{pooled['test_gpu_days']:.0f} GPU-days, {pooled['test_failures']} failures; a matched row sums "
+        "each dataset's own match",
+        *_table(_rows(pooled), warning_min),
+    ]
     return "\n".join(lines)
