@@ -338,6 +338,30 @@ def test_train_and_evaluate_commands_write_the_promised_json(data: Path, tmp_pat
     assert done.returncode == 0, done.stderr
     assert json.loads(longer.read_text())["definitions"]["period_s"] == 4 * 3600.0
 
+    # Two datasets (the training twin and a quiet one at acceleration 1), false alarms measured apart.
+    quiet = tmp_path / "quiet"
+    simulate(FleetConfig(nodes=2, days=0.5, seed=9, acceleration=1.0), quiet, [])
+    both = tmp_path / "eval-both.json"
+    done = subprocess.run([FAULTCAST, "evaluate", "--model", str(model_dir), "--data", str(data), "--data",
+                           str(quiet), "--false-alarm-data", str(quiet), "--json", str(both), "--resamples",
+                           "200"], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pooled = json.loads(both.read_text())
+    own, other = pooled["datasets"]
+    assert own["world"]["evaluation"].startswith("held-out nodes and days of the training world")
+    assert other["held_out_from_training"] is False
+    assert pooled["pooled"]["test_gpu_days"] == pytest.approx(own["test_gpu_days"] + other["test_gpu_days"])
+    for key in ("model", "logistic", "logistic_matched", "rules", "rules_matched"):
+        assert pooled["pooled"][key]["failures"] == own[key]["failures"] + other[key]["failures"], key
+        apart = own["false_alarm_data"]["methods"][key]
+        assert apart["gpu_days"] == pytest.approx(other["test_gpu_days"])  # the same quiet part
+        assert len(own[key]["ci95"]["recall_5min"]) == 2
+    for matched in ("logistic_matched", "rules_matched"):
+        if own[matched]["within_target"]:
+            assert own[matched]["false_alarms"] <= own["model"]["false_alarms"]
+    assert "pooled over 2 datasets" in done.stdout
+    assert "false alarms measured apart" in done.stdout
+
     bad = subprocess.run([FAULTCAST, "evaluate", "--model", str(tmp_path / "none"), "--data", str(data)],
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert bad.returncode == 2
