@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.modes import FailureMode
 from faultcast.schemas import current_data_manifest
 
 
@@ -36,6 +37,14 @@ class Failure(NamedTuple):
     # Seconds its precursor ran before it: 0 when it had none (no model could see it coming), NaN
     # when the log does not say (a real fleet's log, or one written before the column existed).
     precursor_s: float = math.nan
+
+
+def _mode_can_warn(mode: str) -> bool:
+    """Whether failures of `mode` can carry a precursor; a mode faultcast does not know is kept."""
+    try:
+        return FailureMode(mode).has_precursor
+    except ValueError:
+        return True
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,16 @@ class FailureLog:
             Failure(float(t), int(n), int(g), str(m), float(p))
             for t, n, g, m, p in zip(*(c[keep] for c in columns), strict=True)
         ]
+
+    def learnable(self) -> FailureLog:
+        """The failures a model can learn a warning from: those that carried a precursor where the
+        log says (precursor_s > 0), else those whose mode can have one (not software, firmware or
+        silent data corruption). The rest look healthy until they strike: labelling the hours
+        before them positive only teaches the model noise."""
+        known = ~np.isnan(self.precursor_s)
+        can = np.array([_mode_can_warn(str(m)) for m in self.mode], dtype=bool)
+        keep = np.where(known, self.precursor_s > 0, can)
+        return FailureLog(*(c[keep] for c in (self.time_s, self.node, self.gpu, self.mode, self.precursor_s)))
 
     def between(self, after_s: float, until_s: float, nodes: Sequence[int] | None = None) -> list[Failure]:
         """Failures with after_s < time <= until_s (on `nodes`, when given)."""

@@ -261,8 +261,10 @@ class _Sampled:
 def _sample(
     dataset: Dataset, features: FeatureConfig, split: Split, config: TrainConfig
 ) -> tuple[_Sampled, tuple[str, ...]]:
-    """Replay the training nodes and period through the features, keeping the sampler's rows."""
-    labels = Labels(config.horizon_s, dataset.failures)
+    """Replay the training nodes and period through the features, keeping the sampler's rows. Only
+    the failures a warning could precede are labelled (FailureLog.learnable); thresholds are still
+    judged against every failure."""
+    labels = Labels(config.horizon_s, dataset.failures.learnable())
     sampler = _Sampler(labels, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
     engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
     rows = sampler.rows.stack()
@@ -417,5 +419,16 @@ def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Log
 
 
 def _data_summary(dataset: Dataset) -> dict[str, object]:
-    keep = ("kind", "config", "seed", "acceleration", "start", "end", "gpu_days", "rows", "failure_counts")
+    keep = (
+        "kind",
+        "config",
+        "seed",
+        "acceleration",
+        "start",
+        "end",
+        "gpu_days",
+        "rows",
+        "failure_counts",
+        "world",
+    )
     return {k: dataset.manifest[k] for k in keep if k in dataset.manifest}

@@ -101,12 +101,22 @@ class Scenario:
     def parse(text: str) -> Scenario:
         """MODE:NODE:GPU:AT, e.g. hbm_wear:3:5:2h (GPU 5 of node 3 fails 2 h in); GPU empty for node
         level. An optional fifth field sets the precursor's lead (default: the mode's median), e.g.
-        :40m. ValueError saying what is wrong otherwise (`faultcast collect/simulate --scenario`,
-        `faultcast demo --failure`)."""
+        :40m, and a sixth its strength (default 1, the twin's median; its failures range from about
+        0.2 to 5), e.g. :40m:3. ValueError saying what is wrong otherwise (`faultcast collect/simulate
+        --scenario`, `faultcast demo --failure`)."""
         parts = text.split(":")
-        if len(parts) not in (4, 5):
-            raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD], e.g. hbm_wear:0:3:30m")
-        name, node, gpu, at, *lead = parts
+        if len(parts) not in (4, 5, 6):
+            raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD[:STRENGTH]], e.g. hbm_wear:0:3:30m")
+        name, node, gpu, at, *rest = parts
+        lead = rest[:1] if rest and rest[0] != "" else []
+        strength = 1.0
+        if len(rest) == 2:
+            try:
+                strength = float(rest[1])
+            except ValueError:
+                raise ValueError(f"{text!r}: STRENGTH is a number (1: the twin's median)") from None
+            if not (math.isfinite(strength) and strength > 0):
+                raise ValueError(f"{text!r}: STRENGTH must be a positive number, got {rest[1]}")
         try:
             node_index, gpu_index = int(node), None if gpu == "" else int(gpu)
         except ValueError:
@@ -115,7 +125,12 @@ class Scenario:
             ) from None
         try:
             return Scenario(
-                name, node_index, gpu_index, parse_duration(at), parse_duration(lead[0]) if lead else None
+                name,
+                node_index,
+                gpu_index,
+                parse_duration(at),
+                parse_duration(lead[0]) if lead else None,
+                strength,
             )
         except ValueError as e:  # the mode, its level, the times: said once, in __post_init__
             raise ValueError(f"{text!r}: {e}") from None
@@ -124,6 +139,8 @@ class Scenario:
         """The scenario as `parse` reads it (for a `--scenario` flag)."""
         gpu = "" if self.gpu is None else str(self.gpu)
         lead = f":{self.lead_s:.0f}s" if self.lead_s is not None else ""
+        if self.strength != 1.0:
+            lead = f"{lead or ':'}:{self.strength:g}"
         return f"{self.mode}:{self.node}:{gpu}:{self.fail_s:.0f}s{lead}"
 
 

@@ -339,3 +339,18 @@ def test_the_world_block_says_whether_the_model_saw_the_world() -> None:
     assert unknown.unseen_world is None
     assert unknown.to_json()["unseen_world"] is None
     assert "do not say" in unknown.title
+
+
+def test_training_learns_only_from_failures_a_warning_could_precede() -> None:
+    log = FailureLog.of(
+        [
+            Failure(100.0, 0, 1, "hbm_wear", 1800.0),  # carried a precursor: learnable
+            Failure(200.0, 0, 2, "hbm_wear", 0.0),  # the log says it had none
+            Failure(300.0, 1, -1, "software", math.nan),  # unknown, and software never warns
+            Failure(400.0, 1, 3, "pcie", math.nan),  # unknown, and PCIe can warn
+            Failure(500.0, 2, 0, "made_up_mode", math.nan),  # a mode faultcast does not know: kept
+        ]
+    )
+    learnable = log.learnable()
+    assert learnable.time_s.tolist() == [100.0, 400.0, 500.0]
+    assert learnable.mode.tolist() == ["hbm_wear", "pcie", "made_up_mode"]

@@ -408,7 +408,13 @@ def test_scenarios_parse_from_the_command_line_with_clear_errors() -> None:
 
     assert parse_scenario("hbm_wear:2:5:90m") == Scenario("hbm_wear", 2, 5, 5400.0, None)
     assert parse_scenario("infiniband:1::2h:20m") == Scenario("infiniband", 1, None, 7200.0, 1200.0)
+    assert parse_scenario("hbm_wear:2:5:90m:40m:3") == Scenario("hbm_wear", 2, 5, 5400.0, 2400.0, 3.0)
+    assert parse_scenario("hbm_wear:2:5:90m::0.5") == Scenario("hbm_wear", 2, 5, 5400.0, None, 0.5)
+    loud = Scenario("pcie", 0, 1, 600.0, None, 2.0)
+    assert parse_scenario(loud.arg()) == loud
     for text, message in (
+        ("hbm_wear:2:5:90m:40m:loud", "STRENGTH is a number"),
+        ("hbm_wear:2:5:90m:40m:0", "STRENGTH must be a positive number"),
         ("hbm_wear:2:5", "expected MODE:NODE:GPU:AT"),
         ("lightning:0:1:5m", "unknown mode"),
         ("infiniband:0:3:5m", "leave GPU empty"),
