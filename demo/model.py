@@ -1,4 +1,5 @@
-"""The demo model's one recipe: a 32-node twin over 6 days at 200x the failure rate, trained with few
+"""The demo model's one recipe: a 32-node twin over 6 days at 400x the failure rate (about a third of
+failures carry a precursor, so it takes that many to have some to learn from), trained with few
 trees (about a minute here). The demo, the goodput study's default, the benchmarks and the test
 suite's `service_model` fixture all train it this way, so they all see the same model."""
 
@@ -12,7 +13,7 @@ from faultcast.model.train import TrainConfig, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.writer import simulate
 
-DEMO_FLEET = FleetConfig(nodes=32, days=6.0, seed=5, acceleration=200.0)
+DEMO_FLEET = FleetConfig(nodes=32, days=6.0, seed=5, acceleration=400.0)
 DEMO_TRAINING = TrainConfig(num_boost_round=80, negative_rate=0.05)
 
 

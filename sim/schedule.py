@@ -266,8 +266,8 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
     for gpu in range(config.gpus_per_node):
         r = rng(config.seed, Stream.SCHEDULE, node, 1 + gpu)
         failures.extend(_arrivals(r, gpu_specs, world, accel, horizon, blocked, (node, gpu)))
-    aborted = _aborted(config, node, node_specs, None) if config.failures else []
-    for gpu in range(config.gpus_per_node if config.failures else 0):
+    aborted = _aborted(config, node, node_specs, None) if config.confounders else []
+    for gpu in range(config.gpus_per_node if config.confounders else 0):
         aborted.extend(_aborted(config, node, gpu_specs, gpu))
 
     scripted = []
@@ -314,14 +314,15 @@ def _aborted(
     config: FleetConfig, node: int, specs: Sequence[ModeSpec], gpu: int | None
 ) -> list[ScheduledFailure]:
     """Degradations of one GPU (or the node) that stop without a failure: the same precursors, at
-    `aborted_per_precursor` times the rate of the failures that carry one (acceleration included:
-    a twin that makes failures 50x more common makes their look-alike degradations so too)."""
+    `aborted_per_precursor` times the real (unaccelerated) rate of the failures that carry one.
+    Acceleration multiplies failures, not healthy hardware's look-alikes: an accelerated twin
+    flatters precision, which is why false alarms are measured on a world at acceleration 1."""
     world = config.world
     key = 30_000 + (0 if gpu is None else 1 + gpu)
     r = rng(config.seed, Stream.SCHEDULE, node, key)
     rates = np.array(
         [
-            s.rate_per_day * world.rate_scale(s.name) * config.acceleration / 86_400.0
+            s.rate_per_day * world.rate_scale(s.name) / 86_400.0
             * s.precursor_probability(world) * world.aborted_per_precursor
             for s in specs
         ]

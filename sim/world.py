@@ -55,7 +55,9 @@ class World:
     precursor_scale: float = 1.0  # multiplies each mode's chance that a failure carries a precursor
     lead_scale: float = 1.0  # multiplies each mode's median precursor length
     strength_median: float = 1.0  # median precursor strength (per failure: lognormal, sigma 0.8)
-    aborted_per_precursor: float = 1.0  # degradations that stop without a failure, per real precursor
+    # Degradations that stop without a failure, per precursor-bearing failure at acceleration 1
+    # (acceleration multiplies failures only: these are healthy hardware's).
+    aborted_per_precursor: float = 1.0
     # Look-alikes on healthy hardware.
     sbe_heavy_share: float = 0.03  # cards with a steady correctable-error rate that never fail of it
     sbe_heavy_rate_per_min: float = 0.05  # their median rate (lognormal across cards, sigma 1)
