@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from faultcast.cli.types import Subcommands, add_world_flags, duration, scenario, world_from_args
 from faultcast.sim.config import FleetConfig
@@ -38,7 +39,7 @@ def add_parser(commands: Subcommands) -> None:
         choices=["faultcast-twin", "independent"],
         default="faultcast-twin",
         help="which generator: the fleet twin (default), or the independent one written from the "
-        "literature alone (faultcast.sim.independent; it takes no world, scenario or h100 flags)",
+        "literature alone (faultcast.sim.independent; it takes no world, scenario, confounder or h100 flags)",
     )
     p.add_argument(
         "--scenario",
@@ -59,12 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return _independent(args)
     try:
         config = FleetConfig(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            days=args.days,
-            cadence_s=args.interval,
-            seed=args.seed,
-            acceleration=args.acceleration,
+            **_fleet_size(args),
             h100_fraction=args.h100_fraction,
             confounders=not args.no_confounders,
             world=world_from_args(args),
@@ -90,6 +86,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet_size(args: argparse.Namespace) -> dict[str, Any]:
+    """What both generators take from the flags: the fleet, its horizon and cadence, seed, acceleration."""
+    return {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "days": args.days,
+        "cadence_s": args.interval,
+        "seed": args.seed,
+        "acceleration": args.acceleration,
+    }
+
+
 def _independent(args: argparse.Namespace) -> int:
     """The independent generator: the same files, another author's physics."""
     given = {
@@ -97,6 +105,7 @@ def _independent(args: argparse.Namespace) -> int:
         "--world-seed": args.world_seed is not None,
         "--world-file": args.world_file is not None,
         "--no-confounders": args.no_confounders,
+        "--h100-fraction": args.h100_fraction != 0.5,
     }
     ignored = [flag for flag, present in given.items() if present]
     if ignored:
@@ -105,20 +114,14 @@ def _independent(args: argparse.Namespace) -> int:
     from faultcast.sim.independent import IndependentConfig, generate
 
     try:
-        config = IndependentConfig(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            days=args.days,
-            cadence_s=args.interval,
-            seed=args.seed,
-            acceleration=args.acceleration,
-        )
+        config = IndependentConfig(**_fleet_size(args))
         manifest = generate(args.out, config)
     except ValueError as exc:
         print(f"faultcast simulate: {exc}", file=sys.stderr)
         return 2
     print(
         f"wrote {args.out} (independent family, world {manifest['world']['id']}): "
-        f"{manifest['rows']['failures']} failures, {manifest['failure_counts']}"
+        f"{manifest['rows']['telemetry']:,} GPU rows, {sum(manifest['failure_counts'].values())} failures "
+        f"({manifest['failures_with_precursor']} with a precursor): {manifest['failure_counts']}"
     )
     return 0

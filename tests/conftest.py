@@ -125,6 +125,8 @@ SLOW_FIXTURES = {
     "tests/test_import_score.py::model_dir": "trains a model",
     "tests/test_import_score.py::scored_data": "simulates and scores a fleet twin",
     "tests/test_features.py::week": "simulates a week of fleet",
+    "tests/test_world.py::healthy": "simulates a healthy fleet in a world where look-alikes are common",
+    "tests/test_world.py::accelerated": "simulates an accelerated fleet and sums it per GPU-hour",
     "tests/test_client_snapshots.py::uninterrupted": "a multi-process guarded training run",
     "tests/test_client_snapshots.py::crashed": "a multi-process guarded training run, crashed and rerun",
     "tests/test_notebooks.py::kernel": "a Jupyter kernel",
@@ -143,6 +145,14 @@ SLOW_MODULES = {
     "tests/test_cli.py": "`faultcast` commands in subprocesses",
 }
 SLOW_TESTS = {
+    "tests/test_world.py": {
+        "test_precursors_are_drawn_per_failure_and_some_degradations_stop": "128 nodes' schedules",
+        "test_degradations_that_stop_without_failing_come_at_the_real_rate": "512 nodes' schedules",
+        "test_a_world_file_describes_a_fleet_and_bad_ones_are_refused": "`faultcast simulate`",
+        "test_the_simulate_command_runs_either_family_and_refuses_what_the_independent_one_takes_not": (
+            "`faultcast simulate`, three runs"
+        ),
+    },
     "tests/test_twin.py": {
         "test_the_simulate_command_writes_the_four_files": "`faultcast simulate`",
         "test_the_same_seed_writes_the_same_files_and_another_seed_does_not": "3 runs",

@@ -287,3 +287,22 @@ def test_a_world_file_describes_a_fleet_and_bad_ones_are_refused(tmp_path: Path)
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads((tmp_path / "y" / "manifest.json").read_text())["world"]["id"] == world.id
+
+
+def test_the_simulate_command_runs_either_family_and_refuses_what_the_independent_one_takes_not(
+    tmp_path: Path,
+) -> None:
+    from faultcast.model.dataset import open_dataset
+
+    base = [sys.executable, "-m", "faultcast", "simulate", "--nodes", "2", "--days", "0.1", "--seed", "4"]
+    run = subprocess.run([*base, "--family", "independent", "--out", str(tmp_path / "ind")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert "independent family" in run.stdout
+    assert open_dataset(tmp_path / "ind").manifest["world"]["family"] == "independent"
+    run = subprocess.run([*base, "--world-seed", "5", "--out", str(tmp_path / "drawn")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert json.loads((tmp_path / "drawn" / "manifest.json").read_text())["world"]["id"] == World.draw(5).id
+    refused = subprocess.run([*base, "--family", "independent", "--world-seed", "5", "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    assert refused.returncode == 2
+    assert "takes no --world-seed" in refused.stderr
