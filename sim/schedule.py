@@ -29,6 +29,7 @@ _MAX_LEAD_S = 8 * 3600.0
 _STRENGTH_SIGMA = 0.8  # per-failure spread of precursor strength around the world's median
 # Precursor shapes (sim/precursors.py): a failure draws one, uniformly.
 SHAPES = ("ramp", "step", "intermittent", "plateau")
+SCENARIO_STRENGTH = 3.0  # a failure ordered on cue: a loud, textbook precursor
 _JOB_MEDIAN_S, _JOB_SIGMA = 6 * 3600.0, 0.8
 _GAP_MEDIAN_S, _GAP_SIGMA = 20 * 60.0, 1.0
 
@@ -85,7 +86,9 @@ class Scenario:
     gpu: int | None
     fail_s: float
     lead_s: float | None = None
-    strength: float = 1.0
+    # How loud the precursor is. A failure ordered on cue is a textbook one by default (3; the twin's
+    # own failures are lognormal around the world's median, 1, from about 0.2 to 5).
+    strength: float = SCENARIO_STRENGTH
 
     def __post_init__(self) -> None:
         spec = BY_NAME.get(self.mode)
@@ -101,20 +104,22 @@ class Scenario:
     def parse(text: str) -> Scenario:
         """MODE:NODE:GPU:AT, e.g. hbm_wear:3:5:2h (GPU 5 of node 3 fails 2 h in); GPU empty for node
         level. An optional fifth field sets the precursor's lead (default: the mode's median), e.g.
-        :40m, and a sixth its strength (default 1, the twin's median; its failures range from about
-        0.2 to 5), e.g. :40m:3. ValueError saying what is wrong otherwise (`faultcast collect/simulate
+        :40m, and a sixth its strength (default 3, a textbook failure; the twin's own are around 1,
+        from about 0.2 to 5), e.g. :40m:1. ValueError saying what is wrong otherwise (`faultcast collect/simulate
         --scenario`, `faultcast demo --failure`)."""
         parts = text.split(":")
         if len(parts) not in (4, 5, 6):
             raise ValueError(f"{text!r}: expected MODE:NODE:GPU:AT[:LEAD[:STRENGTH]], e.g. hbm_wear:0:3:30m")
         name, node, gpu, at, *rest = parts
         lead = rest[:1] if rest and rest[0] != "" else []
-        strength = 1.0
+        strength = SCENARIO_STRENGTH
         if len(rest) == 2:
             try:
                 strength = float(rest[1])
             except ValueError:
-                raise ValueError(f"{text!r}: STRENGTH is a number (1: the twin's median)") from None
+                raise ValueError(
+                    f"{text!r}: STRENGTH is a number (3: a textbook failure, 1: the twin's median)"
+                ) from None
             if not (math.isfinite(strength) and strength > 0):
                 raise ValueError(f"{text!r}: STRENGTH must be a positive number, got {rest[1]}")
         try:
@@ -139,7 +144,7 @@ class Scenario:
         """The scenario as `parse` reads it (for a `--scenario` flag)."""
         gpu = "" if self.gpu is None else str(self.gpu)
         lead = f":{self.lead_s:.0f}s" if self.lead_s is not None else ""
-        if self.strength != 1.0:
+        if self.strength != SCENARIO_STRENGTH:
             lead = f"{lead or ':'}:{self.strength:g}"
         return f"{self.mode}:{self.node}:{gpu}:{self.fail_s:.0f}s{lead}"
 

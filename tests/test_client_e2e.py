@@ -199,7 +199,7 @@ def _alert_and_migrate(cluster: SlurmCluster, faultcast: Faultcast, tmp_path: Pa
     assert cluster.job(job.job_id) == ("RUNNING", node)
     assert faultcast.service.store.jobs.all() == {job.job_id: [node]}  # the guard registered the job
 
-    source = TwinSource(FLEET, TWIN_NODE, [Scenario("hbm_wear", TWIN_NODE, GPU, FAIL_S, 40 * 60.0, 3.0)])
+    source = TwinSource(FLEET, TWIN_NODE, [Scenario("hbm_wear", TWIN_NODE, GPU, FAIL_S, 40 * 60.0)])
     with grpc.insecure_channel(faultcast.target) as channel:
         acks = push(channel, node, twin_snapshots(source, node, STEPS_BEFORE))
     assert acks[-1].acked_through == STEPS_BEFORE

@@ -15,7 +15,7 @@ def test_the_demo_predicts_the_ordered_failure_and_drains_the_node(
 ) -> None:
     done = subprocess.run(
         [FAULTCAST, "demo", "--nodes", "2", "--speed", "480", "--model", str(service_model), "--out",
-         str(tmp_path / "demo"), "--prometheus-port", "0", "--failure", "hbm_wear:1:3:80m:40m:3"],
+         str(tmp_path / "demo"), "--prometheus-port", "0", "--failure", "hbm_wear:1:3:80m:40m"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -84,7 +84,7 @@ def running(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             pass  # cancelled at teardown
 
     threading.Thread(target=listen, daemon=True).start()
-    source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0, 3.0)])
+    source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
     yield Running(service, channel, actuator, received, source, model_dir)
     stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave cancel untyped
     channel.close()

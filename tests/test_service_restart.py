@@ -82,7 +82,7 @@ def test_a_killed_service_restarts_and_subscribers_resume_with_no_gap(
     assert "INSECURE" in (tmp_path / "serve.log").read_text()  # --insecure says so at start
     apb_grpc.AlertsStub(first.channel).RegisterJob(apb.RegisterJobRequest(job_id="job-r", nodes=[NAME]))
     alerts = _subscribe(first.channel, 0)
-    source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0, 3.0)])
+    source = TwinSource(FLEET, NODE, [Scenario("hbm_wear", NODE, GPU, FAIL_S, 40 * 60.0)])
     sent = list(twin_snapshots(source, NAME, BEFORE))
     push(first.channel, NAME, sent)
     opened = _get(alerts)

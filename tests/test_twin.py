@@ -408,10 +408,11 @@ def test_scenarios_parse_from_the_command_line_with_clear_errors() -> None:
 
     assert parse_scenario("hbm_wear:2:5:90m") == Scenario("hbm_wear", 2, 5, 5400.0, None)
     assert parse_scenario("infiniband:1::2h:20m") == Scenario("infiniband", 1, None, 7200.0, 1200.0)
-    assert parse_scenario("hbm_wear:2:5:90m:40m:3") == Scenario("hbm_wear", 2, 5, 5400.0, 2400.0, 3.0)
+    assert parse_scenario("hbm_wear:2:5:90m:40m:1") == Scenario("hbm_wear", 2, 5, 5400.0, 2400.0, 1.0)
     assert parse_scenario("hbm_wear:2:5:90m::0.5") == Scenario("hbm_wear", 2, 5, 5400.0, None, 0.5)
-    loud = Scenario("pcie", 0, 1, 600.0, None, 2.0)
-    assert parse_scenario(loud.arg()) == loud
+    quiet = Scenario("pcie", 0, 1, 600.0, None, 0.5)
+    assert parse_scenario(quiet.arg()) == quiet
+    assert Scenario.parse("pcie:0:1:10m").strength == 3.0  # on cue: a textbook failure
     for text, message in (
         ("hbm_wear:2:5:90m:40m:loud", "STRENGTH is a number"),
         ("hbm_wear:2:5:90m:40m:0", "STRENGTH must be a positive number"),
