@@ -306,3 +306,29 @@ def test_the_simulate_command_runs_either_family_and_refuses_what_the_independen
                              capture_output=True, text=True, check=False)  # fmt: skip
     assert refused.returncode == 2
     assert "takes no --world-seed" in refused.stderr
+
+
+def test_the_thermal_stages_answer_a_power_step_with_their_time_constants_at_any_cadence() -> None:
+    """A GPU going from idle to full power: the cold plate reaches 63% of its rise after tau_sink, the
+    die after tau_die, whatever the sampling cadence (the filter is exact for held power)."""
+    from faultcast.sim.thermal import stage_rises
+
+    tau_die, tau_sink, watts, c_per_w = 5.0, 120.0, 400.0, 0.1
+    for cadence_s in (1.0, 10.0, 60.0):
+        steps = int(1200 / cadence_s)
+        die, sink = stage_rises(
+            np.full((steps, 1), watts), np.array([c_per_w]), np.array([tau_die]), np.array([tau_sink]),
+            (np.zeros(1), np.zeros(1)), cadence_s,
+        )  # fmt: skip
+        t = cadence_s * np.arange(1, steps + 1)
+        np.testing.assert_allclose(sink[:, 0], 0.6 * c_per_w * watts * -np.expm1(-t / tau_sink), rtol=1e-9)
+        np.testing.assert_allclose(die[:, 0], 0.4 * c_per_w * watts * -np.expm1(-t / tau_die), rtol=1e-9)
+        assert sink[-1, 0] + die[-1, 0] == pytest.approx(c_per_w * watts, rel=1e-3)  # steady state: C/W x W
+    # Carried state: a second chunk continues where the first stopped.
+    first = stage_rises(np.full((30, 1), watts), np.array([c_per_w]), np.array([tau_die]), np.array([tau_sink]),
+                        (np.zeros(1), np.zeros(1)), 10.0)  # fmt: skip
+    whole = stage_rises(np.full((60, 1), watts), np.array([c_per_w]), np.array([tau_die]), np.array([tau_sink]),
+                        (np.zeros(1), np.zeros(1)), 10.0)  # fmt: skip
+    second = stage_rises(np.full((30, 1), watts), np.array([c_per_w]), np.array([tau_die]), np.array([tau_sink]),
+                         (first[0][-1], first[1][-1]), 10.0)  # fmt: skip
+    np.testing.assert_allclose(second[1], whole[1][30:], rtol=1e-12)
