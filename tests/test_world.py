@@ -298,7 +298,8 @@ def test_the_simulate_command_runs_either_family_and_refuses_what_the_independen
     run = subprocess.run([*base, "--family", "independent", "--out", str(tmp_path / "ind")],
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert "independent family" in run.stdout
-    assert open_dataset(tmp_path / "ind").manifest["world"]["family"] == "independent"
+    assert json.loads((tmp_path / "ind" / "manifest.json").read_text())["world"]["family"] == "independent"
+    assert open_dataset(tmp_path / "ind").gpus_per_node == 8  # the model's reader opens it
     run = subprocess.run([*base, "--world-seed", "5", "--out", str(tmp_path / "drawn")],
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert json.loads((tmp_path / "drawn" / "manifest.json").read_text())["world"]["id"] == World.draw(5).id
