@@ -115,7 +115,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     dataset = open_dataset(out)
     split = make_split(dataset, TrainConfig(seed=TWIN["SEED"]))
-    failures = dataset.failures
+    failures = dataset.failures.learnable()  # training labels only these
     fit = failures.between(dataset.start_s, split.validation_start_s, split.train_nodes)
     validation = failures.between(split.validation_start_s, split.train_end_s, split.train_nodes)
     advice = "the small twin needs failures in both training slices: change its seed or size"
