@@ -263,7 +263,15 @@ PRECURSORS: dict[str, tuple[str, ...]] = {
     ),
     "detachment": ("nvml_call_seconds", "nvml_failed_calls", "sample_missing"),
     "firmware": ("gpu_temp", "power_usage", "xid_119_events", "xid_120_events"),
+    "gpu_sram": ("ecc_sbe_volatile", "xid_94_events", "xid_95_events"),
+    "silent_data_corruption": ("gpu_temp", "power_usage", "gpu_util"),
+    # Node-level modes plot the node's network row (signals_around with gpu None).
+    "host": ("tcp_retrans_segs", "peer_rtt_p99_seconds", "sample_missing"),
+    "software": ("ib_port_xmit_data", "tcp_out_segs", "tcp_retrans_segs"),
+    "nccl_timeout": ("peer_rtt_p99_seconds", "peer_loss_ratio", "tcp_retrans_segs"),
 }
+if set(PRECURSORS) != {m.value for m in FailureMode}:
+    raise RuntimeError("model/report.py: every failure mode needs the signals to plot around it")
 
 
 def is_cumulative(metric: str) -> bool:
@@ -449,7 +457,7 @@ def plot_signals(
 def plot_failure_overview(failures: pd.DataFrame, nodes: Sequence[str]) -> Figure:
     """Failures per mode, per node (stacked by mode) and over time (one row per node)."""
     modes = [m.value for m in FailureMode]
-    colors = {mode: matplotlib.colormaps["tab10"](i) for i, mode in enumerate(modes)}
+    colors = {mode: matplotlib.colormaps["tab20"](i % 20) for i, mode in enumerate(modes)}
     fig = Figure(figsize=(10, 10))
     axes = fig.subplots(3, 1, gridspec_kw={"height_ratios": [1, 1, 1.4]})
     counts = failures["mode"].value_counts().reindex(modes, fill_value=0)
