@@ -12,9 +12,9 @@ world's `thermal_resistance_scale`; 40% of it sits in the die stage, 60% in the 
 constants are the world's `tau_die_s` and `tau_sink_s` (no measured public figure: priors, see
 docs/failure-modes.md), spread +-15% per GPU. HBM follows the cold plate, a few degrees warmer.
 
-Throttling feeds back on power (sim/generate.py) but not on temperature within a step: the model
-takes the power asked for, which overstates the temperature of a GPU deep in thermal slowdown by a
-few degrees. That only happens under a failing cooler or a room cooling event.
+Throttling lowers the power reported (sim/generate.py) but not the temperature: the stages take
+the power before thermal slowdown, so a GPU deep in slowdown never cools itself and its temperature
+is overstated by a few degrees. That only happens under a failing cooler or a room cooling event.
 """
 
 from __future__ import annotations
