@@ -34,7 +34,7 @@ from faultcast.sim.writer import simulate
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 # Enough failures that carry a precursor to fit, validate and test on (about a third of them do).
-FLEET = FleetConfig(nodes=12, days=4.0, seed=5, acceleration=600.0)
+FLEET = FleetConfig(nodes=8, days=4.0, seed=5, acceleration=1000.0)
 METHOD_KEYS = {
     "recall_1min", "recall_5min", "recall_5min_predictable", "median_lead_min", "p10_lead_min", "p90_lead_min",
     "false_alarms_per_1000_gpu_days", "premature_alarms_per_1000_gpu_days", "false_only_alarms_per_1000_gpu_days",
