@@ -142,6 +142,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
     except (ModelError, DataError) as exc:
         print(f"faultcast evaluate: {exc}", file=sys.stderr)
         return 2
+    from faultcast.model.evaluate import WARMUP_S
+
+    short = [d.path for d in (*datasets, *apart) if d.end_s - d.start_s <= WARMUP_S]
+    if short:
+        print(
+            f"faultcast evaluate: nothing to score in {', '.join(map(str, short))}: the data must run longer "
+            f"than the features' {WARMUP_S / 3600:g} h warm-up",
+            file=sys.stderr,
+        )
+        return 2
     started = time.perf_counter()
     periods = PredictionPeriods(args.warning_time, args.prediction_period)
     resampling = (args.resamples, args.bootstrap_seed)

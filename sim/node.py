@@ -21,6 +21,7 @@ class NodeTwin:
         self.config = config
         self.node = node
         self.scenarios = tuple(s for s in scenarios if s.node == node)
+        check_gpus(config, self.scenarios)
         self.traits = node_traits(config, node)
         self.schedule = node_schedule(config, node, self.scenarios)
         self.state = NodeState.initial(config, self.traits)
@@ -34,6 +35,7 @@ class NodeTwin:
     def redo_chunk(self, scenarios: Iterable[Scenario]) -> NodeChunk:
         """Regenerate the chunk last returned under a new schedule (a scenario injected mid-chunk)."""
         self.scenarios = tuple(s for s in scenarios if s.node == self.node)
+        check_gpus(self.config, self.scenarios)
         self.schedule = node_schedule(self.config, self.node, self.scenarios)
         self.state = copy.deepcopy(self._state_at_chunk_start)
         return self.next_chunk()
@@ -41,6 +43,15 @@ class NodeTwin:
     def uuid(self, gpu: int, replacements: int) -> str:
         """The UUID of slot `gpu` after `replacements` swaps (see faultcast.sim.fleet.gpu_uuid)."""
         return _uuid(self.config.seed, self.node, gpu, replacements)
+
+
+def check_gpus(config: FleetConfig, scenarios: Iterable[Scenario]) -> None:
+    """ValueError for a scenario on a GPU the node does not have."""
+    for s in scenarios:
+        if s.gpu is not None and not 0 <= s.gpu < config.gpus_per_node:
+            raise ValueError(
+                f"scenario {s.arg()}: GPU {s.gpu} does not exist (the node has GPUs 0..{config.gpus_per_node - 1})"
+            )
 
 
 @cache

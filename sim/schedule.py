@@ -99,6 +99,8 @@ class Scenario:
             raise ValueError(f"{self.mode} is {spec.level.value}-level; {advice}")
         if self.fail_s <= 0:
             raise ValueError(f"a scenario must fail after the start, got {self.fail_s} s")
+        if not (math.isfinite(self.strength) and 0 < self.strength <= 100):
+            raise ValueError(f"a scenario's strength is a positive number up to 100, got {self.strength}")
 
     @staticmethod
     def parse(text: str) -> Scenario:
@@ -120,8 +122,8 @@ class Scenario:
                 raise ValueError(
                     f"{text!r}: STRENGTH is a number (3: a textbook failure, 1: the twin's median)"
                 ) from None
-            if not (math.isfinite(strength) and strength > 0):
-                raise ValueError(f"{text!r}: STRENGTH must be a positive number, got {rest[1]}")
+            if not (math.isfinite(strength) and 0 < strength <= 100):
+                raise ValueError(f"{text!r}: STRENGTH must be a positive number up to 100, got {rest[1]}")
         try:
             node_index, gpu_index = int(node), None if gpu == "" else int(gpu)
         except ValueError:

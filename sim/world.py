@@ -26,6 +26,14 @@ import numpy as np
 
 from faultcast.modes import FailureMode
 
+# Bounds a world file cannot pass: multipliers of the literature's figures, and any rate or time.
+_SCALES = frozenset(
+    {"failure_rate_scale", "precursor_scale", "lead_scale", "strength_median", "aborted_per_precursor",
+     "thermal_resistance_scale"}
+)  # fmt: skip
+_MAX_SCALE = 100.0
+_MAX_VALUE = 1e5
+
 
 @dataclass(frozen=True, slots=True)
 class Prior:
@@ -113,15 +121,30 @@ class World:
     def from_json(data: dict[str, Any]) -> World:
         """The world of a manifest's "world" entry, or of a user's file: {"parameters": {...}} (or
         the parameters at the top level) over the median world. ValueError naming unknown keys."""
-        params = dict(data.get("parameters", data))
-        family = str(params.pop("family", data.get("family", "user")))
+        if "parameters" in data:
+            params = data["parameters"]
+            extra = sorted(set(data) - {"parameters", "family", "seed", "id"})
+            if extra:
+                raise ValueError(f'beside "parameters", a world has only family, seed and id; got {extra}')
+        else:
+            params = data
+        if not isinstance(params, dict):
+            raise ValueError("the world's parameters are a JSON object of name: value")
+        params = dict(params)
+        family = params.pop("family", data.get("family", "user"))
         seed = params.pop("seed", data.get("seed"))
         params.pop("id", None)
+        if not isinstance(family, str) or family == "independent":
+            raise ValueError(
+                f'family {family!r}: a name for your world ("independent" is the other generator\'s)'
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed {seed!r}: an integer, or absent")
         known = {f.name for f in fields(World)}
         unknown = sorted(set(params) - known)
         if unknown:
             raise ValueError(f"unknown world parameters {unknown}; known: {', '.join(sorted(known))}")
-        world = replace(World(), family=family, seed=None if seed is None else int(seed), **params)
+        world = replace(World(), family=family, seed=seed, **params)
         world.check()
         return world
 
@@ -162,10 +185,19 @@ class World:
                 bad.append(f"{f.name}={value}")
             elif f.name.endswith("_share") and value > 1:
                 bad.append(f"{f.name}={value} (a share is at most 1)")
-        for mode, scale in self.mode_rate_scale.items():
+            elif f.name in _SCALES and value > _MAX_SCALE:
+                bad.append(f"{f.name}={value} (at most {_MAX_SCALE:g}: a multiplier, not a new physics)")
+            elif value > _MAX_VALUE:
+                bad.append(f"{f.name}={value} (at most {_MAX_VALUE:g})")
+        scales = self.mode_rate_scale if isinstance(self.mode_rate_scale, dict) else {}
+        if not isinstance(self.mode_rate_scale, dict):
+            bad.append("mode_rate_scale must be an object of mode name: number")
+        for mode, scale in scales.items():
             if mode not in set(FailureMode):
                 bad.append(f"mode_rate_scale: unknown mode {mode!r}")
-            elif not (math.isfinite(scale) and scale >= 0):
+            elif isinstance(scale, bool) or not isinstance(scale, int | float):
+                bad.append(f"mode_rate_scale[{mode}]={scale!r} (a number)")
+            elif not (math.isfinite(scale) and 0 <= scale <= _MAX_SCALE):
                 bad.append(f"mode_rate_scale[{mode}]={scale}")
         if not bad and (self.tau_die_s <= 0 or self.tau_sink_s <= 0):
             bad.append("thermal time constants must be positive")

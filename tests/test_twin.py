@@ -374,6 +374,10 @@ def test_a_scenario_must_make_sense() -> None:
         Scenario("hbm_wear", 0, 1, 0.0)
     with pytest.raises(ValueError, match="days must be positive"):
         FleetConfig(days=0)
+    with pytest.raises(ValueError, match="strength is a positive number up to 100"):
+        Scenario("hbm_wear", 0, 1, 60.0, None, 0.0)
+    with pytest.raises(ValueError, match=r"GPU 9 does not exist \(the node has GPUs 0..7\)"):
+        NodeTwin(FleetConfig(nodes=1, days=0.1), 0, [Scenario("hbm_wear", 0, 9, 600.0)])
 
 
 def test_the_simulate_command_writes_the_four_files(tmp_path: Path) -> None:
@@ -416,6 +420,7 @@ def test_scenarios_parse_from_the_command_line_with_clear_errors() -> None:
     for text, message in (
         ("hbm_wear:2:5:90m:40m:loud", "STRENGTH is a number"),
         ("hbm_wear:2:5:90m:40m:0", "STRENGTH must be a positive number"),
+        ("hbm_wear:2:5:90m:40m:1e308", "STRENGTH must be a positive number up to 100"),
         ("hbm_wear:2:5", "expected MODE:NODE:GPU:AT"),
         ("lightning:0:1:5m", "unknown mode"),
         ("infiniband:0:3:5m", "leave GPU empty"),

@@ -267,6 +267,15 @@ def test_a_world_file_describes_a_fleet_and_bad_ones_are_refused(tmp_path: Path)
         ('{"tau_die_s": 0}', "thermal time constants must be positive"),
         ('{"weather_c": "hot"}', "weather_c='hot' (a number)"),
         ("[1, 2]", "a JSON object"),
+        ('{"mode_rate_scale": [1, 2]}', "mode_rate_scale must be an object"),
+        ('{"mode_rate_scale": {"hbm_wear": "2"}}', "mode_rate_scale[hbm_wear]='2' (a number)"),
+        ('{"failure_rate_scale": 1e12}', "failure_rate_scale=1000000000000.0 (at most 100"),
+        ('{"thermal_resistance_scale": 1e300}', "thermal_resistance_scale=1e+300 (at most 100"),
+        ('{"weather_c": 1e9}', "weather_c=1000000000.0 (at most 100000)"),
+        ('{"parameters": []}', "a JSON object of name: value"),
+        ('{"parameters": {"hot_rack_share": 0.1}, "hot_rack_share": 0.9}', 'beside "parameters"'),
+        ('{"seed": 1.7}', "seed 1.7: an integer"),
+        ('{"family": "independent"}', "the other generator's"),
         ("{", "cannot read"),
     ):
         bad = tmp_path / "bad.json"
