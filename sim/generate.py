@@ -80,7 +80,6 @@ class _Key(enum.IntEnum):
     NOISE = 1
     SBE = 2
     REMAP = 3
-    CONFOUNDERS = 5
     MISSING = 6
     NETWORK = 7
     XID = 8
@@ -438,7 +437,7 @@ def _thermals(
     gen, busy, w = traits.generation, load.busy, config.world
     asked = load.power + load.power_jitter * (1.0 + fx.power_noise)
     # The power limit holds a job that asks for more (SW power cap, clocks trimmed to fit).
-    cap = fx.cap | (asked > gen.tdp_w)
+    cap = asked > gen.tdp_w
     power = np.minimum(asked, np.where(cap, np.minimum(gen.tdp_w, 0.97 * asked + 0.03 * gen.tdp_w), asked))
     power = np.where(fx.brake, power * 0.6, power)
     c_per_w = gen.thermal_c_per_w * w.thermal_resistance_scale * np.ones(power.shape[1])

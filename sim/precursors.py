@@ -40,7 +40,6 @@ class Effects:
     remap_p: np.ndarray = field(init=False)
     pending: np.ndarray = field(init=False)
     brake: np.ndarray = field(init=False)
-    cap: np.ndarray = field(init=False)
     nvlink_per_min: np.ndarray = field(init=False)  # (4, T, G) on the worst link
     nvlink_burst: np.ndarray = field(init=False)
     pcie_per_min: np.ndarray = field(init=False)
@@ -71,7 +70,7 @@ class Effects:
         self.temp_add, self.power_noise = np.zeros((n, g)), np.zeros((n, g))
         self.clock, self.nvml_slow = np.ones((n, g)), np.ones((n, g))
         self.sbe_per_min, self.remap_p, self.xid92_p = np.zeros((n, g)), np.zeros((n, g)), np.zeros((n, g))
-        self.pending, self.brake, self.cap = (np.zeros((n, g), dtype=bool) for _ in range(3))
+        self.pending, self.brake = np.zeros((n, g), dtype=bool), np.zeros((n, g), dtype=bool)
         self.nvlink_per_min, self.nvlink_burst = np.zeros((4, n, g)), np.zeros((n, g))
         self.pcie_per_min, self.pcie_burst = np.zeros((n, g)), np.zeros((n, g))
         self.width_down, self.gen_down = np.zeros((n, g), dtype=bool), np.zeros((n, g), dtype=bool)

@@ -180,8 +180,9 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
     )
     _write_failures(config, out / "failures.csv", failures, twins)
     aborted = sum(1 for twin in twins for f in twin.schedule.aborted if f.fail_s < config.horizon_s)
-    manifest = _manifest(config, scenarios, failures, rows, network_rows, time.perf_counter() - started)
-    manifest["aborted_degradations"] = aborted
+    manifest = _manifest(
+        config, scenarios, failures, (rows, network_rows, aborted), time.perf_counter() - started
+    )
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -221,10 +222,10 @@ def _manifest(
     config: FleetConfig,
     scenarios: tuple[Scenario, ...],
     failures: list[ScheduledFailure],
-    rows: int,
-    network_rows: int,
+    counts_written: tuple[int, int, int],
     seconds: float,
 ) -> TwinManifest:
+    rows, network_rows, aborted = counts_written  # telemetry rows, network rows, aborted degradations
     counts = Counter(f.mode for f in failures)
     gpu_days = config.nodes * config.gpus_per_node * config.days
     return {
@@ -262,7 +263,7 @@ def _manifest(
         ],
         "failure_counts": {m.name: counts.get(m.name, 0) for m in MODES},
         "failures_with_precursor": sum(1 for f in failures if f.lead_s > 0),
-        "aborted_degradations": 0,
+        "aborted_degradations": aborted,
         "scenarios": [vars(s) if hasattr(s, "__dict__") else _slots(s) for s in scenarios],
         "catalogue": {"version": CATALOGUE_VERSION, "schema_hash": f"{SCHEMA_HASH:#018x}"},
         "versions": {
