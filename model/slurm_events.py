@@ -187,7 +187,7 @@ def parse_sacctmgr_events(lines: Iterable[str], name: str, zone: ZoneInfo) -> It
 
 def _split_parsable(line: str, names: list[str], where: str) -> list[str]:
     parts = line.split("|")
-    if len(parts) == len(names) + 1 and parts[-1] == "":  # -p ends every field with "|"
+    if len(parts) > len(names) and parts[-1] == "":  # -p ends every field with "|"
         parts = parts[:-1]
     if len(parts) > len(names) and "Reason" in names:  # a reason holding "|": join it back
         at, extra = names.index("Reason"), len(parts) - len(names)
