@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from faultcast.cli.types import Subcommands, duration
+from faultcast.cli.types import Subcommands, duration, limit
 
 
 def add_parsers(commands: Subcommands) -> None:
@@ -40,6 +40,19 @@ def add_parsers(commands: Subcommands) -> None:
         default=[],
         help="label naming the node, tried before Hostname, hostname and instance (repeatable)",
     )
+    imp.add_argument(
+        "--frozen-after",
+        type=limit,
+        default=3600.0,
+        help="a GPU whose every gauge stays bit-identical this long is a frozen exporter: those samples "
+        "are written as missing (default 1h; 0 or off keeps them)",
+    )
+    imp.add_argument(
+        "--spill-dir",
+        type=Path,
+        help="where the import spills samples while it streams (about 20 bytes a sample; default: the "
+        "system's temporary directory)",
+    )
     imp.set_defaults(handler=run_import)
 
     score = commands.add_parser("score", help="list the alerts a model would have raised on a data directory")
@@ -63,6 +76,8 @@ def run_import(args: argparse.Namespace) -> int:
             cadence_s=args.interval,
             gpus_per_node=args.gpus_per_node,
             node_labels=labels,
+            frozen_after_s=args.frozen_after,
+            spill_dir=args.spill_dir,
         )
     except DataError as exc:
         print(f"faultcast import-prometheus: {exc}", file=sys.stderr)
@@ -86,12 +101,30 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
         lines.append(f"{manifest['samples_not_finite']:,} NaN/Inf samples became missing values")
     for series, how in manifest.get("units_converted", {}).items():
         lines.append(f"{series} converted to the catalogue's unit: {how}")
-    unknown = manifest["unknown_metrics"]
-    if unknown:
-        shown = ", ".join(f"{name} ({n})" for name, n in list(unknown.items())[:8])
-        lines.append(f"{sum(unknown.values())} series of {len(unknown)} unknown metrics left out: {shown}")
-    for reason, n in manifest["skipped_series"].items():
-        lines.append(f"{n} series skipped: {reason}")
+    not_used = manifest.get("not_used", {})
+    if not_used:
+        total = sum(entry["series"] for entry in not_used.values())
+        lines.append(f"not used: {total} series of {len(not_used)} names:")
+        for name, entry in list(not_used.items())[:12]:
+            lines.append(f"  {name} ({entry['series']}): {entry['why']}")
+        if len(not_used) > 12:
+            lines.append(f"  ... and {len(not_used) - 12} more names (manifest.json, not_used)")
+    frozen = manifest.get("frozen", {})
+    if frozen.get("samples_blanked"):
+        lines.append(
+            f"frozen exporters: {frozen['samples_blanked']:,} GPU-steps of {frozen['gpus']} GPUs written as "
+            f"missing (every gauge bit-identical for over {frozen['threshold_s'] / 60:g} min):"
+        )
+        for node, entry in frozen["by_node"].items():
+            lines.append(
+                f"  {node}: {entry['gpus']} GPUs, {entry['spans']} spans, {entry['hours']:.1f} GPU-hours"
+            )
+    if manifest.get("nodes_without_gpus"):
+        shown = ", ".join(manifest["nodes_without_gpus"][:5])
+        lines.append(
+            f"{len(manifest['nodes_without_gpus'])} nodes have network series but no GPU series ({shown}...): "
+            "do the exporters name nodes differently? (--node-label)"
+        )
     if manifest["failures_outside_data"]:
         lines.append(f"{manifest['failures_outside_data']} failures fall outside the exported time range")
     if not manifest["failure_log"]:
@@ -106,6 +139,9 @@ def run_score(args: argparse.Namespace) -> int:
     from faultcast.model.dataset import DataError
 
     try:
+        note = cadence_note(args.model, args.data)
+        if note:
+            print(note)
         alerts = score(args.model, args.data)
     except (DataError, ModelError) as exc:
         print(f"faultcast score: {exc}", file=sys.stderr)
@@ -117,3 +153,27 @@ def run_score(args: argparse.Namespace) -> int:
         write_csv(alerts, args.csv)
         print(f"wrote {args.csv}")
     return 0
+
+
+def cadence_note(model_dir: Path, data_dir: Path) -> str | None:
+    """A note when the data's cadence (its manifest) differs from the one the model was trained at
+    (its feature config), else None; raises ModelError or DataError as `score` would."""
+    from faultcast.model.artifact import load
+    from faultcast.model.dataset import open_dataset
+
+    model_cadence = load(model_dir).feature_config.cadence_s
+    data_cadence = open_dataset(data_dir).cadence_s
+    if data_cadence == model_cadence:
+        return None
+    ratio = data_cadence / model_cadence
+    if ratio > 1:
+        effect = (
+            f"{ratio:g} times the model's {model_cadence:g} s: scoring lays the data on the model's grid, "
+            f"where only about one step in {ratio:g} has a sample"
+        )
+    else:
+        effect = (
+            f"finer than the model's {model_cadence:g} s: scoring keeps the last sample of each "
+            f"{model_cadence:g} s step and leaves the rest"
+        )
+    return f"note: the data's cadence is {data_cadence:g} s, {effect} (scores may differ from training's)"

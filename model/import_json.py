@@ -56,8 +56,8 @@ Wanted = Callable[[Any], bool]
 class _Text:
     """A JSON text read incrementally: the unread part of the file lies in `buf` from `pos`."""
 
-    def __init__(self, handle: TextIO, name: str) -> None:
-        self.handle, self.name = handle, name
+    def __init__(self, handle: TextIO, name: str, block: int = _BLOCK) -> None:
+        self.handle, self.name, self.block = handle, name, block
         self.buf, self.pos, self.eof = "", 0, False
 
     def more(self) -> bool:
@@ -65,7 +65,7 @@ class _Text:
         if self.eof:
             return False
         try:
-            chunk = self.handle.read(_BLOCK)
+            chunk = self.handle.read(self.block)
         except UnicodeDecodeError as exc:
             raise DataError(f"{self.name}: not JSON ({exc})") from exc
         if not chunk:
@@ -220,12 +220,15 @@ def export_files(export: Path) -> list[Path]:
     raise DataError(f"{export}: no such file or directory")
 
 
-def read_export(export: Path, wanted: Wanted, responses: list[str]) -> Iterator[Series]:
+def read_export(
+    export: Path, wanted: Wanted, responses: list[str], *, block_chars: int = _BLOCK
+) -> Iterator[Series]:
     """Every series of every answer of the export, in file order; appends each answer's name to
-    `responses` once it is read. Raises DataError on what is not a range-query answer."""
+    `responses` once it is read. Raises DataError on what is not a range-query answer. The files
+    are read `block_chars` characters at a time."""
     for file in export_files(export):
         with file.open(encoding="utf-8", newline="") as handle:
-            text = _Text(handle, str(file))
+            text = _Text(handle, str(file), block_chars)
             if text.peek() == "[":
                 for i, _ in enumerate(text.elements()):
                     yield from _response(text, f"{file}[{i}]", wanted)
