@@ -1,0 +1,83 @@
+"""`faultcast calibrate`: set the serving threshold from a fleet's own recent history, and say how far
+the fleet sits from what the model was trained on (faultcast.model.calibrate describes the method)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from faultcast.cli.types import Subcommands
+
+
+def add_parser(commands: Subcommands) -> None:
+    """Register `faultcast calibrate`."""
+    p = commands.add_parser(
+        "calibrate",
+        help="set the alert threshold from a fleet's own history (false-alarm budget), report drift",
+        description=__doc__,
+    )
+    p.add_argument("--model", type=Path, required=True, help="the model directory")
+    p.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="the fleet's history: a data directory (`faultcast import-prometheus` or `simulate`)",
+    )
+    p.add_argument(
+        "--failures",
+        type=Path,
+        help="a failure log to use instead of the data's failures.csv (same columns); without failures "
+        "every incident on the history counts as a false alarm",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="false alarms per 1,000 GPU-days to hold (default: the model's training budget)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the node bootstrap's and the drift sample's seed")
+    p.add_argument("--json", type=Path, help="also write every figure here as JSON ('-': stdout only)")
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="write the threshold beside the model (threshold.json): the service serves it from its "
+        "next start or reload",
+    )
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Calibrate, print the summary (or the JSON to stdout with --json -), apply when asked. Exit
+    status: 0, or 2 when the model, the data or the history cannot be used."""
+    from faultcast.model.artifact import ModelError
+    from faultcast.model.calibrate import CalibrationError, apply, calibrate, summary
+    from faultcast.model.dataset import DataError
+    from faultcast.model.threshold_file import ThresholdFileError
+
+    try:
+        result = calibrate(
+            args.model, args.data, failures_path=args.failures, budget=args.budget, seed=args.seed
+        )
+    except (ModelError, DataError, CalibrationError, OSError) as exc:
+        print(f"faultcast calibrate: {exc}", file=sys.stderr)
+        return 2
+    document = json.dumps(result.to_json(), indent=1)
+    if args.json == Path("-"):
+        print(document)
+    else:
+        print(summary(result))
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(document + "\n")
+    if args.apply:
+        try:
+            path = apply(result)
+        except (ModelError, ThresholdFileError, OSError) as exc:
+            print(f"faultcast calibrate: cannot apply: {exc}", file=sys.stderr)
+            return 2
+        print(
+            f"applied: {path} (the service serves threshold {result.threshold:.4f} from its next start or reload)",
+            file=sys.stderr if args.json == Path("-") else sys.stdout,
+        )
+    return 0
