@@ -207,6 +207,20 @@ class ServiceMetrics:
         self.model_reloads = Counter(
             "faultcast_model_reloads", "Model reloads, by outcome (ok, rejected).", ["outcome"], registry=r
         )
+        self.feature_drift_psi = Gauge(
+            "faultcast_feature_drift_psi",
+            "Population stability index of the scored feature rows of the last hours against the model's "
+            "training rows, by feature group (the largest of its features'); 0.1 watch, 0.25 major. Absent "
+            "when the model has no reference.json.",
+            ["group"],
+            registry=r,
+        )
+        self.calibration_timestamp = Gauge(
+            "faultcast_calibration_timestamp_seconds",
+            "When `faultcast calibrate --apply` chose the serving threshold (unix seconds); 0 when the "
+            "threshold serving did not come from calibration.",
+            registry=r,
+        )
 
     def _add_callers(self, r: CollectorRegistry) -> None:
         """Callers refused or held back."""
@@ -301,6 +315,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_remediation_circuit_open",
     "faultcast_model_info",
     "faultcast_model_reloads_total",
+    "faultcast_feature_drift_psi",
+    "faultcast_calibration_timestamp_seconds",
     "faultcast_auth_denied_total",
     "faultcast_throttled_total",
     "faultcast_scoring_backlog",

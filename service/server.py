@@ -28,6 +28,7 @@ from faultcast.service.alert_book import AlertBook
 from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.config import ServiceConfig
+from faultcast.service.drift_monitor import DriftMonitor
 from faultcast.service.health import ALL, Health
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
@@ -125,6 +126,8 @@ class Service:
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
         self._describe(model)
+        self.drift = DriftMonitor(self.metrics.feature_drift_psi, self.metrics.calibration_timestamp)
+        self.drift.use(model_dir, model)
         self.metrics.backlog.set_function(lambda: float(self.scorer.backlog()))
         for outcome in ("ok", "rejected"):
             self.metrics.model_reloads.labels(outcome)
@@ -222,6 +225,7 @@ class Service:
         if not scored:
             return []
         alerts = self.book.observe(scored)
+        self.drift.observe(scored)
         done = time.monotonic()
         for s in scored:
             self.metrics.scoring_latency.observe(done - s.arrival_s)
@@ -287,6 +291,7 @@ class Service:
             self.book.swap_model(model, carried)
             self.model_dir = target
             self._describe(model)
+            self.drift.use(target, model)
             self.metrics.model_reloads.labels("ok").inc()
             log.info(
                 "serving model %s from %s (feature state %s)",

@@ -243,6 +243,7 @@ def test_exported_names_match_what_the_service_exposes() -> None:
     metrics.node_silent.labels(node="node-b", during_incident="false").set(1)
     metrics.remediations.labels(actuator="noop", outcome="ok").inc()
     metrics.model_info.info({"version": "test"})
+    metrics.feature_drift_psi.labels(group="thermal").set(0.05)  # only with a model's reference.json
 
     families = list(text_string_to_metric_families(generate_latest(metrics.registry).decode()))
     untouched = {family.name for family in families if not family.samples}
