@@ -131,6 +131,8 @@ SLOW_FIXTURES = {
     "tests/test_client_snapshots.py::crashed": "a multi-process guarded training run, crashed and rerun",
     "tests/test_notebooks.py::kernel": "a Jupyter kernel",
     "tests/test_dcgm_parity.py::prometheus": "a real Prometheus scraping two `faultcast collect`",
+    "tests/test_calibrate.py::fleet": "simulates a 4-day fleet (and `calibrated` scores it)",
+    "tests/test_calibrate.py::twin": "simulates a fleet twin and replays it through the features",
 }
 SLOW_MODULES = {
     "tests/test_client_e2e.py": "torchrun jobs on a real Slurm cluster",
