@@ -20,13 +20,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Each subcommand's module loads its heavy parts (the model stack, the service) only when it runs,
     # so every `faultcast collect` start stays light (tests/test_cli.py holds the line).
-    from faultcast.cli import collect, demo, goodput, import_score, model, serve, simulate
+    from faultcast.cli import calibrate, collect, demo, failures, goodput, import_score, model, serve, simulate
 
     collect.add_parser(commands)
     simulate.add_parser(commands)
     goodput.add_parser(commands)
     model.add_parsers(commands)
     import_score.add_parsers(commands)
+    failures.add_parser(commands)
+    calibrate.add_parser(commands)
     serve.add_parser(commands)
     demo.add_parser(commands)
     metrics = commands.add_parser("metrics", help="print the metric catalogue as a Markdown table")
