@@ -134,7 +134,7 @@ def score_dataset(
         return []
     cadence = model.feature_config.cadence_s
     features = _features_at(dataset, model, start, found, period.times_s)
-    g = model.feature_config.gpus_per_node
+    g = dataset.gpus_per_node  # the data's node size, whatever the model was trained on
     failure_log = bool(dataset.manifest.get("failure_log", True))
     judged = {j.incident.key: j for j in judge(period, dataset.failures, found, periods)}
     alerts = []
@@ -188,7 +188,7 @@ def _features_at(
     """(grid index, node) -> (gpus_per_node, features) at each incident, from a second replay of only
     the alerted nodes. It starts where score_period's did, so the features are the ones scored."""
     cadence = model.feature_config.cadence_s
-    g = model.feature_config.gpus_per_node
+    g = dataset.gpus_per_node  # the data's node size, whatever the model was trained on
     places = [(_grid_index(dataset, float(times_s[i.opened_step]), cadence), i.node) for i in found]
     nodes = sorted({node for _, node in places})
     local = {node: i for i, node in enumerate(nodes)}

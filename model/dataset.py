@@ -235,15 +235,11 @@ def replay(
 
     `masked_inputs` blanks those input columns before the engine sees them: how a cluster that does
     not collect them looks (for example dcgm-exporter's default set)."""
-    if config.gpus_per_node != dataset.gpus_per_node:
-        raise DataError(
-            f"model expects {config.gpus_per_node} GPUs per node, the data has {dataset.gpus_per_node}"
-        )
     selected = list(range(len(dataset.nodes))) if nodes is None else list(nodes)
     node_map = np.full(len(dataset.nodes), -1, dtype=np.int64)
     node_map[selected] = np.arange(len(selected))
-    engine = FeatureEngine(config, len(selected))
-    g = config.gpus_per_node
+    g = dataset.gpus_per_node  # the data's node size, whatever the model was trained on
+    engine = FeatureEngine(config, len(selected), g)
     cadence = config.cadence_s
     lo, hi = _step_range(dataset, cadence, start_s, end_s)
     gpu_mask = np.array([c in masked_inputs for c in GPU_INPUTS])
@@ -280,8 +276,7 @@ def replay(
             if k in changes:
                 engine.reset_slots(np.array(changes[k]))
             features = engine.update(first + k, gpu[k], node[k], is_h100)
-            present = ~np.isnan(gpu[k, :, 0]) | ~np.isnan(gpu[k, :, 2])
-            sink(Step(first + k, dataset.start_s + (first + k) * cadence, present, features))
+            sink(Step(first + k, dataset.start_s + (first + k) * cadence, engine.present.copy(), features))
     return engine
 
 

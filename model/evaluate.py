@@ -22,14 +22,16 @@ from faultcast.modes import NODE_LEVEL_MODES
 
 WARMUP_S = 6 * 3600.0  # history fed to the engine before a scored period starts (windows, baselines)
 # Rows where some method's score reaches this get the model's likely mode (the tracker reads it where
-# an alert opens, to tell node-level incidents from GPU ones); no threshold is chosen below it.
-MODE_FLOOR = 0.01
+# an alert opens, to tell node-level incidents from GPU ones); no threshold is chosen below it. Low:
+# the model's risk is the probability at the real failure rate, a few in a million per GPU and
+# half hour before any sign, so an alert's risk may well be under a percent.
+MODE_FLOOR = 1e-4
 
 # Metrics that dcgm-exporter's default counter set does not export: ECC totals, retired pages and
 # NVLink error counters are shipped commented out; throttle reasons, Xid counts by code, NVML
 # health and network counters are not there at all. Only the last Xid (DCGM_FI_DEV_XID_ERRORS) is.
 DCGM_DEFAULT_MISSING: tuple[str, ...] = (
-    "ecc_sbe_volatile", "ecc_dbe_volatile", "nvlink_crc_flit_errors_worst_link", "nvlink_crc_data_errors",
+    "ecc_sbe_volatile", "ecc_dbe_volatile", "nvlink_crc_flit_errors", "nvlink_crc_data_errors",
     "nvlink_replay_errors", "nvlink_recovery_errors", "throttle_hw_slowdown", "throttle_sw_thermal",
     "throttle_hw_thermal", "throttle_hw_power_brake", "throttle_sw_power_cap", "row_remap_pending",
     "nvml_call_seconds", "nvml_failed_calls", "nvml_unsupported_fields", "pcie_link_width", "pcie_link_gen",
@@ -48,6 +50,7 @@ class _Collector:
     rules: RulesBaseline
     labels: Labels
     nodes: tuple[int, ...]
+    gpus_per_node: int  # the data's
     start_s: float
     times: list[float]
     present: list[np.ndarray]
@@ -74,7 +77,7 @@ class _Collector:
                 likely = np.argmax(self.model.mode_probabilities(x[near]), axis=1)
                 modes[np.nonzero(rows)[0][near]] = np.asarray(self.model.modes, dtype=object)[likely]
         self.modes.append(modes)
-        positive, _, _ = self.labels.at(step.time_s, self.nodes, self.model.feature_config.gpus_per_node)
+        positive, _, _ = self.labels.at(step.time_s, self.nodes, self.gpus_per_node)
         self.times.append(step.time_s)
         self.present.append(rows.copy())
         self.label_rows.append(positive & rows)
@@ -94,6 +97,7 @@ def score_period(
         RulesBaseline(model.feature_names),
         Labels(model.horizon_s, dataset.failures),
         tuple(nodes),
+        dataset.gpus_per_node,
         start_s,
         [],
         [],
@@ -113,7 +117,7 @@ def score_period(
     return ScoredPeriod(
         times_s=np.asarray(sink.times),
         nodes=tuple(nodes),
-        gpus_per_node=model.feature_config.gpus_per_node,
+        gpus_per_node=dataset.gpus_per_node,
         present=np.asarray(sink.present),
         scores={m: np.asarray(v) for m, v in sink.scores.items()},
         labels=np.asarray(sink.label_rows),

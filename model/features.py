@@ -8,7 +8,11 @@ feature means the same thing in both places; tests/test_features.py replays a si
 ways and compares.
 
 Windows are in time (5, 15 and 60 minutes by default) and counters become rates per second, so a
-feature means the same at any cadence; the cadence is a parameter recorded with the model.
+feature means the same at any cadence; the cadence is a parameter recorded with the model. Samples
+sparser than the grid are held across their gap and frozen exporters are recognised
+(`faultcast.model.feature_inputs`); readings are also taken against the GPU's own history and its
+peers' (`faultcast.model.feature_relative`), so that a fleet's climate and workload cancel out.
+The engine serves any number of GPUs per node: the node size is the data's, not the model's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from faultcast.catalogue import TRACKED_XIDS
+from faultcast.model.feature_inputs import InputConditioner
+from faultcast.model.feature_relative import (
+    BASELINE_TAU_S,
+    OwnBaseline,
+    RateBaseline,
+    log_hourly,
+    minus_node_mean,
+)
 
 # -- the raw inputs ------------------------------------------------------------------------------
 
@@ -45,7 +57,7 @@ RATES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dbe", ("ecc_dbe_volatile",)),
     ("row_remap", ("remapped_rows_correctable", "remapped_rows_uncorrectable")),
     ("pcie_replay", ("pcie_replay",)),
-    ("nvlink_crc_flit_worst", ("nvlink_crc_flit_errors_worst_link",)),
+    ("nvlink_crc_flit", ("nvlink_crc_flit_errors",)),
     ("nvlink_crc_data", ("nvlink_crc_data_errors",)),
     ("nvlink_replay", ("nvlink_replay_errors",)),
     ("nvlink_recovery", ("nvlink_recovery_errors",)),
@@ -74,6 +86,15 @@ NODE_RATES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tcp_retrans", ("tcp_retrans_segs",)),
 )
 NODE_GAUGES = ("peer_rtt_p99_seconds", "peer_loss_ratio", "ib_port_state")
+# Gauges also read against the GPU's own history, with the floor of a baseline's standard deviation
+# in the series' units (sensor steps, a quiet card).
+RELATIVE_GAUGES: tuple[tuple[str, float], ...] = (
+    ("gpu_temp", 0.5), ("memory_temp", 0.5), ("power_usage", 5.0), ("sm_clock", 15.0), ("thermal_residual", 0.5),
+)  # fmt: skip  # pairs packed, not one per line
+# Counter groups that count hardware errors (not application Xids or NVML call failures): read as
+# events per hour against the GPU's own background and its node's; more of them never means less risk.
+_VS_NODE = ("gpu_temp", "memory_temp", "power_usage", "thermal_residual", "gpu_util", "sm_clock")
+ERROR_GROUPS = tuple(name for name, _ in RATES if name not in ("xid_app", "nvml_failed"))
 NODE_INPUTS: tuple[str, ...] = tuple(dict.fromkeys([*(c for _, cs in NODE_RATES for c in cs), *NODE_GAUGES]))
 assert set(_MEMORY_XIDS) <= set(TRACKED_XIDS)
 
@@ -88,6 +109,8 @@ class FeatureConfig:
     cadence_s: float = 60.0
     windows_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
     gpus_per_node: int = 8
+    hold_s: float = 900.0  # the longest gap between samples a reading is held across
+    frozen_s: float = 1800.0  # gauges bit-identical this long: a frozen exporter, not a reading
 
     def steps(self, seconds: float) -> int:
         """`seconds` in grid steps, at least one."""
@@ -259,6 +282,7 @@ class _Rates:
         # Running totals of (increments, steps with a known increment) per group.
         self.total = np.zeros((n, 2 * g))
         self.totals = _Ring(max(self.windows) + 1, n, 2 * g, 0.0)
+        self.known_now = np.zeros((n, g), dtype=bool)
 
     def reset(self, slots: np.ndarray) -> None:
         self.last[slots] = math.nan
@@ -278,6 +302,7 @@ class _Rates:
         group_rate = np.stack([_group_sum(rate, idx) for idx in self.column_index], axis=1)
         group_inc = np.stack([inc[:, idx].sum(axis=1) for idx in self.column_index], axis=1)
         group_known = np.stack([known[:, idx].any(axis=1) for idx in self.column_index], axis=1)
+        self.known_now = group_known  # which groups had a known increment in this step
         g = group_inc.shape[1]
         self.total += np.concatenate([group_inc, group_known], axis=1)
         self.totals.push(self.total)
@@ -293,6 +318,7 @@ class _Rates:
         stand still, and the ring fills with them (O(window) work)."""
         kept = min(count, self.totals.size)
         self.totals.push_many(np.broadcast_to(self.total, (kept, *self.total.shape)), count)
+        self.known_now[:] = False
 
     @staticmethod
     def names(groups: Sequence[tuple[str, tuple[str, ...]]], labels: Sequence[str]) -> list[str]:
@@ -305,13 +331,18 @@ class _Rates:
 class FeatureEngine:
     """Per-slot streaming state for `nodes` nodes of `config.gpus_per_node` GPUs."""
 
-    def __init__(self, config: FeatureConfig, nodes: int) -> None:
+    def __init__(self, config: FeatureConfig, nodes: int, gpus_per_node: int | None = None) -> None:
+        """`gpus_per_node`: the data's node size (default: the config's); the features do not depend on it."""
         self.config = config
         self.nodes = nodes
-        g = config.gpus_per_node
+        g = self.gpus_per_node = gpus_per_node or config.gpus_per_node
         n = nodes * g
         self.slots = n
         windows = config.window_steps()
+        held = tuple(c for c in GPU_INPUTS if c not in {c for _, cs in RATES for c in cs})
+        self._inputs = InputConditioner(n, GPU_INPUTS, held, config.cadence_s, config.hold_s, config.frozen_s)
+        self.present = np.zeros(n, dtype=bool)  # the GPUs with a reading (live or held) in the last step
+        self._last_gauge_means = np.full((n, len(WINDOW_GAUGES)), math.nan)
         labels = [config.label(w) for w in config.windows_s]
         self._col = {name: i for i, name in enumerate(GPU_INPUTS)}
         self._node_col = {name: i for i, name in enumerate(NODE_INPUTS)}
@@ -325,6 +356,12 @@ class FeatureEngine:
         # Per-GPU thermal baseline: EWMA regression of temperature on power.
         self._base = np.full((n, 4), math.nan)  # mean power, mean temp, var power, cov
         self._base_alpha = 1.0 - math.exp(-config.cadence_s / _BASELINE_TAU_S)
+        floors = np.array([f for _, f in RELATIVE_GAUGES])
+        self._own = OwnBaseline(n, len(RELATIVE_GAUGES), config.cadence_s, BASELINE_TAU_S, floors)
+        self._error_index = np.array([[name for name, _ in RATES].index(e) for e in ERROR_GROUPS])
+        hour = windows[2]
+        self._rate_base = RateBaseline(n, len(ERROR_GROUPS), config.cadence_s, BASELINE_TAU_S, hour)
+        self._node_rate_base = RateBaseline(nodes, len(NODE_RATES), config.cadence_s, BASELINE_TAU_S, hour)
 
         names = ["is_h100", "power_limit"]
         names += [f"{s}_now" for s in WINDOW_GAUGES]
@@ -332,14 +369,23 @@ class FeatureEngine:
         names += [f"{s}_now" for s in FLAGS]
         names += self._flags.names(FLAGS, labels[1:])
         names += _Rates.names(RATES, labels)
-        names += ["pcie_gen_deficit", "unsupported_fields", "missing_inputs", "seconds_since_last_sample"]
-        names += [f"missing_share_{lab}" for lab in labels]
         names += [
-            f"{s}_vs_node" for s in ("gpu_temp", "memory_temp", "power_usage", "thermal_residual", "gpu_util")
+            "pcie_gen_deficit",
+            "unsupported_fields",
+            "missing_inputs",
+            "sample_late_ratio",
+            "frozen_now",
         ]
+        names += [f"missing_share_{lab}" for lab in labels]
+        names += [f"{s}_vs_node" for s in _VS_NODE]
         names += [f"node_{n}" for n in _Rates.names(NODE_RATES, labels)]
         names += [f"node_{n}" for n in self._node_gauges.names(NODE_GAUGES, labels[1:2])]
         names += [f"node_{s}_now" for s in NODE_GAUGES]
+        names += [f"{s}_z_own_{labels[1]}" for s, _ in RELATIVE_GAUGES]
+        for lab in (labels[1], labels[2]):
+            names += [f"{e}_excess_{lab}" for e in ERROR_GROUPS]
+        names += [f"{e}_vs_node_{labels[2]}" for e in ERROR_GROUPS]
+        names += [f"node_{r}_excess_{labels[2]}" for r, _ in NODE_RATES]
         self.names: tuple[str, ...] = tuple(names)
 
     @property
@@ -356,29 +402,51 @@ class FeatureEngine:
         self._rates.reset(slots)
         self._last_seen[slots] = -1
         self._base[slots] = math.nan
+        self._inputs.reset(slots)
+        self._own.reset(slots)
+        self._rate_base.reset(slots)  # the node's network baseline stays: the node is the same
 
-    def skip(self, count: int) -> None:
-        """Advance `count` grid steps in which nothing was read (every GPU and node absent), in work
-        independent of `count`: the state is exactly what `count` calls of `update` with all-NaN
+    def skip(self, step: int, count: int) -> None:
+        """Advance `count` grid steps from `step` in which nothing was read (every GPU and node absent),
+        in work independent of `count`: the state is exactly what `count` calls of `update` with all-NaN
         inputs would leave (windows empty once the gap outlasts them; EWMAs, counters' last values,
-        last-seen steps and thermal baselines held), so the features of the next step are too."""
+        last-seen steps and baselines held), so the features of the next step are too. The first
+        steps, while readings may still be held across the gap, are computed as `update` would."""
         if count <= 0:
             return
         n, nodes = self.slots, self.nodes
+        exact = min(count, self._inputs.hold_steps + 1)
+        for k in range(exact):
+            blank_gpu, blank_node = (
+                np.full((n, len(GPU_INPUTS)), math.nan),
+                np.full((nodes, len(NODE_INPUTS)), math.nan),
+            )
+            self.update(step + k, blank_gpu, blank_node, np.zeros(n))
+        count -= exact
+        if count <= 0:
+            return
+        self.present[:] = False
         self._gauges.skip(count, np.full((n, len(WINDOW_GAUGES)), math.nan))
         self._flags.skip(count, np.full((n, len(FLAGS)), math.nan))
         self._rates.skip(count)
         self._present.skip(count, np.zeros((n, 1)))  # absent GPUs read 0 in the presence series
         self._node_rates.skip(count)
         self._node_gauges.skip(count, np.full((nodes, len(NODE_GAUGES)), math.nan))
-        # _last_seen and the thermal baseline (_base) change only where a GPU is seen.
+        # _last_seen, the input conditioner and the baselines change only where a GPU is seen.
 
     def update(self, step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
         """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this
         step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,). Returns (slots, features); rows of
-        absent GPUs are computed too but mean little (callers keep the present ones)."""
+        absent GPUs are computed too but mean little (callers keep the present ones, `self.present`:
+        live or held readings). NaN, infinities and gaps are data here, not faults: no warnings."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return self._update(step, gpu, node, is_h100)
+
+    def _update(self, step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
         col = self._col
+        gpu = self._inputs.condition(step, np.where(np.isinf(gpu), np.nan, gpu))
         present = ~np.isnan(gpu[:, col["gpu_temp"]]) | ~np.isnan(gpu[:, col["power_usage"]])
+        self.present = present
         residual = self._thermal_residual(gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]])
         deficit = gpu[:, col["pcie_link_width_max"]] - gpu[:, col["pcie_link_width"]]
         derived = {"thermal_residual": residual, "pcie_width_deficit": deficit}
@@ -386,23 +454,56 @@ class FeatureEngine:
         flags = gpu[:, [col[f] for f in FLAGS]]
 
         out: list[np.ndarray] = [is_h100[:, None].astype(np.float64), gpu[:, [col["power_limit"]]], gauges]
-        out += self._gauges.update(gauges)
+        windowed = self._gauges.update(gauges)
+        self._last_gauge_means = windowed[6]  # the 15-minute window's means (6 outputs per window)
+        out += windowed
         out.append(flags)
         out += self._flags.update(flags)
-        out += self._rates.update(step, gpu)
+        rates = self._rates.update(step, gpu)
+        out += rates
         out.append(self._health(step, gpu, present))
         share = self._present.update(present[:, None].astype(np.float64))
         out += [1.0 - s for s in share]
         out.append(self._relative_to_node(gpu, residual))
-        out += self._node_features(step, node)
+        node_rates = self._node_rates.update(step, node)
+        out += self._node_features(node, node_rates)
+        out += self._relative(step, gpu, residual, rates, node_rates)
         return np.concatenate([a if a.ndim == 2 else a[:, None] for a in out], axis=1)
 
-    def _health(self, step: int, gpu: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """(slots, 4): PCIe generations below the maximum, unsupported NVML fields, how many of the
-        core inputs are missing (NaN when the GPU is absent), seconds since the GPU was last seen.
-        Advances the last-seen step."""
+    def _relative(
+        self,
+        step: int,
+        gpu: np.ndarray,
+        residual: np.ndarray,
+        rates: list[np.ndarray],
+        node_rates: list[np.ndarray],
+    ) -> list[np.ndarray]:
+        """The own-history and node-relative counter features (faultcast.model.feature_relative)."""
         col = self._col
-        since = np.where(self._last_seen >= 0, (step - self._last_seen) * self.config.cadence_s, np.nan)
+        now = np.stack(
+            [residual if s == "thermal_residual" else gpu[:, col[s]] for s, _ in RELATIVE_GAUGES], axis=1
+        )
+        # The 15-minute mean of each series (_Windowed's output order: per window, the means first).
+        g15 = self._last_gauge_means
+        recent = np.stack([g15[:, WINDOW_GAUGES.index(s)] for s, _ in RELATIVE_GAUGES], axis=1)
+        z_own = self._own.z(recent)
+        self._own.update(now)
+        e = self._error_index
+        log15, log60 = log_hourly(rates[2][:, e]), log_hourly(rates[3][:, e])
+        excess15, excess60 = self._rate_base.excess(log15), self._rate_base.excess(log60)
+        # The baseline learns only from steps where the counter was read: gaps leave it where it was.
+        self._rate_base.update(step, np.where(self._rates.known_now[:, e], log60, np.nan))
+        node60 = log_hourly(node_rates[3])
+        node_excess = self._node_rate_base.excess(node60)
+        self._node_rate_base.update(step, np.where(self._node_rates.known_now, node60, np.nan))
+        g = self.gpus_per_node
+        return [z_own, excess15, excess60, minus_node_mean(log60, g), np.repeat(node_excess, g, axis=0)]
+
+    def _health(self, step: int, gpu: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """(slots, 5): PCIe generations below the maximum, unsupported NVML fields, how many of the
+        core inputs are missing (NaN when the GPU is absent), the time since the last live sample in
+        the GPU's own intervals between samples, and whether its exporter is frozen."""
+        col = self._col
         self._last_seen = np.where(present, step, self._last_seen)
         missing = np.isnan(gpu[:, [col[c] for c in _CORE_INPUTS]]).sum(axis=1)
         return np.stack(
@@ -410,37 +511,31 @@ class FeatureEngine:
                 gpu[:, col["pcie_link_gen_max"]] - gpu[:, col["pcie_link_gen"]],
                 gpu[:, col["nvml_unsupported_fields"]],
                 np.where(present, missing, np.nan),
-                since,
+                self._inputs.late.copy(),
+                self._inputs.frozen.astype(np.float64),
             ],
             axis=1,
         )
 
     def _relative_to_node(self, gpu: np.ndarray, residual: np.ndarray) -> np.ndarray:
-        """(slots, 5): each GPU's temperatures, power, residual and use minus its node's median."""
+        """(slots, 6): each GPU's temperatures, power, residual, use and clock minus its node's median."""
         col = self._col
         relative = np.stack(
-            [
-                gpu[:, col["gpu_temp"]],
-                gpu[:, col["memory_temp"]],
-                gpu[:, col["power_usage"]],
-                residual,
-                gpu[:, col["gpu_util"]],
-            ],
-            axis=1,
+            [residual if s == "thermal_residual" else gpu[:, col[s]] for s in _VS_NODE], axis=1
         )
-        by_node = relative.reshape(self.nodes, self.config.gpus_per_node, -1)
+        by_node = relative.reshape(self.nodes, self.gpus_per_node, -1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a node with no GPU this step: all-NaN
             median = np.nanmedian(by_node, axis=1)
         return np.asarray((by_node - median[:, None, :]).reshape(self.slots, -1))
 
-    def _node_features(self, step: int, node: np.ndarray) -> list[np.ndarray]:
+    def _node_features(self, node: np.ndarray, node_rates: list[np.ndarray]) -> list[np.ndarray]:
         """The node's rates, windowed gauges and gauges now, repeated for each of its GPUs."""
-        node_parts = self._node_rates.update(step, node)
+        node_parts = list(node_rates)
         node_gauges = node[:, [self._node_col[s] for s in NODE_GAUGES]]
         node_parts += self._node_gauges.update(node_gauges)
         node_parts.append(node_gauges)
-        return [np.repeat(p, self.config.gpus_per_node, axis=0) for p in node_parts]
+        return [np.repeat(p, self.gpus_per_node, axis=0) for p in node_parts]
 
     def _thermal_residual(self, temp: np.ndarray, power: np.ndarray) -> np.ndarray:
         """Temperature minus what this GPU's own recent power-temperature relation predicts."""
@@ -461,6 +556,7 @@ class FeatureEngine:
 
 
 def feature_schema_hash(names: Sequence[str], config: FeatureConfig) -> str:
-    """16 hex digits of SHA-256 over the settings and the names: equal only for the same features."""
-    text = f"{config.cadence_s}|{config.windows_s}|{config.gpus_per_node}|" + ",".join(names)
+    """16 hex digits of SHA-256 over the settings and the names: equal only for the same features (the
+    node size is not one of them: a model serves nodes of any size)."""
+    text = f"{config.cadence_s}|{config.windows_s}|{config.hold_s}|{config.frozen_s}|" + ",".join(names)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

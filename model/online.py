@@ -116,7 +116,7 @@ class OnlineFeatures:
                 if self._empty_run >= self.empty_steps:
                     # The rest of this run without samples: up to the next pending step, or past `through`.
                     end = min((s for s in self._pending if s <= through), default=through + 1)
-                    self.engine.skip(end - step)
+                    self.engine.skip(step, end - step)
                     self.skipped += end - step
                     self.next_step = end
                     continue
@@ -136,8 +136,9 @@ class OnlineFeatures:
                 net[node] = self._node_values(snapshot)
             self.engine.reset_slots(np.array(changed, dtype=np.int64))
             features = self.engine.update(step, gpu, net, self._is_h100)
-            present = ~np.isnan(gpu[:, 0]) | ~np.isnan(gpu[:, 2])
-            out.append(Step(step, self.start_s + step * self.config.cadence_s, present, features))
+            out.append(
+                Step(step, self.start_s + step * self.config.cadence_s, self.engine.present.copy(), features)
+            )
             self.next_step += 1
         return out
 

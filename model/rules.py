@@ -23,7 +23,7 @@ RULES: tuple[tuple[str, float, str], ...] = (
     ("throttle_sw_thermal_now", 0.5, "DCGM: thermal limit (SW thermal slowdown)"),
     ("throttle_hw_power_brake_now", 0.5, "DCGM: power limit (HW power brake)"),
     ("sbe_rate_60m", 100.0 / 3600.0, "SBE rate above 100 per hour"),
-    ("nvlink_crc_flit_worst_rate", 0.0, "DCGM: NVLink errors"),
+    ("nvlink_crc_flit_rate", 0.0, "DCGM: NVLink errors"),
     ("nvlink_recovery_rate", 0.0, "DCGM: NVLink recovery"),
     ("pcie_replay_rate_5m", 10.0 / 300.0, "DCGM: PCIe replays (more than 10 in 5 minutes)"),
     ("pcie_width_deficit_now", 0.5, "PCIe link below its maximum width"),

@@ -190,7 +190,7 @@ def test_skipping_empty_steps_leaves_the_engine_as_stepping_through_them(gap: in
     empty_gpu, empty_node = np.full((4, len(GPU_INPUTS)), np.nan), np.full((2, len(NODE_INPUTS)), np.nan)
     for k in range(gap):
         stepped.update(step + k, empty_gpu, empty_node, h100)
-    skipped.skip(gap)
+    skipped.skip(step, gap)
     step += gap
     for k in range(30):  # past the longest window: every window's sums leave the gap behind
         gpu, node = _inputs(rng, 4, 2)
