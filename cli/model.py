@@ -22,7 +22,24 @@ def add_parsers(commands: Subcommands) -> None:
         "train", help="train the failure-prediction model on telemetry and a failure log"
     )
     train.add_argument(
-        "--data", type=Path, required=True, help="a `faultcast simulate` output (or an import)"
+        "--data",
+        type=Path,
+        required=True,
+        action="append",
+        help="a `faultcast simulate` output (or an import); repeat for several worlds: the last one "
+        "validates (early stopping, calibration, thresholds), the others train",
+    )
+    train.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="feature names (fnmatch, e.g. 'gpu_temp_*') the booster may not use; repeatable",
+    )
+    train.add_argument(
+        "--no-monotone",
+        action="store_true",
+        help="let the booster treat more hardware errors as less risk where the data says so",
     )
     train.add_argument("--out", type=Path, required=True, help="the model directory to write")
     train.add_argument("--horizon", type=duration, default=1800.0, help="predict failures this far ahead")
@@ -85,19 +102,21 @@ def run_train(args: argparse.Namespace) -> int:
     from faultcast.model.train import TrainConfig, train
 
     try:
-        dataset = open_dataset(args.data)
+        datasets = [open_dataset(path) for path in args.data]
         config = TrainConfig(
             horizon_s=args.horizon,
             seed=args.seed,
             negative_rate=args.negative_rate,
             false_alarm_budget=args.false_alarm_budget,
+            monotone_errors=not args.no_monotone,
+            exclude=tuple(args.exclude),
         )
         client = None
         if args.dask_scheduler:
             from distributed import Client
 
             client = Client(args.dask_scheduler)
-        model = train(dataset, args.out, config, dask_client=client)
+        model = train(datasets, args.out, config, dask_client=client)
     except (DataError, ValueError) as exc:
         print(f"faultcast train: {exc}", file=sys.stderr)
         return 2
@@ -113,7 +132,7 @@ def trained_summary(out: Path, card: ModelManifest) -> str:
     false_alarms = m.validation_false_alarms_per_1000_gpu_days.model
     return (
         f"wrote {out}: {m.training_rows:,} rows ({m.training_positives:,} positive), "
-        f"{m.best_iteration} trees, threshold {card.threshold:.4f} "
+        f"{m.best_iteration} trees, threshold {card.threshold:.3g} "
         f"({false_alarms:.2f} false alarms per 1,000 GPU-days "
         f"on {m.validation_gpu_days:.0f} validation GPU-days), "
         f"in {timings.total_s:.0f} s"

@@ -1,15 +1,27 @@
-"""Training: labelled rows from the failure log, LightGBM with early stopping on a later time slice,
-isotonic calibration, a failure-mode head and a time-to-failure head, the logistic baseline, and
-the alert threshold chosen to meet a false-alarm budget on validation.
+"""Training: labelled rows from failure logs, LightGBM with early stopping, Platt calibration at the
+real failure rate, a failure-mode head and a time-to-failure head, the logistic baseline, and the
+alert threshold chosen to meet a false-alarm budget on validation.
 
-The split is by time and by node: a quarter of the nodes (chosen by seed) and the last third of
-the days are held out for `faultcast evaluate`; training sees only the other nodes' earlier days,
-of which the last fifth is the validation slice.
+Across worlds (several datasets, typically twins drawn from the priors of `faultcast.sim.world`:
+domain randomisation), the last dataset is the validation world: early stopping, calibration and the
+thresholds are all judged on a world the booster never saw, so every choice is leave-world-out. The
+model is then evaluated on further worlds (`faultcast evaluate`), never on its own.
+
+On one dataset the split is by time and by node: a quarter of the nodes (chosen by seed) and the last
+third of the days are held out for `faultcast evaluate`; training sees only the other nodes' earlier
+days, of which the last fifth is the validation slice. That flatters the model (its own world), and
+the evaluation says so.
+
+Risk is the probability at the real failure rate: a twin at acceleration A fails A times as often as
+hardware does, so the calibration counts each of its failures 1/A times (the prior odds fall A-fold;
+the evidence in the features does not change). A risk of 0.3 means three in ten.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,12 +33,28 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
-from faultcast.model.dataset import Dataset, Labels, Step, replay
-from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, score_period
-from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.dataset import Dataset, FailureLog, Labels, Sink, Step, replay
+from faultcast.model.drift import build_reference, save_reference
+from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, WARMUP_S, score_period
+from faultcast.model.features import (
+    ERROR_GROUPS,
+    GPU_INPUTS,
+    NODE_INPUTS,
+    NODE_RATES,
+    FeatureConfig,
+    FeatureEngine,
+)
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.manifest import FalseAlarms, SplitRecord, Timings, TrainingData, TrainingMetrics
-from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, choose_threshold
+from faultcast.model.outcomes import (
+    PredictionPeriods,
+    ScoredPeriod,
+    catches,
+    choose_threshold,
+    incidents,
+    predictable_counts,
+)
+from faultcast.model.recall_curve import write_curve
 from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
@@ -55,6 +83,14 @@ class TrainConfig:
     group_dropout: float = 0.3  # share of training rows that lose the metrics dcgm-exporter lacks
     num_boost_round: int = 800
     learning_rate: float = 0.05
+    # More errors never mean less risk: the error-rate features are held monotone (physics, and what
+    # keeps a booster from learning one world's quirks of its healthy background).
+    monotone_errors: bool = True
+    # Feature names (fnmatch patterns) the booster may not use: e.g. absolute readings, to test what
+    # transfers to unseen worlds. The columns stay in the schema (the service computes them anyway).
+    exclude: tuple[str, ...] = ()
+    # The failure rate of the data relative to hardware's; None: from each dataset's manifest.
+    acceleration: float | None = None
 
 
 @dataclass(frozen=True)
@@ -171,27 +207,36 @@ def _lgb_params(config: TrainConfig, **extra: Any) -> dict[str, Any]:
 
 
 def train(
-    dataset: Dataset,
+    data: Dataset | Sequence[Dataset],
     out: Path,
     config: TrainConfig = TrainConfig(),
     *,
     dask_client: Any = None,
 ) -> FaultModel:
-    """Train on `dataset`, write the artifact to `out`, and return the model. With a Dask client
-    (distributed.Client) the booster trains across the cluster's workers through lightgbm.dask.
-    Raises ValueError when the training period holds too few failures. Seeded: the same data and
-    config give the same model."""
+    """Train on `data` (one dataset, or several worlds: the last validates), write the artifact to
+    `out`, and return the model. With a Dask client (distributed.Client) the booster trains across
+    the cluster's workers through lightgbm.dask. Raises ValueError when the training period holds too
+    few failures. Seeded: the same data and config give the same model."""
     started = time.perf_counter()
+    datasets = [data] if isinstance(data, Dataset) else list(data)
+    if not datasets:
+        raise ValueError("no training data")
+    dataset = datasets[-1]  # the validation world (or the only dataset)
     features = FeatureConfig(
         cadence_s=config.cadence_s or dataset.cadence_s, gpus_per_node=dataset.gpus_per_node
     )
-    split = make_split(dataset, config)
-    rows, names = _sample(dataset, features, split, config)
+    if len(datasets) == 1:
+        split = make_split(dataset, config)
+        rows, names = _sample(dataset, features, split, config)
+    else:
+        split = Split(tuple(range(len(dataset.nodes))), (), dataset.start_s + WARMUP_S, dataset.end_s)
+        rows, names = _sample_worlds(datasets, features, config)
     timings = {"feature_build_s": time.perf_counter() - started}
 
     t0 = time.perf_counter()
     dropped = dcgm_missing_columns(features)
-    booster, best = _fit_risk(rows, names, dropped, config, dask_client)
+    excluded = excluded_columns(names, config.exclude)
+    booster, best = _fit_risk(rows, names, dropped, excluded, config, dask_client)
     calibration = _calibrate(booster, rows)
     modes, mode_booster = _fit_mode_head(rows, names, config)
     model = FaultModel(
@@ -213,7 +258,8 @@ def train(
 
     t0 = time.perf_counter()
     periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
-    false_alarms, validation_gpu_days = _choose_thresholds(dataset, model, split, config, periods)
+    false_alarms, validation = _choose_thresholds(dataset, model, split, config, periods)
+    validation_gpu_days = validation.gpu_days
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     metrics = TrainingMetrics(
@@ -229,12 +275,25 @@ def train(
     save(
         model,
         out,
-        training_data=TrainingData(path=str(dataset.path), manifest=_data_summary(dataset)),
-        split=split.record(dataset),
+        training_data=_training_data(datasets),
+        split=split.record(dataset) if len(datasets) == 1 else None,
         train_config=asdict(config),
         metrics=metrics,
         timings_s=Timings(**timings),
     )
+    # What `faultcast calibrate` reads: the training rows' distribution (drift) and the recall to
+    # expect at any threshold, measured on the validation world (or slice).
+    save_reference(build_reference(rows.x[rows.fit], names, rows.w[rows.fit]), out)
+    thresholds, recall, counted = _recall_curve(validation, dataset.failures, model, periods)
+    if thresholds:
+        basis = {
+            "measured_on": str(dataset.path),
+            "leave_world_out": len(datasets) > 1,
+            "failures_with_precursor": counted,
+            "warning_s": periods.warning_s,
+            "prediction_period_s": periods.period_s,
+        }
+        write_curve(out, thresholds, recall, basis)
     log.info(
         "trained on %d rows (%d positive) in %.1f s; threshold %.4f",
         len(rows.y),
@@ -243,6 +302,29 @@ def train(
         model.threshold,
     )
     return model
+
+
+def acceleration_of(dataset: Dataset, config: TrainConfig) -> float:
+    """How many times more often the data fails than hardware: the config's, else the manifest's, else 1."""
+    if config.acceleration is not None:
+        return config.acceleration
+    value = dataset.manifest.get("acceleration")
+    return float(value) if isinstance(value, int | float) and value >= 1 else 1.0
+
+
+def excluded_columns(names: Sequence[str], patterns: Sequence[str]) -> np.ndarray:
+    """The indexes of the feature columns matching any of the fnmatch `patterns`."""
+    return np.array(
+        [i for i, n in enumerate(names) if any(fnmatch.fnmatchcase(n, p) for p in patterns)], dtype=np.int64
+    )
+
+
+def monotone_constraints(names: Sequence[str]) -> list[int]:
+    """LightGBM's monotone constraints: +1 for the hardware error-rate features (the error groups'
+    rates, and their excess over the GPU's background and its node's), 0 elsewhere."""
+    errors = tuple(f"{g}_" for g in ERROR_GROUPS) + tuple(f"node_{g}_" for g, _ in NODE_RATES)
+    kinds = ("_rate", "_excess_", "_vs_node_")
+    return [int(n.startswith(errors) and any(k in n for k in kinds)) for n in names]
 
 
 @dataclass(frozen=True)
@@ -256,6 +338,8 @@ class _Sampled:
     mode: np.ndarray  # the failure's mode (positives)
     fit: np.ndarray  # bool: before the validation slice
     val: np.ndarray  # bool: in the validation slice
+    # Per row, the data's failure rate relative to hardware's (calibration counts its positives 1/A times).
+    acceleration: np.ndarray
 
 
 def _sample(
@@ -276,12 +360,58 @@ def _sample(
     fit, val = t < split.validation_start_s, t >= split.validation_start_s
     if not y[val].any() or not y[fit].any():
         raise ValueError("both the fit and validation slices need failures: more days or more acceleration")
-    sampled = _Sampled(x=x, y=y, w=rows["weight"], ttf_s=rows["ttf_s"], mode=rows["mode"], fit=fit, val=val)
+    sampled = _Sampled(
+        x=x, y=y, w=rows["weight"], ttf_s=rows["ttf_s"], mode=rows["mode"], fit=fit, val=val,
+        acceleration=np.full(len(y), acceleration_of(dataset, config)),
+    )  # fmt: skip
     return sampled, engine.names
 
 
+def _after(start_s: float, sink: Sink) -> Sink:
+    """`sink` for the steps from `start_s` on: rows before the windows and baselines fill are not kept."""
+
+    def kept(step: Step) -> None:
+        if step.time_s >= start_s:
+            sink(step)
+
+    return kept
+
+
+def _sample_worlds(
+    datasets: Sequence[Dataset], features: FeatureConfig, config: TrainConfig
+) -> tuple[_Sampled, tuple[str, ...]]:
+    """Every node and day of each world replayed through the features, the sampler's rows kept; the
+    last world's rows validate, the others' fit."""
+    parts: list[tuple[dict[str, np.ndarray], bool, float]] = []
+    names: tuple[str, ...] = ()
+    for k, dataset in enumerate(datasets):
+        labels = Labels(config.horizon_s, dataset.failures.learnable())
+        nodes = tuple(range(len(dataset.nodes)))
+        sampler = _Sampler(labels, nodes, dataset.gpus_per_node, config.negative_rate, config.seed + k)
+        engine = replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
+        names = engine.names
+        rows = sampler.rows.stack()
+        if rows["features"].size == 0 or not rows["label"].astype(bool).any():
+            raise ValueError(f"{dataset.path}: no failure a warning could precede after the warm-up")
+        parts.append((rows, k == len(datasets) - 1, acceleration_of(dataset, config)))
+        log.info("%s: %d rows, %d positive", dataset.path, len(rows["label"]), int(rows["label"].sum()))
+    stack = {key: np.concatenate([p[0][key] for p in parts]) for key in parts[0][0]}
+    val = np.concatenate([np.full(len(p[0]["label"]), p[1]) for p in parts])
+    accel = np.concatenate([np.full(len(p[0]["label"]), p[2]) for p in parts])
+    sampled = _Sampled(
+        x=stack["features"], y=stack["label"].astype(bool), w=stack["weight"], ttf_s=stack["ttf_s"],
+        mode=stack["mode"], fit=~val, val=val, acceleration=accel,
+    )  # fmt: skip
+    return sampled, names
+
+
 def _fit_risk(
-    rows: _Sampled, names: tuple[str, ...], dropped: np.ndarray, config: TrainConfig, dask_client: Any
+    rows: _Sampled,
+    names: tuple[str, ...],
+    dropped: np.ndarray,
+    excluded: np.ndarray,
+    config: TrainConfig,
+    dask_client: Any,
 ) -> tuple[lgb.Booster, int]:
     """The risk booster, early-stopped on the validation slice, and its best iteration."""
     x, y, w, fit, val = rows.x, rows.y, rows.w, rows.fit, rows.val
@@ -290,7 +420,10 @@ def _fit_risk(
     x_fit = x[fit].copy()
     blank = rng.random(len(x_fit)) < config.group_dropout
     x_fit[np.ix_(blank, dropped)] = np.nan
+    x_fit[:, excluded] = np.nan  # a column that is always missing is never split on
     params = _lgb_params(config, objective="binary", metric="average_precision")
+    if config.monotone_errors:
+        params["monotone_constraints"] = monotone_constraints(names)
     # The booster learns to rank on the sampled rows as they are (negatives weighted 50x made a few
     # heavy rows decide the splits and stopped it after a handful of trees); the calibration
     # uses the full weights, so risks are still probabilities for the whole population.
@@ -324,10 +457,13 @@ def _fit_risk(
 
 def _calibrate(booster: lgb.Booster, rows: _Sampled) -> tuple[float, float]:
     """Platt scaling on the validation slice: monotone and continuous, so thresholds stay
-    fine-grained (isotonic steps would tie thousands of rows at the top)."""
+    fine-grained (isotonic steps would tie thousands of rows at the top). Positives count 1/A times
+    at acceleration A, so the risk is the probability at hardware's real failure rate."""
     raw_val = np.asarray(booster.predict(rows.x[rows.val]))
+    y, w = rows.y[rows.val], rows.w[rows.val]
+    w = np.where(y, w / rows.acceleration[rows.val], w)
     platt = LogisticRegression(C=1e6, max_iter=1000).fit(
-        _logit(raw_val)[:, None], rows.y[rows.val], sample_weight=rows.w[rows.val]
+        _logit(raw_val)[:, None], y, sample_weight=w / w.mean()
     )
     return float(platt.coef_[0][0]), float(platt.intercept_[0])
 
@@ -360,11 +496,34 @@ def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -
     )
 
 
+def _recall_curve(
+    period: ScoredPeriod, failures: FailureLog, model: FaultModel, periods: PredictionPeriods
+) -> tuple[list[float], list[float], int]:
+    """Recall at >= the warning time of the validation failures that carried a precursor, at a grid of
+    thresholds from the median validation score up (with the chosen threshold among them): (thresholds,
+    recall, failures counted). Empty when the log says of no failure that it carried a precursor."""
+    risk = period.scores["model"]
+    finite = risk[period.present & ~np.isnan(risk)]
+    if finite.size == 0:
+        return [], [], 0
+    grid = np.unique(np.append(np.quantile(finite, np.linspace(0.5, 1.0, 41)), model.threshold))
+    grid = grid[grid < 1.0]
+    found = incidents(period, "model", grid.tolist(), model.policy, NODE_LEVEL_MODES)
+    recall: list[float] = []
+    counted = 0
+    for these in found:
+        counted, caught, _ = predictable_counts(catches(period, failures, these, periods), periods.warning_s)
+        recall.append(caught / counted if counted else math.nan)
+    if counted == 0:
+        return [], [], 0
+    return [float(t) for t in grid], recall, counted
+
+
 def _choose_thresholds(
     dataset: Dataset, model: FaultModel, split: Split, config: TrainConfig, periods: PredictionPeriods
-) -> tuple[FalseAlarms, float]:
+) -> tuple[FalseAlarms, ScoredPeriod]:
     """Sets the model's thresholds, each the lowest that keeps validation false alarms within the
-    budget; returns the false alarms at each and the validation GPU-days."""
+    budget; returns the false alarms at each and the scored validation period."""
     period = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s)
 
     def chosen(scored: ScoredPeriod, method: str) -> tuple[float, float]:
@@ -392,7 +551,7 @@ def _choose_thresholds(
         masked_inputs=DCGM_DEFAULT_MISSING,
     )
     model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
-    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), period.gpu_days
+    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), period
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -416,6 +575,25 @@ def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Log
     z = np.clip((filled - means) / scales, -20, 20)
     clf = LogisticRegression(C=0.1, max_iter=500, random_state=seed).fit(z, y, sample_weight=w)
     return Logistic(medians, means, scales, clf.coef_[0].astype(np.float64), float(clf.intercept_[0]))
+
+
+def _training_data(datasets: Sequence[Dataset]) -> TrainingData:
+    """The card's record of the training data: the one dataset, or each world (the validation last)."""
+    if len(datasets) == 1:
+        return TrainingData(path=str(datasets[0].path), manifest=_data_summary(datasets[0]))
+    summaries = [_data_summary(d) for d in datasets]
+    manifest = {
+        "kind": "worlds",
+        "worlds": [s.get("world") for s in summaries if s.get("world") is not None],
+        "datasets": [str(d.path) for d in datasets],
+        "validation": str(datasets[-1].path),
+        "gpu_days": sum(_number(s.get("gpu_days")) for s in summaries),
+    }
+    return TrainingData(path=str(datasets[-1].path), manifest=manifest)
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def _data_summary(dataset: Dataset) -> dict[str, object]:
