@@ -24,7 +24,6 @@ longer than `frozen_after_s` is a frozen exporter: its steps after the first are
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,14 +130,17 @@ def frozen_steps(
     cols = np.arange(units)[None, :]
     stepnum = np.broadcast_to((first - 1 + rows)[:, None], (width + 1, units)).copy()
     stepnum[0] = carry.step
-    finite = np.isfinite(values)
-    present = finite.any(axis=2)
+    present = np.zeros((width + 1, units), dtype=bool)
+    for g in range(values.shape[2]):
+        present |= np.isfinite(values[:, :, g])
     present[0] = carry.step >= 0
     last = np.maximum.accumulate(np.where(present, rows[:, None], -1), axis=0)
     prev = np.vstack([np.full((1, units), -1), last[:-1]])  # the previous row with a finite gauge
-    before = values[np.maximum(prev, 0), cols]
-    equal = (values == before) | (~finite & np.isnan(before))
-    same = present & (prev >= 0) & equal.all(axis=2)
+    same = present & (prev >= 0)
+    index = np.maximum(prev, 0)
+    for g in range(values.shape[2]):  # column by column: no (W, U, G) temporaries
+        now, before = values[:, :, g], values[index, cols, g]
+        same &= (now == before) | (np.isnan(now) & np.isnan(before))
     same[0] = False
     origin = np.where(present & ~same, stepnum, -1)
     origin[0] = np.where(present[0], carry.run_start, -1)
@@ -187,6 +189,9 @@ def write_grid(
     xid_units = np.zeros(units, dtype=bool)
     flag_units = {name: np.zeros(units, dtype=bool) for name in plan.flag_bits if name in col}
     last_ident = np.full(units, -1, np.int64)
+    net_streams = np.flatnonzero(plan.kind == NETWORK)
+    net_index = np.full(len(plan.kind), -1, np.int64)
+    net_index[net_streams] = np.arange(len(net_streams))
     uuids = [u for u, _ in plan.identities]
     models = sorted({m for _, m in plan.identities})
     model_of = np.array([models.index(m) for _, m in plan.identities] or [0], dtype=np.int64)
@@ -198,21 +203,15 @@ def write_grid(
             b = min(a + chunk_steps, steps)
             e = min(b + lookahead, steps)
             own = b - a
-            records = spill.read(plan.start + (a - 1) * interval, plan.start + (e + 1) * interval)
-            step = np.floor((records["t"] - plan.start) / interval).astype(np.int64)
-            stream = records["stream"]
-            kind = plan.kind[stream]
-            keep = (step >= a) & (step < e) & (kind != UNUSED)
-            stream, step, times = stream[keep], step[keep] - a, records["t"][keep]
-            values = records["v"][keep] * plan.factor[stream]
-            kind = kind[keep]
-            del records, keep
             written.largest_chunk_rows = max(written.largest_chunk_rows, (e - a) * units)
             if observe is not None:
                 observe((e - a) * units)
-
-            is_gpu = kind == GPU
-            grid, ident = _gpu_grid(plan, stream[is_gpu], step[is_gpu], times[is_gpu], values[is_gpu], e - a)
+            grid = np.full((e - a, units, len(plan.columns)), np.nan)
+            ident = np.full((e - a, units), -1, np.int64)
+            net = np.full((own, len(net_streams)), np.nan) if len(net_streams) else None
+            t0, t1 = plan.start + (a - 1) * interval, plan.start + (e + 1) * interval
+            for records in spill.read(t0, t1):  # later buckets overwrite: their samples are later
+                _scatter(plan, records, a, e, own, grid, ident, net, net_index)
             if lookahead and plan.gauges:
                 blank, spans = frozen_steps(grid[:, :, plan.gauges], a, own, frozen, interval, frozen_after_s)
                 grid[:own][blank] = np.nan
@@ -233,8 +232,7 @@ def write_grid(
                 telemetry.write_table(table)
                 written.telemetry_rows += len(step_of)
                 written.row_groups += 1
-            is_net = (kind == NETWORK) & (step < own)
-            node_rows = _network_grid(plan, stream[is_net], step[is_net], times[is_net], values[is_net], own)
+            node_rows = _network_rows(plan, net, net_streams, own)
             net_present = np.isfinite(node_rows).any(axis=2)
             n_step, n_node = np.nonzero(net_present)
             if len(n_step):
@@ -246,20 +244,36 @@ def write_grid(
     return written
 
 
-def _gpu_grid(
-    plan: Plan, stream: np.ndarray, step: np.ndarray, times: np.ndarray, values: np.ndarray, width: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(width, U, columns) values and (width, U) identity (-1: no sample) of a slice."""
-    units, ncols = len(plan.unit_node), len(plan.columns)
-    grid = np.full((width, units, ncols), np.nan)
-    ident = np.full((width, units), -1, np.int64)
-    unit, column = plan.unit[stream], plan.column[stream]
-    win = _last(unit * ncols + column, times, step)
-    grid[step[win], unit[win], column[win]] = values[win]
-    # Identity: the last sample of the GPU in the step, whatever its column.
-    win = _last(unit, times, step)
-    ident[step[win], unit[win]] = plan.ident[stream[win]]
-    return grid, ident
+def _scatter(
+    plan: Plan,
+    records: np.ndarray,
+    a: int,
+    e: int,
+    own: int,
+    grid: np.ndarray,
+    ident: np.ndarray,
+    net: np.ndarray | None,
+    net_index: np.ndarray,
+) -> None:
+    """One bucket's samples of steps a..e-1 onto the slice: the last sample of each stream in a step
+    into `grid` (W, U, columns) and `net` (own, network streams by `net_index`), the GPU's last
+    sample's identity into `ident` (W, U)."""
+    step = np.floor((records["t"] - plan.start) / plan.interval).astype(np.int64)
+    kind = plan.kind[records["stream"]]
+    gpu = np.flatnonzero((kind == GPU) & (step >= a) & (step < e))
+    if len(gpu):
+        stream, at, times = records["stream"][gpu], step[gpu] - a, records["t"][gpu]
+        unit, column = plan.unit[stream], plan.column[stream]
+        win = _last(unit * len(plan.columns) + column, times, at)
+        grid[at[win], unit[win], column[win]] = records["v"][gpu[win]] * plan.factor[stream[win]]
+        win = _last(unit, times, at)  # identity: the GPU's last sample in the step, whatever its column
+        ident[at[win], unit[win]] = plan.ident[stream[win]]
+    if net is not None:
+        picked = np.flatnonzero((kind == NETWORK) & (step >= a) & (step < a + own))
+        if len(picked):
+            stream, at = records["stream"][picked], step[picked] - a
+            win = _last(stream, records["t"][picked], at)
+            net[at[win], net_index[stream[win]]] = records["v"][picked[win]]
 
 
 def _derive_flag(grid: np.ndarray, col: dict[str, int], seen: np.ndarray, name: str, bit: int) -> np.ndarray:
@@ -318,30 +332,23 @@ def _identity_changes(
         last[u] = codes[-1]
 
 
-def _network_grid(
-    plan: Plan, stream: np.ndarray, step: np.ndarray, times: np.ndarray, values: np.ndarray, width: int
-) -> np.ndarray:
-    """(width, nodes, NETWORK_COLUMNS): each node's devices rolled up as the twin and the service do
-    (faultcast.rollup); interfaces in the order of their names, the first standing for the node's
-    Ethernet."""
+def _network_rows(plan: Plan, net: np.ndarray | None, streams: np.ndarray, width: int) -> np.ndarray:
+    """(width, nodes, NETWORK_COLUMNS) from the slice's network streams: each node's devices rolled
+    up as the twin and the service do (faultcast.rollup); interfaces in the order of their names,
+    the first standing for the node's Ethernet."""
     out = np.full((width, len(plan.nodes), len(NETWORK_COLUMNS)), np.nan)
-    if len(stream) == 0:
+    if net is None:
         return out
-    win = _last(stream, times, step)
-    stream, step, values = stream[win], step[win], values[win]
-    node = plan.net_node[stream]
-    order = np.argsort(node, kind="stable")
-    stream, step, values, node = stream[order], step[order], values[order], node[order]
-    edges = [0, *(np.flatnonzero(node[1:] != node[:-1]) + 1).tolist(), len(node)]
-    for lo, hi in itertools.pairwise(edges):
-        n = int(node[lo])
+    for n in np.unique(plan.net_node[streams]).tolist():
+        here = np.flatnonzero(plan.net_node[streams] == n)
+        mine = streams[here]
         arrays = []
         for s, scope in enumerate(NETWORK_SCOPES):
             metrics = metrics_for(scope)
             dense = np.full((width, max(1, int(plan.net_devices[n, s])), len(metrics)), np.nan)
-            here = plan.net_scope[stream[lo:hi]] == s
-            picked = stream[lo:hi][here]
-            dense[step[lo:hi][here], plan.net_device[picked], plan.net_metric[picked]] = values[lo:hi][here]
+            chosen = plan.net_scope[mine] == s
+            picked = mine[chosen]
+            dense[:, plan.net_device[picked], plan.net_metric[picked]] = net[:, here[chosen]]
             arrays.append(dense)
         with np.errstate(invalid="ignore"):
             rolled = rollup_network(arrays[1], arrays[0], arrays[2], arrays[3][:, 0])

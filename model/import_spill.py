@@ -6,13 +6,14 @@ written in time order. In between, every sample goes to disk as a 20-byte record
 seconds, value) in the file of its time bucket (`bucket_s` seconds, aligned to the epoch), in the
 order it was read: within a bucket, records keep the export's order, so the last sample of a
 grid step is the same one a whole-export sort would pick. Memory holds at most `flush_samples`
-records while parsing and, while gridding, the buckets that overlap the slice being written.
+records while parsing and one bucket while gridding.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ RECORD = np.dtype([("stream", "<i4"), ("t", "<f8"), ("v", "<f8")])
 class Spill:
     """Samples by time bucket in `folder` (which the caller creates and removes)."""
 
-    def __init__(self, folder: Path, *, bucket_s: float = 3600.0, flush_samples: int = 2_000_000) -> None:
+    def __init__(self, folder: Path, *, bucket_s: float = 900.0, flush_samples: int = 2_000_000) -> None:
         if not (bucket_s > 0 and math.isfinite(bucket_s)):
             raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s}")
         self.folder = folder
@@ -32,11 +33,10 @@ class Spill:
         self.flush_samples = flush_samples
         self.samples = 0  # written so far
         self.bytes = 0  # on disk
-        self.largest_read = 0  # the most records read back at once
+        self.largest_read = 0  # the most records read back at once (a bucket)
         self._buffers: list[np.ndarray] = []
         self._buffered = 0
         self._buckets: set[int] = set()
-        self._cache: dict[int, np.ndarray] = {}
 
     def add(self, stream: int, times: np.ndarray, values: np.ndarray) -> None:
         """Append one series' samples (any time order)."""
@@ -71,18 +71,12 @@ class Spill:
         """The first and last bucket written, or None when nothing was."""
         return (min(self._buckets), max(self._buckets)) if self._buckets else None
 
-    def read(self, t0: float, t1: float) -> np.ndarray:
+    def read(self, t0: float, t1: float) -> Iterator[np.ndarray]:
         """The records of every bucket that overlaps [t0, t1] (a superset: the caller filters by
-        time), buckets in time order, each in the order written. Buckets before t0's are dropped
-        from the cache: reads must move forward in time."""
+        time), one bucket at a time in time order, each in the order written: a later bucket's
+        samples are all later than an earlier one's."""
         first, last = math.floor(t0 / self.bucket_s), math.floor(t1 / self.bucket_s)
-        for key in [k for k in self._cache if k < first]:
-            del self._cache[key]
-        parts = []
         for key in sorted(k for k in self._buckets if first <= k <= last):
-            if key not in self._cache:
-                self._cache[key] = np.fromfile(self.folder / f"{key}.bin", dtype=RECORD)
-            parts.append(self._cache[key])
-        out = np.concatenate(parts) if parts else np.empty(0, RECORD)
-        self.largest_read = max(self.largest_read, len(out))
-        return out
+            records = np.fromfile(self.folder / f"{key}.bin", dtype=RECORD)
+            self.largest_read = max(self.largest_read, len(records))
+            yield records
