@@ -138,10 +138,10 @@ def run_score(args: argparse.Namespace) -> int:
     from faultcast.model.batch_alerts import render_table, score, summary, write_csv
     from faultcast.model.dataset import DataError
 
+    note = cadence_note(args.model, args.data)
+    if note:
+        print(note)
     try:
-        note = cadence_note(args.model, args.data)
-        if note:
-            print(note)
         alerts = score(args.model, args.data)
     except (DataError, ModelError) as exc:
         print(f"faultcast score: {exc}", file=sys.stderr)
@@ -157,12 +157,19 @@ def run_score(args: argparse.Namespace) -> int:
 
 def cadence_note(model_dir: Path, data_dir: Path) -> str | None:
     """A note when the data's cadence (its manifest) differs from the one the model was trained at
-    (its feature config), else None; raises ModelError or DataError as `score` would."""
-    from faultcast.model.artifact import load
-    from faultcast.model.dataset import open_dataset
+    (its manifest's feature config), else None; None too when either manifest cannot say (scoring
+    then reports what is wrong)."""
+    import json
 
-    model_cadence = load(model_dir).feature_config.cadence_s
-    data_cadence = open_dataset(data_dir).cadence_s
+    from faultcast.schemas import current_data_manifest
+
+    try:
+        model = json.loads((model_dir / "manifest.json").read_text())
+        data = current_data_manifest(json.loads((data_dir / "manifest.json").read_text()))
+        model_cadence = float(model["features"]["cadence_s"])
+        data_cadence = float(data["config"]["cadence_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
     if data_cadence == model_cadence:
         return None
     ratio = data_cadence / model_cadence

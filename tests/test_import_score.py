@@ -690,3 +690,21 @@ def test_the_score_command_exits_2_on_bad_inputs(
     assert "manifest.json is missing" in capsys.readouterr().err
     assert cli.main(["score", "--model", str(model_dir), "--data", str(tmp_path)]) == 2
     assert "telemetry.parquet is missing" in capsys.readouterr().err
+
+
+def test_score_notes_a_cadence_other_than_the_models(
+    tmp_path: Path, model_dir: Path, twin: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from faultcast.cli.import_score import cadence_note
+
+    same_cadence, _ = _import(tmp_path, gpu_export(twin, DCGM_COLUMNS, 60.0), None)
+    assert cadence_note(model_dir, same_cadence) is None
+    (tmp_path / "coarse").mkdir()
+    coarse, manifest = _import(tmp_path / "coarse", gpu_export(twin, DCGM_COLUMNS, 600.0), None)
+    assert manifest["config"]["cadence_s"] == 600.0
+    note = cadence_note(model_dir, coarse)
+    assert note is not None
+    assert "600 s, 10 times the model's 60 s" in note
+    assert "one step in 10 has a sample" in note
+    cli.main(["score", "--model", str(model_dir), "--data", str(coarse)])
+    assert note in capsys.readouterr().out  # said before scoring, whatever scoring then says

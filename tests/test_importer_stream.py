@@ -85,13 +85,21 @@ def test_slices_buckets_and_flushes_of_any_size_write_the_same_files(
     whole = import_prometheus(export, twin / "failures.csv", tmp_path / "whole", chunk_steps=10**6)
     expected = files(tmp_path / "whole")
     assert whole["streaming"]["row_groups"] == 1
-    sizes = [
-        {"chunk_steps": 7, "bucket_s": 600.0, "flush_samples": 1000},
-        {"chunk_steps": 97, "bucket_s": 86_400.0, "flush_samples": 10**9},
-        {},
+    sizes: list[tuple[int | None, float, int]] = [
+        (7, 600.0, 1000),
+        (97, 86_400.0, 10**9),
+        (None, 3600.0, 2_000_000),
     ]
-    for k, kwargs in enumerate(sizes):
-        manifest = import_prometheus(export, twin / "failures.csv", tmp_path / f"run{k}", **kwargs)
+    for k, (chunk, bucket, flush) in enumerate(sizes):
+        manifest = import_prometheus(
+            export,
+            twin / "failures.csv",
+            tmp_path / f"run{k}",
+            chunk_steps=chunk,
+            bucket_s=bucket,
+            flush_samples=flush,
+        )
+        kwargs = sizes[k]
         got = files(tmp_path / f"run{k}")
         assert got[0].equals(expected[0]), kwargs  # NaN equals NaN here
         assert got[1].equals(expected[1]), kwargs
@@ -201,7 +209,7 @@ def test_nvlink_totals_of_either_vocabulary_are_the_catalogue_sums(tmp_path: Pat
 
 def test_node_exporter_infiniband_tcp_and_interfaces_roll_up_per_node(tmp_path: Path) -> None:
     def node(name: str, values: list[float], **labels: str) -> dict[str, Any]:
-        return series(name, values, instance="a:9100", job="node", **labels)
+        return series(name, values, 30.0, instance="a:9100", job="node", **labels)
 
     def ports(name: str, first: list[float], second: list[float]) -> list[dict[str, Any]]:
         return [
