@@ -37,6 +37,12 @@ def add_parsers(commands: Subcommands) -> None:
         help="feature names (fnmatch, e.g. 'gpu_temp_*') the booster may not use; repeatable",
     )
     train.add_argument(
+        "--rows-cache",
+        metavar="DIR",
+        help="keep each world's sampled rows here, and reuse them when the data, features and sampling "
+        "are the same (trying booster settings or exclusions without replaying the worlds)",
+    )
+    train.add_argument(
         "--no-monotone",
         action="store_true",
         help="let the booster treat more hardware errors as less risk where the data says so",
@@ -110,6 +116,7 @@ def run_train(args: argparse.Namespace) -> int:
             false_alarm_budget=args.false_alarm_budget,
             monotone_errors=not args.no_monotone,
             exclude=tuple(args.exclude),
+            rows_cache=args.rows_cache,
         )
         client = None
         if args.dask_scheduler:

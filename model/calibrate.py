@@ -59,7 +59,7 @@ from scipy.stats import chi2
 
 from faultcast.model import drift, recall_curve
 from faultcast.model.artifact import FaultModel, load
-from faultcast.model.dataset import Dataset, FailureLog, Step, _read_failures, open_dataset, replay
+from faultcast.model.dataset import Dataset, FailureLog, Step, read_failures, open_dataset, replay
 from faultcast.model.evaluate import MODE_FLOOR, WARMUP_S
 from faultcast.model.intervals import resample_weights
 from faultcast.model.outcomes import (
@@ -535,7 +535,7 @@ def calibrate(
     model = load(model_dir)
     dataset = open_dataset(data_dir)
     if failures_path is not None:
-        dataset = replace(dataset, failures=_read_failures(failures_path, dataset.nodes))
+        dataset = replace(dataset, failures=read_failures(failures_path, dataset.nodes))
     chosen_budget, budget_source = _budget(model, budget)
     history = score_history(dataset, model, seed)
     period, failures = history.period, dataset.failures

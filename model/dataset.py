@@ -122,7 +122,8 @@ class Dataset:
         return self.nodes.index(name)
 
 
-def _read_failures(path: Path, nodes: Sequence[str]) -> FailureLog:
+def read_failures(path: Path, nodes: Sequence[str]) -> FailureLog:
+    """The failure log at `path` for a dataset of `nodes`; DataError naming the line on a bad row."""
     index = {name: i for i, name in enumerate(nodes)}
     rows = []
     with path.open(newline="") as handle:
@@ -181,7 +182,7 @@ def open_dataset(path: Path) -> Dataset:
         end = start + float(config["days"]) * 86_400.0
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{path}/manifest.json lacks {exc}: cannot place the data on a grid") from exc
-    failures = _read_failures(path / "failures.csv", nodes)
+    failures = read_failures(path / "failures.csv", nodes)
     return Dataset(path, start, end, interval, nodes, gpus, failures, manifest)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,9 @@ WARMUP_S = 6 * 3600.0  # history fed to the engine before a scored period starts
 # the model's risk is the probability at the real failure rate, a few in a million per GPU and
 # half hour before any sign, so an alert's risk may well be under a percent.
 MODE_FLOOR = 1e-4
+# The logistic baseline's floor, in its own units: it is not calibrated to the real failure rate.
+LOGISTIC_FLOOR = 0.01
+_BATCH_STEPS = 64  # steps scored in one call of each head: LightGBM's cost per call is not per row
 
 # Metrics that dcgm-exporter's default counter set does not export: ECC totals, retired pages and
 # NVLink error counters are shipped commented out; throttle reasons, Xid counts by code, NVML
@@ -58,29 +61,49 @@ class _Collector:
     label_rows: list[np.ndarray]
     modes: list[np.ndarray]
 
+    pending: list[np.ndarray] = field(default_factory=list)  # present rows of steps not yet scored
+
     def __call__(self, step: Step) -> None:
         if step.time_s < self.start_s:
             return
         rows = step.present
         for method in self.scores:
             self.scores[method].append(np.full(len(rows), np.nan))
-        modes = np.full(len(rows), "", dtype=object)
-        if rows.any():
-            x = step.features[rows]
-            risk, logistic, rules = self.model.risk(x), self.model.logistic.predict(x), self.rules.score(x)
-            self.scores["model"][-1][rows] = risk
-            self.scores["logistic"][-1][rows] = logistic
-            self.scores["rules"][-1][rows] = rules
-            self.scores[MARGIN][-1][rows] = self.rules.margin(x)  # the rules at every scale (matching)
-            near = (risk >= MODE_FLOOR) | (logistic >= MODE_FLOOR) | (rules >= 0.5)
-            if near.any() and self.model.modes:
-                likely = np.argmax(self.model.mode_probabilities(x[near]), axis=1)
-                modes[np.nonzero(rows)[0][near]] = np.asarray(self.model.modes, dtype=object)[likely]
-        self.modes.append(modes)
+        self.modes.append(np.full(len(rows), "", dtype=object))
+        self.pending.append(step.features[rows])
         positive, _, _ = self.labels.at(step.time_s, self.nodes, self.gpus_per_node)
         self.times.append(step.time_s)
         self.present.append(rows.copy())
         self.label_rows.append(positive & rows)
+        if len(self.pending) >= _BATCH_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Score the pending steps in one call per head and fill in their rows."""
+        if not self.pending:
+            return
+        count, first = len(self.pending), len(self.times) - len(self.pending)
+        sizes = [len(x) for x in self.pending]
+        x = np.concatenate(self.pending)
+        self.pending = []
+        if len(x) == 0:
+            return
+        risk, logistic, rules = self.model.risk(x), self.model.logistic.predict(x), self.rules.score(x)
+        margin = self.rules.margin(x)  # the rules at every scale (matching)
+        modes = np.full(len(x), "", dtype=object)
+        near = (risk >= MODE_FLOOR) | (logistic >= LOGISTIC_FLOOR) | (rules >= 0.5)
+        if near.any() and self.model.modes:
+            likely = np.argmax(self.model.mode_probabilities(x[near]), axis=1)
+            modes[near] = np.asarray(self.model.modes, dtype=object)[likely]
+        bounds = np.cumsum([0, *sizes])
+        for k in range(count):
+            i = first + k
+            rows, lo, hi = self.present[i], bounds[k], bounds[k + 1]
+            self.scores["model"][i][rows] = risk[lo:hi]
+            self.scores["logistic"][i][rows] = logistic[lo:hi]
+            self.scores["rules"][i][rows] = rules[lo:hi]
+            self.scores[MARGIN][i][rows] = margin[lo:hi]
+            self.modes[i][rows] = modes[lo:hi]
 
 
 def score_period(
@@ -114,6 +137,7 @@ def score_period(
         end_s=end_s,
         masked_inputs=masked_inputs,
     )
+    sink.flush()
     return ScoredPeriod(
         times_s=np.asarray(sink.times),
         nodes=tuple(nodes),
@@ -199,7 +223,7 @@ def matched_rows(
     period, failures, policy = scored.period, scored.dataset.failures, model.policy
     rate = 1000.0 * target / max(period.gpu_days, 1e-9)
     logistic, within = matched_threshold(
-        period, failures, "logistic", target, policy, NODE_LEVEL_MODES, periods, floor=MODE_FLOOR
+        period, failures, "logistic", target, policy, NODE_LEVEL_MODES, periods, floor=LOGISTIC_FLOOR
     )
     about = {"matched_to_false_alarms_per_1000_gpu_days": rate}
     out = [

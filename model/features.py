@@ -110,7 +110,9 @@ class FeatureConfig:
     windows_s: tuple[float, ...] = (300.0, 900.0, 3600.0)
     gpus_per_node: int = 8
     hold_s: float = 900.0  # the longest gap between samples a reading is held across
-    frozen_s: float = 1800.0  # gauges bit-identical this long: a frozen exporter, not a reading
+    # Gauges bit-identical this long: a frozen exporter, not a reading (the importer's default too; a
+    # GPU held at its power cap, or idle, can sit still for most of an hour at a coarse cadence).
+    frozen_s: float = 3600.0
 
     def steps(self, seconds: float) -> int:
         """`seconds` in grid steps, at least one."""

@@ -20,6 +20,8 @@ the evidence in the features does not change). A risk of 0.3 means three in ten.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 import logging
 import math
 import time
@@ -35,7 +37,7 @@ from sklearn.linear_model import LogisticRegression
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
 from faultcast.model.dataset import Dataset, FailureLog, Labels, Sink, Step, replay
 from faultcast.model.drift import build_reference, save_reference
-from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, MODE_FLOOR, WARMUP_S, score_period
+from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, LOGISTIC_FLOOR, MODE_FLOOR, WARMUP_S, score_period
 from faultcast.model.features import (
     ERROR_GROUPS,
     GPU_INPUTS,
@@ -45,7 +47,14 @@ from faultcast.model.features import (
     FeatureEngine,
 )
 from faultcast.model.incidents import AlertPolicy
-from faultcast.model.manifest import FalseAlarms, SplitRecord, Timings, TrainingData, TrainingMetrics
+from faultcast.model.manifest import (
+    FalseAlarms,
+    JsonScalar,
+    SplitRecord,
+    Timings,
+    TrainingData,
+    TrainingMetrics,
+)
 from faultcast.model.outcomes import (
     PredictionPeriods,
     ScoredPeriod,
@@ -58,6 +67,9 @@ from faultcast.model.recall_curve import write_curve
 from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
+
+
+_HEAD_ROUNDS = 80  # rounds of the mode and time-to-failure heads
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,9 @@ class TrainConfig:
     exclude: tuple[str, ...] = ()
     # The failure rate of the data relative to hardware's; None: from each dataset's manifest.
     acceleration: float | None = None
+    # Where sampled rows of each world are kept between runs (trying settings that do not change the
+    # rows: the booster's, the exclusions); None: not kept.
+    rows_cache: str | None = None
 
 
 @dataclass(frozen=True)
@@ -277,7 +292,7 @@ def train(
         out,
         training_data=_training_data(datasets),
         split=split.record(dataset) if len(datasets) == 1 else None,
-        train_config=asdict(config),
+        train_config=_config_record(config),
         metrics=metrics,
         timings_s=Timings(**timings),
     )
@@ -377,6 +392,34 @@ def _after(start_s: float, sink: Sink) -> Sink:
     return kept
 
 
+def _world_rows(
+    dataset: Dataset, features: FeatureConfig, config: TrainConfig, seed: int
+) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """The sampler's rows over every node and day of one world after the warm-up, from the rows
+    cache when it holds them for the same data, features and sampling."""
+    names = FeatureEngine(features, 1).names
+    key = hashlib.sha256(
+        json.dumps(
+            [str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
+             FeatureEngine(features, 1).schema_hash, config.horizon_s, config.negative_rate, seed],
+            default=str,
+        ).encode()
+    ).hexdigest()[:20]  # fmt: skip
+    cached = Path(config.rows_cache) / f"{key}.npz" if config.rows_cache else None
+    if cached is not None and cached.is_file():
+        with np.load(cached, allow_pickle=True) as held:
+            return {name: held[name] for name in held.files}, names
+    labels = Labels(config.horizon_s, dataset.failures.learnable())
+    nodes = tuple(range(len(dataset.nodes)))
+    sampler = _Sampler(labels, nodes, dataset.gpus_per_node, config.negative_rate, seed)
+    replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
+    rows = sampler.rows.stack()
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(cached, **rows)  # type: ignore[arg-type]  # numpy's stub reads **rows as allow_pickle
+    return rows, names
+
+
 def _sample_worlds(
     datasets: Sequence[Dataset], features: FeatureConfig, config: TrainConfig
 ) -> tuple[_Sampled, tuple[str, ...]]:
@@ -385,12 +428,7 @@ def _sample_worlds(
     parts: list[tuple[dict[str, np.ndarray], bool, float]] = []
     names: tuple[str, ...] = ()
     for k, dataset in enumerate(datasets):
-        labels = Labels(config.horizon_s, dataset.failures.learnable())
-        nodes = tuple(range(len(dataset.nodes)))
-        sampler = _Sampler(labels, nodes, dataset.gpus_per_node, config.negative_rate, config.seed + k)
-        engine = replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
-        names = engine.names
-        rows = sampler.rows.stack()
+        rows, names = _world_rows(dataset, features, config, config.seed + k)
         if rows["features"].size == 0 or not rows["label"].astype(bool).any():
             raise ValueError(f"{dataset.path}: no failure a warning could precede after the warm-up")
         parts.append((rows, k == len(datasets) - 1, acceleration_of(dataset, config)))
@@ -478,9 +516,12 @@ def _fit_mode_head(
     if len(modes) <= 1:
         return modes, None
     mode_ids = np.array([modes.index(m) for m in rows.mode[positive]])
-    params = _lgb_params(config, objective="multiclass", num_class=len(modes), min_data_in_leaf=10)
+    params = _lgb_params(
+        config, objective="multiclass", num_class=len(modes), min_data_in_leaf=10, learning_rate=0.1
+    )
     dataset = lgb.Dataset(rows.x[positive], mode_ids, feature_name=list(names))
-    return modes, lgb.train(params, dataset, num_boost_round=200)
+    # A tree per class and round, run on every row near an alert: 80 rounds at 0.1 keep it affordable.
+    return modes, lgb.train(params, dataset, num_boost_round=_HEAD_ROUNDS)
 
 
 def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -> lgb.Booster | None:
@@ -490,9 +531,11 @@ def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -
     bucket = np.minimum(bucket, len(TTF_BUCKETS_S) - 1)
     if len(set(bucket.tolist())) != len(TTF_BUCKETS_S):
         return None
-    params = _lgb_params(config, objective="multiclass", num_class=len(TTF_BUCKETS_S), min_data_in_leaf=10)
+    params = _lgb_params(
+        config, objective="multiclass", num_class=len(TTF_BUCKETS_S), min_data_in_leaf=10, learning_rate=0.1
+    )
     return lgb.train(
-        params, lgb.Dataset(rows.x[positive], bucket, feature_name=list(names)), num_boost_round=200
+        params, lgb.Dataset(rows.x[positive], bucket, feature_name=list(names)), num_boost_round=_HEAD_ROUNDS
     )
 
 
@@ -535,7 +578,7 @@ def _choose_thresholds(
             NODE_LEVEL_MODES,
             config.false_alarm_budget,
             periods,
-            floor=MODE_FLOOR,
+            floor=LOGISTIC_FLOOR if method == "logistic" else MODE_FLOOR,
         )
 
     model.threshold, model_fa = chosen(period, "model")
@@ -575,6 +618,14 @@ def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Log
     z = np.clip((filled - means) / scales, -20, 20)
     clf = LogisticRegression(C=0.1, max_iter=500, random_state=seed).fit(z, y, sample_weight=w)
     return Logistic(medians, means, scales, clf.coef_[0].astype(np.float64), float(clf.intercept_[0]))
+
+
+def _config_record(config: TrainConfig) -> dict[str, JsonScalar]:
+    """The config as the manifest records it (JSON scalars: the exclusions joined by commas)."""
+    record: dict[str, JsonScalar] = {}
+    for key, value in asdict(config).items():
+        record[key] = ",".join(value) if isinstance(value, tuple | list) else value
+    return record
 
 
 def _training_data(datasets: Sequence[Dataset]) -> TrainingData:
