@@ -12,19 +12,24 @@ import csv
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from ipykernel.kernelspec import write_kernel_spec
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
+from faultcast.catalogue import Scope, by_name, metrics_for
 from faultcast.model.artifact import load
-from faultcast.model.dataset import open_dataset
+from faultcast.model.dataset import open_dataset, unix_seconds
 from faultcast.model.threshold_file import read as read_threshold_file
 from faultcast.sim.config import FleetConfig
+from faultcast.sim.schedule import Scenario
 from faultcast.sim.writer import simulate
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -129,17 +134,81 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """What an operator hands the notebook: a Prometheus export, a kernel log, a GPU map, Slurm events."""
+
+    export: Path
+    kernel_log: Path
+    gpu_map: Path
+    slurm_events: Path
+    failure: dict[str, str]  # the failure behind the Xid line: node, gpu, mode, timestamp
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    """A small fleet as the notebook meets a real one: its GPUs' history as a Prometheus range-query
+    answer under dcgm-exporter's names and labels (from a 2-node twin at the notebook's cadence with
+    an HBM failure on cue and no other), the driver's Xid 48 line for that failure in the node's
+    kernel log (RFC 3339 stamps, as rsyslog writes them), nvidia-smi's GPU map, and a Slurm capture
+    whose only event is planned maintenance."""
+    root = tmp_path_factory.mktemp("fleet")
+    twin = root / "twin"
+    cadence = RETRAIN_TWINS["INTERVAL_S"]
+    simulate(
+        FleetConfig(nodes=2, days=0.35, cadence_s=cadence, seed=5, acceleration=0.0),
+        twin,
+        [Scenario("hbm_wear", 1, 3, 7 * 3600.0, strength=3.0)],
+    )
+    with (twin / "failures.csv").open(newline="") as handle:
+        (failure,) = csv.DictReader(handle)
+    frame = pq.read_table(twin / "telemetry.parquet").to_pandas()
+    frame["time_s"] = unix_seconds(frame["timestamp"])
+    series = []
+    for metric in (m for m in metrics_for(Scope.GPU) if m.dcgm is not None):
+        spec = by_name(metric.name)
+        for (node, gpu), rows in frame.groupby(["node", "gpu"], observed=True):
+            labels = {"__name__": spec.prometheus_name, "gpu": str(gpu), "Hostname": str(node), "job": "dcgm"}
+            if spec.family_label is not None:
+                labels[spec.family_label[0]] = spec.family_label[1]
+            values = rows[metric.name].to_numpy(np.float64)
+            keep = np.isfinite(values)
+            at = rows["time_s"].to_numpy()[keep]
+            samples = [[float(t), repr(float(v))] for t, v in zip(at, values[keep], strict=True)]
+            if samples:
+                series.append({"metric": labels, "values": samples})
+    export = root / "export.json"
+    export.write_text(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": series}}))
+    kernel_log = root / "kern.log"
+    stamp = failure["timestamp"].replace("Z", "+00:00")
+    kernel_log.write_text(
+        f"{stamp} {failure['node']} kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=77, name=python, "
+        "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.\n"
+    )
+    gpu_map = root / "gpus.csv"
+    gpu_map.write_text(f"index, pci.bus_id\n{failure['gpu']}, 00000000:3B:00.0\n")
+    events = root / "events.txt"
+    events.write_text(
+        "NodeName|TimeStart|TimeEnd|State|Reason|User\n"
+        f"{failure['node']}|2026-01-05T08:00:00|Unknown|DRAIN|planned maintenance|root(0)\n"
+    )
+    return Fleet(export, kernel_log, gpu_map, events, failure)
+
+
 def test_retrain_notebook_trains_across_worlds_evaluates_calibrates_and_exports(
-    kernel: str, tmp_path: Path
+    kernel: str, fleet: Fleet, tmp_path: Path
 ) -> None:
-    """The notebook's own twins (no fleet given): a failure log from driver-format Xid lines and a
-    Slurm capture, training across drawn worlds (the last validating), leave-world-out evaluation
-    on an unseen world and the independent family with false alarms at acceleration 1, calibration
-    on unlabelled history applied beside the model, and a model the service loads."""
+    """A failure log from driver-format Xid lines and a Slurm capture; the fleet's own failure log
+    built the same way and its Prometheus export imported with it; training across drawn worlds
+    (the last validating); leave-world-out evaluation on an unseen world and the independent family
+    with false alarms at acceleration 1, and on the imported fleet; calibration on unlabelled history
+    applied beside the model; and a model the service loads."""
     model_dir, work = tmp_path / "model", tmp_path / "work"
     notebook = run_notebook(
-        RETRAIN, kernel, tmp_path, MODEL_DIR=str(model_dir), WORK_DIR=str(work), **RETRAIN_TWINS
-    )
+        RETRAIN, kernel, tmp_path, MODEL_DIR=str(model_dir), WORK_DIR=str(work),
+        KERNEL_LOGS=[str(fleet.kernel_log)], GPU_MAPS=[f"{fleet.failure['node']}={fleet.gpu_map}"],
+        SLURM_EVENTS=str(fleet.slurm_events), PROMETHEUS_EXPORT=str(fleet.export), **RETRAIN_TWINS,
+    )  # fmt: skip
     check_ran_cleanly(notebook)
     stdout = "".join(o["text"] for o in outputs(notebook) if o["output_type"] == "stream")
 
@@ -168,9 +237,9 @@ def test_retrain_notebook_trains_across_worlds_evaluates_calibrates_and_exports(
 
     evaluation = json.loads((model_dir / "evaluation.json").read_text())
     reports = evaluation["datasets"]
-    assert [r["world"]["family"] for r in reports] == ["faultcast-twin", "independent"]
+    assert [r["world"]["family"] for r in reports] == ["faultcast-twin", "independent", None]
     assert reports[0]["world"]["seed"] == TEST_WORLD
-    for r in reports:
+    for r in reports[:2]:
         assert r["world"]["unseen_world"] is True
         assert r["world"]["evaluation"].startswith("leave-world-out")
         assert r["held_out_from_training"] is False
@@ -179,7 +248,16 @@ def test_retrain_notebook_trains_across_worlds_evaluates_calibrates_and_exports(
         calm = r["false_alarm_data"]
         assert [d["acceleration"] for d in calm["data"]] == [1]
         assert "false_alarms" in calm["methods"]["model"]
-    assert evaluation["pooled"]["unseen_world"] == [True, True]
+    assert evaluation["pooled"]["unseen_world"] == [True, True, None]
+    # The imported fleet, with its one failure from the kernel log (the planned drain is not one).
+    imported = reports[2]
+    assert imported["data"]["path"] == str(work / "fleet")
+    assert imported["test_failures"] == 1
+    with (work / "fleet" / "failures.csv").open(newline="") as handle:
+        (logged,) = csv.DictReader(handle)
+    assert (logged["node"], logged["gpu"], logged["mode"]) == (
+        fleet.failure["node"], fleet.failure["gpu"], fleet.failure["mode"],
+    )  # fmt: skip
     assert "leave-world-out" in stdout
 
     # calibrate --apply: threshold.json beside the model, from the unlabelled history, served on load.
