@@ -55,6 +55,10 @@ def _run(args: argparse.Namespace) -> int:
     from faultcast.model.dataset import DataError
     from faultcast.model.threshold_file import ThresholdFileError
 
+    clash = _model_file(args.model, args.json)
+    if clash:
+        print(f"faultcast calibrate: --json {args.json} would overwrite the model's {clash}", file=sys.stderr)
+        return 2
     try:
         result = calibrate(
             args.model, args.data, failures_path=args.failures, budget=args.budget, seed=args.seed
@@ -81,3 +85,21 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr if args.json == Path("-") else sys.stdout,
         )
     return 0
+
+
+# What a model directory holds beside the files its manifest lists (model/artifact.py, threshold_file.py,
+# drift.py, recall_curve.py): none of them may be written over by a report.
+_MODEL_OWN = ("manifest.json", "threshold.json", "reference.json", "recall_curve.json")
+
+
+def _model_file(model: Path, target: Path | None) -> str | None:
+    """The name of the model's own file `target` would overwrite, if it would."""
+    if target is None or target == Path("-") or target.resolve().parent != model.resolve():
+        return None
+    listed: set[str] = set(_MODEL_OWN)
+    try:
+        files = json.loads((model / "manifest.json").read_text()).get("files", {})
+        listed |= set(files) if isinstance(files, dict) else set()
+    except (OSError, ValueError, AttributeError):
+        pass  # no readable manifest: calibrate will say so; the fixed names still stand
+    return target.name if target.name in listed else None

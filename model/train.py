@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -549,7 +550,10 @@ def _recall_curve(
     finite = risk[period.present & ~np.isnan(risk)]
     if finite.size == 0:
         return [], [], 0
-    grid = np.unique(np.append(np.quantile(finite, np.linspace(0.5, 1.0, 41)), model.threshold))
+    # Alerts live in the top of the scores: the grid is fine there (and takes the highest scores).
+    top = np.unique(finite)[-40:]
+    quantiles = np.quantile(finite, np.concatenate([np.linspace(0.5, 0.99, 20), np.linspace(0.99, 1.0, 41)]))
+    grid = np.unique(np.concatenate([quantiles, top, [model.threshold]]))
     grid = grid[grid < 1.0]
     found = incidents(period, "model", grid.tolist(), model.policy, NODE_LEVEL_MODES)
     recall: list[float] = []
@@ -609,7 +613,9 @@ def _trimmed(booster: lgb.Booster, best: int) -> lgb.Booster:
 
 def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Logistic:
     x = x.astype(np.float64)
-    medians = np.nanmedian(np.where(np.isfinite(x), x, np.nan), axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column no row has (a group never collected)
+        medians = np.nanmedian(np.where(np.isfinite(x), x, np.nan), axis=0)
     medians = np.where(np.isnan(medians), 0.0, medians)
     filled = np.where(np.isnan(x), medians, x)
     means = filled.mean(axis=0)
