@@ -150,10 +150,6 @@ SLOW_TESTS = {
     "tests/test_world.py": {
         "test_precursors_are_drawn_per_failure_and_some_degradations_stop": "128 nodes' schedules",
         "test_degradations_that_stop_without_failing_come_at_the_real_rate": "512 nodes' schedules",
-        "test_a_world_file_describes_a_fleet_and_bad_ones_are_refused": "`faultcast simulate`",
-        "test_the_simulate_command_runs_either_family_and_refuses_what_the_independent_one_takes_not": (
-            "`faultcast simulate`, three runs"
-        ),
     },
     "tests/test_twin.py": {
         "test_the_simulate_command_writes_the_four_files": "`faultcast simulate`",

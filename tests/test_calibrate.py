@@ -285,20 +285,6 @@ def test_the_threshold_chosen_on_two_days_holds_on_the_days_after(
     assert at.count <= own.count
 
 
-def test_unlabelled_history_counts_every_incident_as_a_false_alarm(
-    calibrated: cal.Calibration, model_copy: Path, fleet: Fleet
-) -> None:
-    bare = cal.calibrate(model_copy, fleet.unlabelled, budget=BUDGET)
-    assert not bare.labelled
-    assert bare.failures == 0
-    assert any("every incident on the history counts as a false alarm" in n for n in bare.notes)
-    assert bare.met
-    assert bare.at_threshold.count == 0
-    # Within a percent of the labelled choice: the tail comes from healthy scores either way.
-    assert bare.threshold == pytest.approx(calibrated.threshold, rel=0.01)
-    assert bare.at_model_threshold.count == bare.at_model_threshold.incidents
-
-
 def test_a_history_shorter_than_the_warm_up_is_refused(
     model_copy: Path, fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -339,9 +325,15 @@ def _scored(service: Service) -> float:
     return _samples(service)["faultcast_scoring_latency_seconds_count"][0][1]
 
 
-def test_apply_writes_threshold_json_and_the_service_serves_it_on_reload(
-    serving: Serving, model_copy: Path, fleet: Fleet, capsys: pytest.CaptureFixture[str]
+def test_unlabelled_history_counts_every_incident_and_apply_serves_its_threshold_on_reload(
+    serving: Serving,
+    calibrated: cal.Calibration,
+    model_copy: Path,
+    fleet: Fleet,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """`faultcast calibrate --apply` on the history without its failure log (one scoring of the history
+    serves both halves: what an unlabelled history gives, and threshold.json reaching the service)."""
     trained = load(model_copy).card.threshold
     assert serving.service.model.threshold == trained
     assert _samples(serving.service)["faultcast_calibration_timestamp_seconds"] == [({}, 0.0)]
@@ -351,7 +343,7 @@ def test_apply_writes_threshold_json_and_the_service_serves_it_on_reload(
             "--model",
             str(model_copy),
             "--data",
-            str(fleet.history),
+            str(fleet.unlabelled),
             "--budget",
             "2",
             "--json",
@@ -361,12 +353,24 @@ def test_apply_writes_threshold_json_and_the_service_serves_it_on_reload(
     )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
+    # Unlabelled: every incident is a false alarm, and the threshold still holds the budget there.
+    assert report["history"]["labelled"] is False
+    assert report["history"]["failures"] == 0
+    assert any("every incident on the history counts as a false alarm" in n for n in report["notes"])
+    assert report["budget_met"] is True
+    assert report["false_alarms_at_threshold"]["false_alarms"] == 0
+    # Within a percent of the labelled choice: the tail comes from healthy scores either way.
+    assert report["threshold"] == pytest.approx(calibrated.threshold, rel=0.01)
+    own = report["false_alarms_at_model_threshold"]
+    assert own["false_alarms"] == own["incidents"]
+    # --apply: threshold.json holds the choice and its basis.
     chosen = report["threshold"]
     written = json.loads((model_copy / "threshold.json").read_text())
     assert written["threshold"] == chosen
     basis = written["basis"]
     assert basis["source"] == "faultcast calibrate"
-    assert basis["data"] == str(fleet.history)
+    assert basis["data"] == str(fleet.unlabelled)
+    assert basis["labelled"] is False
     assert basis["budget_per_1000_gpu_days"] == 2.0
     assert basis["gpu_days"] == pytest.approx(report["history"]["gpu_days"])
     # The running service serves it once reloaded.
