@@ -37,6 +37,12 @@ def add_parsers(commands: Subcommands) -> None:
         help="feature names (fnmatch, e.g. 'gpu_temp_*') the booster may not use; repeatable",
     )
     train.add_argument(
+        "--sample-seed",
+        type=int,
+        help="seed of the negatives' sampling (default: --seed); fixed while --seed varies, the rows stay "
+        "the same and only the booster's randomness changes",
+    )
+    train.add_argument(
         "--rows-cache",
         metavar="DIR",
         help="keep each world's sampled rows here, and reuse them when the data, features and sampling "
@@ -117,6 +123,7 @@ def run_train(args: argparse.Namespace) -> int:
             monotone_errors=not args.no_monotone,
             exclude=tuple(args.exclude),
             rows_cache=args.rows_cache,
+            sample_seed=args.sample_seed,
         )
         client = None
         if args.dask_scheduler:

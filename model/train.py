@@ -107,6 +107,9 @@ class TrainConfig:
     # Where sampled rows of each world are kept between runs (trying settings that do not change the
     # rows: the booster's, the exclusions); None: not kept.
     rows_cache: str | None = None
+    # The seed of the negatives' sampling; None: `seed`. Fixed while `seed` varies, it measures what the
+    # booster's own randomness does on the same rows (the threshold's spread over seeds).
+    sample_seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -429,7 +432,8 @@ def _sample_worlds(
     parts: list[tuple[dict[str, np.ndarray], bool, float]] = []
     names: tuple[str, ...] = ()
     for k, dataset in enumerate(datasets):
-        rows, names = _world_rows(dataset, features, config, config.seed + k)
+        base = config.seed if config.sample_seed is None else config.sample_seed
+        rows, names = _world_rows(dataset, features, config, base + k)
         if rows["features"].size == 0 or not rows["label"].astype(bool).any():
             raise ValueError(f"{dataset.path}: no failure a warning could precede after the warm-up")
         parts.append((rows, k == len(datasets) - 1, acceleration_of(dataset, config)))
