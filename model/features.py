@@ -361,7 +361,9 @@ class FeatureEngine:
         floors = np.array([f for _, f in RELATIVE_GAUGES])
         self._own = OwnBaseline(n, len(RELATIVE_GAUGES), config.cadence_s, BASELINE_TAU_S, floors)
         self._error_index = np.array([[name for name, _ in RATES].index(e) for e in ERROR_GROUPS])
-        hour = windows[2]
+        # The relative features read the middle and the longest window (the 15 and 60 minutes by default).
+        self._mid, self._long = min(1, len(windows) - 1), len(windows) - 1
+        hour = windows[self._long]
         self._rate_base = RateBaseline(n, len(ERROR_GROUPS), config.cadence_s, BASELINE_TAU_S, hour)
         self._node_rate_base = RateBaseline(nodes, len(NODE_RATES), config.cadence_s, BASELINE_TAU_S, hour)
 
@@ -383,11 +385,12 @@ class FeatureEngine:
         names += [f"node_{n}" for n in _Rates.names(NODE_RATES, labels)]
         names += [f"node_{n}" for n in self._node_gauges.names(NODE_GAUGES, labels[1:2])]
         names += [f"node_{s}_now" for s in NODE_GAUGES]
-        names += [f"{s}_z_own_{labels[1]}" for s, _ in RELATIVE_GAUGES]
-        for lab in (labels[1], labels[2]):
+        mid, long = labels[self._mid], labels[self._long]
+        names += [f"{s}_z_own_{mid}" for s, _ in RELATIVE_GAUGES]
+        for lab in dict.fromkeys((mid, long)):  # one window only: one of each
             names += [f"{e}_excess_{lab}" for e in ERROR_GROUPS]
-        names += [f"{e}_vs_node_{labels[2]}" for e in ERROR_GROUPS]
-        names += [f"node_{r}_excess_{labels[2]}" for r, _ in NODE_RATES]
+        names += [f"{e}_vs_node_{long}" for e in ERROR_GROUPS]
+        names += [f"node_{r}_excess_{long}" for r, _ in NODE_RATES]
         self.names: tuple[str, ...] = tuple(names)
 
     @property
@@ -417,13 +420,12 @@ class FeatureEngine:
         if count <= 0:
             return
         n, nodes = self.slots, self.nodes
-        exact = min(count, self._inputs.hold_steps + 1)
+        exact = min(count, self._inputs.hold_steps_left(step))  # at most hold_s worth of steps
+        blank_gpu = np.full((n, len(GPU_INPUTS)), math.nan)
+        blank_node = np.full((nodes, len(NODE_INPUTS)), math.nan)
         for k in range(exact):
-            blank_gpu, blank_node = (
-                np.full((n, len(GPU_INPUTS)), math.nan),
-                np.full((nodes, len(NODE_INPUTS)), math.nan),
-            )
-            self.update(step + k, blank_gpu, blank_node, np.zeros(n))
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                self._update(step + k, blank_gpu, blank_node, np.zeros(n))
         count -= exact
         if count <= 0:
             return
@@ -457,7 +459,7 @@ class FeatureEngine:
 
         out: list[np.ndarray] = [is_h100[:, None].astype(np.float64), gpu[:, [col["power_limit"]]], gauges]
         windowed = self._gauges.update(gauges)
-        self._last_gauge_means = windowed[6]  # the 15-minute window's means (6 outputs per window)
+        self._last_gauge_means = windowed[6 * self._mid]  # the middle window's means (6 outputs a window)
         out += windowed
         out.append(flags)
         out += self._flags.update(flags)
@@ -485,21 +487,23 @@ class FeatureEngine:
         now = np.stack(
             [residual if s == "thermal_residual" else gpu[:, col[s]] for s, _ in RELATIVE_GAUGES], axis=1
         )
-        # The 15-minute mean of each series (_Windowed's output order: per window, the means first).
-        g15 = self._last_gauge_means
-        recent = np.stack([g15[:, WINDOW_GAUGES.index(s)] for s, _ in RELATIVE_GAUGES], axis=1)
+        # The middle window's mean of each series (_Windowed's output order: per window, the means first).
+        means = self._last_gauge_means
+        recent = np.stack([means[:, WINDOW_GAUGES.index(s)] for s, _ in RELATIVE_GAUGES], axis=1)
         z_own = self._own.z(recent)
         self._own.update(now)
         e = self._error_index
-        log15, log60 = log_hourly(rates[2][:, e]), log_hourly(rates[3][:, e])
-        excess15, excess60 = self._rate_base.excess(log15), self._rate_base.excess(log60)
+        # rates: the rate now, then one per window; the mid and long windows' rates on a log scale.
+        log_mid, log_long = log_hourly(rates[1 + self._mid][:, e]), log_hourly(rates[1 + self._long][:, e])
+        excess = [self._rate_base.excess(log_mid)] if self._mid != self._long else []
+        excess.append(self._rate_base.excess(log_long))
         # The baseline learns only from steps where the counter was read: gaps leave it where it was.
-        self._rate_base.update(step, np.where(self._rates.known_now[:, e], log60, np.nan))
-        node60 = log_hourly(node_rates[3])
-        node_excess = self._node_rate_base.excess(node60)
-        self._node_rate_base.update(step, np.where(self._node_rates.known_now, node60, np.nan))
+        self._rate_base.update(step, np.where(self._rates.known_now[:, e], log_long, np.nan))
+        node_long = log_hourly(node_rates[1 + self._long])
+        node_excess = self._node_rate_base.excess(node_long)
+        self._node_rate_base.update(step, np.where(self._node_rates.known_now, node_long, np.nan))
         g = self.gpus_per_node
-        return [z_own, excess15, excess60, minus_node_mean(log60, g), np.repeat(node_excess, g, axis=0)]
+        return [z_own, *excess, minus_node_mean(log_long, g), np.repeat(node_excess, g, axis=0)]
 
     def _health(self, step: int, gpu: np.ndarray, present: np.ndarray) -> np.ndarray:
         """(slots, 5): PCIe generations below the maximum, unsupported NVML fields, how many of the

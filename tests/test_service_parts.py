@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from faultcast.catalogue import Scope, index_of
-from faultcast.model.alert_content import ActionPolicy, ttf_quantiles
+from faultcast.model.alert_content import ActionPolicy, describe, ttf_quantiles
 from faultcast.model.artifact import FaultModel, load
 from faultcast.model.incidents import AlertPolicy, CloseReason, IncidentTracker
 from faultcast.model.outcomes import ScoredPeriod, incidents
@@ -68,6 +68,17 @@ def _scored(
         list(modes),
         np.full(g, ttf_s),
     )
+
+
+def _migrate_within_s(model: FaultModel) -> float:
+    """A `migrate_within_s` between a near failure (300 s) and the median time to failure the model's
+    head gives the all-zero feature row these steps carry (what an alert opens with): the tests below
+    are about the alert book's escalation, whatever that head says."""
+    (content,) = describe(model, np.zeros((1, len(model.feature_names))), risk=np.array([model.threshold]))
+    assert content.ttf_s is not None
+    p50 = content.ttf_s[1]
+    assert p50 > 320.0, f"the model's head puts the all-zero row's failure {p50:.0f} s away"
+    return (300.0 + p50) / 2
 
 
 def _step(
@@ -168,7 +179,7 @@ def test_one_alert_per_gpu_escalates_then_clears_and_the_log_keeps_it(
 ) -> None:
     store = StateStore.in_dir(tmp_path)
     book = AlertBook(
-        model, store, ServiceMetrics(), actions=ActionPolicy(migrate_within_s=600, migrate_risk=0.9)
+        model, store, ServiceMetrics(), actions=ActionPolicy(_migrate_within_s(model), migrate_risk=0.9)
     )
     hot = model.threshold + (1 - model.threshold) / 4
     low, g = model.policy.hold(model.threshold) / 10, model.feature_config.gpus_per_node
@@ -646,7 +657,7 @@ def test_a_grace_timer_survives_an_earlier_snapshot_and_a_restart(tmp_path: Path
 def test_only_a_score_at_the_threshold_escalates_an_alert(model: FaultModel, tmp_path: Path) -> None:
     store = StateStore.in_dir(tmp_path)
     book = AlertBook(
-        model, store, ServiceMetrics(), actions=ActionPolicy(migrate_within_s=600, migrate_risk=0.99)
+        model, store, ServiceMetrics(), actions=ActionPolicy(_migrate_within_s(model), migrate_risk=0.99)
     )
     g = model.feature_config.gpus_per_node
     hot, held = model.threshold * 1.5, model.threshold * 0.8  # above the threshold; between the levels
