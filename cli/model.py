@@ -37,6 +37,12 @@ def add_parsers(commands: Subcommands) -> None:
         help="feature names (fnmatch, e.g. 'gpu_temp_*') the booster may not use; repeatable",
     )
     train.add_argument(
+        "--hard-negative-rate",
+        type=float,
+        default=0.25,
+        help="share kept of the healthy rows on which a shipped rule fires (look-alikes of a failing part)",
+    )
+    train.add_argument(
         "--sample-seed",
         type=int,
         help="seed of the negatives' sampling (default: --seed); fixed while --seed varies, the rows stay "
@@ -123,6 +129,7 @@ def run_train(args: argparse.Namespace) -> int:
             monotone_errors=not args.no_monotone,
             exclude=tuple(args.exclude),
             rows_cache=args.rows_cache,
+            hard_negative_rate=args.hard_negative_rate,
             sample_seed=args.sample_seed,
         )
         client = None

@@ -4,9 +4,10 @@ worlds the model never saw, at each of a grid of thresholds); `faultcast calibra
 at the threshold it chose for a fleet, whose own history has too few failures to measure one.
 
 Between the grid's thresholds the curve is a step: the recall at `t` is the recall at the nearest
-threshold of the grid not below `t`. Recall falls as the threshold rises, so that is a lower bound
-of the recall at `t` up to the grid's resolution; above the grid's highest threshold it is unknown
-(NaN), never extrapolated.
+threshold of the grid not below `t`; above the grid's highest threshold it is unknown (NaN), never
+extrapolated. Event recall need not fall as the threshold rises (a low threshold opens alerts so
+early that they are held open past the prediction period and credit nothing), so the curve is what
+was measured at each threshold, not a bound.
 """
 
 from __future__ import annotations

@@ -65,12 +65,13 @@ from faultcast.model.outcomes import (
     predictable_counts,
 )
 from faultcast.model.recall_curve import write_curve
+from faultcast.model.rules import RulesBaseline
 from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
 
 
-_HEAD_ROUNDS = 80  # rounds of the mode and time-to-failure heads
+_HEAD_ROUNDS = 60  # rounds of the mode and time-to-failure heads
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class TrainConfig:
     horizon_s: float = 1800.0
     cadence_s: float | None = None  # default: the data's interval
     negative_rate: float = 0.02  # share of negative rows kept (weighted back up)
+    # Share of the hard negatives kept: healthy rows on which a shipped rule fires (look-alikes).
+    hard_negative_rate: float = 0.25
     seed: int = 0
     test_node_fraction: float = 0.25
     test_time_fraction: float = 1 / 3
@@ -169,19 +172,33 @@ class Rows:
 
 
 class _Sampler:
-    """Keeps every positive row and a seeded random share of the negatives, weighted back up."""
+    """Keeps every positive row and a seeded random share of the negatives, weighted back up. Hard
+    negatives (a healthy row on which a rule operators use fires: the look-alikes of a failing part)
+    are kept at `hard_rate`, so the booster sees many of the rows it must tell apart."""
 
     def __init__(
-        self, labels: Labels, nodes: Sequence[int], gpus_per_node: int, rate: float, seed: int
+        self,
+        labels: Labels,
+        nodes: Sequence[int],
+        gpus_per_node: int,
+        rate: float,
+        seed: int,
+        hard_rate: float = 0.0,
+        names: Sequence[str] = (),
     ) -> None:
         self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
+        self.hard_rate = max(hard_rate, rate)
+        self.rules = RulesBaseline(names) if hard_rate > rate else None
         self.rng = np.random.default_rng(seed)
         self.rows = Rows()
         self.node_modes = np.array(sorted(m.value for m in NODE_LEVEL_MODES), dtype=object)
 
     def __call__(self, step: Step) -> None:
         positive, ttf, mode = self.labels.at(step.time_s, self.nodes, self.g)
-        keep = step.present & (positive | (self.rng.random(len(positive)) < self.rate))
+        rate = np.full(len(positive), self.rate)
+        if self.rules is not None:
+            rate = np.where(self.rules.score(step.features) > 0, self.hard_rate, rate)
+        keep = step.present & (positive | (self.rng.random(len(positive)) < rate))
         if not keep.any():
             return
         r = self.rows
@@ -190,7 +207,7 @@ class _Sampler:
         # A node-level failure labels all the node's GPUs: weigh those rows down so that each
         # failure, not each GPU row, counts once (else node-level modes drown the GPU-level ones).
         node_level = np.isin(mode[keep], self.node_modes)
-        r.weight.append(np.where(positive[keep], np.where(node_level, 1.0 / self.g, 1.0), 1.0 / self.rate))
+        r.weight.append(np.where(positive[keep], np.where(node_level, 1.0 / self.g, 1.0), 1.0 / rate[keep]))
         r.time_s.append(np.full(int(keep.sum()), step.time_s))
         r.ttf_s.append(ttf[keep])
         r.mode.append(mode[keep])
@@ -368,7 +385,16 @@ def _sample(
     the failures a warning could precede are labelled (FailureLog.learnable); thresholds are still
     judged against every failure."""
     labels = Labels(config.horizon_s, dataset.failures.learnable())
-    sampler = _Sampler(labels, split.train_nodes, dataset.gpus_per_node, config.negative_rate, config.seed)
+    names = FeatureEngine(features, 1).names
+    sampler = _Sampler(
+        labels,
+        split.train_nodes,
+        dataset.gpus_per_node,
+        config.negative_rate,
+        config.seed,
+        config.hard_negative_rate,
+        names,
+    )
     engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
     rows = sampler.rows.stack()
     x, y, t = rows["features"], rows["label"].astype(bool), rows["time_s"]
@@ -405,7 +431,8 @@ def _world_rows(
     key = hashlib.sha256(
         json.dumps(
             [str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
-             FeatureEngine(features, 1).schema_hash, config.horizon_s, config.negative_rate, seed],
+             FeatureEngine(features, 1).schema_hash, config.horizon_s, config.negative_rate,
+             config.hard_negative_rate, seed],
             default=str,
         ).encode()
     ).hexdigest()[:20]  # fmt: skip
@@ -415,7 +442,9 @@ def _world_rows(
             return {name: held[name] for name in held.files}, names
     labels = Labels(config.horizon_s, dataset.failures.learnable())
     nodes = tuple(range(len(dataset.nodes)))
-    sampler = _Sampler(labels, nodes, dataset.gpus_per_node, config.negative_rate, seed)
+    sampler = _Sampler(
+        labels, nodes, dataset.gpus_per_node, config.negative_rate, seed, config.hard_negative_rate, names
+    )
     replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
     rows = sampler.rows.stack()
     if cached is not None:
@@ -522,7 +551,12 @@ def _fit_mode_head(
         return modes, None
     mode_ids = np.array([modes.index(m) for m in rows.mode[positive]])
     params = _lgb_params(
-        config, objective="multiclass", num_class=len(modes), min_data_in_leaf=10, learning_rate=0.1
+        config,
+        objective="multiclass",
+        num_class=len(modes),
+        min_data_in_leaf=10,
+        learning_rate=0.1,
+        num_leaves=15,
     )
     dataset = lgb.Dataset(rows.x[positive], mode_ids, feature_name=list(names))
     # A tree per class and round, run on every row near an alert: 80 rounds at 0.1 keep it affordable.
