@@ -37,6 +37,15 @@ def add_parsers(commands: Subcommands) -> None:
         help="feature names (fnmatch, e.g. 'gpu_temp_*') the booster may not use; repeatable",
     )
     train.add_argument(
+        "--booster-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_booster_param,
+        help="a LightGBM parameter of the risk booster over faultcast's defaults (num_leaves=15, "
+        "min_data_in_leaf=200, lambda_l2=10, ...); repeatable",
+    )
+    train.add_argument(
         "--hard-negative-rate",
         type=float,
         default=0.25,
@@ -114,6 +123,19 @@ def add_parsers(commands: Subcommands) -> None:
     evaluate.set_defaults(handler=run_evaluate)
 
 
+def _booster_param(text: str) -> tuple[str, float | int | str]:
+    """NAME=VALUE, the value a number where it reads as one."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    for kind in (int, float):
+        try:
+            return name, kind(value)
+        except ValueError:
+            continue
+    return name, value
+
+
 def run_train(args: argparse.Namespace) -> int:
     """`faultcast train`: train on a data directory, write the model; returns the exit status."""
     from faultcast.model.dataset import DataError, open_dataset
@@ -130,6 +152,7 @@ def run_train(args: argparse.Namespace) -> int:
             exclude=tuple(args.exclude),
             rows_cache=args.rows_cache,
             hard_negative_rate=args.hard_negative_rate,
+            booster_params=tuple(args.booster_param),
             sample_seed=args.sample_seed,
         )
         client = None
@@ -151,11 +174,18 @@ def trained_summary(out: Path, card: ModelManifest) -> str:
     if m is None or timings is None or m.validation_false_alarms_per_1000_gpu_days is None:
         return f"wrote {out}: threshold {card.threshold:.4f}"  # `save` always records these: not reached
     false_alarms = m.validation_false_alarms_per_1000_gpu_days.model
+    recall = m.validation_recall_5min_predictable
+    judged = (
+        f"; recall >=5 min of its {recall.failures} failures with a precursor: model {recall.model:.1%}, "
+        f"logistic regression at the same budget {recall.logistic:.1%}"
+        if recall is not None and recall.failures
+        else ""
+    )
     return (
         f"wrote {out}: {m.training_rows:,} rows ({m.training_positives:,} positive), "
         f"{m.best_iteration} trees, threshold {card.threshold:.3g} "
         f"({false_alarms:.2f} false alarms per 1,000 GPU-days "
-        f"on {m.validation_gpu_days:.0f} validation GPU-days), "
+        f"on {m.validation_gpu_days:.0f} validation GPU-days{judged}), "
         f"in {timings.total_s:.0f} s"
     )
 

@@ -105,6 +105,17 @@ class FalseAlarms:
 
 
 @dataclass(frozen=True)
+class ValidationRecall:
+    """Recall at >= the warning time of the validation failures that carried a precursor, for the
+    model and the logistic baseline each at its own threshold (the same false-alarm budget): the
+    leave-world-out comparison training's choices are judged by. NaN: no such failure."""
+
+    model: float
+    logistic: float
+    failures: int  # the validation failures that carried a precursor
+
+
+@dataclass(frozen=True)
 class TrainingMetrics:
     """What training measured. The None fields are absent from older manifests."""
 
@@ -116,6 +127,7 @@ class TrainingMetrics:
     prediction_periods: PredictionPeriods | None
     validation_false_alarms_per_1000_gpu_days: FalseAlarms | None
     dropped_columns_for_dcgm_default: tuple[str, ...]
+    validation_recall_5min_predictable: ValidationRecall | None = None  # absent from older manifests
 
 
 @dataclass(frozen=True)
@@ -464,6 +476,15 @@ def _metrics(where: Path, data: Mapping[str, object]) -> TrainingMetrics | None:
                 _measured(where, fa, f"{key}.model_dcgm_default") if "model_dcgm_default" in fa else None
             ),
         )
+    recall = None
+    key = "metrics.validation_recall_5min_predictable"
+    if _leaf(key) in m and m[_leaf(key)] is not None:
+        r = _section(where, m, key)
+        recall = ValidationRecall(
+            model=_measured(where, r, f"{key}.model"),
+            logistic=_measured(where, r, f"{key}.logistic"),
+            failures=_count(where, r, f"{key}.failures"),
+        )
     return TrainingMetrics(
         training_rows=_count(where, m, "metrics.training_rows"),
         training_positives=_count(where, m, "metrics.training_positives"),
@@ -473,6 +494,7 @@ def _metrics(where: Path, data: Mapping[str, object]) -> TrainingMetrics | None:
         prediction_periods=periods,
         validation_false_alarms_per_1000_gpu_days=false_alarms,
         dropped_columns_for_dcgm_default=_names(where, m, "metrics.dropped_columns_for_dcgm_default"),
+        validation_recall_5min_predictable=recall,
     )
 
 

@@ -55,6 +55,7 @@ from faultcast.model.manifest import (
     Timings,
     TrainingData,
     TrainingMetrics,
+    ValidationRecall,
 )
 from faultcast.model.outcomes import (
     PredictionPeriods,
@@ -113,6 +114,9 @@ class TrainConfig:
     # The seed of the negatives' sampling; None: `seed`. Fixed while `seed` varies, it measures what the
     # booster's own randomness does on the same rows (the threshold's spread over seeds).
     sample_seed: int | None = None
+    # LightGBM parameters over the defaults of the risk booster, as (name, value) pairs (e.g.
+    # ("num_leaves", 15)): what a leave-world-out comparison of settings varies.
+    booster_params: tuple[tuple[str, float | int | str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,7 @@ def train(
     periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
     false_alarms, validation = _choose_thresholds(dataset, model, split, config, periods)
     validation_gpu_days = validation.gpu_days
+    validation_recall = _validation_recall(validation, dataset.failures, model, periods)
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     metrics = TrainingMetrics(
@@ -307,6 +312,7 @@ def train(
         prediction_periods=periods,
         validation_false_alarms_per_1000_gpu_days=false_alarms,
         dropped_columns_for_dcgm_default=tuple(names[i] for i in dropped),
+        validation_recall_5min_predictable=validation_recall,
     )
     save(
         model,
@@ -493,7 +499,9 @@ def _fit_risk(
     blank = rng.random(len(x_fit)) < config.group_dropout
     x_fit[np.ix_(blank, dropped)] = np.nan
     x_fit[:, excluded] = np.nan  # a column that is always missing is never split on
-    params = _lgb_params(config, objective="binary", metric="average_precision")
+    params = _lgb_params(
+        config, objective="binary", metric="average_precision", **dict(config.booster_params)
+    )
     if config.monotone_errors:
         params["monotone_constraints"] = monotone_constraints(names)
     # The booster learns to rank on the sampled rows as they are (negatives weighted 50x made a few
@@ -576,6 +584,20 @@ def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -
     return lgb.train(
         params, lgb.Dataset(rows.x[positive], bucket, feature_name=list(names)), num_boost_round=_HEAD_ROUNDS
     )
+
+
+def _validation_recall(
+    period: ScoredPeriod, failures: FailureLog, model: FaultModel, periods: PredictionPeriods
+) -> ValidationRecall:
+    """The model's and the logistic baseline's recall of the validation failures that carried a
+    precursor, each at its own threshold."""
+    recall = {}
+    counted = 0
+    for method, threshold in (("model", model.threshold), ("logistic", model.logistic_threshold)):
+        (found,) = incidents(period, method, [threshold], model.policy, NODE_LEVEL_MODES)
+        counted, caught, _ = predictable_counts(catches(period, failures, found, periods), periods.warning_s)
+        recall[method] = caught / counted if counted else math.nan
+    return ValidationRecall(recall["model"], recall["logistic"], counted)
 
 
 def _recall_curve(
@@ -668,7 +690,10 @@ def _config_record(config: TrainConfig) -> dict[str, JsonScalar]:
     """The config as the manifest records it (JSON scalars: the exclusions joined by commas)."""
     record: dict[str, JsonScalar] = {}
     for key, value in asdict(config).items():
-        record[key] = ",".join(value) if isinstance(value, tuple | list) else value
+        if key == "booster_params":
+            record[key] = ",".join(f"{k}={v}" for k, v in value)
+        else:
+            record[key] = ",".join(value) if isinstance(value, tuple | list) else value
     return record
 
 
