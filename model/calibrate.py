@@ -173,7 +173,7 @@ def score_history(dataset: Dataset, model: FaultModel, seed: int = 0) -> History
         )
     except ValueError as exc:  # DataError: another node size, rows for unknown nodes
         raise CalibrationError(str(exc)) from exc
-    g = model.feature_config.gpus_per_node
+    g = dataset.gpus_per_node  # the data's node size, whatever the model was trained on
     steps = len(sink.times)
     period = ScoredPeriod(
         times_s=np.asarray(sink.times),

@@ -52,3 +52,19 @@ def test_a_report_beside_the_model_under_its_own_name_is_not_refused_for_that(
     assert "would overwrite" not in err
     assert "calibrate:" in err
     assert not (model / "calibrate.json").exists()
+
+
+def test_a_fleet_of_four_gpu_nodes_calibrates_a_model_trained_on_eight(
+    service_model: Path, tmp_path: Path
+) -> None:
+    """The history's node size is the data's: a model trained on 8-GPU nodes calibrates on 4-GPU
+    ones (it failed reshaping the scores to the model's node size)."""
+    from faultcast.model.calibrate import calibrate
+    from faultcast.sim.config import FleetConfig
+    from faultcast.sim.writer import simulate
+
+    data = tmp_path / "four"
+    simulate(FleetConfig(nodes=14, gpus_per_node=4, days=1.25, seed=8, acceleration=1.0), data)
+    result = calibrate(service_model, data)
+    # 14 nodes x 4 GPUs over the day after the 6 h warm-up, less the twin's gaps in reporting.
+    assert 0.9 * 56.0 < result.to_json()["history"]["gpu_days"] <= 56.0
