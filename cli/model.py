@@ -42,8 +42,8 @@ def add_parsers(commands: Subcommands) -> None:
         default=[],
         metavar="NAME=VALUE",
         type=_booster_param,
-        help="a LightGBM parameter of the risk booster over faultcast's defaults (num_leaves=15, "
-        "min_data_in_leaf=200, lambda_l2=10, ...); repeatable",
+        help="a LightGBM parameter of the risk booster over faultcast's (num_leaves=15, min_data_in_leaf=200, "
+        "lambda_l2=10, feature_fraction=0.5: the setting leave-world-out validation chose); repeatable",
     )
     train.add_argument(
         "--hard-negative-rate",
@@ -152,7 +152,7 @@ def run_train(args: argparse.Namespace) -> int:
             exclude=tuple(args.exclude),
             rows_cache=args.rows_cache,
             hard_negative_rate=args.hard_negative_rate,
-            booster_params=tuple(args.booster_param),
+            booster_params=TrainConfig.booster_params + tuple(args.booster_param),
             sample_seed=args.sample_seed,
         )
         client = None
