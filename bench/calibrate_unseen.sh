@@ -18,7 +18,7 @@ mkdir -p "$out"
 rm -rf "$out/model" && cp -r "$model" "$out/model" && rm -f "$out/model/threshold.json"
 head -1 "$out/history/failures.csv" > "$out/no-failures.csv"  # unlabelled: every incident counts as false
 "$bin/faultcast" calibrate --model "$out/model" --data "$out/history" --failures "$out/no-failures.csv" \
-  --json "$out/calibrate.json" --apply | tee "$out/calibrate.log"
+  --budget 2 --json "$out/calibrate.json" --apply | tee "$out/calibrate.log"
 /usr/bin/time -v "$bin/faultcast" evaluate --model "$out/model" --data out/lwo/independent \
   --false-alarm-data "$out/after" --resamples 500 --json "$out/evaluation.json" 2> "$out/evaluate.time" \
   | tee "$out/evaluate.log"

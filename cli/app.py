@@ -20,7 +20,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Each subcommand's module loads its heavy parts (the model stack, the service) only when it runs,
     # so every `faultcast collect` start stays light (tests/test_cli.py holds the line).
-    from faultcast.cli import calibrate, collect, demo, failures, goodput, import_score, model, serve, simulate
+    from faultcast.cli import (
+        calibrate,
+        collect,
+        demo,
+        failures,
+        goodput,
+        import_score,
+        model,
+        serve,
+        simulate,
+    )
 
     collect.add_parser(commands)
     simulate.add_parser(commands)

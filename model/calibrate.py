@@ -59,7 +59,7 @@ from scipy.stats import chi2
 
 from faultcast.model import drift, recall_curve
 from faultcast.model.artifact import FaultModel, load
-from faultcast.model.dataset import Dataset, FailureLog, Step, read_failures, open_dataset, replay
+from faultcast.model.dataset import Dataset, FailureLog, Step, open_dataset, read_failures, replay
 from faultcast.model.evaluate import MODE_FLOOR, WARMUP_S
 from faultcast.model.intervals import resample_weights
 from faultcast.model.outcomes import (
