@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 # The demo: four twin nodes at 240x real time push to the service; HBM, firmware, NVLink and PCIe
-# failures come on cue over three simulated hours (about a minute; the first run also trains a model).
+# failures come on cue over four simulated hours (about a minute; the first run also trains a model).
 
 .PHONY: run test fast install system-deps lint typecheck unit proto docs bench clean
 

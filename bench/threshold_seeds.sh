@@ -8,7 +8,7 @@ set -euo pipefail
 out=${1:-out/threshold-seeds}
 shift $(( $# > 0 ? 1 : 0 ))
 seeds=("${@:-0 1 2 3 4}")
-BOOSTER=(--booster-param num_leaves=15 --booster-param min_data_in_leaf=200 --booster-param lambda_l2=10
+BOOSTER=(--hard-negative-rate 0.25 --booster-param num_leaves=15 --booster-param min_data_in_leaf=200 --booster-param lambda_l2=10
   --booster-param feature_fraction=0.5)
 mkdir -p "$out"
 data=()
