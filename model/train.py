@@ -437,11 +437,12 @@ def _world_rows(
 ) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
     """The sampler's rows over every node and day of one world after the warm-up, from the rows
     cache when it holds them for the same data, features and sampling."""
-    names = FeatureEngine(features, 1).names
+    engine = FeatureEngine(features, 1)  # for its names and schema hash only
+    names = engine.names
     key = hashlib.sha256(
         json.dumps(
             [str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
-             FeatureEngine(features, 1).schema_hash, config.horizon_s, config.negative_rate,
+             engine.schema_hash, config.horizon_s, config.negative_rate,
              config.hard_negative_rate, seed],
             default=str,
         ).encode()
