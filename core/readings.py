@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from faultcast.catalogue import Scope, index_of, metrics_for
+from faultcast.step_summary import StepSummary
 
 NAN = math.nan
 """The value of a missing reading (never zero); test with math.isnan, NaN != NaN."""
@@ -49,6 +50,9 @@ class GpuReading:
     # when unknown. Not on the wire: the service keys GPUs by node and index, and needs neither.
     pci_bus_id: str = ""  # NVML's form, "00000000:18:00.0"
     driver_version: str = ""  # "550.127.08"
+    # The scrapes of a grid step behind this reading (faultcast.step_summary): set by a collector that
+    # ships one sample per step, and by a source that already knows (the twin); None: one scrape.
+    summary: StepSummary | None = None
 
     def get(self, name: str) -> float:
         """The value of GPU metric `name` (NaN when missing); KeyError for a name not in the GPU scope."""
@@ -91,6 +95,9 @@ class NodeSnapshot:
     collector: tuple[float, ...]  # aligned with metrics_for(Scope.COLLECTOR)
     sequence: int = 0
     notes: tuple[str, ...] = field(default=())  # what went wrong during the scrape, for logs
+    # The epoch-aligned window this sample closes and summarises (its GPUs' `summary`), in seconds;
+    # 0 for a single scrape. A window that ends where the model's step ends completes that step.
+    window_s: float = 0.0
 
     @staticmethod
     def merge(
