@@ -5,6 +5,7 @@ from __future__ import annotations
 from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, METRICS, SCHEMA_HASH, Kind, Scope, metrics_for
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+from faultcast.step_summary import StepSummary
 from faultcast.v1 import telemetry_pb2 as pb
 
 _TO_PB: dict[Scope, pb.Scope.ValueType] = {
@@ -66,23 +67,46 @@ def hello(node: str, spool_id: int) -> pb.PushRequest:
 
 
 def to_proto(snapshot: NodeSnapshot) -> pb.NodeSample:
-    """Encode a snapshot, stamped with this catalogue's SCHEMA_HASH; from_proto is its inverse
-    (identity labels such as pci_bus_id are not on the wire)."""
+    """Encode a snapshot, stamped with this catalogue's SCHEMA_HASH, with its GPUs' step summaries and
+    its window; from_proto is its inverse (identity labels such as pci_bus_id are not on the wire)."""
     return pb.NodeSample(
         sequence=snapshot.sequence,
         time_unix_nano=snapshot.time_unix_nano,
         node=snapshot.node,
         schema_hash=SCHEMA_HASH,
-        gpus=[
-            pb.GpuSample(index=g.index, uuid=g.uuid, model_name=g.model_name, values=g.values, lost=g.lost)
-            for g in snapshot.gpus
-        ],
+        gpus=[_gpu_to_proto(g) for g in snapshot.gpus],
         devices=[
             pb.DeviceSample(scope=_TO_PB[d.scope], device=d.device, values=d.values) for d in snapshot.devices
         ],
         host_values=snapshot.host,
         collector_values=snapshot.collector,
+        window_s=snapshot.window_s,
     )
+
+
+def _gpu_to_proto(g: GpuReading) -> pb.GpuSample:
+    sample = pb.GpuSample(index=g.index, uuid=g.uuid, model_name=g.model_name, values=g.values, lost=g.lost)
+    if g.summary is not None:
+        sample.summary_scrapes = g.summary.scrapes
+        sample.summary_min.extend(g.summary.minimum)
+        sample.summary_max.extend(g.summary.maximum)
+        sample.summary_mean.extend(g.summary.mean)
+    return sample
+
+
+def _summary(g: pb.GpuSample) -> StepSummary | None:
+    """The GPU's step summary, or None (summary_scrapes 0 and no arrays); WireError when malformed."""
+    if g.summary_scrapes == 0:
+        if len(g.summary_min) or len(g.summary_max) or len(g.summary_mean):
+            raise WireError(f"gpu {g.index}: summary arrays without summary_scrapes")
+        return None
+    summary = StepSummary(
+        g.summary_scrapes, tuple(g.summary_min), tuple(g.summary_max), tuple(g.summary_mean)
+    )
+    problem = summary.check()
+    if problem is not None:
+        raise WireError(f"gpu {g.index}: malformed step summary: {problem}")
+    return summary
 
 
 def _checked(scope: Scope, values: tuple[float, ...], what: str) -> tuple[float, ...]:
@@ -93,11 +117,14 @@ def _checked(scope: Scope, values: tuple[float, ...], what: str) -> tuple[float,
 
 
 def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
-    """Decode a sample; raises WireError when it does not match this catalogue."""
+    """Decode a sample; raises WireError when it does not match this catalogue, or when a step
+    summary is malformed (StepSummary.check) or window_s is negative or NaN."""
     if sample.schema_hash != SCHEMA_HASH:
         raise WireError(
             f"schema hash {sample.schema_hash:#018x} differs from this catalogue's {SCHEMA_HASH:#018x}"
         )
+    if not sample.window_s >= 0:  # NaN fails too
+        raise WireError(f"window_s {sample.window_s} is not a length of time (0: a single scrape)")
     devices = []
     for d in sample.devices:
         scope = _FROM_PB.get(int(d.scope))
@@ -112,11 +139,17 @@ def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
         sequence=sample.sequence,
         gpus=tuple(
             GpuReading(
-                g.index, g.uuid, g.model_name, _checked(Scope.GPU, tuple(g.values), f"gpu {g.index}"), g.lost
+                g.index,
+                g.uuid,
+                g.model_name,
+                _checked(Scope.GPU, tuple(g.values), f"gpu {g.index}"),
+                g.lost,
+                summary=_summary(g),
             )
             for g in sample.gpus
         ),
         devices=tuple(devices),
         host=_checked(Scope.HOST, tuple(sample.host_values), "host values"),
         collector=_checked(Scope.COLLECTOR, tuple(sample.collector_values), "collector values"),
+        window_s=sample.window_s,
     )

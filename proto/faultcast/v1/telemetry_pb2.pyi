@@ -202,13 +202,39 @@ class GpuSample(_message.Message):
     MODEL_NAME_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
     LOST_FIELD_NUMBER: _builtins.int
+    SUMMARY_SCRAPES_FIELD_NUMBER: _builtins.int
+    SUMMARY_MIN_FIELD_NUMBER: _builtins.int
+    SUMMARY_MAX_FIELD_NUMBER: _builtins.int
+    SUMMARY_MEAN_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     model_name: _builtins.str
     lost: _builtins.bool
     """The GPU has fallen off the bus: values are NaN and the collector says so explicitly."""
+    summary_scrapes: _builtins.int
+    """The step summary: what the GPU's gauges did over the scrapes of the sample's window
+    (NodeSample.window_s), for a collector that ships one sample per window instead of every
+    scrape. `values` are still the window's last scrape (counters at the window's end).
+    summary_scrapes is how many scrapes the summary covers; 0 means no summary (a single scrape,
+    or a collector that does not summarise), and the three arrays are then empty.
+    """
     @_builtins.property
     def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def summary_min(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Aligned with `values` (the GPU scope's wire order), each entry the minimum, maximum and mean
+        of that metric over the summarised scrapes (the mean weighted by scrapes where a part of the
+        window was already a summary). NaN for counters (their value at the window's end says all)
+        and for gauges never read in the window. A summary whose arrays are not the length of
+        `values`, or with min > max or a mean outside [min, max], rejects the whole sample
+        ("malformed"); where the service blanks a value (an infinity, a magnitude beyond any
+        reading) it blanks that metric's summary entries too.
+        """
+
+    @_builtins.property
+    def summary_max(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def summary_mean(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     def __init__(
         self,
         *,
@@ -217,10 +243,14 @@ class GpuSample(_message.Message):
         model_name: _builtins.str = ...,
         values: _abc.Iterable[_builtins.float] | None = ...,
         lost: _builtins.bool = ...,
+        summary_scrapes: _builtins.int = ...,
+        summary_min: _abc.Iterable[_builtins.float] | None = ...,
+        summary_max: _abc.Iterable[_builtins.float] | None = ...,
+        summary_mean: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "lost", b"lost", "model_name", b"model_name", "uuid", b"uuid", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "lost", b"lost", "model_name", b"model_name", "summary_max", b"summary_max", "summary_mean", b"summary_mean", "summary_min", b"summary_min", "summary_scrapes", b"summary_scrapes", "uuid", b"uuid", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -256,7 +286,7 @@ Global___DeviceSample: _TypeAlias = DeviceSample  # noqa: Y015
 
 @_typing.final
 class NodeSample(_message.Message):
-    """One scrape of one node."""
+    """One scrape of one node, or (window_s > 0) one window of scrapes summarised."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -268,6 +298,7 @@ class NodeSample(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     HOST_VALUES_FIELD_NUMBER: _builtins.int
     COLLECTOR_VALUES_FIELD_NUMBER: _builtins.int
+    WINDOW_S_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Assigned by the collector, strictly increasing per spool from 1 (and below 2^63); survives
     collector restarts through the spool, so the service can drop duplicates after a replay.
@@ -279,6 +310,13 @@ class NodeSample(_message.Message):
     """
     node: _builtins.str
     schema_hash: _builtins.int
+    window_s: _builtins.float
+    """The epoch-aligned window this sample closes, in seconds: it summarises the node's scrapes with
+    event times in [k * window_s, (k + 1) * window_s) for the k of `time_unix_nano`, which is the
+    window's last scrape (its GPUs' summaries cover the window's scrapes). 0: a single scrape, no
+    window. A window that matches the model's cadence completes the model's step. Negative or NaN
+    is malformed.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]: ...
     @_builtins.property
@@ -298,10 +336,11 @@ class NodeSample(_message.Message):
         devices: _abc.Iterable[Global___DeviceSample] | None = ...,
         host_values: _abc.Iterable[_builtins.float] | None = ...,
         collector_values: _abc.Iterable[_builtins.float] | None = ...,
+        window_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_values", b"collector_values", "devices", b"devices", "gpus", b"gpus", "host_values", b"host_values", "node", b"node", "schema_hash", b"schema_hash", "sequence", b"sequence", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_values", b"collector_values", "devices", b"devices", "gpus", b"gpus", "host_values", b"host_values", "node", b"node", "schema_hash", b"schema_hash", "sequence", b"sequence", "time_unix_nano", b"time_unix_nano", "window_s", b"window_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
