@@ -2,7 +2,8 @@
 
 A sample is refused whole only when nothing in it can be trusted (its node or its time); a bad value
 inside it (an infinity, a magnitude beyond any real reading, a negative counter, a GPU index the
-model has no slot for) is blanked, counted by reason, and the rest of the sample is kept. NaN is
+model has no slot for) is blanked, counted by reason, and the rest of the sample is kept; a GPU's
+step summary loses its entries for the metrics blanked (and entries that are bad themselves). NaN is
 not an error: it is how collectors say a metric could not be read, and the model has features for
 exactly that.
 """
@@ -13,8 +14,11 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from faultcast.catalogue import Kind, Scope, metrics_for
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+from faultcast.step_summary import StepSummary
 
 
 class SampleRejected(ValueError):  # noqa: N818 (a reason for a reject counter, not a bug)
@@ -70,6 +74,31 @@ def _clean(values: tuple[float, ...], scope: Scope, issues: Counter[str]) -> tup
     return values if out is None else tuple(out)
 
 
+def _clean_gpu(gpu: GpuReading, issues: Counter[str]) -> GpuReading:
+    """The GPU with bad values blanked, and its step summary's entries for those metrics too (what is
+    blanked in the values must not live on in the summary); a summary entry that is itself infinite
+    or beyond MAX_MAGNITUDE is blanked (min, max and mean together) and counted the same way."""
+    values = _clean(gpu.values, Scope.GPU, issues)
+    summary = gpu.summary
+    if summary is None:
+        return gpu if values is gpu.values else replace(gpu, values=values)
+    stats = np.array((summary.minimum, summary.maximum, summary.mean), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = (np.abs(stats) > MAX_MAGNITUDE).any(axis=0)  # inf included; NaN is not bad
+    if bad.any():
+        issues["non_finite_value"] += int(np.isinf(stats).any(axis=0).sum())
+        issues["implausible_value"] += int((bad & ~np.isinf(stats).any(axis=0)).sum())
+    if values is not gpu.values:
+        bad |= np.isnan(np.asarray(values)) & ~np.isnan(np.asarray(gpu.values))
+    if bad.any():
+        stats[:, bad] = math.nan
+        lo, hi, mean = (tuple(row.tolist()) for row in stats)
+        summary = StepSummary(summary.scrapes, lo, hi, mean)
+    elif values is gpu.values:
+        return gpu
+    return replace(gpu, values=values, summary=summary)
+
+
 def is_host_name(name: str, max_length: int = MAX_NODE_NAME) -> bool:
     """Whether `name` can name a node: non-empty, printable, no spaces, at most `max_length` long."""
     return bool(name) and len(name) <= max_length and name.isprintable() and " " not in name
@@ -107,8 +136,7 @@ def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSna
             issues["duplicate_gpu_index"] += 1
             continue
         seen.add(gpu.index)
-        values = _clean(gpu.values, Scope.GPU, issues)
-        gpus.append(gpu if values is gpu.values else replace(gpu, values=values))
+        gpus.append(_clean_gpu(gpu, issues))
     devices = []
     # Duplicates go first, so what is counted as blanked is only what is kept.
     for d in _dedupe(list(snapshot.devices), issues):
