@@ -17,7 +17,7 @@ from pathlib import Path
 
 from faultcast.catalogue import Scope
 from faultcast.cli.tls_args import add_client_arguments, client_tls_options
-from faultcast.cli.types import Subcommands, add_world_flags, duration, scenario, world_from_args
+from faultcast.cli.types import Subcommands, add_world_flags, duration, limit, scenario, world_from_args
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # clock before stamping a sample ahead of it, and a default service refuses samples over 6 h old.
 DEFAULT_SIM_BACKFILL_S = 4 * 3600.0
 _SERVICE_MAX_AGE_S = 6 * 3600.0  # faultcast.service.validation.Limits.max_age_s
+# One sample per model step: the service scores a 60 s grid and keeps each step's last sample, so
+# the scrapes in between travel as the step summary of that one sample (faultcast.step_summary).
+DEFAULT_SHIP_STEP_S = 60.0
 
 
 def default_spool_path(node: str) -> Path:
@@ -60,6 +63,15 @@ def add_parser(commands: Subcommands) -> None:
         help="where GPU readings come from; auto uses NVML when a GPU is present",
     )
     p.add_argument("--interval", type=duration, default=1.0, help="scrape interval (default 1s)")
+    p.add_argument(
+        "--ship-step",
+        type=limit,
+        default=DEFAULT_SHIP_STEP_S,
+        metavar="DURATION",
+        help="ship one sample per epoch-aligned window of this much event time (default 60s, the model's "
+        "cadence): the window's last scrape, each GPU with the min/max/mean of its gauges over the window's "
+        "scrapes; 0 ships every scrape. /metrics always shows every scrape",
+    )
     p.add_argument(
         "--nvml-timeout",
         type=duration,
@@ -215,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         if args.service and not args.once
         else None
     )
-    collector = NodeCollector(args.node, sources, spool=spool)
+    collector = NodeCollector(args.node, sources, spool=spool, ship_step_s=args.ship_step)
     exporter = SnapshotExporter(collector.latest, Vocabulary(args.dcgm_names))
     if args.once:
         try:
@@ -323,6 +335,7 @@ def _run_until_stopped(
     try:
         collector.run(args.interval, stop=stop, duration=args.duration, on_scrape=printer)
     finally:
+        collector.flush()  # the window still open is spooled, and shipped before the shipper stops
         if shipper is not None:
             shipper.close()
         if server is not None:
@@ -360,6 +373,13 @@ def _summary(collector: NodeCollector, elapsed: float, shipper: Shipper | None, 
             f"  GPUs {len(latest.gpus)} ({sum(g.lost for g in latest.gpus)} lost); "
             f"{exported} GPU values and {len(latest.devices)} network devices in the last scrape"
         )
+    if spool is not None:
+        per = (
+            f"one per {collector.summariser.step_s:g} s window"
+            if collector.summariser is not None
+            else "every scrape"
+        )
+        lines.append(f"  samples spooled {collector.samples_spooled} ({per})")
     if shipper is not None and spool is not None:
         lines.append(
             f"  shipped {shipper.stats.samples_sent} samples, acked through {spool.acked_through}, "

@@ -1,4 +1,7 @@
-"""One node's collector: reads every source each interval and hands the snapshot to the outputs."""
+"""One node's collector: reads every source each interval and hands the snapshot to the outputs.
+
+The exporter sees every scrape; the spool gets every scrape too, or (with `ship_step_s`) one sample
+per epoch-aligned window of that many seconds, summarised by `StepSummariser`."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from collections.abc import Callable, Sequence
 from faultcast import wire
 from faultcast.collector.source import Source
 from faultcast.collector.spool import Spool
+from faultcast.collector.summariser import StepSummariser
 from faultcast.readings import NodeSnapshot, Reading
 
 log = logging.getLogger(__name__)
@@ -23,6 +27,10 @@ class NodeCollector:
     A source that raises is counted and skipped for that scrape: the others still report. A spool
     that cannot store the snapshot (lack of space never raises: the spool drops and counts; this is
     any other storage error) is counted too; the snapshot is still exported, unsequenced.
+
+    `ship_step_s` > 0 spools one sample per window of that many seconds of event time instead of
+    every scrape (faultcast.collector.summariser); the window still open is spooled by `flush` and
+    `close`. 0 (the default) spools every scrape.
     """
 
     def __init__(
@@ -33,7 +41,10 @@ class NodeCollector:
         spool: Spool | None = None,
         wall_clock_ns: Callable[[], int] = time.time_ns,
         cpu_clock: Callable[[], float] = time.perf_counter,
+        ship_step_s: float = 0.0,
     ) -> None:
+        if ship_step_s < 0:
+            raise ValueError(f"ship_step_s must not be negative, got {ship_step_s}")
         self.node = node
         self.sources = tuple(sources)
         self.spool = spool
@@ -45,6 +56,8 @@ class NodeCollector:
         self.scrape_seconds_total = 0.0
         self.scrape_seconds_max = 0.0
         self._latest: NodeSnapshot | None = None
+        self.samples_spooled = 0  # samples handed to the spool: every scrape, or one per window
+        self.summariser = StepSummariser(ship_step_s) if ship_step_s > 0 and spool is not None else None
 
     def latest(self) -> NodeSnapshot | None:
         """The last snapshot scraped, or None before the first scrape (the exporter serves it)."""
@@ -82,18 +95,39 @@ class NodeCollector:
                 "samples_acked": float(self.spool.acked_through),
             }
         snapshot = NodeSnapshot.merge(self.node, now_ns, readings, health, notes)
-        if self.spool is not None:
-            sample = wire.to_proto(snapshot)
-            try:
-                snapshot = dataclasses.replace(snapshot, sequence=self.spool.append(sample))
-            except sqlite3.Error as exc:  # a failing spool must not stop the scrapes or /metrics
-                self.spool_errors += 1
-                log.warning("spool %s failed, the sample is not spooled: %s", self.spool.path, exc)
+        if self.summariser is not None:
+            closed = self.summariser.add(snapshot)
+            if closed is not None:
+                self._spool(closed)
+        elif self.spool is not None:
+            snapshot = self._spool(snapshot)
         self.scrapes += 1
         self.scrape_seconds_total += elapsed
         self.scrape_seconds_max = max(self.scrape_seconds_max, elapsed)
         self._latest = snapshot
         return snapshot
+
+    def _spool(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Append the sample to the spool; returns it with its sequence (unchanged if the spool failed)."""
+        spool = self.spool
+        if spool is None:
+            return snapshot
+        try:
+            sequenced = dataclasses.replace(snapshot, sequence=spool.append(wire.to_proto(snapshot)))
+        except sqlite3.Error as exc:  # a failing spool must not stop the scrapes or /metrics
+            self.spool_errors += 1
+            log.warning("spool %s failed, the sample is not spooled: %s", spool.path, exc)
+            return snapshot
+        if sequenced.sequence:  # 0: the spool could not take it at all (counted there)
+            self.samples_spooled += 1
+        return sequenced
+
+    def flush(self) -> NodeSnapshot | None:
+        """Spool the window still open (when shipping one sample per window); returns its sample."""
+        if self.summariser is None:
+            return None
+        closed = self.summariser.flush()
+        return self._spool(closed) if closed is not None else None
 
     def run(
         self,
@@ -120,6 +154,7 @@ class NodeCollector:
             stop.wait(next_due - now)
 
     def close(self) -> None:
-        """Close every source."""
+        """Spool the window still open (`flush`), then close every source."""
+        self.flush()
         for source in self.sources:
             source.close()

@@ -126,7 +126,7 @@ def test_collect_ships_every_scrape_to_the_service(tmp_path: Path) -> None:
         done = _run(
             "collect", "--source", "simulated", "--gpus", "2", "--node", "ship-test", "--no-prometheus",
             "--service", f"127.0.0.1:{port}", "--insecure", "--spool", str(tmp_path / "spool.sqlite"),
-            "--interval", "100ms", "--duration", "1s",
+            "--interval", "100ms", "--duration", "1s", "--ship-step", "0",
         )  # fmt: skip
     finally:
         server.stop(grace=None)

@@ -429,6 +429,8 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
                 "--no-prometheus",
                 "--interval",
                 "100ms",
+                "--ship-step",
+                "0",  # every scrape, counted below
                 "--duration",
                 "3s",
                 "--spool",
