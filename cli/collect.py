@@ -98,7 +98,8 @@ def add_parser(commands: Subcommands) -> None:
         "--spool-max-samples",
         type=int,
         default=DEFAULT_MAX_SAMPLES,
-        help="past this many unacknowledged samples the oldest are dropped (default: 24 h at 1 s)",
+        help="past this many unacknowledged samples the oldest are dropped (default 86,400: 60 days at the default "
+        "--ship-step, 24 h with --ship-step 0 at a 1 s interval)",
     )
     p.add_argument(
         "--spool-max-bytes",
