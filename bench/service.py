@@ -3,6 +3,7 @@ LightGBM ceiling, in one run.
 
     .venv/bin/python bench/service.py            # 10,000 GPUs (1,250 nodes x 8), 90 s per phase
     .venv/bin/python bench/service.py --quick    # smoke run: 100 nodes, 6 s per phase
+    .venv/bin/python bench/service.py --summary-scrapes 60 --phases b   # plain and summarised samples
 
 The service (`faultcast.service.server.Service` with the model of `--model`, a temporary state
 folder and `Limits(max_future_s=0, max_age_s=0)`, event time being synthetic) runs in this process
@@ -30,6 +31,14 @@ by wrapping the histogram's `observe` in this process). The generator times each
 Then the same ingest without gRPC: a second service's Push servicers driven from one thread.
 The ceiling is `model.risk` on a batch of real feature rows captured from the service's scoring.
 The machine's cores are shared by the service and the generator: both CPU times are reported.
+
+Step summaries (`--summary-scrapes N`): every phase and the in-process ingest run twice, with the
+plain pool and then with a pool of summarised samples, the way `faultcast collect --ship-step`
+ships them: the pool's 1 s readings go through the collector's own `StepSummariser` at an N s step,
+so each node sample is the last of N scrapes with every GPU carrying the summary of the N, and event
+time advances N s per sample (at N = the model's cadence every sample completes a grid step, and
+is scored). Reported for both: GPU-samples/s, and the scrapes they represent per second (GPU-samples
+x scrapes each: 1 for a plain sample), and the ratios.
 """
 
 from __future__ import annotations
@@ -59,9 +68,11 @@ import numpy as np
 from prometheus_client.metrics import MetricWrapperBase
 
 from faultcast import wire
+from faultcast.collector.summariser import StepSummariser
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
+from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import LATENCY_BUCKETS_S
 from faultcast.service.scoring import ScoredStep
@@ -92,8 +103,12 @@ def ensure_model(path: Path) -> Path:
     return path
 
 
-def make_pool(nodes: int, steps: int, gpus_per_node: int, seed: int) -> list[list[bytes]]:
-    """Serialized NodeSample messages: `nodes` healthy twin nodes x `steps` readings 1 s apart."""
+def make_pool(
+    nodes: int, steps: int, gpus_per_node: int, seed: int, summary_scrapes: int = 0
+) -> list[list[bytes]]:
+    """Serialized NodeSample messages: `nodes` healthy twin nodes x `steps` readings 1 s apart; with
+    `summary_scrapes`, those readings summarised by the collector's StepSummariser at that step (one
+    sample per whole window of `summary_scrapes` scrapes)."""
     config = FleetConfig(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -105,9 +120,29 @@ def make_pool(nodes: int, steps: int, gpus_per_node: int, seed: int) -> list[lis
     )
     pool = []
     for n in range(nodes):
-        snapshots = twin_snapshots(TwinSource(config, n), config.node_name(n), steps)
+        # Plain scrapes, as an NVML collector reads them: no summary (the twin's own, of one 1 s
+        # step, would make the plain samples larger than today's).
+        snapshots = [
+            replace(s, gpus=tuple(replace(g, summary=None) for g in s.gpus))
+            for s in twin_snapshots(TwinSource(config, n), config.node_name(n), steps)
+        ]
+        if summary_scrapes:
+            snapshots = summarised(snapshots, summary_scrapes)
         pool.append([wire.to_proto(s).SerializeToString() for s in snapshots])
     return pool
+
+
+def summarised(snapshots: list[NodeSnapshot], scrapes: int) -> list[NodeSnapshot]:
+    """The samples a collector with `--ship-step {scrapes}s` ships from these 1 s scrapes, less the
+    windows it saw only part of (the first and the last)."""
+    summariser = StepSummariser(float(scrapes))
+    out = [closed for s in snapshots if (closed := summariser.add(s)) is not None]
+    last = summariser.flush()
+    out += [last] if last is not None else []
+    whole = [s for s in out if all(g.summary is not None and g.summary.scrapes == scrapes for g in s.gpus)]
+    if not whole:
+        raise SystemExit(f"--pool-steps must cover at least one whole window of {scrapes} scrapes")
+    return whole
 
 
 # -- the load generator (another process) ------------------------------------------------------
@@ -126,6 +161,9 @@ class PhaseSpec:
     seed: int
     gpus_per_node: int
     cadence_s: float  # the model's grid
+    pool: int = 0  # which pool the nodes replay: 0 plain samples, 1 summarised ones
+    time_step_s: float = 1.0  # event time between a node's samples
+    scrapes: int = 1  # scrapes each GPU-sample represents
 
 
 @dataclass
@@ -144,16 +182,19 @@ class GenResult:
     ack_latency_s: list[float] = field(default_factory=list)  # samples sent inside the window
 
 
-def _generator_main(conn: Connection, target: str, pool: list[list[bytes]], nodes: list[int]) -> None:
+def _generator_main(conn: Connection, target: str, pools: list[list[list[bytes]]], nodes: list[int]) -> None:
     """A load generator process: runs phases on command, one asyncio loop each."""
-    requests = [[tpb.PushRequest(sample=tpb.NodeSample.FromString(b)) for b in steps] for steps in pool]
+    requests = [
+        [[tpb.PushRequest(sample=tpb.NodeSample.FromString(b)) for b in steps] for steps in pool]
+        for pool in pools
+    ]
     while True:
         message = conn.recv()
         if message is None:
             return
         spec: PhaseSpec = message
         cpu = time.process_time()
-        result = asyncio.run(_phase(conn, target, requests, nodes, spec))
+        result = asyncio.run(_phase(conn, target, requests[spec.pool], nodes, spec))
         result.cpu_s = time.process_time() - cpu
         conn.send(result)
 
@@ -178,7 +219,7 @@ async def _phase(
     async def node(i: int, position: int) -> None:
         name = f"bench-{spec.name}-{i:05d}"
         phase = rng.random()  # the collector's scrape phase within the second
-        # Sample k's event time is first_time_s + k + offset.
+        # Sample k's event time is first_time_s + k * time_step_s + offset.
         offset = int(position * spec.spread_s / len(nodes)) + phase
         samples = pool[i % len(pool)]
         sent_at: deque[float] = deque()
@@ -243,7 +284,7 @@ async def _phase(
                 request = samples[k % len(samples)]
                 sample = request.sample
                 sample.node, sample.sequence = name, k + 1
-                sample.time_unix_nano = round((spec.first_time_s + k + offset) * 1e9)
+                sample.time_unix_nano = round((spec.first_time_s + k * spec.time_step_s + offset) * 1e9)
                 data = request.SerializeToString()
                 sent_at.append(loop.time())
                 await call.write(data)
@@ -491,6 +532,7 @@ def ingest_in_process(
     first_time_s: float,
     cadence: float,
     keep_rows: int,
+    time_step_s: float = 1.0,
 ) -> InProcess:
     """Drive a second, started service's `TelemetryServicer.Push` directly from one thread, round
     robin over every node's stream (hello, then one sample per turn): the ingest path without
@@ -515,10 +557,11 @@ def ingest_in_process(
         sent, k = 0, 0
         while time.monotonic() - start < seconds:
             for i in range(nodes):
-                request = requests[i % len(requests)][k % len(requests[0])]
+                node_pool = requests[i % len(requests)]
+                request = node_pool[k % len(node_pool)]
                 sample = request.sample
                 sample.node, sample.sequence = f"inproc-{i:05d}", k + 1
-                sample.time_unix_nano = round((first_time_s + k + offsets[i]) * 1e9)
+                sample.time_unix_nano = round((first_time_s + k * time_step_s + offsets[i]) * 1e9)
                 feeds[i].queue.append(tpb.PushRequest.FromString(request.SerializeToString()))
                 next(streams[i])
                 sent += 1
@@ -562,6 +605,8 @@ def report_phase(out: PhaseOutcome, offered: float | None, cores: int) -> None:
     acked_window = sum(g.acked_in_window for g in gens)
     ack = [v for g in gens for v in g.ack_latency_s]
     title = "paced, 1 sample/s per node" if spec.paced else f"unpaced, window {spec.window} per stream"
+    if spec.scrapes > 1:
+        title += f"; each sample summarises {spec.scrapes} scrapes, event time {spec.time_step_s:g} s apart"
     print(
         f"\nphase {spec.name} ({title}): {spec.duration_s:g} s, measured over the last {out.window_s:.1f} s"
     )
@@ -569,15 +614,19 @@ def report_phase(out: PhaseOutcome, offered: float | None, cores: int) -> None:
         print(f"  offered:                          {offered:,.0f} GPU-samples/s")
     print(f"  achieved ingest:                  {out.rate:,.0f} GPU-samples/s")
     print(f"  achieved ingest (node samples):   {out.node_samples / out.window_s:,.0f} node-samples/s")
+    print(
+        f"  scrapes represented:              {out.rate * spec.scrapes:,.0f} scrapes/s "
+        f"({spec.scrapes} per GPU-sample)"
+    )
     if out.rates_10s:
         rates = ", ".join(f"{r:,.0f}" for r in out.rates_10s)
         print(f"  ingest per 10 s window:           {rates} GPU-samples/s")
     print(
         f"  acked by the generator in window: {acked_window / out.window_s * spec.gpus_per_node:,.0f} GPU-samples/s"
     )
+    rows = out.rate * spec.time_step_s / spec.cadence_s  # a GPU's samples per grid step: cadence / step
     print(
-        f"  scored rows (GPU grid steps):     {out.rate / spec.cadence_s:,.0f} rows/s at the model's "
-        f"{spec.cadence_s:g} s cadence"
+        f"  scored rows (GPU grid steps):     {rows:,.0f} rows/s at the model's {spec.cadence_s:g} s cadence"
     )
     print(
         f"  sample-to-alert latency, service histogram buckets: p50 {bucket_quantile(0.5, out.buckets)}, "
@@ -651,6 +700,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     p.add_argument("--rows", type=int, default=10_000, help="batch size for the LightGBM ceiling")
     p.add_argument("--phases", default="ab", help="which phases to run: a (paced), b (unpaced)")
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument(
+        "--summary-scrapes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run every phase and the in-process ingest with samples that each carry step summaries "
+        "of N 1 s scrapes, as `faultcast collect --ship-step Ns` ships them, and compare (0: plain only)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 100 nodes, 6 s per phase")
     if p.parse_args(argv).quick:  # smaller defaults; options given still win
         p.set_defaults(nodes=100, duration=6.0, warmup=1.5, first_step_s=3.0, pool_nodes=2, pool_steps=120,
@@ -663,10 +720,11 @@ def print_setup(
     model_dir: Path,
     model: FaultModel,
     port: int,
-    pool: list[list[bytes]],
+    pools: list[list[list[bytes]]],
     pool_s: float,
 ) -> None:
     """What is measured, on what machine, with which samples."""
+    pool = pools[0]
     config = model.feature_config
     gpus = args.nodes * args.gpus_per_node
     workers = args.rpc_workers or 64
@@ -685,10 +743,21 @@ def print_setup(
         f"{sum(len(b) for s in pool for b in s) / sum(len(s) for s in pool) / 1024:.1f} KiB per "
         f"node sample, generated in {pool_s:.1f} s"
     )
+    if len(pools) > 1:
+        summaries = pools[1]
+        print(
+            f"summarised pool: the same readings through the collector's StepSummariser at "
+            f"{args.summary_scrapes} s: {sum(len(s) for s in summaries)} samples, "
+            f"{_kib(summaries):.1f} KiB per node sample (plain {_kib(pool):.1f})"
+        )
+
+
+def _kib(pool: list[list[bytes]]) -> float:
+    return sum(len(b) for s in pool for b in s) / sum(len(s) for s in pool) / 1024
 
 
 def start_generators(
-    args: argparse.Namespace, target: str, pool: list[list[bytes]]
+    args: argparse.Namespace, target: str, pools: list[list[list[bytes]]]
 ) -> tuple[list[Connection], list[mp.process.BaseProcess]]:
     """The load generator processes, each with its share of the nodes; their pipes and processes."""
     ctx = mp.get_context("spawn")
@@ -697,7 +766,7 @@ def start_generators(
     for g in range(args.generators):
         mine, theirs = ctx.Pipe()
         share = list(range(g, args.nodes, args.generators))
-        proc = ctx.Process(target=_generator_main, args=(theirs, target, pool, share), daemon=True)
+        proc = ctx.Process(target=_generator_main, args=(theirs, target, pools, share), daemon=True)
         proc.start()
         pipes.append(mine)
         procs.append(proc)
@@ -713,13 +782,21 @@ def stop_generators(pipes: list[Connection], procs: list[mp.process.BaseProcess]
 
 
 def run_phases(
-    args: argparse.Namespace, probe: Probe, pipes: list[Connection], grid: int, cadence: float
+    args: argparse.Namespace,
+    probe: Probe,
+    pipes: list[Connection],
+    grid: int,
+    cadence: float,
+    summary_scrapes: int = 0,
 ) -> list[tuple[PhaseOutcome, float | None]]:
     """Phase a (paced: every node completes a step at once) and b (unpaced, new nodes a day on),
-    as --phases asks; each outcome with the load offered (GPU-samples/s, None when unpaced)."""
+    as --phases asks; each outcome with the load offered (GPU-samples/s, None when unpaced). With
+    `summary_scrapes`, the phases of summarised samples (pool 1, new nodes, event time that many
+    seconds a sample)."""
     outcomes: list[tuple[PhaseOutcome, float | None]] = []
+    summarising = summary_scrapes > 1
     spec_a = PhaseSpec(
-        name="a",
+        name="a-summaries" if summarising else "a",
         paced=True,
         duration_s=args.duration,
         warmup_s=args.warmup,
@@ -730,6 +807,9 @@ def run_phases(
         seed=args.seed,
         gpus_per_node=args.gpus_per_node,
         cadence_s=cadence,
+        pool=1 if summarising else 0,
+        time_step_s=float(summary_scrapes) if summarising else 1.0,
+        scrapes=summary_scrapes if summarising else 1,
     )
     if "a" in args.phases:
         outcomes.append((run_phase(probe, pipes, spec_a), float(args.nodes * args.gpus_per_node)))
@@ -737,7 +817,7 @@ def run_phases(
         # New nodes a day on, their event times spread over the grid.
         spec_b = replace(
             spec_a,
-            name="b",
+            name="b-summaries" if summarising else "b",
             paced=False,
             first_time_s=grid + 86_400.0,
             spread_s=cadence,
@@ -748,15 +828,22 @@ def run_phases(
 
 
 def report_in_process(
-    args: argparse.Namespace, model_dir: Path, pool: list[list[bytes]], grid: int, cadence: float
-) -> list[np.ndarray]:
-    """The same ingest without gRPC, printed; returns the feature rows it captured."""
+    args: argparse.Namespace,
+    model_dir: Path,
+    pool: list[list[bytes]],
+    grid: int,
+    cadence: float,
+    summary_scrapes: int = 0,
+) -> InProcess:
+    """The same ingest without gRPC, printed (with summarised samples when `summary_scrapes`)."""
+    step = float(summary_scrapes) if summary_scrapes > 1 else 1.0
     inproc = ingest_in_process(
-        model_dir, pool, args.nodes, args.inproc, grid + 2 * 86_400.0, cadence, args.rows
+        model_dir, pool, args.nodes, args.inproc, grid + 2 * 86_400.0, cadence, args.rows, step
     )
+    what = f", each sample summarising {summary_scrapes} scrapes" if summary_scrapes > 1 else ""
     print(
-        f"\nthe same ingest without gRPC: {args.nodes:,} nodes' Push servicers driven round robin from one "
-        f"thread, {inproc.seconds:.1f} s, scoring thread running"
+        f"\nthe same ingest without gRPC{what}: {args.nodes:,} nodes' Push servicers driven round robin "
+        f"from one thread, {inproc.seconds:.1f} s, scoring thread running"
     )
     print(
         f"  ingest without gRPC:              {inproc.gpu_samples / inproc.seconds:,.0f} GPU-samples/s "
@@ -766,8 +853,37 @@ def report_in_process(
         f"  service CPU per 1,000 GPU-samples: {inproc.cpu_s / max(inproc.gpu_samples, 1) * 1e6:.1f} ms "
         f"({inproc.cpu_s / inproc.seconds:.0%} of a core)"
     )
+    if summary_scrapes > 1:
+        print(
+            f"  scrapes represented:              {inproc.gpu_samples / inproc.seconds * summary_scrapes:,.0f} "
+            f"scrapes/s ({summary_scrapes} per GPU-sample)"
+        )
     print(f"  sample-to-alert latency, exact:   {exact_quantiles(inproc.latency)}")
-    return list(inproc.rows)
+    return inproc
+
+
+def report_summaries(
+    scrapes: int,
+    outcomes: list[tuple[PhaseOutcome, float | None]],
+    inproc: list[InProcess],
+) -> None:
+    """Plain samples against summarised ones, phase by phase: GPU-samples/s, the scrapes they
+    represent per second, and the ratios."""
+    print(f"\nstep summaries of {scrapes} scrapes a sample against plain samples (summarised / plain):")
+    plain = {o.spec.name: o.rate for o, _ in outcomes if o.spec.pool == 0}
+    rows = [
+        (f"phase {o.spec.name}", plain[o.spec.name.split("-")[0]], o.rate)
+        for o, _ in outcomes
+        if o.spec.pool == 1 and o.spec.name.split("-")[0] in plain
+    ]
+    if len(inproc) == 2:
+        rates = [i.gpu_samples / i.seconds for i in inproc]
+        rows.append(("without gRPC", rates[0], rates[1]))
+    for label, base, rate in rows:
+        print(
+            f"  {label}: GPU-samples/s {rate:,.0f} / {base:,.0f} = {rate / base:.2f}; "
+            f"scrapes represented/s {rate * scrapes:,.0f} / {base:,.0f} = {rate * scrapes / base:.1f}"
+        )
 
 
 def report_ceiling(model: FaultModel, rows: np.ndarray, batch: int) -> float:
@@ -800,8 +916,8 @@ def report_ceiling(model: FaultModel, rows: np.ndarray, batch: int) -> float:
 def report_ratios(
     outcomes: list[tuple[PhaseOutcome, float | None]], risk_rate: float, cadence: float
 ) -> None:
-    """The best phase's ingest against the raw predict rate."""
-    best = max(outcomes, key=lambda o: o[0].rate)[0]
+    """The best plain phase's ingest against the raw predict rate."""
+    best = max((o for o in outcomes if o[0].spec.pool == 0), key=lambda o: o[0].rate)[0]
     ratio = best.rate / risk_rate
     print(
         f"  ingest / raw predict:             {best.rate:,.0f} / {risk_rate:,.0f} = {ratio:.3f} "
@@ -815,7 +931,8 @@ def report_ratios(
 
 def report_targets(outcomes: list[tuple[PhaseOutcome, float | None]]) -> None:
     """Whether the sustained rate and the paced phase's p99 latency meet the targets."""
-    print("\ntargets:")
+    print("\ntargets (plain samples):")
+    outcomes = [(o, offered) for o, offered in outcomes if o.spec.pool == 0]
     top = max(o.rate for o, _ in outcomes)
     print(
         f"  sustained >= {TARGET_RATE:,.0f} GPU-samples/s: {'met' if top >= TARGET_RATE else 'NOT met'} "
@@ -838,7 +955,12 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model or ensure_model(DEFAULT_MODEL)
     cores = os.cpu_count() or 1
     t = time.perf_counter()
-    pool = make_pool(args.pool_nodes, args.pool_steps, args.gpus_per_node, args.seed)
+    pools = [make_pool(args.pool_nodes, args.pool_steps, args.gpus_per_node, args.seed)]
+    if args.summary_scrapes > 1:
+        pools.append(
+            make_pool(args.pool_nodes, args.pool_steps, args.gpus_per_node, args.seed, args.summary_scrapes)
+        )
+    pool = pools[0]
     pool_s = time.perf_counter() - t
 
     with tempfile.TemporaryDirectory() as state:
@@ -851,11 +973,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"the model serves {model.feature_config.gpus_per_node} GPUs per node")
         probe = Probe(service, args.rows)
         port = service.start("127.0.0.1:0", max_threads=args.rpc_workers or 64)
-        print_setup(args, model_dir, model, port, pool, pool_s)
-        pipes, procs = start_generators(args, f"127.0.0.1:{port}", pool)
+        print_setup(args, model_dir, model, port, pools, pool_s)
+        pipes, procs = start_generators(args, f"127.0.0.1:{port}", pools)
         grid = DEFAULT_START_UNIX_S // int(cadence) * int(cadence)
         try:
             outcomes = run_phases(args, probe, pipes, grid, cadence)
+            if len(pools) > 1:
+                outcomes += run_phases(args, probe, pipes, grid, cadence, args.summary_scrapes)
         finally:
             stop_generators(pipes, procs)
             service.stop()
@@ -864,8 +988,14 @@ def main(argv: list[str] | None = None) -> int:
         report_phase(outcome, offered, cores)
 
     captured = list(probe.rows)
+    inprocs: list[InProcess] = []
     if args.inproc > 0:
-        captured += report_in_process(args, model_dir, pool, grid, cadence)
+        inprocs.append(report_in_process(args, model_dir, pool, grid, cadence))
+        if len(pools) > 1:
+            inprocs.append(report_in_process(args, model_dir, pools[1], grid, cadence, args.summary_scrapes))
+        captured += [r for i in inprocs for r in i.rows]
+    if len(pools) > 1:
+        report_summaries(args.summary_scrapes, outcomes, inprocs)
     rows = np.concatenate(captured) if captured else np.zeros((0, len(model.feature_names)))
     if not len(rows):
         print("\nno grid step was scored: no feature rows for the ceiling (run longer)")
