@@ -11,10 +11,10 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 NUMBER = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
 
 
-def quick_run(bench: str, model: Path, timeout_s: float) -> str:
-    """Run `bench/<bench>.py --quick --model MODEL`; its stdout, once it exited cleanly."""
+def quick_run(bench: str, model: Path, timeout_s: float, *extra: str) -> str:
+    """Run `bench/<bench>.py --quick --model MODEL [EXTRA...]`; its stdout, once it exited cleanly."""
     run = subprocess.run(
-        [sys.executable, str(BENCH / f"{bench}.py"), "--quick", "--model", str(model)],
+        [sys.executable, str(BENCH / f"{bench}.py"), "--quick", "--model", str(model), *extra],
         capture_output=True, text=True, timeout=timeout_s, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-12000:]
