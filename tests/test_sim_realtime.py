@@ -157,8 +157,9 @@ def _ingest(service: Service) -> dict[str, float]:
     return out
 
 
-def _push(port: int, node: str, spool: Path, *extra: str) -> int:
-    """Run a collector at 240x real time until it exits; the scrapes it shipped (all acknowledged)."""
+def _push(port: int, node: str, spool: Path, *extra: str) -> tuple[int, int]:
+    """Run a collector at 240x real time until it exits; its scrapes and the samples it shipped (all
+    acknowledged): one per minute of event time (the default --ship-step)."""
     done = _collect(
         "--node",
         node,
@@ -179,8 +180,9 @@ def _push(port: int, node: str, spool: Path, *extra: str) -> int:
     assert done.returncode == 0, done.stderr
     summary = done.stdout[done.stdout.index("summary") :]
     scrapes = int(summary.split("scrapes ")[1].split()[0])
-    assert f"acked through {scrapes}, spool depth 0" in summary, summary
-    return scrapes
+    samples = int(summary.split("samples spooled ")[1].split()[0])
+    assert f"acked through {samples}, spool depth 0" in summary, summary
+    return scrapes, samples
 
 
 def test_a_collector_at_240x_is_taken_whole_by_a_service_with_default_limits(
@@ -188,12 +190,14 @@ def test_a_collector_at_240x_is_taken_whole_by_a_service_with_default_limits(
 ) -> None:
     svc, port = service
     before = _ingest(svc)
-    scrapes = _push(port, "live-default", tmp_path / "spool.sqlite")
+    scrapes, samples = _push(port, "live-default", tmp_path / "spool.sqlite")
     after = _ingest(svc)
     # 16 scrapes of a minute each: 16 simulated minutes in 4 s, which today's start at "now" would
-    # stamp up to 15 minutes ahead of the service's clock (refused past 5).
+    # stamp up to 15 minutes ahead of the service's clock (refused past 5). Each is a window of its
+    # own, so each is shipped.
     assert scrapes >= 10
-    assert after["taken"] - before.get("taken", 0.0) == scrapes
+    assert samples == scrapes
+    assert after["taken"] - before.get("taken", 0.0) == samples
     assert {k: v for k, v in after.items() if k != "taken"} == {
         k: v for k, v in before.items() if k != "taken"
     }
@@ -205,9 +209,12 @@ def test_a_twin_that_catches_up_goes_on_at_real_time_and_is_still_taken_whole(
 ) -> None:
     svc, port = service
     before = _ingest(svc)
-    scrapes = _push(port, "live-caught-up", tmp_path / "spool.sqlite", "--sim-backfill", "2m")
+    scrapes, samples = _push(port, "live-caught-up", tmp_path / "spool.sqlite", "--sim-backfill", "2m")
     after = _ingest(svc)
-    assert after["taken"] - before.get("taken", 0.0) == scrapes
+    # Two minutes of backfill take two scrapes (a window each); the rest, at real time, share the
+    # minutes of the wall clock they fall in: every window's sample is taken.
+    assert 3 <= samples < scrapes
+    assert after["taken"] - before.get("taken", 0.0) == samples
     assert {k: v for k, v in after.items() if k != "taken"} == {
         k: v for k, v in before.items() if k != "taken"
     }
