@@ -2,7 +2,7 @@
 `faultcast import` from Prometheus, a real failure log): column names and Arrow types.
 
     telemetry.parquet  one row per GPU per step: timestamp, node, gpu, uuid, model, then the catalogue's
-                       GPU metrics (counters float64, gauges float32)
+                       GPU metrics (counters float64, gauges float32); the twin's add each step's summary
     network.parquet    one row per node per step: timestamp, node, then the rolled-up network metrics
     failures.csv       the failure log: FAILURE_FIELDS, gpu empty for a node-level failure
 """
@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.rollup import NETWORK_COLUMNS, NETWORK_WIDE, is_wide
+from faultcast.step_summary import SUMMARY_FIELDS
 
 GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
 """telemetry.parquet's metric columns, in catalogue order (after its five identity columns)."""
@@ -28,6 +29,9 @@ TELEMETRY_SCHEMA = pa.schema(
     + [(m.name, pa.float64() if is_wide(m) else pa.float32()) for m in metrics_for(Scope.GPU)]
 )
 """telemetry.parquet: one row per GPU per step."""
+SUMMARISED_TELEMETRY_SCHEMA = pa.schema([*TELEMETRY_SCHEMA, *SUMMARY_FIELDS])
+"""telemetry.parquet from a source that knows what happened inside each step (the twin): the step's
+last scrape as in TELEMETRY_SCHEMA, then its summary (faultcast.step_summary)."""
 NETWORK_SCHEMA = pa.schema(
     [("timestamp", TIMESTAMP), ("node", _DICT)]
     + [(name, pa.float64() if name in NETWORK_WIDE else pa.float32()) for name in NETWORK_COLUMNS]

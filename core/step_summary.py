@@ -118,3 +118,15 @@ def summarised_row(summary: StepSummary | None) -> np.ndarray:
         [np.asarray(summary.minimum)[k], np.asarray(summary.maximum)[k], np.asarray(summary.mean)[k]]
     )
     return np.concatenate([[float(summary.scrapes)], stats.T.reshape(-1)])
+
+
+def summary_of_row(row: np.ndarray) -> StepSummary | None:
+    """The inverse of `summarised_row`: a summary whose SUMMARISED gauges are the row's (the other
+    gauges NaN); None when the row holds no scrapes."""
+    scrapes = int(row[0]) if not math.isnan(row[0]) else 0
+    if scrapes < 1:
+        return None
+    arrays = np.full((3, len(_GPU_KINDS)), math.nan)
+    arrays[:, SUMMARISED_INDEX] = np.asarray(row[1:], dtype=np.float64).reshape(len(SUMMARISED), 3).T
+    lo, hi, mean = (tuple(a.tolist()) for a in arrays)
+    return StepSummary(scrapes, lo, hi, mean)

@@ -25,6 +25,9 @@ import pyarrow.parquet as pq
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
 from faultcast.modes import FailureMode
 from faultcast.schemas import current_data_manifest
+from faultcast.step_summary import SCRAPES_COLUMN, STATS, SUMMARISED, SUMMARY_COLUMNS
+
+SUMMARY_FIELD_NAMES = [SCRAPES_COLUMN, *SUMMARY_COLUMNS]
 
 
 class Failure(NamedTuple):
@@ -251,7 +254,9 @@ def replay(
     telemetry = pq.ParquetFile(dataset.path / "telemetry.parquet")
     has_network = (dataset.path / "network.parquet").is_file()
     network = pq.ParquetFile(dataset.path / "network.parquet") if has_network else None
+    summarised = set(SUMMARY_FIELD_NAMES) <= set(telemetry.schema_arrow.names)  # the twin's files
     gpu_columns = ["timestamp", "node", "gpu", "uuid", "model", *GPU_INPUTS]
+    gpu_columns += SUMMARY_FIELD_NAMES if summarised else []
     net_groups = _group_times(network) if network is not None else []
     for group in range(telemetry.num_row_groups):
         times = telemetry.read_row_group(group, columns=["timestamp"]).column(0)
@@ -265,6 +270,8 @@ def replay(
         first, last = max(first, lo), min(last, hi - 1)
         steps = last - first + 1
         gpu, rows = _pivot(frame, GPU_INPUTS, dataset, cadence, node_map, g, first, steps)
+        summary = _widen(_summaries(rows, summarised, steps, gpu.shape[1]), engine.slots, blank=_NO_SUMMARY)
+        summary[..., _masked_summary(masked_inputs)] = np.nan
         gpu = _widen(gpu, engine.slots)
         gpu[..., gpu_mask] = np.nan
         node = np.full((steps, len(selected), len(NODE_INPUTS)), np.nan)
@@ -276,7 +283,7 @@ def replay(
         for k in range(steps):
             if k in changes:
                 engine.reset_slots(np.array(changes[k]))
-            features = engine.update(first + k, gpu[k], node[k], is_h100)
+            features = engine.update(first + k, gpu[k], node[k], is_h100, summary[k])
             sink(Step(first + k, dataset.start_s + (first + k) * cadence, engine.present.copy(), features))
     return engine
 
@@ -342,11 +349,59 @@ def _uuid_changes(
     return changes
 
 
-def _widen(dense: np.ndarray, units: int) -> np.ndarray:
+def _widen(dense: np.ndarray, units: int, blank: np.ndarray | float = np.nan) -> np.ndarray:
     if dense.shape[1] == units:
         return dense
-    out = np.full((dense.shape[0], units, dense.shape[2]), np.nan)
+    out = np.empty((dense.shape[0], units, dense.shape[2]))
+    out[:] = blank
     out[:, : dense.shape[1]] = dense
+    return out
+
+
+_NO_SUMMARY = np.concatenate([[0.0], np.full(len(SUMMARY_COLUMNS), np.nan)])
+
+
+def _masked_summary(masked_inputs: Sequence[str]) -> np.ndarray:
+    """The summary columns (of a feature_steps.WIDTH row) of the masked inputs: a cluster that does not
+    collect a gauge has no summary of it either."""
+    return np.array([False] + [c.rsplit("_step_", 1)[0] in masked_inputs for c in SUMMARY_COLUMNS])
+
+
+def _summaries(rows: pd.DataFrame, summarised: bool, steps: int, units: int) -> np.ndarray:
+    """(steps, units, feature_steps.WIDTH): each slot's step summary, the rows of a step combined as
+    `step_summary.combine` combines samples online (a row without a summary is a summary of its own
+    scrape), so a file finer than the grid reads as the service reads the same samples."""
+    out = np.empty((steps, units, 1 + len(SUMMARY_COLUMNS)))
+    out[:] = _NO_SUMMARY
+    if rows.empty:
+        return out
+    scrapes = np.array(rows[SCRAPES_COLUMN].fillna(0), np.float64) if summarised else np.zeros(len(rows))
+    if summarised:
+        stats = np.array(rows[list(SUMMARY_COLUMNS)], np.float64)  # a copy: arrow's may be read-only
+    else:
+        stats = np.full((len(rows), len(SUMMARY_COLUMNS)), np.nan)
+    plain = scrapes < 1
+    stats[plain] = np.repeat(rows[list(SUMMARISED)].to_numpy(np.float64)[plain], len(STATS), axis=1)
+    scrapes[plain] = 1.0
+    cell = rows["_step"].to_numpy() * units + rows["_unit"].to_numpy()
+    flat = out.reshape(steps * units, -1)
+    if len(np.unique(cell)) == len(cell):  # one row a step (the twin's files): no combining
+        flat[cell, 0] = scrapes
+        flat[cell, 1:] = stats
+        return out
+    lo, hi, mean = (np.arange(len(SUMMARISED)) * 3 + k for k in range(3))
+    weight = scrapes[:, None] * ~np.isnan(stats[:, mean])
+    flat[:, 0] = 0.0
+    np.add.at(flat[:, 0], cell, scrapes)
+    for column in lo:
+        np.fmin.at(flat[:, 1 + column], cell, stats[:, column])
+    for column in hi:
+        np.fmax.at(flat[:, 1 + column], cell, stats[:, column])
+    total, weights = np.zeros((steps * units, len(mean))), np.zeros((steps * units, len(mean)))
+    np.add.at(total, cell, np.nan_to_num(stats[:, mean]) * weight)
+    np.add.at(weights, cell, weight)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        flat[:, 1 + mean] = np.where(weights > 0, total / np.where(weights > 0, weights, 1.0), np.nan)
     return out
 
 

@@ -34,6 +34,8 @@ from faultcast.model.feature_relative import (
     log_hourly,
     minus_node_mean,
 )
+from faultcast.model.feature_steps import StepFeatures
+from faultcast.model.windows import Ring, Windowed
 
 # -- the raw inputs ------------------------------------------------------------------------------
 
@@ -127,140 +129,12 @@ class FeatureConfig:
         return f"{seconds / 60:g}m"
 
 
-class _Ring:
-    """The last `size` rows of an (n, s) series, stored twice so any recent span is one slice."""
-
-    def __init__(self, size: int, n: int, s: int, fill: float) -> None:
-        self.size = size
-        self.data = np.full((2 * size, n, s), fill)
-        self.pos = 0  # where the next row goes
-
-    def push(self, row: np.ndarray) -> None:
-        self.data[self.pos] = row
-        self.data[self.pos + self.size] = row
-        self.pos = (self.pos + 1) % self.size
-
-    def last(self, k: int) -> np.ndarray:
-        """The last k rows pushed, oldest first, as a view."""
-        end = self.pos + self.size
-        return self.data[end - k : end]
-
-    def ago(self, k: int) -> np.ndarray:
-        """The row pushed k pushes ago (k=1 is the newest)."""
-        row: np.ndarray = self.data[self.pos + self.size - k]
-        return row
-
-    def push_many(self, rows: np.ndarray, count: int) -> None:
-        """As `count` pushes of which `rows` are the last min(count, size), oldest first (the earlier
-        ones would be overwritten): O(size) whatever `count`."""
-        if len(rows) != min(count, self.size):
-            raise ValueError(f"{len(rows)} rows for {count} pushes into a ring of {self.size}")
-        at = (self.pos + count - len(rows) + np.arange(len(rows))) % self.size
-        self.data[at] = rows
-        self.data[at + self.size] = rows
-        self.pos = (self.pos + count) % self.size
-
-    def fill_slots(self, slots: np.ndarray, value: np.ndarray | float) -> None:
-        self.data[:, slots] = value
-
-
 def _group_sum(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Sum of the group's columns per row; NaN only when every column is NaN."""
     if len(idx) == 1:
         return values[:, idx[0]]
     part = values[:, idx]
     return np.where(np.isnan(part).all(axis=1), np.nan, np.nansum(part, axis=1))
-
-
-def _nan_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.nan)
-
-
-class _Windowed:
-    """Mean, std, min, max, slope and EWMA over time windows for s series of n slots.
-
-    Sums come from running totals: a window's sum is the total now minus the total w steps ago,
-    O(1) per step whatever the window. Min and max scan the ring of raw values.
-    """
-
-    def __init__(self, n: int, s: int, windows: Sequence[int], cadence_s: float, full: bool) -> None:
-        self.windows = tuple(windows)
-        self.cadence_s = cadence_s
-        self.full = full  # False: only the window mean (flags)
-        size = max(self.windows) + 1
-        self.total = np.zeros((n, s, 3))  # running count, sum, sum of squares
-        self.totals = _Ring(size, n, s * 3, 0.0)
-        self.values = _Ring(size, n, s, math.nan)
-        self.ewma = np.full((len(self.windows), n, s), math.nan)
-        self.alpha = [1.0 - math.exp(-cadence_s / (w * cadence_s)) for w in self.windows]
-
-    def reset(self, slots: np.ndarray) -> None:
-        """Forget the history of these slots (a new GPU): their windows restart empty."""
-        self.totals.fill_slots(slots, self.total[slots].reshape(len(slots), -1))
-        self.values.fill_slots(slots, math.nan)
-        self.ewma[:, slots] = math.nan
-
-    def update(self, x: np.ndarray) -> list[np.ndarray]:
-        seen = ~np.isnan(x)
-        xv = np.where(seen, x, 0.0)
-        self.total += np.stack([seen, xv, xv * xv], axis=-1)
-        n, s = x.shape
-        self.totals.push(self.total.reshape(n, -1))
-        self.values.push(x)
-        out = []
-        for k, w in enumerate(self.windows):
-            diff = (self.totals.ago(1) - self.totals.ago(w + 1)).reshape(n, s, 3)
-            count, total, squares = diff[..., 0], diff[..., 1], diff[..., 2]
-            mean = _nan_div(total, count)
-            out.append(mean)
-            if not self.full:
-                continue  # nor an EWMA: only full series show one
-            a = self.alpha[k]
-            e = self.ewma[k]
-            self.ewma[k] = np.where(seen, np.where(np.isnan(e), x, e + a * (x - e)), e)
-            var = np.maximum(_nan_div(squares, count) - mean * mean, 0.0)
-            recent = self.values.last(w)
-            half = max(1, w // 2)
-            new = (self.totals.ago(1) - self.totals.ago(half + 1)).reshape(n, s, 3)
-            old = (self.totals.ago(half + 1) - self.totals.ago(min(2 * half, w) + 1)).reshape(n, s, 3)
-            slope = (_nan_div(new[..., 1], new[..., 0]) - _nan_div(old[..., 1], old[..., 0])) / (
-                half * self.cadence_s
-            )
-            out += [
-                np.sqrt(var),
-                np.fmin.reduce(recent, axis=0),
-                np.fmax.reduce(recent, axis=0),
-                slope,
-                self.ewma[k].copy(),
-            ]
-        return out
-
-    def skip(self, count: int, x: np.ndarray) -> None:
-        """The state `count` calls of `update(x)` would leave, in O(window) work: for steps that
-        read nothing (NaN), or 0 (the presence series of absent GPUs). Such steps only move the
-        running count, by whole numbers, so the totals are exact; the EWMA does not move (it is
-        only kept for full series, which read NaN here)."""
-        seen = ~np.isnan(x)
-        if np.any(x[seen] != 0.0) or (self.full and seen.any()):
-            raise ValueError("only steps that read nothing, or 0 in a series without an EWMA, can be skipped")
-        n, s = x.shape
-        kept = min(count, self.totals.size)
-        done = np.arange(count - kept + 1, count + 1, dtype=np.float64)  # pushes done, of the last kept
-        step = np.stack([seen, np.zeros_like(x), np.zeros_like(x)], axis=-1)  # count, sum, squares
-        totals = self.total[None] + done[:, None, None, None] * step[None]
-        self.totals.push_many(totals.reshape(kept, n, s * 3), count)
-        self.values.push_many(np.broadcast_to(x, (kept, n, s)), count)
-        self.total = totals[-1]
-
-    def names(self, series: Sequence[str], label: Sequence[str]) -> list[str]:
-        out = []
-        for lab in label:
-            out += [f"{s}_mean_{lab}" for s in series]
-            if self.full:
-                for stat in ("std", "min", "max", "slope", "ewma"):
-                    out += [f"{s}_{stat}_{lab}" for s in series]
-        return out
 
 
 class _Rates:
@@ -283,7 +157,7 @@ class _Rates:
         g = len(groups)
         # Running totals of (increments, steps with a known increment) per group.
         self.total = np.zeros((n, 2 * g))
-        self.totals = _Ring(max(self.windows) + 1, n, 2 * g, 0.0)
+        self.totals = Ring(max(self.windows) + 1, n, 2 * g, 0.0)
         self.known_now = np.zeros((n, g), dtype=bool)
 
     def reset(self, slots: np.ndarray) -> None:
@@ -348,12 +222,12 @@ class FeatureEngine:
         labels = [config.label(w) for w in config.windows_s]
         self._col = {name: i for i, name in enumerate(GPU_INPUTS)}
         self._node_col = {name: i for i, name in enumerate(NODE_INPUTS)}
-        self._gauges = _Windowed(n, len(WINDOW_GAUGES), windows, config.cadence_s, full=True)
-        self._flags = _Windowed(n, len(FLAGS), windows[1:], config.cadence_s, full=False)
+        self._gauges = Windowed(n, len(WINDOW_GAUGES), windows, config.cadence_s, full=True)
+        self._flags = Windowed(n, len(FLAGS), windows[1:], config.cadence_s, full=False)
         self._rates = _Rates(n, RATES, GPU_INPUTS, windows, config.cadence_s)
         self._node_rates = _Rates(nodes, NODE_RATES, NODE_INPUTS, windows, config.cadence_s)
-        self._node_gauges = _Windowed(nodes, len(NODE_GAUGES), windows[1:2], config.cadence_s, full=True)
-        self._present = _Windowed(n, 1, windows, config.cadence_s, full=False)
+        self._node_gauges = Windowed(nodes, len(NODE_GAUGES), windows[1:2], config.cadence_s, full=True)
+        self._present = Windowed(n, 1, windows, config.cadence_s, full=False)
         self._last_seen = np.full(n, -1, dtype=np.int64)
         # Per-GPU thermal baseline: EWMA regression of temperature on power.
         self._base = np.full((n, 4), math.nan)  # mean power, mean temp, var power, cov
@@ -366,6 +240,7 @@ class FeatureEngine:
         hour = windows[self._long]
         self._rate_base = RateBaseline(n, len(ERROR_GROUPS), config.cadence_s, BASELINE_TAU_S, hour)
         self._node_rate_base = RateBaseline(nodes, len(NODE_RATES), config.cadence_s, BASELINE_TAU_S, hour)
+        self._steps = StepFeatures(n, g, config.cadence_s, windows[self._mid], hour)
 
         names = ["is_h100", "power_limit"]
         names += [f"{s}_now" for s in WINDOW_GAUGES]
@@ -391,6 +266,7 @@ class FeatureEngine:
             names += [f"{e}_excess_{lab}" for e in ERROR_GROUPS]
         names += [f"{e}_vs_node_{long}" for e in ERROR_GROUPS]
         names += [f"node_{r}_excess_{long}" for r, _ in NODE_RATES]
+        names += StepFeatures.names(mid, long)
         self.names: tuple[str, ...] = tuple(names)
 
     @property
@@ -410,6 +286,7 @@ class FeatureEngine:
         self._inputs.reset(slots)
         self._own.reset(slots)
         self._rate_base.reset(slots)  # the node's network baseline stays: the node is the same
+        self._steps.reset(slots)
 
     def skip(self, step: int, count: int) -> None:
         """Advance `count` grid steps from `step` in which nothing was read (every GPU and node absent),
@@ -436,19 +313,38 @@ class FeatureEngine:
         self._present.skip(count, np.zeros((n, 1)))  # absent GPUs read 0 in the presence series
         self._node_rates.skip(count)
         self._node_gauges.skip(count, np.full((nodes, len(NODE_GAUGES)), math.nan))
+        self._steps.skip(count)
         # _last_seen, the input conditioner and the baselines change only where a GPU is seen.
 
-    def update(self, step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
+    def update(
+        self,
+        step: int,
+        gpu: np.ndarray,
+        node: np.ndarray,
+        is_h100: np.ndarray,
+        summary: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this
-        step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,). Returns (slots, features); rows of
-        absent GPUs are computed too but mean little (callers keep the present ones, `self.present`:
-        live or held readings). NaN, infinities and gaps are data here, not faults: no warnings."""
+        step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,); summary: (slots, feature_steps.WIDTH),
+        each GPU's step summary (faultcast.step_summary; None: no summaries). Returns (slots, features);
+        rows of absent GPUs are computed too but mean little (callers keep the present ones,
+        `self.present`: live or held readings). NaN, infinities and gaps are data here, not faults: no
+        warnings."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self._update(step, gpu, node, is_h100)
+            return self._update(step, gpu, node, is_h100, summary)
 
-    def _update(self, step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
+    def _update(
+        self,
+        step: int,
+        gpu: np.ndarray,
+        node: np.ndarray,
+        is_h100: np.ndarray,
+        summary: np.ndarray | None = None,
+    ) -> np.ndarray:
         col = self._col
         gpu = self._inputs.condition(step, np.where(np.isinf(gpu), np.nan, gpu))
+        summary = self._steps.blank() if summary is None else np.where(np.isinf(summary), np.nan, summary)
+        summary[self._inputs.frozen, 0] = 0.0  # a frozen exporter's summary is no reading either
         present = ~np.isnan(gpu[:, col["gpu_temp"]]) | ~np.isnan(gpu[:, col["power_usage"]])
         self.present = present
         residual = self._thermal_residual(gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]])
@@ -472,6 +368,7 @@ class FeatureEngine:
         node_rates = self._node_rates.update(step, node)
         out += self._node_features(node, node_rates)
         out += self._relative(step, gpu, residual, rates, node_rates)
+        out += self._steps.update(step, summary)
         return np.concatenate([a if a.ndim == 2 else a[:, None] for a in out], axis=1)
 
     def _relative(
@@ -487,7 +384,7 @@ class FeatureEngine:
         now = np.stack(
             [residual if s == "thermal_residual" else gpu[:, col[s]] for s, _ in RELATIVE_GAUGES], axis=1
         )
-        # The middle window's mean of each series (_Windowed's output order: per window, the means first).
+        # The middle window's mean of each series (Windowed's output order: per window, the means first).
         means = self._last_gauge_means
         recent = np.stack([means[:, WINDOW_GAUGES.index(s)] for s, _ in RELATIVE_GAUGES], axis=1)
         z_own = self._own.z(recent)

@@ -16,6 +16,7 @@ gap; the features of the next sample are the same either way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, Fea
 from faultcast.model.incidents import AlertPolicy
 from faultcast.readings import GpuReading, NodeSnapshot
 from faultcast.rollup import rollup_network
+from faultcast.step_summary import SUMMARISED, SUMMARISED_INDEX
 
 _GPU_COLUMNS = np.array([index_of(Scope.GPU)[name] for name in GPU_INPUTS])
 _SCOPES = (Scope.IB_PORT, Scope.INTERFACE, Scope.PEER)
@@ -72,8 +74,10 @@ class OnlineFeatures:
         self._g = config.gpus_per_node
         # step -> (slot -> the GPU's last reading in the step, node -> its last sample with devices).
         # Kept as readings and turned into arrays once, when the step is complete: at 1 s samples
-        # and a 60 s grid, 59 of 60 samples are overwritten before they matter.
+        # and a 60 s grid, 59 of 60 samples are overwritten before they matter (but for their part
+        # in the step's summary, which `_summaries` keeps running).
         self._pending: dict[int, tuple[dict[int, GpuReading], dict[int, NodeSnapshot]]] = {}
+        self._summaries: dict[int, _StepSummaries] = {}
         self._last_uuid: list[str | None] = [None] * self.engine.slots
         self._is_h100 = np.zeros(self.engine.slots)
         self.next_step = first_step  # the first step not yet handed to the engine
@@ -95,12 +99,24 @@ class OnlineFeatures:
                 f"sample of {snapshot.node} for step {step} arrived after step {self.next_step - 1} was scored"
             )
         gpus, nets = self._pending.setdefault(step, ({}, {}))
+        summaries = self._summaries.setdefault(step, _StepSummaries(self.engine.slots))
         base = node * self._g
         for reading in snapshot.gpus:
-            gpus[base + reading.index] = reading
+            slot = base + reading.index
+            if slot in gpus and gpus[slot].uuid != reading.uuid:
+                summaries.forget(slot)  # another GPU in the slot: the step is its alone
+            gpus[slot] = reading
+            summaries.add(slot, reading)
         if snapshot.devices:
             nets[node] = snapshot
-        return self._advance(step - self.lateness)
+        # A sample that closes a collector's window ending with this step is the node's last of it.
+        closes = snapshot.window_s > 0 and self._window_ends_step(snapshot, step)
+        return self._advance(step if closes and len(self.nodes) == 1 else step - self.lateness)
+
+    def _window_ends_step(self, snapshot: NodeSnapshot, step: int) -> bool:
+        t, w = snapshot.time_unix_nano / 1e9, snapshot.window_s
+        window_end = (math.floor(t / w) + 1) * w
+        return abs(window_end - (self.start_s + (step + 1) * self.config.cadence_s)) < 1e-6
 
     def flush(self) -> list[Step]:
         """Score every step still waiting (at the end of a replay)."""
@@ -124,6 +140,8 @@ class OnlineFeatures:
             else:
                 self._empty_run = 0
             gpus, nets = self._pending.pop(step, ({}, {}))
+            summaries = self._summaries.pop(step, None)
+            summary = summaries.array() if summaries is not None else None
             gpu, net = self._empty()
             changed = []
             for slot, reading in sorted(gpus.items()):
@@ -135,7 +153,7 @@ class OnlineFeatures:
             for node, snapshot in nets.items():
                 net[node] = self._node_values(snapshot)
             self.engine.reset_slots(np.array(changed, dtype=np.int64))
-            features = self.engine.update(step, gpu, net, self._is_h100)
+            features = self.engine.update(step, gpu, net, self._is_h100, summary)
             out.append(
                 Step(step, self.start_s + step * self.config.cadence_s, self.engine.present.copy(), features)
             )
@@ -155,3 +173,48 @@ class OnlineFeatures:
         ]
         rolled = rollup_network(arrays[0], arrays[1], arrays[2], np.asarray(snapshot.host))
         return np.array([float(rolled[name]) for name in NODE_INPUTS])
+
+
+class _StepSummaries:
+    """One step's running summaries of the SUMMARISED gauges per slot, as `step_summary.combine` would
+    combine its samples (a sample without a summary is a summary of its own scrape); kept as running
+    minima, maxima and weighted sums, so a sample costs a few small array operations."""
+
+    def __init__(self, slots: int) -> None:
+        k = len(SUMMARISED)
+        self.scrapes = np.zeros(slots)
+        self.low = np.full((slots, k), math.nan)
+        self.high = np.full((slots, k), math.nan)
+        self.total = np.zeros((slots, k))
+        self.weight = np.zeros((slots, k))
+
+    def forget(self, slot: int) -> None:
+        self.scrapes[slot] = 0.0
+        self.low[slot] = self.high[slot] = math.nan
+        self.total[slot] = self.weight[slot] = 0.0
+
+    def add(self, slot: int, reading: GpuReading) -> None:
+        summary = reading.summary
+        if summary is None:
+            scrapes = 1
+            low = high = mean = np.asarray(reading.values)[SUMMARISED_INDEX]
+        else:
+            scrapes = summary.scrapes
+            low, high, mean = (
+                np.asarray(a)[SUMMARISED_INDEX] for a in (summary.minimum, summary.maximum, summary.mean)
+            )
+        self.scrapes[slot] += scrapes
+        self.low[slot] = np.fmin(self.low[slot], low)
+        self.high[slot] = np.fmax(self.high[slot], high)
+        seen = ~np.isnan(mean)
+        self.total[slot] += np.where(seen, mean, 0.0) * scrapes
+        self.weight[slot] += seen * scrapes
+
+    def array(self) -> np.ndarray:
+        """(slots, feature_steps.WIDTH): scrapes, then SUMMARY_COLUMNS' values."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(
+                self.weight > 0, self.total / np.where(self.weight > 0, self.weight, 1.0), math.nan
+            )
+        stats = np.stack([self.low, self.high, mean], axis=2).reshape(len(self.scrapes), -1)
+        return np.concatenate([self.scrapes[:, None], stats], axis=1)

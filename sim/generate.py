@@ -26,7 +26,9 @@ from faultcast.sim.lookalikes import apply_lookalikes
 from faultcast.sim.precursors import Effects, apply_precursor
 from faultcast.sim.schedule import NodeSchedule, in_windows
 from faultcast.sim.streams import Stream, rng
+from faultcast.sim.substep import summarise
 from faultcast.sim.thermal import daily_cycle_c, stage_rises, weather_c
+from faultcast.step_summary import SUMMARISED
 
 NAN = math.nan
 GPU_INDEX = index_of(Scope.GPU)
@@ -141,6 +143,7 @@ class NodeChunk:
     host_values: np.ndarray  # (T, metrics)
     node_present: np.ndarray  # (T,) bool
     gpu_lost: np.ndarray  # (T, G) bool: the row reports a GPU that fell off the bus
+    gpu_summary: np.ndarray  # (T, G, 1 + len(SUMMARY_COLUMNS)): scrapes, then each step's summary
 
 
 class _Streams:
@@ -291,6 +294,8 @@ def generate_chunk(
     )
     node_present, gpu_present = _rows_present(config, rs, fx, out)
     _freeze(fx.frozen, gpu_values, ib_values, iface_values, peer_values, host_values)
+    last = {name: gpu_values[:, :, GPU_INDEX[name]] for name in SUMMARISED}  # as scraped, frozen or not
+    summary = summarise(traits, config.cadence_s, load.swing, load.busy, last, heat.temp, fx, rs("substep"))
     state.chunks_done += 1
     cut = slice(0, rows)
     return NodeChunk(
@@ -306,6 +311,7 @@ def generate_chunk(
         host_values[cut],
         node_present[cut],
         out.lost[cut],
+        summary[cut],
     )
 
 
@@ -371,6 +377,7 @@ class _Workload:
     util: np.ndarray  # percent
     power: np.ndarray  # W asked for, before jitter (may exceed the limit: the cap then holds it)
     power_jitter: np.ndarray  # W
+    swing: np.ndarray  # (T,) the job's half power swing within a step, a share of the limit (sim/substep.py)
 
 
 def _workload(
@@ -391,7 +398,18 @@ def _workload(
     util = np.clip(target[:, None] * 100.0 + noise.normal(0.0, 2.0, (n, g)) * busy[:, None], 0.0, 100.0)
     power = gen.idle_w + (gen.tdp_w - gen.idle_w) * intensity[:, None] * util / 100.0 + traits.power_offset_w
     power_jitter = noise.normal(0.0, 0.012 * gen.tdp_w, (n, g))
-    return _Workload(busy, util, power, power_jitter)
+    # Within a step: every job its own swing (a hash of its start, so the pod shares it), bursty ones more.
+    swing = config.world.step_power_swing * np.where(bursty, 2.5, _job_swing(schedule.jobs, t))
+    return _Workload(busy, util, power, power_jitter, swing)
+
+
+def _job_swing(jobs: tuple[tuple[float, float], ...], t: np.ndarray) -> np.ndarray:
+    """Each job's half power swing within a step relative to the world's: 0.5 to 1.5, by job."""
+    out = np.ones(t.shape)
+    for start, end in jobs:
+        if end > t[0] and start <= t[-1]:
+            out = np.where((t >= start) & (t < end), 0.5 + _job_hash(start, 4), out)
+    return out
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from faultcast.sim.generate import NodeChunk
 from faultcast.sim.modes import BY_NAME
 from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario
+from faultcast.step_summary import summary_of_row
 
 # What the exporter labels a GPU's series with besides its UUID (dcgm-exporter's pci_bus_id and
 # DCGM_FI_DRIVER_VERSION): the buses of an 8-GPU HGX board, in NVML's form, and a datacenter
@@ -112,6 +113,7 @@ class TwinSource:
                 lost=bool(chunk.gpu_lost[k, g]),
                 pci_bus_id=pci_bus_id(g),
                 driver_version=driver,
+                summary=summary_of_row(chunk.gpu_summary[k, g]),
             )
             for g in range(config.gpus_per_node)
             if chunk.gpu_present[k, g]

@@ -29,7 +29,7 @@ import numpy as np
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.episodes import episodes, spilled, steps_between
 from faultcast.sim.fleet import NodeTraits
-from faultcast.sim.precursors import Effects, per_step
+from faultcast.sim.precursors import Effects, add_brakes, per_step
 from faultcast.sim.streams import Stream, rng
 
 _APP_XIDS = np.array([13, 31, 43])  # application errors: common, harmless to the hardware
@@ -132,6 +132,8 @@ def apply_lookalikes(
     brake = _rack_episodes(config, traits.rack, chunk, "rack_brake", w.rack_power_brakes_per_rack_month,
                            (60, 600), n)  # fmt: skip
     fx.brake |= (brake & busy)[:, None]
+    fx.brake_s = np.where((brake & busy)[:, None], cadence_s, fx.brake_s)  # a PDU brake spans whole steps
+    _brake_blips(config, traits, fx, rs, busy)
     # Monitoring: slow NVML under load, gaps, frozen exporters.
     slow = _node_episodes(streams, chunk, "nvml_slow", (n,), w.nvml_slow_episodes_per_node_day, (60, 1200),
                           cadence_s)  # fmt: skip
@@ -146,3 +148,29 @@ def apply_lookalikes(
     # Application Xids from buggy jobs.
     app = (r.random((n, g)) < per_step(w.app_xids_per_gpu_week / (7 * 1440.0), dt_min)) & busy[:, None]
     return np.where(app, r.choice(_APP_XIDS, (n, g)), 0)
+
+
+def _brake_blips(
+    config: FleetConfig,
+    traits: NodeTraits,
+    fx: Effects,
+    rs: Callable[[str], np.random.Generator],
+    busy: np.ndarray,
+) -> None:
+    """Power brakes of seconds on healthy hardware: a node's power supply stepping (every GPU of the
+    node at once), single blips on any GPU, and a few brake-prone cards that blip often for life."""
+    w, g, cadence_s = config.world, fx.g, config.cadence_s
+    n = len(fx.t)
+    dt_min = cadence_s / 60.0
+    node = (
+        rs("node_brake").random(n) < per_step(w.node_power_transients_per_node_day / 1440.0, dt_min)
+    ) & busy
+    add_brakes(fx, slice(None), np.repeat(node[:, None], g, axis=1), rs("node_brake_len"), cadence_s)
+    prone = rng(config.seed, Stream.TRAITS, traits.index, 41)  # for life: keyed by the node, not the chunk
+    rate = np.where(
+        prone.random(g) < w.brake_prone_share,
+        w.brake_prone_per_day * np.exp(prone.normal(0.0, 1.0, g)),
+        w.brake_blips_per_gpu_day,
+    )
+    blips = (rs("gpu_brake").random((n, g)) < per_step(rate / 1440.0, dt_min)) & busy[:, None]
+    add_brakes(fx, slice(None), blips, rs("gpu_brake_len"), cadence_s)

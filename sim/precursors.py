@@ -39,7 +39,8 @@ class Effects:
     sbe_per_min: np.ndarray = field(init=False)
     remap_p: np.ndarray = field(init=False)
     pending: np.ndarray = field(init=False)
-    brake: np.ndarray = field(init=False)
+    brake: np.ndarray = field(init=False)  # the step's last scrape is braked
+    brake_s: np.ndarray = field(init=False)  # seconds of the step under a power brake (sim/substep.py)
     nvlink_per_min: np.ndarray = field(init=False)  # (4, T, G) on the worst link
     nvlink_burst: np.ndarray = field(init=False)
     pcie_per_min: np.ndarray = field(init=False)
@@ -71,6 +72,7 @@ class Effects:
         self.clock, self.nvml_slow = np.ones((n, g)), np.ones((n, g))
         self.sbe_per_min, self.remap_p, self.xid92_p = np.zeros((n, g)), np.zeros((n, g)), np.zeros((n, g))
         self.pending, self.brake = np.zeros((n, g), dtype=bool), np.zeros((n, g), dtype=bool)
+        self.brake_s = np.zeros((n, g))
         self.nvlink_per_min, self.nvlink_burst = np.zeros((4, n, g)), np.zeros((n, g))
         self.pcie_per_min, self.pcie_burst = np.zeros((n, g)), np.zeros((n, g))
         self.width_down, self.gen_down = np.zeros((n, g), dtype=bool), np.zeros((n, g), dtype=bool)
@@ -110,6 +112,17 @@ def _envelope(f: ScheduledFailure, p: np.ndarray, r: np.random.Generator, cadenc
     return np.clip(level * jitter * f.peak, 0.0, 1.5)
 
 
+def add_brakes(
+    fx: Effects, g: int | slice, events: np.ndarray, r: np.random.Generator, cadence_s: float
+) -> None:
+    """Power brakes of a few seconds (lognormal, median 3 s) in the steps of `events` ((T,) or (T, G)
+    for GPU `g`, or a slice of GPUs): their seconds go to `brake_s`; the last scrape is braked with the
+    chance that a brake placed anywhere in the step spans its end."""
+    seconds = np.minimum(np.exp(r.normal(np.log(3.0), 0.7, events.shape)), cadence_s) * events
+    fx.brake_s[:, g] = np.minimum(fx.brake_s[:, g] + seconds, cadence_s)
+    fx.brake[:, g] |= r.random(events.shape) < seconds / cadence_s
+
+
 def apply_precursor(fx: Effects, f: ScheduledFailure, r: np.random.Generator, cadence_s: float) -> None:
     """Add one failure's (or aborted degradation's) precursor to the effects."""
     t = fx.t
@@ -137,8 +150,10 @@ def apply_precursor(fx: Effects, f: ScheduledFailure, r: np.random.Generator, ca
     elif mode == "cooling":
         fx.temp_add[:, g] += s * 26.0 * e**1.5
     elif mode == "power":
-        # 0 power-brake slowdowns, 1 power excursions.
-        fx.brake[:, g] |= window & (r.random(len(t)) < per_step(s * (0.01 + 0.5 * e**2), dt_min))
+        # 0 power-brake slowdowns, 1 power excursions. A brake lasts seconds: the step's last scrape
+        # sees it only when it spans the step's end; the step's summary always does.
+        events = window & (r.random(len(t)) < per_step(s * (0.01 + 0.5 * e**2), dt_min))
+        add_brakes(fx, g, events, r, cadence_s)
         if on[1]:
             fx.power_noise[:, g] += 4.0 * s * e
     elif mode == "nvlink":

@@ -86,6 +86,11 @@ class World:
     hot_rack_c: float = 4.0
     room_cooling_events_per_rack_month: float = 0.5  # inlet up 8-20 C for 20-120 min, a rack at a time
     rack_power_brakes_per_rack_month: float = 0.5  # every GPU of the rack power-brakes for 1-10 min
+    # Power brakes of seconds on healthy hardware (seen in step summaries, rarely by a step's last scrape).
+    node_power_transients_per_node_day: float = 0.5  # the node's supply steps: every GPU brakes at once
+    brake_blips_per_gpu_day: float = 0.2  # a lone blip on any GPU
+    brake_prone_share: float = 0.01  # cards that blip for life and never fail of it
+    brake_prone_per_day: float = 20.0  # their median rate (lognormal across cards, sigma 1)
     inlet_daily_c: float = 2.0  # amplitude of the daily inlet cycle
     weather_c: float = 1.5  # day-to-day inlet drift (standard deviation)
     app_xids_per_gpu_week: float = 1.0  # Xid 13/31/43 from user code, while busy
@@ -94,6 +99,7 @@ class World:
     monitoring_gaps_per_node_day: float = 0.1  # no sample at all for 5-60 min
     exporter_freezes_per_node_month: float = 0.5  # the same values repeated for 30 min to 12 h
     bursty_job_share: float = 0.25  # jobs whose power swings idle<->full every few minutes
+    step_power_swing: float = 0.08  # a training job's half power swing within a minute, share of the limit
     heavy_job_share: float = 0.3  # jobs that ask for more than the power limit (SW power cap)
     # Thermal physics (see sim/thermal.py).
     tau_die_s: float = 5.0  # die over cold plate
@@ -170,6 +176,9 @@ class World:
         values = {name: prior.draw(r) for name, prior in PRIORS.items()}
         # Fleets differ in what breaks most, not only in how often: each mode's rate moves on its own.
         modes = {m.value: float(math.exp(r.normal(0.0, 0.4))) for m in FailureMode}
+        # Parameters added later draw from a stream of their own: a seed's earlier parameters stay put.
+        later = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED_0F_3B]))
+        values |= {name: prior.draw(later) for name, prior in LATER_PRIORS.items()}
         return World(family="faultcast-twin", seed=seed, mode_rate_scale=modes, **values)
 
     def check(self) -> None:
@@ -248,3 +257,11 @@ PRIORS: dict[str, Prior] = {
     "thermal_resistance_scale": Prior(0.85, 1.2),
 }
 """The range a drawn world takes each scalar parameter from (the median world sits inside each)."""
+LATER_PRIORS: dict[str, Prior] = {
+    "node_power_transients_per_node_day": Prior(0.05, 5.0, log=True),
+    "brake_blips_per_gpu_day": Prior(0.02, 2.0, log=True),
+    "brake_prone_share": Prior(0.0, 0.04),
+    "brake_prone_per_day": Prior(3.0, 100.0, log=True),
+    "step_power_swing": Prior(0.02, 0.25, log=True),
+}
+"""Like PRIORS, for the parameters of the step summaries (December 2026), drawn after the others."""

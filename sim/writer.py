@@ -30,11 +30,19 @@ from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH
 from faultcast.modes import Level
 from faultcast.rollup import NETWORK_COLUMNS, rollup_network
-from faultcast.schemas import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA, TIMESTAMP
+from faultcast.schemas import (
+    FAILURE_FIELDS,
+    GPU_COLUMNS,
+    NETWORK_SCHEMA,
+    SUMMARISED_TELEMETRY_SCHEMA,
+    TELEMETRY_SCHEMA,
+    TIMESTAMP,
+)
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.modes import MODES
 from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario, ScheduledFailure
+from faultcast.step_summary import SUMMARY_COLUMNS, SUMMARY_FIELDS
 
 
 class ManifestRows(TypedDict):
@@ -121,7 +129,7 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
     rows = network_rows = 0
     compression = {"compression": "zstd", "compression_level": 1}
     with (
-        pq.ParquetWriter(out / "telemetry.parquet", TELEMETRY_SCHEMA, **compression) as telemetry,
+        pq.ParquetWriter(out / "telemetry.parquet", SUMMARISED_TELEMETRY_SCHEMA, **compression) as telemetry,
         pq.ParquetWriter(out / "network.parquet", NETWORK_SCHEMA, **compression) as network,
     ):
         for _ in range(config.chunks):
@@ -150,7 +158,13 @@ def simulate(config: FleetConfig, out: Path, scenarios: Iterable[Scenario] = ())
             for k, name in enumerate(GPU_COLUMNS):
                 column = np.stack([c.gpu_values[:, :, k] for c in chunks], axis=1).reshape(-1)[present]
                 columns.append(pa.array(column, TELEMETRY_SCHEMA.field(name).type, from_pandas=False))
-            telemetry.write_table(pa.Table.from_arrays(columns, schema=TELEMETRY_SCHEMA))
+            summary = np.stack([c.gpu_summary for c in chunks], axis=1).reshape(-1, 1 + len(SUMMARY_COLUMNS))
+            for k, summary_field in enumerate(SUMMARY_FIELDS):
+                column = summary[present, k]
+                columns.append(
+                    pa.array(column.astype(summary_field.type.to_pandas_dtype()), summary_field.type)
+                )
+            telemetry.write_table(pa.Table.from_arrays(columns, schema=SUMMARISED_TELEMETRY_SCHEMA))
             rows += int(present.sum())
 
             node_present = np.stack([c.node_present for c in chunks], axis=1).reshape(-1)
@@ -273,7 +287,7 @@ def _manifest(
             "pyarrow": pa.__version__,
         },
         "generation_seconds": round(seconds, 3),
-        "telemetry_columns": ["timestamp", "node", "gpu", "uuid", "model", *GPU_COLUMNS],
+        "telemetry_columns": SUMMARISED_TELEMETRY_SCHEMA.names,
         "network_columns": ["timestamp", "node", *NETWORK_COLUMNS],
     }
 

@@ -204,7 +204,7 @@ def _growth(frame: pd.DataFrame, column: str) -> float:
 SIGNATURES = {
     "hbm_wear": ("ecc_sbe_volatile", "growth"),
     "cooling": ("gpu_temp", "degrees"),
-    "power": ("throttle_hw_power_brake", "mean"),
+    "power": ("throttle_hw_power_brake_step_mean", "mean"),  # brakes of seconds: the step summary
     "nvlink": ("nvlink_crc_flit_errors_worst_link", "growth"),
     "pcie": ("pcie_replay", "growth"),
     "detachment": ("nvml_call_seconds", "mean"),

@@ -18,7 +18,7 @@ from faultcast.cli.app import main
 from faultcast.model.dataset import unix_seconds
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import node_schedule
-from faultcast.sim.world import PRIORS, World
+from faultcast.sim.world import LATER_PRIORS, PRIORS, World
 from faultcast.sim.writer import simulate
 
 # The median world with the rare families made common, so a small healthy fleet shows every one.
@@ -246,7 +246,7 @@ def test_worlds_are_drawn_from_the_priors_and_recorded(tmp_path: Path) -> None:
     assert a == World.draw(1)
     assert a.id == World.draw(1).id
     assert a.id != b.id != World().id
-    for name, prior in PRIORS.items():
+    for name, prior in {**PRIORS, **LATER_PRIORS}.items():
         assert prior.low <= getattr(a, name) <= prior.high, name
         assert prior.low <= getattr(World(), name) <= prior.high, name  # the median world is inside
     # A world survives the manifest: FleetConfig(**config.to_json()) rebuilds it.

@@ -110,9 +110,11 @@ def _count_updates(engine: FeatureEngine) -> list[int]:
     calls = [0]
     update = engine.update
 
-    def counted(step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray) -> np.ndarray:
+    def counted(
+        step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray, summary: np.ndarray | None = None
+    ) -> np.ndarray:
         calls[0] += 1
-        return update(step, gpu, node, is_h100)
+        return update(step, gpu, node, is_h100, summary)
 
     engine.update = counted  # type: ignore[method-assign]
     return calls
