@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.rollup import NETWORK_COLUMNS, NETWORK_WIDE, is_wide
-from faultcast.step_summary import SUMMARY_FIELDS
+from faultcast.step_summary import SCRAPES_COLUMN, SUMMARY_COLUMNS
 
 GPU_COLUMNS = [m.name for m in metrics_for(Scope.GPU)]
 """telemetry.parquet's metric columns, in catalogue order (after its five identity columns)."""
@@ -29,6 +29,8 @@ TELEMETRY_SCHEMA = pa.schema(
     + [(m.name, pa.float64() if is_wide(m) else pa.float32()) for m in metrics_for(Scope.GPU)]
 )
 """telemetry.parquet: one row per GPU per step."""
+SUMMARY_FIELDS = [pa.field(SCRAPES_COLUMN, pa.int16()), *(pa.field(c, pa.float32()) for c in SUMMARY_COLUMNS)]
+"""The Arrow fields of a step's summary (faultcast.step_summary): its scrapes, then SUMMARY_COLUMNS."""
 SUMMARISED_TELEMETRY_SCHEMA = pa.schema([*TELEMETRY_SCHEMA, *SUMMARY_FIELDS])
 """telemetry.parquet from a source that knows what happened inside each step (the twin): the step's
 last scrape as in TELEMETRY_SCHEMA, then its summary (faultcast.step_summary)."""

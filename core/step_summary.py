@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from faultcast.catalogue import Kind, Scope, index_of, metrics_for
 
@@ -35,8 +34,6 @@ SUMMARY_COLUMNS: tuple[str, ...] = tuple(f"{m}_step_{s}" for m in SUMMARISED for
 """telemetry.parquet's summary columns, when a source writes them: `{metric}_step_{min,max,mean}`."""
 SCRAPES_COLUMN = "step_scrapes"
 """telemetry.parquet's count of scrapes behind each row's summary (0 or absent: none)."""
-SUMMARY_FIELDS = [pa.field(SCRAPES_COLUMN, pa.int16())] + [pa.field(c, pa.float32()) for c in SUMMARY_COLUMNS]
-"""The Arrow fields a summarising source appends to TELEMETRY_SCHEMA."""
 MIN_SCRAPES = 6
 """The fewest scrapes a step's summary needs to be read: at a 60 s step, a 10 s collection or faster.
 Two 30 s scrapes bound a minute far less tightly than sixty 1 s ones, and a feature must mean the same

@@ -35,6 +35,7 @@ from faultcast.schemas import (
     GPU_COLUMNS,
     NETWORK_SCHEMA,
     SUMMARISED_TELEMETRY_SCHEMA,
+    SUMMARY_FIELDS,
     TELEMETRY_SCHEMA,
     TIMESTAMP,
 )
@@ -42,7 +43,7 @@ from faultcast.sim.config import FleetConfig
 from faultcast.sim.modes import MODES
 from faultcast.sim.node import NodeTwin
 from faultcast.sim.schedule import Scenario, ScheduledFailure
-from faultcast.step_summary import SUMMARY_COLUMNS, SUMMARY_FIELDS
+from faultcast.step_summary import SUMMARY_COLUMNS
 
 
 class ManifestRows(TypedDict):
