@@ -334,22 +334,22 @@ def test_train_and_evaluate_commands_write_the_promised_json(data: Path, tmp_pat
     assert report["definitions"]["period_s"] == 7200.0
     assert "| model |" in done.stdout
     assert "prediction period 120 min" in done.stdout
-    longer = tmp_path / "eval-4h.json"
-    done = subprocess.run([FAULTCAST, "evaluate", "--model", str(model_dir), "--data", str(data), "--json",
-                           str(longer), "--prediction-period", "4h", "--warning-time", "2m"],
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert json.loads(longer.read_text())["definitions"]["period_s"] == 4 * 3600.0
 
-    # Two datasets (the training twin and a quiet one at acceleration 1), false alarms measured apart.
+    # Two datasets (the training twin and a quiet one at acceleration 1), false alarms measured apart;
+    # the same run takes a longer prediction period and a shorter warning time than the defaults (each
+    # run of the command scores the training twin again: one run checks both).
     quiet = tmp_path / "quiet"
     simulate(FleetConfig(nodes=2, days=0.5, seed=9, acceleration=1.0), quiet, [])
     both = tmp_path / "eval-both.json"
     done = subprocess.run([FAULTCAST, "evaluate", "--model", str(model_dir), "--data", str(data), "--data",
                            str(quiet), "--false-alarm-data", str(quiet), "--json", str(both), "--resamples",
-                           "200"], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+                           "200", "--prediction-period", "4h", "--warning-time", "2m"],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     pooled = json.loads(both.read_text())
+    assert pooled["definitions"]["period_s"] == 4 * 3600.0
+    assert pooled["definitions"]["warning_s"] == 120.0
+    assert all(d["definitions"]["period_s"] == 4 * 3600.0 for d in pooled["datasets"])
     own, other = pooled["datasets"]
     assert own["world"]["evaluation"].startswith("held-out nodes and days of the training world")
     assert other["held_out_from_training"] is False

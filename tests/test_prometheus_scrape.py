@@ -106,8 +106,13 @@ def test_prometheus_scrapes_the_collector(prometheus_port: int) -> None:
 # --- the dashboard on a healthy running system -------------------------------------------------------
 
 SCORED_NODE = "dash-node"
-# The twin starts this far back, so that at 60 simulated seconds a second the collector's samples
-# stay within the service's default age and clock-skew limits for the whole test.
+# The collector scrapes every 0.5 s at 120x: samples 60 simulated seconds apart (the model's cadence),
+# two a second. The slowest panel, feature drift, waits for the service to have scored 500 feature rows
+# (63 samples of the node's 8 GPUs): about 32 s at this pace, 63 s at one sample a second.
+SCRAPE_INTERVAL, SPEED = "0.5s", 120
+# The twin starts this far back, so that at 120 simulated seconds a second the collector's samples
+# stay within the service's default age and clock-skew limits for the whole test (it reaches the wall
+# clock after about 150 s, and then runs at real time).
 BACKFILL_S = 5 * 3600
 # What Grafana puts in its variables for a 1 s scrape interval (its $__rate_interval is at least four
 # scrapes); $node is filled with a node the service scores.
@@ -135,9 +140,9 @@ def _spawn_collector(service_port: int, spool: Path) -> tuple[subprocess.Popen[s
             "--prometheus-port",
             "0",
             "--interval",
-            "1s",
+            SCRAPE_INTERVAL,
             "--speed",
-            "60",
+            str(SPEED),
             "--sim-start",
             str(int(time.time()) - BACKFILL_S),
             "--service",
