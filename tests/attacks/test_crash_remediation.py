@@ -37,7 +37,7 @@ from tests.serve_process import ServeProcess
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 GPU, FAIL_S = 6, 8 * 3600.0
-BEFORE = int((FAIL_S - 5 * 60) / FLEET.cadence_s)  # samples up to 5 min before the failure
+BEFORE = int((FAIL_S - 2 * 60) / FLEET.cadence_s)  # samples up to 2 min before the failure
 WAIT_S = 60.0
 DB = "faultcast-service.sqlite"
 
