@@ -114,6 +114,9 @@ class Service:
             self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.cursors.load()
         )
         self._work = threading.Condition()
+        # One scoring at a time: a caller's score_now returns only after the scoring thread's batch
+        # in flight has reached the alert book, so what it pushed before is scored when it returns.
+        self._scoring = threading.Lock()
         self._ready = 0  # completed steps waiting to be scored
         self.latest_event_s = 0.0  # event time of the newest sample taken (the demo's clock)
         self._thread: threading.Thread | None = None
@@ -220,12 +223,14 @@ class Service:
                 self._work.notify()
 
     def score_now(self) -> list[apb.Alert]:
-        """Score what is waiting and run the alert policy; the scoring thread's one step."""
-        scored = self.scorer.score_pending()
-        if not scored:
-            return []
-        alerts = self.book.observe(scored)
-        self.drift.observe(scored)
+        """Score what is waiting and run the alert policy; the scoring thread's one step. Returns once
+        every step completed before the call has been through the alert book."""
+        with self._scoring:
+            scored = self.scorer.score_pending()
+            if not scored:
+                return []
+            alerts = self.book.observe(scored)
+            self.drift.observe(scored)
         done = time.monotonic()
         for s in scored:
             self.metrics.scoring_latency.observe(done - s.arrival_s)
