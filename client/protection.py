@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load
 
-from faultcast.client import identity, migration
+from faultcast.client import identity, migration, standby
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.client.snapshots import Snapshot, SnapshotStore
@@ -51,6 +51,9 @@ class ProtectionStats:
     alert_to_snapshot_s: list[float] = field(default_factory=list)  # guard ranks: alert seen -> save begins
     snapshot_started_unix: list[float] = field(default_factory=list)  # wall clock as each snapshot began
     held_s: float = 0.0
+    warm_from: int | None = None  # a standby: the step of the snapshot it loaded while it waited
+    standby_waited_s: float = 0.0  # a standby: from ready to the service's word
+    handover_load_s: float = 0.0  # a standby: the hand-over snapshot's load, after the word
 
 
 class ProtectionOptions(TypedDict, total=False):
@@ -63,6 +66,7 @@ class ProtectionOptions(TypedDict, total=False):
     checkpoint_every: int
     keep: int
     migration_wait_s: float
+    standby_for: str | None
 
 
 class Protection:
@@ -83,12 +87,18 @@ class Protection:
         checkpoint_every: int = 0,
         keep: int = 2,
         migration_wait_s: float = 300.0,
+        standby_for: str | None = None,
     ) -> None:
         """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
         Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
-        host name. Collective: every rank constructs it at the same point."""
+        host name. `standby_for`: this run is the standby of that job (default: FAULTCAST_STANDBY_FOR,
+        see faultcast.client.standby); `resume()` then waits for the hand-over. Collective: every
+        rank constructs it at the same point."""
         if agree_every < 1:
             raise ValueError("agree_every must be at least 1")
+        self.standby_for = standby_for if standby_for is not None else standby.standby_for()
+        if self.standby_for and target is None:
+            raise ValueError(f"a standby for job {self.standby_for} needs the service (target) to hand over")
         self.state, self.agree_every, self.checkpoint_every = state, agree_every, checkpoint_every
         self.migration_wait_s = migration_wait_s
         self.store = SnapshotStore(directory, keep=keep)
@@ -115,11 +125,18 @@ class Protection:
 
     def resume(self) -> int:
         """Load the newest whole snapshot (or periodic checkpoint); returns the step to continue from
-        (0 when there is none). Rank 0 chooses, so every rank loads the same one."""
+        (0 when there is none). Rank 0 chooses, so every rank loads the same one. A standby then
+        waits for the service's hand-over and returns the hand-over snapshot's step, or raises
+        StandbyReleased (exit status 0) when the service releases it."""
         chosen = [self.store.latest() if self.rank == 0 else None]
         if dist.is_initialized():
             dist.broadcast_object_list(chosen, src=0, group=self._io_group)
-        snapshot = chosen[0]
+        if self.standby_for:
+            return self._stand_by(chosen[0])
+        return self._load(chosen[0])
+
+    def _load(self, snapshot: Snapshot | None) -> int:
+        """Load `snapshot` on every rank; the step to continue from (0 for None)."""
         if snapshot is None:
             return 0
         same_world = snapshot.world_size == self.world_size
@@ -143,6 +160,37 @@ class Protection:
         self.stats.resumed_from = snapshot.step if step is None else step
         log.info("faultcast: resumed from %s (%s) at step %d", snapshot.path, snapshot.reason, snapshot.step)
         return self.stats.resumed_from
+
+    def _stand_by(self, newest: Snapshot | None) -> int:
+        """Warm up on the newest snapshot, then wait (rank 0 asks the service, every rank hears the
+        answer at each poll) for the hand-over: load its snapshot, or end as released."""
+        self.stats.warm_from = self._load(newest) if newest is not None else None
+        ready = time.monotonic()
+        assert self.standby_for is not None
+        while True:
+            word = [standby.ask(self.guard, self.standby_for, ready) if self.rank == 0 else None]
+            if dist.is_initialized():
+                dist.broadcast_object_list(word, src=0, group=self._io_group)
+            decision = word[0]
+            assert decision is not None
+            if decision.go or decision.released:
+                break
+        self.stats.standby_waited_s = time.monotonic() - ready
+        if decision.released:
+            log.warning("faultcast: standby for job %s released: %s", self.standby_for, decision.reason)
+            raise standby.StandbyReleased(decision.reason)
+        started = time.monotonic()
+        snapshot = standby.snapshot_at(self.store, decision.checkpoint_uri, decision.step)
+        step = self._load(snapshot)
+        self.stats.handover_load_s = time.monotonic() - started
+        log.warning(
+            "faultcast: took over job %s from its snapshot of step %d (%s), %.2f s after the word",
+            self.standby_for,
+            step,
+            decision.checkpoint_uri,
+            self.stats.handover_load_s,
+        )
+        return step
 
     def step_end(self, step: int) -> None:
         """Call after each optimizer step with the number of steps completed."""
@@ -178,8 +226,9 @@ class Protection:
             self.stats.alert_to_snapshot_s.append(time.monotonic() - self.guard.pending_since)
         self._wait_inflight()
         reason = f"alert {alert.id} on {alert.node} gpu {alert.gpu}" if alert is not None else "alert"
+        started = time.time()
         self.store.save(self.state.to_save(step, self.rank), step, self.rank, self._io_group, wait=True)
-        snapshot = self.store.finish(step, self.rank, reason, self.world_size)
+        snapshot = self.store.finish(step, self.rank, reason, self.world_size, started_unix=started)
         if dist.is_initialized():
             dist.barrier(group=self._io_group)  # the marker is down: every rank's data is safe
         self.stats.snapshots.append(step)

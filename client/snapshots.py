@@ -128,10 +128,19 @@ class SnapshotStore:
         return response.upload_completion  # an AsyncSaveResponse (with a staging future of its own)
 
     def finish(
-        self, step: int, rank: int, reason: str, world_size: int, payload: str = DCP_PAYLOAD
+        self,
+        step: int,
+        rank: int,
+        reason: str,
+        world_size: int,
+        payload: str = DCP_PAYLOAD,
+        *,
+        started_unix: float | None = None,
     ) -> Snapshot | None:
         """Rank 0: mark the snapshot of `step` complete and prune; other ranks: nothing. `payload`
-        names what holds the state (a framework's own checkpoint, for the adapters)."""
+        names what holds the state (a framework's own checkpoint, for the adapters); `started_unix`,
+        when the save began, goes in the marker (what the snapshot blocked, for operators and the
+        migration benchmark)."""
         if rank != 0:
             return None
         path = self.path(step)
@@ -142,6 +151,8 @@ class SnapshotStore:
             "saved_unix": time.time(),
             "payload": payload,
         }
+        if started_unix is not None:
+            marker["started_unix"] = started_unix
         tmp = path / (MARKER + ".tmp")
         with tmp.open("w") as handle:
             json.dump(marker, handle)

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Remediation:
-    """What to do about one alert: take `node` out of service (and requeue `job_id` when `requeue`)."""
+    """What to do about one alert: take `node` out of service (and requeue `job_id` when `requeue`,
+    or end it when `handover_to` names the standby that carries it on)."""
 
     alert_id: int
     node: str
@@ -39,6 +40,7 @@ class Remediation:
     job_id: str  # the registered job on the node ("" when none)
     requeue: bool  # requeue (or evict) the job as well as draining the node
     checkpoint_uri: str = ""  # where the trainer's snapshot went, when it acknowledged one
+    handover_to: str = ""  # the standby that took the job over at that snapshot: end the job, no requeue
 
     @property
     def reason(self) -> str:

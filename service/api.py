@@ -11,6 +11,7 @@ misses nothing. Delivery is at-least-once across reconnects: a subscriber dedupe
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -23,6 +24,7 @@ from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, cur
 from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
+from faultcast.service.spares import Prescheduler
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.service.state_db import MAX_STORED_INT
@@ -57,7 +59,8 @@ class Operations(Protocol):
 
 
 class AlertsServicer(apb_grpc.AlertsServicer):
-    """Subscribe, Acknowledge, ListActiveAlerts and RegisterJob over the durable state."""
+    """Subscribe, Acknowledge, ListActiveAlerts, RegisterJob and AwaitHandOver over the durable
+    state."""
 
     def __init__(
         self,
@@ -70,11 +73,14 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         serving_model: Callable[[], FaultModel],
         limits: CallerLimits | None = None,
         on_throttle: Callable[[str], None] = lambda what: None,
+        prescheduler: Prescheduler | None = None,
     ) -> None:
         """`policy`: who may read and acknowledge what (None: no checks, a servicer under test);
         `serving_model`: the model serving now (it changes on reload), described in CaughtUp;
-        `limits`: nodes per job and subscriptions per job, refusals reported to `on_throttle`."""
+        `limits`: nodes per job and subscriptions per job, refusals reported to `on_throttle`;
+        `prescheduler`: the spares AwaitHandOver answers for (None: every standby is released)."""
         self.store, self.remediator, self.stopping = store, remediator, stopping
+        self.prescheduler = prescheduler
         self.on_subscribers, self.policy, self.serving_model = on_subscribers, policy, serving_model
         self.limits, self.on_throttle = limits or CallerLimits(), on_throttle
         self.job_subscribers = OpenCount(self.limits.job_subscribers)
@@ -342,6 +348,39 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
         self.store.jobs.register(request.job_id, list(request.nodes))
         return apb.RegisterJobResponse()
+
+    def AwaitHandOver(  # noqa: N802
+        self, request: apb.AwaitHandOverRequest, context: grpc.ServicerContext
+    ) -> apb.HandOver:
+        """A standby's long poll: held up to its wait (at most spares.MAX_WAIT_S) until its job is
+        handed over or its spare released. A trainer asks only for its own job."""
+        if not request.standby_for or not request.job_id:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "name the job stood by for and this standby's own job id"
+            )
+        if not (request.wait_seconds >= 0 and math.isfinite(request.wait_seconds)):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"wait_seconds {request.wait_seconds} is not a wait"
+            )
+        if self.policy is not None:
+            try:
+                self.policy.check_job(current(), request.standby_for)
+            except AuthError as denied:
+                context.abort(*refuse(self.policy, denied, context.peer()))
+        if self.prescheduler is None:
+            return apb.HandOver(
+                state=apb.HAND_OVER_STATE_RELEASED, reason="this service readies no spares (no --spares)"
+            )
+        reply = self.prescheduler.await_hand_over(
+            request.standby_for, request.job_id, request.node, request.wait_seconds
+        )
+        return apb.HandOver(
+            state=reply.state,
+            alert_id=reply.alert_id,
+            step=reply.step,
+            checkpoint_uri=reply.checkpoint_uri,
+            reason=reply.reason,
+        )
 
 
 class AdminServicer(apb_grpc.AdminServicer):

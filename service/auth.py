@@ -66,6 +66,7 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _ALERTS + "Acknowledge": _READERS,
     _ALERTS + "ListActiveAlerts": _READERS,
     _ALERTS + "RegisterJob": _READERS,
+    _ALERTS + "AwaitHandOver": _READERS,  # a standby, with its job's identity
     _ADMIN + "ReloadModel": frozenset({Role.ADMIN}),
     _ADMIN + "SetRemediation": frozenset({Role.ADMIN}),
     _ADMIN + "GetRemediation": frozenset({Role.ADMIN}),

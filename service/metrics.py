@@ -182,6 +182,13 @@ class ServiceMetrics:
             ["actuator", "outcome"],
             registry=r,
         )
+        # Pre-scheduled spares (service/spares.py): asked, ready, handed over, released, failed.
+        self.spares = Counter(
+            "faultcast_spares",
+            "Spares readied during alerts, by provider and event (asked, ready, handed_over, released, failed).",
+            ["provider", "event"],
+            registry=r,
+        )
         # No actuator label (one actuator per service): faultcast_remediations_total names it.
         self.remediation_retries = Counter(
             "faultcast_remediation_retries",

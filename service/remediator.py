@@ -10,6 +10,11 @@ acknowledgement of any of its events counts for the alert; and a node already be
 another alert still open is not drained again. The circuit breaker caps nodes per window; actuators
 run on a worker thread so a slow scheduler never holds up scoring.
 
+With a `Prescheduler` (service/spares.py), a SNAPSHOT_DONE with a standby waiting for the job hands
+the job over: the standby goes on from that snapshot, and the remediation drains the node and ends
+the old job instead of requeueing it (`Remediation.handover_to`). Without a standby waiting, or on
+the grace timer's drain (no snapshot to hand over) or a DECLINED, the spare is released.
+
 A failed attempt (an exception or an outcome not ok) is tried again after a backoff (`RetryPolicy`),
 scheduled like the grace timers so other remediations go on meanwhile; the breaker counts the node
 once, when it first admits it. After the last attempt the remediation is "failed". The claim and
@@ -44,6 +49,7 @@ from typing import TypeVar
 from faultcast.service.actuators import Actuator, CircuitBreaker, Remediation, RetryPolicy
 from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.spares import Prescheduler
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.service.state_remediations import PendingRemediation
@@ -96,10 +102,13 @@ class Remediator:
         wall: Clock = time.time,
         rng: random.Random | None = None,
         store_retry_s: float = 1.0,
+        prescheduler: Prescheduler | None = None,
     ) -> None:
         """`clock` times everything in this process; `wall` dates what is kept for the next one.
-        `store_retry_s`: how soon work the store refused to record is tried again."""
+        `store_retry_s`: how soon work the store refused to record is tried again. `prescheduler`:
+        the spares readied during alerts, handed the job at its snapshot (None: none are)."""
         self.store, self.actuator, self.metrics = store, actuator, metrics
+        self.prescheduler = prescheduler
         self.grace_s, self.clock, self.wall, self.store_retry_s = grace_s, clock, wall, store_retry_s
         self.breaker = breaker or CircuitBreaker()
         # Who paused remediation (SetRemediation), None while it runs; kept across restarts.
@@ -311,6 +320,8 @@ class Remediator:
         ack = replace(ack, alert_id=alert.opened_id or alert.id)
         self.store.acks.record(ack)
         if ack.action == apb.ACK_ACTION_DECLINED:
+            if self.prescheduler is not None:
+                self.prescheduler.release(ack.job_id, "the job declined the alert")
             return f"declined: {alert.node} stays in service; the operator decides"
         if self._risk_fell(alert.opened_id):
             return f"noted; alert {alert.opened_id} has cleared (its risk fell back): nothing to remediate"
@@ -320,7 +331,7 @@ class Remediator:
             return f"noted; alert {alert.opened_id} recommends {what}: {alert.node} stays in service"
         if ack.action != apb.ACK_ACTION_SNAPSHOT_DONE:
             return f"noted; {alert.node} is drained after SNAPSHOT_DONE or in {self.grace_s:.0f} s"
-        return self._queue(alert, ack.job_id, ack.checkpoint_uri)[1]
+        return self._queue(alert, ack.job_id, ack.checkpoint_uri, step=ack.step)[1]
 
     # -- the decision -----------------------------------------------------------------------
 
@@ -331,9 +342,10 @@ class Remediator:
         return ""
 
     def _queue(
-        self, alert: apb.Alert, job_id: str, checkpoint_uri: str, *, grace: bool = False
+        self, alert: apb.Alert, job_id: str, checkpoint_uri: str, *, grace: bool = False, step: int = 0
     ) -> tuple[bool, str]:
-        """Queue the alert's remediation; (whether it was queued, what the service does, in words)."""
+        """Queue the alert's remediation; (whether it was queued, what the service does, in words).
+        A standby waiting for the job takes it over at this snapshot (not on the grace timer's)."""
         job = job_id or self._job_on(alert.node)
         if not job:
             return False, f"no registered job on {alert.node}: nothing to remediate"
@@ -344,6 +356,7 @@ class Remediator:
         other = self._taken_out_for(alert.node, alert.opened_id)
         if other is not None:
             return False, f"{alert.node} is already being taken out for alert {other}: not drained twice"
+        standby = self._hand_over(job, alert.opened_id, step, checkpoint_uri, grace=grace)
         remediation = Remediation(
             alert_id=alert.opened_id,
             node=alert.node,
@@ -351,14 +364,30 @@ class Remediator:
             mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk,
             job_id=job,
-            requeue=True,
+            requeue=not standby,
             checkpoint_uri=checkpoint_uri,
+            handover_to=standby,
         )
         with self._cv:
             self._work.append(_Task(remediation, grace=grace))
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
             self._cv.notify_all()
+        if standby:
+            return (
+                True,
+                f"{self.actuator.name}: drain {alert.node} and hand job {job} over to standby {standby}",
+            )
         return True, f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
+
+    def _hand_over(self, job: str, opened_id: int, step: int, checkpoint_uri: str, *, grace: bool) -> str:
+        """The standby that takes `job` over at this snapshot ("" for none: its spare is released)."""
+        if self.prescheduler is None:
+            return ""
+        if grace:
+            self.prescheduler.release(job, "the node is drained without a snapshot to hand over")
+            return ""
+        spare = self.prescheduler.hand_over(job, opened_id, step, checkpoint_uri)
+        return spare.standby_job if spare is not None else ""
 
     def _risk_fell(self, opened_id: int) -> bool:
         """Whether the alert cleared because its risk fell back (its other endings, a GPU gone dark or

@@ -34,6 +34,7 @@ from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
 from faultcast.service.remediator import Remediator
 from faultcast.service.scoring import Scorer, model_version
+from faultcast.service.spares import Prescheduler, SpareProvider
 from faultcast.service.state import StateStore
 from faultcast.service.state_db import StateWriteError
 from faultcast.service.supervise import start_supervised
@@ -73,11 +74,13 @@ class Service:
         actuator: Actuator | None = None,
         metrics: ServiceMetrics | None = None,
         policy: AccessPolicy | None = None,
+        spares: SpareProvider | None = None,
     ) -> None:
         """`model` was loaded from `model_dir` (a reload without a path reads it again); the
         service owns `store` from now on (`stop` closes it). `policy`: who may call what
         (faultcast.service.auth); None serves everyone as admin, which `start` permits only without
-        TLS and says so in the log."""
+        TLS and says so in the log. `spares`: where replacements are readied during an alert
+        (service/spares.py; None: the job is requeued after its snapshot, as without)."""
         self.config = config
         self.model_dir = model_dir
         self.metrics = metrics or ServiceMetrics()
@@ -100,6 +103,9 @@ class Service:
             silent_after_steps=config.silent_after_steps,
             stopping=self.stopping,
         )
+        self.prescheduler = (
+            Prescheduler(spares, self.store.jobs.all, self.metrics) if spares is not None else None
+        )
         self.remediator = Remediator(
             self.store,
             actuator or NoopActuator(),
@@ -107,7 +113,10 @@ class Service:
             grace_s=config.grace_s,
             breaker=config.breaker(),
             retry=config.retry,
+            prescheduler=self.prescheduler,
         )
+        if self.prescheduler is not None:
+            self.book.listen(self.prescheduler.on_alerts)  # the spare is asked for first
         self.book.listen(self.remediator.on_alerts)
         self.limits = replace(config.limits, gpus_per_node=model.feature_config.gpus_per_node)
         self.telemetry = TelemetryServicer(
@@ -145,6 +154,7 @@ class Service:
         actuator: Actuator | None = None,
         metrics: ServiceMetrics | None = None,
         policy: AccessPolicy | None = None,
+        spares: SpareProvider | None = None,
     ) -> Service:
         """Load the model in `model_dir` and open the state store in `state_dir`, then build the
         service (not started). Raises ModelError for a bad artifact (there is nothing to serve) and
@@ -152,7 +162,14 @@ class Service:
         model = load(model_dir)
         store = StateStore.in_dir(state_dir)
         return cls(
-            model, store, config, model_dir=model_dir, actuator=actuator, metrics=metrics, policy=policy
+            model,
+            store,
+            config,
+            model_dir=model_dir,
+            actuator=actuator,
+            metrics=metrics,
+            policy=policy,
+            spares=spares,
         )
 
     def _throttled(self, what: str) -> None:
@@ -371,6 +388,8 @@ class Service:
         self._thread = start_supervised("scoring", self._loop, self.stopping, self._restarted)
         self._cursor_thread = start_supervised("cursors", self._save_cursors, self.stopping, self._restarted)
         self.remediator.start()
+        if self.prescheduler is not None:
+            self.prescheduler.start()
         self._aio_loop = asyncio.new_event_loop()
         self._aio_thread = threading.Thread(
             target=self._aio_loop.run_forever, name="faultcast-grpc", daemon=True
@@ -407,6 +426,7 @@ class Service:
             serving_model=lambda: self.model,
             limits=self.caller_limits,
             on_throttle=self._throttled,
+            prescheduler=self.prescheduler,
         )
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
         apb_grpc.add_AdminServicer_to_server(AdminServicer(self, self._admin_pool), server)
@@ -458,6 +478,8 @@ class Service:
         with contextlib.suppress(StateWriteError):  # the alert book logged what it could not store
             self.score_now()
         self.remediator.stop()
+        if self.prescheduler is not None:
+            self.prescheduler.stop()
         try:
             self.store.cursors.save(self.telemetry.cursors())
         except StateWriteError as exc:

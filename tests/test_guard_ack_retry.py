@@ -67,6 +67,11 @@ class FakeAlerts(apb_grpc.AlertsServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "state disk full: nothing kept")
         return apb.AcknowledgeResponse(accepted=True, remediation=f"drain {NODE}")
 
+    def AwaitHandOver(  # noqa: N802 (gRPC method name)
+        self, request: apb.AwaitHandOverRequest, context: grpc.ServicerContext
+    ) -> apb.HandOver:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "no standbys here")
+
 
 def _alert() -> apb.Alert:
     return apb.Alert(

@@ -295,6 +295,31 @@ ACK_ACTION_DECLINED: AckAction.ValueType  # 4
 """The job refuses the move: the node stays in service and an operator decides."""
 Global___AckAction: _TypeAlias = AckAction  # noqa: Y015
 
+class _HandOverState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HandOverStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HandOverState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HAND_OVER_STATE_UNSPECIFIED: _HandOverState.ValueType  # 0
+    HAND_OVER_STATE_WAITING: _HandOverState.ValueType  # 1
+    """Nothing yet: ask again."""
+    HAND_OVER_STATE_GO: _HandOverState.ValueType  # 2
+    """The job snapshotted for a migration: go on from that snapshot; the old job is ended."""
+    HAND_OVER_STATE_RELEASED: _HandOverState.ValueType  # 3
+    """Not needed (a false alarm, the job went the usual way, no spare asked): exit."""
+
+class HandOverState(_HandOverState, metaclass=_HandOverStateEnumTypeWrapper): ...
+
+HAND_OVER_STATE_UNSPECIFIED: HandOverState.ValueType  # 0
+HAND_OVER_STATE_WAITING: HandOverState.ValueType  # 1
+"""Nothing yet: ask again."""
+HAND_OVER_STATE_GO: HandOverState.ValueType  # 2
+"""The job snapshotted for a migration: go on from that snapshot; the old job is ended."""
+HAND_OVER_STATE_RELEASED: HandOverState.ValueType  # 3
+"""Not needed (a false alarm, the job went the usual way, no spare asked): exit."""
+Global___HandOverState: _TypeAlias = HandOverState  # noqa: Y015
+
 @_typing.final
 class FeatureContribution(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -818,6 +843,75 @@ class RegisterJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterJobResponse: _TypeAlias = RegisterJobResponse  # noqa: Y015
+
+@_typing.final
+class AwaitHandOverRequest(_message.Message):
+    """A standby's long poll (pre-scheduling, service/spares.py): a copy of a warned job started on a spare
+    during the alert's lead waits here for the service's word.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STANDBY_FOR_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    standby_for: _builtins.str
+    """The job this process stands by for (its trainer identity must be that job's)."""
+    job_id: _builtins.str
+    """The standby's own job id and node, as the scheduler runs it."""
+    node: _builtins.str
+    wait_seconds: _builtins.float
+    """How long the service may hold the call before answering WAITING (it holds at most 30 s)."""
+    def __init__(
+        self,
+        *,
+        standby_for: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        wait_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "node", b"node", "standby_for", b"standby_for", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitHandOverRequest: _TypeAlias = AwaitHandOverRequest  # noqa: Y015
+
+@_typing.final
+class HandOver(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    ALERT_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_URI_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    state: Global___HandOverState.ValueType
+    alert_id: _builtins.int
+    """The alert (opened id) the spare was readied for."""
+    step: _builtins.int
+    """GO: the snapshot to go on from, and its training step."""
+    checkpoint_uri: _builtins.str
+    reason: _builtins.str
+    """RELEASED: why, in words."""
+    def __init__(
+        self,
+        *,
+        state: Global___HandOverState.ValueType = ...,
+        alert_id: _builtins.int = ...,
+        step: _builtins.int = ...,
+        checkpoint_uri: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "checkpoint_uri", b"checkpoint_uri", "reason", b"reason", "state", b"state", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandOver: _TypeAlias = HandOver  # noqa: Y015
 
 @_typing.final
 class ReloadModelRequest(_message.Message):

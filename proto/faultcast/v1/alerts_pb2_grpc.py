@@ -219,6 +219,11 @@ class AlertsStub:
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.RegisterJobRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_alerts__pb2.RegisterJobResponse.FromString,
                 _registered_method=True)
+        self.AwaitHandOver = channel.unary_unary(
+                '/faultcast.v1.Alerts/AwaitHandOver',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.AwaitHandOverRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.HandOver.FromString,
+                _registered_method=True)
 
 
 class AlertsServicer:
@@ -256,6 +261,13 @@ class AlertsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AwaitHandOver(self, request, context):
+        """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AlertsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -278,6 +290,11 @@ def add_AlertsServicer_to_server(servicer, server):
                     servicer.RegisterJob,
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.RegisterJobRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_alerts__pb2.RegisterJobResponse.SerializeToString,
+            ),
+            'AwaitHandOver': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitHandOver,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.AwaitHandOverRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.HandOver.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -389,6 +406,33 @@ class Alerts:
             '/faultcast.v1.Alerts/RegisterJob',
             faultcast_dot_v1_dot_alerts__pb2.RegisterJobRequest.SerializeToString,
             faultcast_dot_v1_dot_alerts__pb2.RegisterJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitHandOver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Alerts/AwaitHandOver',
+            faultcast_dot_v1_dot_alerts__pb2.AwaitHandOverRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.HandOver.FromString,
             options,
             channel_credentials,
             insecure,

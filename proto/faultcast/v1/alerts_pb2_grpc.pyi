@@ -114,6 +114,8 @@ class AlertsStub:
     """Tells the service which nodes a job runs on (replacing an earlier registration of the job), so
     its alerts reach the job and remediation can requeue it.
     """
+    AwaitHandOver: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.AwaitHandOverRequest, _alerts_pb2.HandOver]
+    """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s)."""
 
 @_typing.type_check_only
 class AlertsAsyncStub(AlertsStub):
@@ -133,6 +135,8 @@ class AlertsAsyncStub(AlertsStub):
     """Tells the service which nodes a job runs on (replacing an earlier registration of the job), so
     its alerts reach the job and remediation can requeue it.
     """
+    AwaitHandOver: _aio.UnaryUnaryMultiCallable[_alerts_pb2.AwaitHandOverRequest, _alerts_pb2.HandOver]  # type: ignore[assignment]
+    """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s)."""
 
 class AlertsServicer(metaclass=_abc_1.ABCMeta):
     """Trainers (role trainer) and operators (role admin)."""
@@ -173,5 +177,13 @@ class AlertsServicer(metaclass=_abc_1.ABCMeta):
         """Tells the service which nodes a job runs on (replacing an earlier registration of the job), so
         its alerts reach the job and remediation can requeue it.
         """
+
+    @_abc_1.abstractmethod
+    def AwaitHandOver(
+        self,
+        request: _alerts_pb2.AwaitHandOverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.HandOver, _abc.Awaitable[_alerts_pb2.HandOver]]:
+        """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s)."""
 
 def add_AlertsServicer_to_server(servicer: AlertsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

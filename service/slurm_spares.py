@@ -1,0 +1,120 @@
+"""Spares on Slurm: a standby copy of the warned job, submitted before anything is drained.
+
+`prepare` reads the job's own batch script from the controller (`scontrol write batch_script JOB -`)
+and its shape (`scontrol show job -o`: nodes, tasks, working directory, output file) and submits the
+same script again with `sbatch`, away from the doomed node, onto the hot-spare partition or the
+reservation held for such jobs when one is configured (else the job's own partition), with
+FAULTCAST_STANDBY_FOR naming the job. The job's trainer (`faultcast.client.Protection`) sees that
+variable, prepares everything (imports, model, the newest periodic checkpoint) and waits for the
+service's hand-over instead of training. `release` cancels the standby (`scancel`).
+
+The standby runs as the service's Slurm user with the service's environment plus the two variables
+(`export`, default "ALL"): a site whose jobs need the submitting user's environment sets `export` to
+what they need, or submits as root with `uid` (sbatch --uid). Everything goes through the binaries,
+argument lists only, as the Slurm actuator does.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from faultcast.service.actuators import Outcome
+from faultcast.service.slurm import JOB_ID, NODE_NAME, SlurmCommands
+from faultcast.service.spares import Prepared, SpareRequest
+
+log = logging.getLogger(__name__)
+
+STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job a standby stands by for (its trainer reads it)
+STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it, for logs
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z/]+)=(\S*)")
+_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class SlurmSpares:
+    """Standby jobs on Slurm (see the module's docstring). `partition` / `reservation`: where spares
+    are held (both optional; without either the job's own partition, minus the doomed node)."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        commands: SlurmCommands,
+        *,
+        partition: str = "",
+        reservation: str = "",
+        export: str = "ALL",
+    ) -> None:
+        for what, value in (("partition", partition), ("reservation", reservation)):
+            if value and not _SLURM_NAME.fullmatch(value):
+                raise ValueError(f"spare {what} {value!r} is not a Slurm name")
+        self.commands, self.partition, self.reservation, self.export = (
+            commands,
+            partition,
+            reservation,
+            export,
+        )
+
+    def prepare(self, request: SpareRequest) -> Prepared:
+        """Submit the job's script again as its standby; the handle is the standby's job id."""
+        job, node = request.job_id, request.node
+        if not JOB_ID.fullmatch(job):
+            return Prepared(False, "", f"slurm: {job!r} is not a Slurm job id: no standby")
+        if not NODE_NAME.fullmatch(node):
+            return Prepared(False, "", f"slurm: {node!r} is not a single Slurm node name: no standby")
+        shown = self.commands.run("scontrol", "show", "job", "-o", job)
+        if isinstance(shown, str):
+            return Prepared(False, "", f"slurm: cannot read job {job}: {shown}")
+        fields = dict(_FIELD.findall(shown.stdout))
+        script = self.commands.run("scontrol", "write", "batch_script", job, "-")
+        if isinstance(script, str):
+            return Prepared(False, "", f"slurm: cannot read the batch script of job {job}: {script}")
+        options = self._options(request, fields)
+        submitted = self.commands.run("sbatch", *options, stdin=script.stdout)
+        if isinstance(submitted, str):
+            return Prepared(False, "", f"slurm: standby for job {job} refused: {submitted}")
+        standby = submitted.stdout.strip().split(";")[0]
+        where = self.partition or self.reservation or fields.get("Partition", "?")
+        log.info("submitted standby job %s for job %s (away from %s, on %s)", standby, job, node, where)
+        return Prepared(
+            True, standby, f"slurm: standby job {standby} for job {job} on {where}, not on {node}"
+        )
+
+    def _options(self, request: SpareRequest, fields: dict[str, str]) -> list[str]:
+        options = [
+            "--parsable",
+            f"--job-name={fields.get('JobName', 'job')}-standby"[:200],
+            f"--exclude={request.node}",
+            f"--export={self.export},{STANDBY_FOR}={request.job_id},{STANDBY_ALERT}={request.alert_id}",
+            "--open-mode=append",
+        ]
+        partition = self.partition or fields.get("Partition", "")
+        if partition:
+            options.append(f"--partition={partition}")
+        if self.reservation:
+            options.append(f"--reservation={self.reservation}")
+        for key, flag in (
+            ("NumNodes", "--nodes"),
+            ("NumTasks", "--ntasks"),
+            ("CPUs/Task", "--cpus-per-task"),
+        ):
+            value = fields.get(key, "")
+            if re.fullmatch(r"[0-9]+", value):
+                options.append(f"{flag}={value}")
+        for key, flag in (("WorkDir", "--chdir"), ("StdOut", "--output"), ("StdErr", "--error")):
+            value = fields.get(key, "")
+            if value.startswith("/"):
+                options.append(f"{flag}={value}")
+        if fields.get("Requeue") == "1":
+            options.append("--requeue")
+        return options
+
+    def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
+        """Cancel the standby job (pending or waiting)."""
+        if not JOB_ID.fullmatch(handle):
+            return Outcome(False, f"slurm: {handle!r} is not a Slurm job id, cancelled nothing")
+        failure = self.commands.run("scancel", handle)
+        if isinstance(failure, str):
+            return Outcome(False, f"slurm: cancelling standby job {handle} failed: {failure}")
+        log.info("cancelled standby job %s of job %s (%s)", handle, request.job_id, why)
+        return Outcome(True, f"slurm: cancelled standby job {handle} ({why})")

@@ -1,0 +1,344 @@
+"""Pre-scheduling: the replacement is readied while the doomed node still works, and takes over at
+the snapshot.
+
+When an alert opens on a node of a registered job, the service asks the scheduler for a replacement
+before anything is drained (a `SpareProvider`: a standby job on Slurm, a placeholder pod on
+Kubernetes, an event through the webhook). The replacement's trainer starts during the lead
+(imports, model construction, the newest periodic checkpoint) and calls AwaitHandOver naming the job
+it stands by for: that call is how the service knows a spare is ready, on any scheduler. At the job's
+SNAPSHOT_DONE the remediator asks `hand_over`: with a standby waiting, the standby is told to go on
+from that snapshot and the doomed node is drained while the old job ends (no requeue); without one,
+the spare is released and today's path (drain and requeue) runs. A false alarm (the risk fell back)
+releases the spare; so does a remediation that came by the grace timer, without a snapshot.
+
+One spare per job at a time, asked for by the first alert on any of its nodes; the provider's calls
+(seconds, on a busy scheduler) run on this module's own thread, never on the scoring thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from faultcast.service.actuators import Outcome
+from faultcast.service.alert_book import PB_TO_MODE
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.v1 import alerts_pb2 as apb
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+# Clear reasons that make an alert a false alarm: its spare has nothing to do.
+_RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
+# The longest a standby's AwaitHandOver is held before it is answered "waiting" (it asks again).
+MAX_WAIT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpareRequest:
+    """What the scheduler is asked for: a replacement for `job_id`, away from `node`."""
+
+    alert_id: int  # the alert (its opened id) that asked for it
+    job_id: str
+    node: str  # the doomed node: the replacement must not land there
+    gpu: int
+    mode: str
+    risk: float
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """How a request to the scheduler went: `handle` names the replacement there (a standby job id,
+    a pod name, an event id) for `release`."""
+
+    ok: bool
+    handle: str
+    detail: str
+
+
+class SpareProvider(Protocol):
+    """Readies a replacement on a scheduler. Both calls report expected failures in their result,
+    never as exceptions, and must be safe to repeat."""
+
+    name: str
+
+    def prepare(self, request: SpareRequest) -> Prepared:
+        """Ask the scheduler for the replacement and start the job's standby there."""
+
+    def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
+        """Give the replacement back (a false alarm, or it was not ready in time)."""
+
+
+class SpareState(enum.Enum):
+    ASKED = "asked"  # the provider is asked (or was); no standby has called yet
+    READY = "ready"  # a standby is waiting in AwaitHandOver
+    HANDED_OVER = "handed_over"  # the standby was told to go on from the snapshot
+    RELEASED = "released"  # given back: a false alarm, or not ready at the snapshot
+    FAILED = "failed"  # the scheduler refused it
+
+
+@dataclass
+class Spare:
+    """One job's replacement, from the request to its end (times on the service's clock)."""
+
+    request: SpareRequest
+    asked_at: float
+    state: SpareState = SpareState.ASKED
+    handle: str = ""
+    detail: str = ""
+    ready_at: float | None = None  # the standby's first AwaitHandOver
+    standby_job: str = ""  # the standby's own job id and node, as it named them
+    standby_node: str = ""
+    waiting: int = 0  # AwaitHandOver calls held right now: a standby alive at this moment
+    step: int = 0  # the hand-over: the snapshot's step and where it is
+    checkpoint_uri: str = ""
+    why: str = ""  # why it was released or failed
+    changed: list[float] = field(default_factory=list)  # when the state last moved, for waiters
+
+    @property
+    def open(self) -> bool:
+        return self.state in (SpareState.ASKED, SpareState.READY)
+
+
+@dataclass(frozen=True, slots=True)
+class HandOverReply:
+    """What a standby is told: wait, go on from this snapshot, or exit (released)."""
+
+    state: apb.HandOverState.ValueType
+    alert_id: int = 0
+    step: int = 0
+    checkpoint_uri: str = ""
+    reason: str = ""
+
+
+SPARE_EVENTS: tuple[str, ...] = ("asked", "ready", "handed_over", "released", "failed")
+
+
+class Prescheduler:
+    """Asks `provider` for a replacement when an alert opens on a registered job's node, tracks the
+    standby that answers, and hands the job over at its snapshot (see the module's docstring)."""
+
+    def __init__(
+        self,
+        provider: SpareProvider,
+        jobs: Callable[[], dict[str, list[str]]],
+        metrics: ServiceMetrics,
+        *,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        """`jobs`: the registered jobs and their nodes (the state store's), read when an alert opens."""
+        self.provider, self.jobs, self.metrics, self.clock = provider, jobs, metrics, clock
+        self._spares: dict[str, Spare] = {}  # job id -> its newest spare
+        self._cv = threading.Condition()
+        self._calls: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        for event in SPARE_EVENTS:
+            metrics.spares.labels(provider.name, event)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread that calls the provider."""
+        self._thread = threading.Thread(target=self._run, name="faultcast-spares", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Answer every waiting standby "waiting" (it asks the next service) and stop the thread;
+        spares are not released: the scheduler keeps them until a service decides."""
+        with self._cv:
+            self._cv.notify_all()
+        self._calls.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            try:
+                call()
+            except Exception:  # a provider bug must not stop the next request
+                log.exception("spare provider %s failed", self.provider.name)
+
+    def drain_calls(self) -> None:
+        """Block until the provider calls queued so far have run (tests and benchmarks)."""
+        done = threading.Event()
+        self._calls.put(done.set)
+        done.wait()
+
+    # -- alerts -----------------------------------------------------------------------------------
+
+    def on_alerts(self, alerts: Sequence[apb.Alert]) -> None:
+        """A listener on the alert book: ask for a spare when an alert opens on a registered job's
+        node (one per job at a time); release it when that alert turns out a false alarm."""
+        for alert in alerts:
+            key = alert.opened_id or alert.id
+            if alert.state == apb.ALERT_STATE_CLEARED:
+                if alert.clear_reason in _RISK_FELL:
+                    self._release_for_alert(key, "the alert cleared: its risk fell back")
+                continue
+            if alert.state != apb.ALERT_STATE_OPEN:
+                continue
+            job = self._job_on(alert.node)
+            if not job:
+                continue
+            with self._cv:
+                spare = self._spares.get(job)
+                if spare is not None and spare.open:
+                    continue  # the job has one coming, or waiting
+                request = SpareRequest(
+                    key, job, alert.node, alert.gpu, PB_TO_MODE.get(alert.mode, "unknown"), alert.risk
+                )
+                spare = Spare(request, asked_at=self.clock())
+                self._spares[job] = spare
+            self._count("asked")
+            self._calls.put(functools.partial(self._prepare, spare))
+
+    def _job_on(self, node: str) -> str:
+        for job, nodes in sorted(self.jobs().items()):
+            if node in nodes:
+                return job
+        return ""
+
+    def _prepare(self, spare: Spare) -> None:
+        if not spare.open:
+            return  # released before the scheduler was even asked
+        prepared = self.provider.prepare(spare.request)
+        with self._cv:
+            spare.handle, spare.detail = prepared.handle, prepared.detail
+            if not prepared.ok and spare.open:
+                self._end(spare, SpareState.FAILED, prepared.detail)
+                failed = True
+            else:
+                failed = False
+            released = spare.state == SpareState.RELEASED
+        if failed:
+            self._count("failed")
+            log.warning("no spare for job %s: %s", spare.request.job_id, prepared.detail)
+            return
+        log.info("spare for job %s asked (%s): %s", spare.request.job_id, self.provider.name, prepared.detail)
+        if released and prepared.ok:  # released while the scheduler was being asked
+            self._calls.put(lambda: self._give_back(spare))
+
+    def _release_for_alert(self, alert_id: int, why: str) -> None:
+        with self._cv:
+            spares = [s for s in self._spares.values() if s.request.alert_id == alert_id and s.open]
+        for spare in spares:
+            self.release(spare.request.job_id, why)
+
+    def release(self, job_id: str, why: str) -> bool:
+        """Give back the job's spare, if one is open; False when there was none."""
+        with self._cv:
+            spare = self._spares.get(job_id)
+            if spare is None or not spare.open:
+                return False
+            self._end(spare, SpareState.RELEASED, why)
+            asked = bool(spare.handle)
+        self._count("released")
+        log.info("spare for job %s released: %s", job_id, why)
+        if asked:
+            self._calls.put(lambda: self._give_back(spare))
+        return True
+
+    def _give_back(self, spare: Spare) -> None:
+        outcome = self.provider.release(spare.request, spare.handle, spare.why)
+        if not outcome.ok:
+            log.warning(
+                "releasing spare %s of job %s: %s", spare.handle, spare.request.job_id, outcome.detail
+            )
+
+    def _end(self, spare: Spare, state: SpareState, why: str) -> None:
+        """Move the spare to a final state and wake its standby (the condition held)."""
+        spare.state, spare.why = state, why
+        spare.changed.append(self.clock())
+        self._cv.notify_all()
+
+    # -- the hand-over --------------------------------------------------------------------------
+
+    def hand_over(self, job_id: str, alert_id: int, step: int, checkpoint_uri: str) -> Spare | None:
+        """At the job's SNAPSHOT_DONE: tell its waiting standby to go on from this snapshot and
+        return the spare; None (the spare released) when no standby is waiting at this moment."""
+        with self._cv:
+            spare = self._spares.get(job_id)
+            if spare is None:
+                return None
+            if spare.state == SpareState.HANDED_OVER:
+                return spare  # the same acknowledgement again
+            if spare.state != SpareState.READY or spare.waiting == 0 or not checkpoint_uri:
+                why = "no standby waiting at the snapshot" if checkpoint_uri else "no snapshot to hand over"
+                ready = spare.open
+            else:
+                spare.step, spare.checkpoint_uri = step, checkpoint_uri
+                self._end(spare, SpareState.HANDED_OVER, f"hand-over for alert {alert_id}")
+                ready = False
+                why = ""
+        if why:
+            if ready:
+                self.release(job_id, why)
+            return None
+        self._count("handed_over")
+        log.info(
+            "job %s handed over to standby %s on %s at step %d",
+            job_id,
+            spare.standby_job,
+            spare.standby_node,
+            step,
+        )
+        return spare
+
+    def await_hand_over(self, standby_for: str, job_id: str, node: str, wait_s: float) -> HandOverReply:
+        """A standby's call: answered at once when its spare was handed over or released, else held
+        up to `wait_s` (at most MAX_WAIT_S) and answered "waiting". While held, the standby counts
+        as alive, which is what `hand_over` needs."""
+        deadline = self.clock() + max(0.0, min(wait_s, MAX_WAIT_S))
+        with self._cv:
+            spare = self._spares.get(standby_for)
+            if spare is None:
+                return HandOverReply(
+                    apb.HAND_OVER_STATE_RELEASED, reason=f"no spare was asked for job {standby_for}"
+                )
+            if spare.standby_job and spare.standby_job != job_id:
+                return HandOverReply(
+                    apb.HAND_OVER_STATE_RELEASED,
+                    reason=f"job {standby_for} already has standby {spare.standby_job}",
+                )
+            first = spare.state == SpareState.ASKED
+            if first:
+                spare.state, spare.ready_at = SpareState.READY, self.clock()
+                spare.standby_job, spare.standby_node = job_id, node
+            if first:
+                self._count("ready")
+                log.info("standby %s on %s waits to take over job %s", job_id, node, standby_for)
+            spare.waiting += 1
+            try:
+                while spare.state == SpareState.READY:
+                    left = deadline - self.clock()
+                    if left <= 0 or not self._cv.wait(left):
+                        break
+            finally:
+                spare.waiting -= 1
+            return self._reply(spare)
+
+    @staticmethod
+    def _reply(spare: Spare) -> HandOverReply:
+        if spare.state == SpareState.HANDED_OVER:
+            return HandOverReply(
+                apb.HAND_OVER_STATE_GO, spare.request.alert_id, spare.step, spare.checkpoint_uri
+            )
+        if spare.state in (SpareState.RELEASED, SpareState.FAILED):
+            return HandOverReply(apb.HAND_OVER_STATE_RELEASED, spare.request.alert_id, reason=spare.why)
+        return HandOverReply(apb.HAND_OVER_STATE_WAITING, spare.request.alert_id)
+
+    def spare_of(self, job_id: str) -> Spare | None:
+        """The job's newest spare (for the remediator's words, tests and benchmarks)."""
+        with self._cv:
+            return self._spares.get(job_id)
+
+    def _count(self, event: str) -> None:
+        self.metrics.spares.labels(self.provider.name, event).inc()
