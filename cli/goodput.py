@@ -125,7 +125,8 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--bytes-per-param",
         type=float,
-        help=f"training state per parameter (default {cs.BYTES_PER_PARAM:g}: mixed-precision Adam)",
+        help=f"training state per parameter (default {cs.BYTES_PER_PARAM:g}: mixed-precision Adam as ZeRO "
+        "counts it; 14 without gradients)",
     )
     g.add_argument(
         "--scale-shards",
@@ -395,11 +396,17 @@ def _on_measured(
 
     def target(j: Job, e: Evaluation) -> dict[str, object]:
         by_key = e.by_key()
+        check = targets.check(by_key["a"], by_key["b_tuned"])
+        parts = targets.lost_parts(by_key["b_tuned"], j.costs)
         return {
-            **targets.check(by_key["a"], by_key["b_tuned"]).to_json(),
-            "lost_by_bucket": {
-                p.bucket: study.gpu_hours(j, p.lost_s) for p in targets.lost_parts(by_key["b_tuned"], j.costs)
-            },
+            "ettr": check.ettr,
+            "ettr_met": check.ettr_met,
+            "gpu_hours_lost": study.gpu_hours(j, check.lost_s),
+            "baseline_gpu_hours_lost": study.gpu_hours(j, check.baseline_lost_s),
+            "lost_met": check.lost_met,
+            "met": check.met,
+            "excess_gpu_hours": study.gpu_hours(j, check.excess_s),
+            "lost_by_bucket_gpu_hours": {p.bucket: study.gpu_hours(j, p.lost_s) for p in parts},
         }
 
     return {

@@ -19,8 +19,9 @@ from faultcast.goodput.measured_costs import PRESCHEDULED, MeasuredCosts
 from faultcast.goodput.process import GPUS_PER_NODE
 
 BYTES_PER_PARAM = 16.0
-"""Mixed-precision Adam: bf16 weights (2) + fp32 master weights (4) + two fp32 moments (8); gradients
-are not part of a checkpoint."""
+"""Mixed-precision Adam's training state as ZeRO counts it: bf16 weights (2) + bf16 gradients (2) + fp32
+master weights (4) + two fp32 moments (8). A checkpoint needs 14 of them (no gradients): 16 errs on the
+side of more bytes."""
 COPY_BYTES_PER_S_PER_GPU = 25e9
 """GPU to host memory, per GPU: PCIe Gen5 x16 carries 64 GB/s a direction on paper, 25-50 GB/s in
 practice; the low end, since eight GPUs share the host's memory."""

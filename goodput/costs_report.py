@@ -4,6 +4,7 @@ large job, and whether issue 20's target holds at them (and if not, what stands 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from faultcast.goodput import targets
 from faultcast.goodput.cost_scaling import Assumptions, ScaledCost, background_write_s
@@ -105,6 +106,11 @@ def target_lines(job: Job, ev: Evaluation, costs: JobCosts, unmeasured: frozense
             if theirs > 0
             else f"  {r.label.split(' ')[0]} loses {gpu_hours(job, mine):,.0f} GPU-hours; (a) lost none"
         )
+    crashes, baseline = tuned.mean(attrgetter("crashes")), a.mean(attrgetter("crashes"))
+    lines.append(
+        f"  (b') still crashes {crashes:.1f} times where (a) crashes {baseline:.1f}: its alerts moved the job "
+        f"before {baseline - crashes:.1f} failures ({100 * (1 - crashes / baseline) if baseline else 0:.0f}%)"
+    )
     check = targets.check(a, tuned)
     verdict = "met" if check.met else "NOT met"
     lines.append(

@@ -51,17 +51,6 @@ class TargetCheck:
         """Lost time over the target (0 when it is met)."""
         return max(0.0, self.lost_s - self.allowed_lost_s)
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "ettr": self.ettr,
-            "ettr_met": self.ettr_met,
-            "lost_s": self.lost_s,
-            "baseline_lost_s": self.baseline_lost_s,
-            "lost_met": self.lost_met,
-            "met": self.met,
-            "excess_s": self.excess_s,
-        }
-
 
 def check(a: PolicyResult, tuned: PolicyResult) -> TargetCheck:
     """(b') (`tuned`) against the target, with (a) as the baseline."""
