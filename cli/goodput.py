@@ -118,39 +118,54 @@ def _add_cost_flags(p: argparse.ArgumentParser) -> None:
         "take the costs from a migration benchmark's file (bench/migration.py), and carry them to a large "
         'job as an estimate (docs/goodput.md, "Measured costs"); crash detection and --drain stay flags',
     )
-    g.add_argument("--costs", type=Path, help="a faultcast.migration_costs/1 file: replaces the cost flags")
     g.add_argument(
-        "--scale-params", type=float, help="the large job's parameters (default 70e9; with --costs only)"
+        "--costs",
+        metavar="FILE",
+        type=Path,
+        help="a faultcast.migration_costs/1 file, in place of --checkpoint, --snapshot, --restart, --migrate "
+        "and --react (ignored with it); the --scale-* flags below need it",
+    )
+    g.add_argument(
+        "--scale-params",
+        metavar="N",
+        type=float,
+        help=f"the large job's parameters (default {cs.PARAMETERS:.0e})",
     )
     g.add_argument(
         "--bytes-per-param",
+        metavar="BYTES",
         type=float,
         help=f"training state per parameter (default {cs.BYTES_PER_PARAM:g}: mixed-precision Adam as ZeRO "
         "counts it; 14 without gradients)",
     )
     g.add_argument(
         "--scale-shards",
+        metavar="NODES",
         type=int,
         help="nodes the state is split over (default: every node of --gpus, full sharding); fewer "
         "means replicas, and each node holds more",
     )
     g.add_argument(
         "--scale-copy-bandwidth",
+        metavar="BYTES_PER_S",
         type=float,
-        help=f"GPU to host copy, bytes/s per GPU (default {cs.COPY_BYTES_PER_S_PER_GPU:g}: PCIe Gen5)",
+        help=f"GPU to host copy, bytes/s per GPU (default {cs.COPY_BYTES_PER_S_PER_GPU:.0e}: PCIe Gen5)",
     )
     g.add_argument(
         "--scale-network-bandwidth",
+        metavar="BYTES_PER_S",
         type=float,
-        help=f"a node's network, bytes/s (default {cs.NETWORK_BYTES_PER_S_PER_NODE:g}: one 200 Gb/s NIC)",
+        help=f"a node's network, bytes/s (default {cs.NETWORK_BYTES_PER_S_PER_NODE:.0e}: one 200 Gb/s NIC)",
     )
     g.add_argument(
         "--scale-storage-bandwidth",
+        metavar="BYTES_PER_S",
         type=float,
-        help=f"checkpoint storage for the whole cluster, bytes/s (default {cs.STORAGE_BYTES_PER_S:g}: Llama 3's)",
+        help=f"checkpoint storage for the whole cluster, bytes/s (default {cs.STORAGE_BYTES_PER_S:.0e}: Llama 3's)",
     )
     g.add_argument(
         "--scale-reinit",
+        metavar="DURATION",
         type=limit,
         help=f"extra fixed cost of each restart and migration at scale (default {cs.REINIT_S:g} s: NCCL "
         "initialisation at thousands of GPUs; 0 for none)",
@@ -177,7 +192,7 @@ def assumptions_of(args: argparse.Namespace) -> Assumptions:
         return float(default if value is None else value)
 
     job = cs.LargeJob(
-        parameters=given("scale_params", 70e9),
+        parameters=given("scale_params", cs.PARAMETERS),
         gpus=args.gpus,
         bytes_per_param=given("bytes_per_param", cs.BYTES_PER_PARAM),
         shard_nodes=args.scale_shards,
@@ -353,10 +368,11 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
         "replications": args.replications,
         "seed": args.seed,
     }
+    if setup.measured is not None:
+        basis["costs_file"] = setup.measured.source
     figures = _json(job, results, points, best, result, basis)
     figures["costs"] = {"source": "flags", "used": asdict(job.costs)}
     if setup.measured is not None and setup.assumptions is not None:
-        basis["costs_file"] = setup.measured.source
         figures.update(_on_measured(args, setup.measured, setup.assumptions, job, ev, result, runs))
     return Study(best.threshold, basis, figures)
 

@@ -18,6 +18,8 @@ from faultcast.goodput.engine import JobCosts
 from faultcast.goodput.measured_costs import PRESCHEDULED, MeasuredCosts
 from faultcast.goodput.process import GPUS_PER_NODE
 
+PARAMETERS = 70e9
+"""The large job's size by default: a 70B-parameter model, Llama 3's middle one."""
 BYTES_PER_PARAM = 16.0
 """Mixed-precision Adam's training state as ZeRO counts it: bf16 weights (2) + bf16 gradients (2) + fp32
 master weights (4) + two fp32 moments (8). A checkpoint needs 14 of them (no gradients): 16 errs on the
