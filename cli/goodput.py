@@ -9,17 +9,21 @@ import logging
 import math
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultcast.cli.types import Subcommands, duration
+from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.goodput.engine import JobCosts, Outcome
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
 
 if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the command runs
+    from faultcast.goodput.cost_scaling import Assumptions
+    from faultcast.goodput.measured_costs import MeasuredCosts
+    from faultcast.goodput.process import Draw
     from faultcast.goodput.replay import Replay
-    from faultcast.goodput.study import Job, PolicyResult, SweepPoint
+    from faultcast.goodput.study import Evaluation, Job, PolicyResult, SweepPoint
     from faultcast.model.artifact import FaultModel
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,7 @@ def add_parser(commands: Subcommands) -> None:
         help="a drained node with nothing found is back after this long",
     )
     p.add_argument("--spares", type=int, help="spare nodes (default: 2%% of the job's nodes, at least 1)")
+    _add_cost_flags(p)
     p.add_argument("--replications", type=int, default=20, help="independent runs per policy")
     p.add_argument("--sweep-replications", type=int, default=5, help="runs per threshold in the sweep")
     p.add_argument("--seed", type=int, default=0)
@@ -105,6 +110,101 @@ def add_parser(commands: Subcommands) -> None:
     p.set_defaults(handler=run_goodput)
 
 
+def _add_cost_flags(p: argparse.ArgumentParser) -> None:
+    from faultcast.goodput import cost_scaling as cs
+
+    g = p.add_argument_group(
+        "measured costs",
+        "take the costs from a migration benchmark's file (bench/migration.py), and carry them to a large "
+        'job as an estimate (docs/goodput.md, "Measured costs"); crash detection and --drain stay flags',
+    )
+    g.add_argument(
+        "--costs",
+        metavar="FILE",
+        type=Path,
+        help="a faultcast.migration_costs/1 file, in place of --checkpoint, --snapshot, --restart, --migrate "
+        "and --react (ignored with it); the --scale-* flags below need it",
+    )
+    g.add_argument(
+        "--scale-params",
+        metavar="N",
+        type=float,
+        help=f"the large job's parameters (default {cs.PARAMETERS:.0e})",
+    )
+    g.add_argument(
+        "--bytes-per-param",
+        metavar="BYTES",
+        type=float,
+        help=f"training state per parameter (default {cs.BYTES_PER_PARAM:g}: mixed-precision Adam as ZeRO "
+        "counts it; 14 without gradients)",
+    )
+    g.add_argument(
+        "--scale-shards",
+        metavar="NODES",
+        type=int,
+        help="nodes the state is split over (default: every node of --gpus, full sharding); fewer "
+        "means replicas, and each node holds more",
+    )
+    g.add_argument(
+        "--scale-copy-bandwidth",
+        metavar="BYTES_PER_S",
+        type=float,
+        help=f"GPU to host copy, bytes/s per GPU (default {cs.COPY_BYTES_PER_S_PER_GPU:.0e}: PCIe Gen5)",
+    )
+    g.add_argument(
+        "--scale-network-bandwidth",
+        metavar="BYTES_PER_S",
+        type=float,
+        help=f"a node's network, bytes/s (default {cs.NETWORK_BYTES_PER_S_PER_NODE:.0e}: one 200 Gb/s NIC)",
+    )
+    g.add_argument(
+        "--scale-storage-bandwidth",
+        metavar="BYTES_PER_S",
+        type=float,
+        help=f"checkpoint storage for the whole cluster, bytes/s (default {cs.STORAGE_BYTES_PER_S:.0e}: Llama 3's)",
+    )
+    g.add_argument(
+        "--scale-reinit",
+        metavar="DURATION",
+        type=limit,
+        help=f"extra fixed cost of each restart and migration at scale (default {cs.REINIT_S:g} s: NCCL "
+        "initialisation at thousands of GPUs; 0 for none)",
+    )
+
+
+_SCALE_FLAGS = (
+    "scale_params",
+    "bytes_per_param",
+    "scale_shards",
+    "scale_copy_bandwidth",
+    "scale_network_bandwidth",
+    "scale_storage_bandwidth",
+    "scale_reinit",
+)
+
+
+def assumptions_of(args: argparse.Namespace) -> Assumptions:
+    """The scaled estimate's assumptions from the flags, defaults where not given; ValueError for a bad one."""
+    from faultcast.goodput import cost_scaling as cs
+
+    def given(name: str, default: float) -> float:
+        value = getattr(args, name)
+        return float(default if value is None else value)
+
+    job = cs.LargeJob(
+        parameters=given("scale_params", cs.PARAMETERS),
+        gpus=args.gpus,
+        bytes_per_param=given("bytes_per_param", cs.BYTES_PER_PARAM),
+        shard_nodes=args.scale_shards,
+    )
+    bandwidths = cs.Bandwidths(
+        copy_per_gpu=given("scale_copy_bandwidth", cs.COPY_BYTES_PER_S_PER_GPU),
+        network_per_node=given("scale_network_bandwidth", cs.NETWORK_BYTES_PER_S_PER_NODE),
+        storage_total=given("scale_storage_bandwidth", cs.STORAGE_BYTES_PER_S),
+    )
+    return cs.Assumptions(job, bandwidths, given("scale_reinit", cs.REINIT_S))
+
+
 def costs_of(args: argparse.Namespace) -> JobCosts:
     """The job's costs from the parsed flags (seconds); JobCosts raises ValueError for a bad one."""
     return JobCosts(
@@ -118,21 +218,56 @@ def costs_of(args: argparse.Namespace) -> JobCosts:
     )
 
 
+@dataclass(frozen=True)
+class Setup:
+    """The job studied and where its costs came from: the flags, or a measured costs file (then also
+    the assumptions that carry them to a large job)."""
+
+    job: Job
+    nodes: int
+    measured: MeasuredCosts | None
+    assumptions: Assumptions | None
+
+
+def setup_of(args: argparse.Namespace) -> Setup:
+    """The job and its costs from the flags and --costs; ValueError for a bad flag or costs file."""
+    from faultcast.goodput import study
+    from faultcast.goodput.measured_costs import load as load_costs
+
+    if min(args.gpus, args.replications, args.sweep_replications) < 1 or not args.days > 0:
+        raise ValueError("--gpus, --days, --replications and --sweep-replications must be positive")
+    nodes = -(-args.gpus // GPUS_PER_NODE)
+    spares = args.spares if args.spares is not None else max(1, math.ceil(0.02 * nodes))
+    if args.costs is None:
+        stray = [f"--{name.replace('_', '-')}" for name in _SCALE_FLAGS if getattr(args, name) is not None]
+        if stray:
+            raise ValueError(f"{', '.join(stray)}: only with --costs")
+        return Setup(study.Job(args.gpus, args.days, costs_of(args), spares), nodes, None, None)
+    measured = load_costs(args.costs)
+    assumptions = assumptions_of(args)
+    job = study.Job(args.gpus, args.days, measured.job_costs(args.detect, args.drain), spares)
+    return Setup(job, nodes, measured, assumptions)
+
+
+@dataclass(frozen=True)
+class Study:
+    """What the command found: the recommended threshold, the basis it was chosen on, every figure."""
+
+    threshold: float
+    basis: dict[str, Any]
+    figures: dict[str, object]
+
+
 def run_goodput(args: argparse.Namespace) -> int:
     """Run the study and print it; writes the plot, and the JSON and threshold.json when asked.
-    Returns the exit status: 0, or 2 for bad flags or a model that cannot be loaded."""
+    Returns the exit status: 0, or 2 for bad flags, a bad costs file or a model that cannot be loaded."""
     from faultcast.demo.model import ensure_model
-    from faultcast.goodput import report, study
     from faultcast.goodput.replay import model_digest
     from faultcast.model.artifact import ModelError, load
     from faultcast.model.threshold_file import write
 
     try:
-        if min(args.gpus, args.replications, args.sweep_replications) < 1 or not args.days > 0:
-            raise ValueError("--gpus, --days, --replications and --sweep-replications must be positive")
-        nodes = -(-args.gpus // GPUS_PER_NODE)
-        spares = args.spares if args.spares is not None else max(1, math.ceil(0.02 * nodes))
-        job = study.Job(args.gpus, args.days, costs_of(args), spares)
+        setup = setup_of(args)
     except ValueError as exc:
         print(f"faultcast goodput: {exc}", file=sys.stderr)
         return 2
@@ -144,20 +279,35 @@ def run_goodput(args: argparse.Namespace) -> int:
     except ModelError as exc:
         print(f"faultcast goodput: {exc}", file=sys.stderr)
         return 2
-    result = replayed(args, model)
+    found = report_study(args, setup, replayed(args, model))
+    if args.apply:
+        path = write(args.model, found.threshold, model_digest(model), found.basis)
+        print(
+            f"applied: {path} (the service serves threshold {found.threshold:.3f} from its next start or reload)"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(found.figures, indent=1))
+    print(f"({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Study:
+    """The study on the model's replay at the setup's costs, printed, and the plot written; with measured
+    costs, also the target at them and the whole comparison again at their scaled estimate."""
+    from faultcast.goodput import report, study
+
+    job = setup.job
     rates = failure_rates()
     total_rate = sum(rates.values())
     runs = study.draws(job, rates, max(args.replications, args.sweep_replications), args.seed)
-    points = study.sweep(job, rates, result, runs[: args.sweep_replications])
-    best = study.recommend(points)
-    chosen = result.at(best.threshold)
-    results = study.compare(job, rates, chosen, runs[: args.replications])
-    results.insert(3, study.pessimistic(job, rates, chosen, result.gpu_days, runs[: args.replications]))
+    ev = study.evaluate(job, rates, result, runs, args.replications, args.sweep_replications)
+    points, best, results = ev.points, ev.best, ev.results
     own = min(points, key=lambda p: abs(p.threshold - result.model_threshold))
 
     mtbf = job_mtbf_s(job.gpus, total_rate)
     print(
-        f"goodput twin: {job.gpus:,} GPUs ({nodes:,} nodes, {spares} spare) x {job.days:g} days, "
+        f"goodput twin: {job.gpus:,} GPUs ({setup.nodes:,} nodes, {job.spares} spare) x {job.days:g} days, "
         f"{args.replications} replications (seed {args.seed})"
     )
     print(
@@ -166,11 +316,16 @@ def run_goodput(args: argparse.Namespace) -> int:
         "modes, never foreseen"
     )
     c = job.costs
-    print(
-        f"  costs: checkpoint {c.checkpoint_s:g} s, snapshot {c.snapshot_s:g} s, crash detection {c.detect_s:g} s, "
-        f"restart {c.restart_s:g} s, migration {c.migrate_s:g} s, alert to snapshot {c.react_s:g} s, "
-        f"drained healthy node out {c.drain_s / 3600:g} h"
-    )
+    if setup.measured is None:
+        print(
+            f"  costs: checkpoint {c.checkpoint_s:g} s, snapshot {c.snapshot_s:g} s, crash detection {c.detect_s:g} s, "
+            f"restart {c.restart_s:g} s, migration {c.migrate_s:g} s, alert to snapshot {c.react_s:g} s, "
+            f"drained healthy node out {c.drain_s / 3600:g} h"
+        )
+    else:
+        from faultcast.goodput.costs_report import measured_lines
+
+        print("\n".join(measured_lines(setup.measured, c)))
     print(
         f"  alerts: model {args.model} replayed on {result.gpu_days:,.0f} GPU-days of {_data(result)}, "
         f"{result.failures} failures ({_modes(result)})"
@@ -183,7 +338,7 @@ def run_goodput(args: argparse.Namespace) -> int:
         f"{result.model_threshold:.3f} gives (b') {100 * own.ettr:.2f}%):"
     )
     print(report.sweep_table(points, best, result.model_threshold))
-    by_key = {r.key: r for r in results}
+    by_key = ev.by_key()
     print()
     print(
         f"recommended threshold: {best.threshold:.3f} (effective training time {100 * best.ettr:.2f}% under "
@@ -208,21 +363,86 @@ def run_goodput(args: argparse.Namespace) -> int:
         "gpus": job.gpus,
         "days": job.days,
         "costs": asdict(job.costs),
-        "spares": spares,
+        "spares": job.spares,
         "ettr": best.ettr,
         "replications": args.replications,
         "seed": args.seed,
     }
-    if args.apply:
-        path = write(args.model, best.threshold, model_digest(model), basis)
-        print(
-            f"applied: {path} (the service serves threshold {best.threshold:.3f} from its next start or reload)"
-        )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_json(job, results, points, best, result, basis), indent=1))
-    print(f"({time.perf_counter() - started:.0f} s)")
-    return 0
+    if setup.measured is not None:
+        basis["costs_file"] = setup.measured.source
+    figures = _json(job, results, points, best, result, basis)
+    figures["costs"] = {"source": "flags", "used": asdict(job.costs)}
+    if setup.measured is not None and setup.assumptions is not None:
+        figures.update(_on_measured(args, setup.measured, setup.assumptions, job, ev, result, runs))
+    return Study(best.threshold, basis, figures)
+
+
+def _on_measured(
+    args: argparse.Namespace,
+    measured: MeasuredCosts,
+    assumptions: Assumptions,
+    job: Job,
+    ev: Evaluation,
+    result: Replay,
+    runs: Sequence[Draw],
+) -> dict[str, object]:
+    """Print the target at the measured costs, then the comparison at their scaled estimate; returns
+    their figures for --json."""
+    from faultcast.goodput import cost_scaling, costs_report, study, targets
+    from faultcast.goodput.measured_costs import UNMEASURED
+
+    unmeasured = frozenset(UNMEASURED)
+    print()
+    print("issue 20's target at the measured costs:")
+    print("\n".join(costs_report.target_lines(job, ev, job.costs, unmeasured)))
+    scaled = cost_scaling.scale(measured, assumptions)
+    large = replace(job, costs=cost_scaling.job_costs(scaled, args.detect, args.drain))
+    at_scale = study.evaluate(
+        large, failure_rates(), result, runs, args.replications, args.sweep_replications
+    )
+    print()
+    print("\n".join(costs_report.scaling_lines(assumptions, scaled)))
+    print()
+    print(
+        f"at the scaled estimate (threshold {at_scale.best.threshold:.3f}, recommended at these costs; "
+        f"{args.replications} replications):"
+    )
+    print(costs_report.policy_table(large, at_scale))
+    print("\n".join(costs_report.target_lines(large, at_scale, large.costs, unmeasured)))
+
+    def target(j: Job, e: Evaluation) -> dict[str, object]:
+        by_key = e.by_key()
+        check = targets.check(by_key["a"], by_key["b_tuned"])
+        parts = targets.lost_parts(by_key["b_tuned"], j.costs)
+        return {
+            "ettr": check.ettr,
+            "ettr_met": check.ettr_met,
+            "gpu_hours_lost": study.gpu_hours(j, check.lost_s),
+            "baseline_gpu_hours_lost": study.gpu_hours(j, check.baseline_lost_s),
+            "lost_met": check.lost_met,
+            "met": check.met,
+            "excess_gpu_hours": study.gpu_hours(j, check.excess_s),
+            "lost_by_bucket_gpu_hours": {p.bucket: study.gpu_hours(j, p.lost_s) for p in parts},
+        }
+
+    return {
+        "costs": {
+            "source": "measured",
+            **measured.to_json(),
+            "not_measured": {name: getattr(job.costs, name) for name in UNMEASURED},
+            "used": asdict(job.costs),
+        },
+        "target": target(job, ev),
+        "scaled": {
+            "assumptions": assumptions.to_json(),
+            "costs": [c.to_json() for c in scaled],
+            "background_write_s": cost_scaling.background_write_s(assumptions),
+            "used": asdict(large.costs),
+            "recommended_threshold": at_scale.best.threshold,
+            "policies": _policies(large, at_scale.results),
+            "target": target(large, at_scale),
+        },
+    }
 
 
 def replayed(args: argparse.Namespace, model: FaultModel) -> Replay:
@@ -319,28 +539,32 @@ def _json(
     result: Replay,
     basis: dict[str, Any],
 ) -> dict[str, object]:
-    from faultcast.goodput.study import gpu_hours, lost_s
-
     return {
         "basis": basis,
-        "policies": [
-            {
-                "key": r.key,
-                "label": r.label,
-                "interval_s": r.interval_s if math.isfinite(r.interval_s) else None,
-                "threshold": r.threshold,
-                "ettr": r.ettr,
-                "ettr_sd": r.sd(lambda o: o.ettr),
-                "gpu_hours_lost": gpu_hours(job, r.mean(lost_s)),
-                "gpu_hours_recompute": gpu_hours(job, r.mean(lambda o: o.recompute_s)),
-                "crashes": r.mean(lambda o: o.crashes),
-                "migrations": r.mean(lambda o: o.migrations),
-                "false_alarm_migrations": r.mean(lambda o: o.false_alarm_migrations),
-                "false_alarm_gpu_hours": gpu_hours(job, r.mean(lambda o: o.false_alarm_s)),
-            }
-            for r in results
-        ],
+        "policies": _policies(job, results),
         "sweep": [vars(p) for p in points],
         "recommended_threshold": best.threshold,
         "replay": {k: v for k, v in result.to_json().items() if k != "samples"},
     }
+
+
+def _policies(job: Job, results: Sequence[PolicyResult]) -> list[dict[str, object]]:
+    from faultcast.goodput.study import gpu_hours, lost_s
+
+    return [
+        {
+            "key": r.key,
+            "label": r.label,
+            "interval_s": r.interval_s if math.isfinite(r.interval_s) else None,
+            "threshold": r.threshold,
+            "ettr": r.ettr,
+            "ettr_sd": r.sd(lambda o: o.ettr),
+            "gpu_hours_lost": gpu_hours(job, r.mean(lost_s)),
+            "gpu_hours_recompute": gpu_hours(job, r.mean(lambda o: o.recompute_s)),
+            "crashes": r.mean(lambda o: o.crashes),
+            "migrations": r.mean(lambda o: o.migrations),
+            "false_alarm_migrations": r.mean(lambda o: o.false_alarm_migrations),
+            "false_alarm_gpu_hours": gpu_hours(job, r.mean(lambda o: o.false_alarm_s)),
+        }
+        for r in results
+    ]

@@ -20,6 +20,11 @@ BUCKETS: tuple[tuple[str, str], ...] = (
 )
 
 
+def seconds(s: float) -> str:
+    """A duration for a reader: ms below a second."""
+    return f"{1000 * s:.3g} ms" if s < 1 else f"{s:.4g} s"
+
+
 def _minutes(seconds: float) -> str:
     return "none" if math.isinf(seconds) else f"{seconds / 60:.1f} min"
 

@@ -222,3 +222,33 @@ def recommend(points: Sequence[SweepPoint]) -> SweepPoint:
     if not points:
         raise ValueError("no threshold was swept")
     return max(points, key=lambda p: (p.ettr, p.threshold))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The whole study at one set of costs: the sweep, its recommendation, and every policy at it."""
+
+    points: list[SweepPoint]
+    best: SweepPoint
+    results: list[PolicyResult]  # a, b, b_tuned, b_bound, c, c_tuned
+
+    def by_key(self) -> dict[str, PolicyResult]:
+        return {r.key: r for r in self.results}
+
+
+def evaluate(
+    job: Job,
+    rates: Mapping[str, float],
+    result: Replay,
+    runs: Sequence[Draw],
+    replications: int,
+    sweep_replications: int,
+) -> Evaluation:
+    """Sweep the thresholds on the first `sweep_replications` draws, then run every policy at the
+    recommended one on the first `replications`."""
+    points = sweep(job, rates, result, runs[:sweep_replications])
+    best = recommend(points)
+    chosen = result.at(best.threshold)
+    results = compare(job, rates, chosen, runs[:replications])
+    results.insert(3, pessimistic(job, rates, chosen, result.gpu_days, runs[:replications]))
+    return Evaluation(points, best, results)
