@@ -110,14 +110,20 @@ def _measure(warned: Any, migrated_unix: float, prescheduled: bool, service: Ser
     old_steps = [e for e in job.events("step") if e["unix"] < moved["unix"]]
     new_steps = [e for e in job.events("step") if e["unix"] > moved["unix"]]
     last_old = next(e for e in reversed(old_steps) if e["step"] == moved["step"])
-    gaps = [b["unix"] - a["unix"] for a, b in itertools.pairwise(old_steps) if b["step"] == a["step"] + 1]
-    ordinary = statistics.median(gaps)
-    at_checkpoint = [
-        b["unix"] - a["unix"] - ordinary
+    snapshots = _alert_snapshot_steps(job.snapshots)
+    gaps = {
+        a["step"]: b["unix"] - a["unix"]
         for a, b in itertools.pairwise(old_steps)
         if b["step"] == a["step"] + 1
-        and a["step"] % SHAPE.checkpoint_every == 0
-        and a["step"] % SHAPE.agree_every
+    }
+    # An ordinary step: the paced sleep (after step_end) and the step's compute; a step the replacement
+    # takes first follows its load, no sleep before it, so the move blocked its gap less the compute.
+    ordinary = statistics.median(
+        g for s, g in gaps.items() if s % SHAPE.checkpoint_every and s not in snapshots
+    )
+    compute = max(0.0, ordinary - SHAPE.pace_s)
+    at_checkpoint = [
+        g - ordinary for s, g in gaps.items() if s % SHAPE.checkpoint_every == 0 and s not in snapshots
     ]
     snapshot = SnapshotStore(job.snapshots).path(moved["step"])
     marker = json.loads((snapshot / MARKER).read_text())
@@ -126,7 +132,7 @@ def _measure(warned: Any, migrated_unix: float, prescheduled: bool, service: Ser
     state_bytes = _size(snapshot)
     run = Run(
         path="prescheduled" if prescheduled else "requeue",
-        blocked_s=first_new - last_old["unix"] - ordinary,
+        blocked_s=first_new - last_old["unix"] - compute,
         alert_to_first_step_s=first_new - warned.alert_unix,
         snapshot_blocking_s=blocking,
         react_s=max(0.0, marker["started_unix"] - migrated_unix),
@@ -141,6 +147,11 @@ def _measure(warned: Any, migrated_unix: float, prescheduled: bool, service: Ser
     else:
         run.restart_s = first_new - marker["saved_unix"]
     return run
+
+
+def _alert_snapshot_steps(root: Path) -> set[int]:
+    """Steps of the snapshots taken for alerts (their gaps are not ordinary steps)."""
+    return {s.step for s in SnapshotStore(root).complete() if s.reason.startswith("alert")}
 
 
 def _median(runs: list[Run], field: str) -> float:

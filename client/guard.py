@@ -57,10 +57,14 @@ class Guard:
         backoff_s: tuple[float, float] = (0.5, 30.0),
         rpc_timeout_s: float = 5.0,
         registry: CollectorRegistry | None = None,
+        stands_by: bool = False,
     ) -> None:
         """`nodes`: the nodes this process watches (default: this host); `register`: tell the service
         the job runs on `job_nodes` (default: `nodes`; a multi-node job names all of its nodes, since
-        each registration replaces the last). No I/O here: `start()` connects."""
+        each registration replaces the last); `stands_by`: the trainer can stand by on a spare and
+        take over at a snapshot (faultcast.client.standby), so the service may ready one. No I/O
+        here: `start()` connects."""
+        self.stands_by = stands_by
         self.target, self.job_id = target, job_id
         self.nodes = list(nodes) if nodes is not None else [socket.gethostname()]
         self.job_nodes = list(job_nodes) if job_nodes is not None else self.nodes
@@ -264,7 +268,8 @@ class Guard:
         stub = apb_grpc.AlertsStub(self._channel)
         if self.register:
             stub.RegisterJob(
-                apb.RegisterJobRequest(job_id=self.job_id, nodes=self.job_nodes), timeout=self.rpc_timeout_s
+                apb.RegisterJobRequest(job_id=self.job_id, nodes=self.job_nodes, stands_by=self.stands_by),
+                timeout=self.rpc_timeout_s,
             )
         # A first subscription (cursor 0) starts from the alerts open now: nothing stale to act on.
         call = stub.Subscribe(

@@ -23,6 +23,12 @@ def acknowledge(guard: Guard, step: int, uri: str, replies: list[str]) -> bool:
     return reply.split(": ", 1)[-1].startswith("drain ")
 
 
+def handed_over(reply: str) -> bool:
+    """Whether the service's reply says a standby took the job over ("... hand job J over to standby
+    S"): this copy must not train on."""
+    return " over to standby " in reply.split(": ", 1)[-1]
+
+
 def hold(released: threading.Event, step: int, wait_s: float) -> None:
     """The service drains this node and requeues the job: training on would only be redone. Wait
     (the scheduler ends the job) until `released` is set or `wait_s` passes."""

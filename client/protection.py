@@ -116,7 +116,12 @@ class Protection:
         self.guard: Guard | None = None
         if target is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
             self.guard = Guard(
-                target, self.job_id, [self.node], credentials=credentials, job_nodes=sorted(set(nodes))
+                target,
+                self.job_id,
+                [self.node],
+                credentials=credentials,
+                job_nodes=sorted(set(nodes)),
+                stands_by=True,
             ).start()
         self._inflight: tuple[int, Future[None]] | None = None
         self._released = threading.Event()
@@ -238,6 +243,22 @@ class Protection:
             expect_migration = migration.acknowledge(self.guard, step, uri, self.stats.acknowledgements)
         if self.agreement.agree(Vote(migrate=expect_migration)).migrate:
             self._hold(step)
+            self._stop_if_handed_over(step)
+
+    def _stop_if_handed_over(self, step: int) -> None:
+        """After a hold that nothing ended: a job handed over to a standby must not train on beside
+        it (the scheduler failed to end this copy), so it stops here; any other goes on."""
+        reply = self.stats.acknowledgements[-1] if self.stats.acknowledgements else ""
+        handed = [migration.handed_over(reply) if self.rank == 0 else False]
+        if dist.is_initialized():
+            dist.broadcast_object_list(handed, src=0, group=self._io_group)
+        if handed[0]:
+            log.error(
+                "faultcast: the job was handed over to a standby at step %d and this copy was not ended; "
+                "it stops here rather than train beside the standby",
+                step,
+            )
+            raise standby.HandedOver(step)
 
     def _hold(self, step: int) -> None:
         """Hold while the job is moved; if nothing comes within `migration_wait_s`, go on."""

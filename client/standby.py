@@ -44,6 +44,18 @@ class StandbyReleased(SystemExit):
         return f"standby released: {self.reason}"
 
 
+class HandedOver(SystemExit):
+    """The job was handed over to its standby and the scheduler did not end this copy: it ends
+    itself (status 0) rather than train beside the standby."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(0)
+        self.step = step
+
+    def __str__(self) -> str:
+        return f"handed over to a standby at step {self.step}"
+
+
 def standby_for(environ: Mapping[str, str] | None = None) -> str | None:
     """The job this process stands by for, from the environment; None for an ordinary run (no
     variable, or a scheduler restart of a standby that had taken over)."""

@@ -71,6 +71,8 @@ STATE_WRITES: tuple[str, ...] = ("alerts", "cursors", "remediation", "jobs", "ac
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
 ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
+# What happens to a pre-scheduled spare (service/spares.py).
+SPARE_EVENTS: tuple[str, ...] = ("asked", "ready", "handed_over", "released", "failed")
 
 
 class ServiceMetrics:
@@ -182,13 +184,16 @@ class ServiceMetrics:
             ["actuator", "outcome"],
             registry=r,
         )
-        # Pre-scheduled spares (service/spares.py): asked, ready, handed over, released, failed.
+        # Pre-scheduled spares (service/spares.py). No provider label (one per service, like the
+        # actuator's); every event at 0 from the start, so a service without spares shows zeros.
         self.spares = Counter(
             "faultcast_spares",
-            "Spares readied during alerts, by provider and event (asked, ready, handed_over, released, failed).",
-            ["provider", "event"],
+            "Spares readied during alerts, by event (asked, ready, handed_over, released, failed).",
+            ["event"],
             registry=r,
         )
+        for event in SPARE_EVENTS:
+            self.spares.labels(event)
         # No actuator label (one actuator per service): faultcast_remediations_total names it.
         self.remediation_retries = Counter(
             "faultcast_remediation_retries",
@@ -320,6 +325,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_remediation_retries_total",
     "faultcast_remediation_retries_pending",
     "faultcast_remediation_circuit_open",
+    "faultcast_spares_total",
     "faultcast_model_info",
     "faultcast_model_reloads_total",
     "faultcast_feature_drift_psi",

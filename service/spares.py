@@ -119,9 +119,6 @@ class HandOverReply:
     reason: str = ""
 
 
-SPARE_EVENTS: tuple[str, ...] = ("asked", "ready", "handed_over", "released", "failed")
-
-
 class Prescheduler:
     """Asks `provider` for a replacement when an alert opens on a registered job's node, tracks the
     standby that answers, and hands the job over at its snapshot (see the module's docstring)."""
@@ -137,11 +134,13 @@ class Prescheduler:
         """`jobs`: the registered jobs and their nodes (the state store's), read when an alert opens."""
         self.provider, self.jobs, self.metrics, self.clock = provider, jobs, metrics, clock
         self._spares: dict[str, Spare] = {}  # job id -> its newest spare
+        # Jobs whose trainer registered as able to stand by (kept in memory: a guard registers again
+        # on every connect, so a restarted service hears it again).
+        self._stand_by: set[str] = set()
+        self._stopping = False
         self._cv = threading.Condition()
         self._calls: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        for event in SPARE_EVENTS:
-            metrics.spares.labels(provider.name, event)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -154,6 +153,7 @@ class Prescheduler:
         """Answer every waiting standby "waiting" (it asks the next service) and stop the thread;
         spares are not released: the scheduler keeps them until a service decides."""
         with self._cv:
+            self._stopping = True
             self._cv.notify_all()
         self._calls.put(None)
         if self._thread is not None:
@@ -180,8 +180,10 @@ class Prescheduler:
         for alert in alerts:
             key = alert.opened_id or alert.id
             if alert.state == apb.ALERT_STATE_CLEARED:
-                if alert.clear_reason in _RISK_FELL:
-                    self._release_for_alert(key, "the alert cleared: its risk fell back")
+                # A false alarm; or the GPU went dark or the node silent before any snapshot came
+                # (the job crashed, or goes the usual way): the spare has nothing to take over.
+                why = "its risk fell back" if alert.clear_reason in _RISK_FELL else alert.cleared_reason
+                self._release_for_alert(key, f"the alert cleared: {why or 'cleared'}")
                 continue
             if alert.state != apb.ALERT_STATE_OPEN:
                 continue
@@ -189,6 +191,8 @@ class Prescheduler:
             if not job:
                 continue
             with self._cv:
+                if job not in self._stand_by:
+                    continue  # its trainer cannot take a spare over: a copy would train beside it
                 spare = self._spares.get(job)
                 if spare is not None and spare.open:
                     continue  # the job has one coming, or waiting
@@ -199,6 +203,14 @@ class Prescheduler:
                 self._spares[job] = spare
             self._count("asked")
             self._calls.put(functools.partial(self._prepare, spare))
+
+    def note_job(self, job_id: str, *, stands_by: bool) -> None:
+        """A job registered (RegisterJob): whether its trainer can stand by on a spare."""
+        with self._cv:
+            if stands_by:
+                self._stand_by.add(job_id)
+            else:
+                self._stand_by.discard(job_id)
 
     def _job_on(self, node: str) -> str:
         for job, nodes in sorted(self.jobs().items()):
@@ -317,7 +329,7 @@ class Prescheduler:
                 log.info("standby %s on %s waits to take over job %s", job_id, node, standby_for)
             spare.waiting += 1
             try:
-                while spare.state == SpareState.READY:
+                while spare.state == SpareState.READY and not self._stopping:
                     left = deadline - self.clock()
                     if left <= 0 or not self._cv.wait(left):
                         break
@@ -341,4 +353,4 @@ class Prescheduler:
             return self._spares.get(job_id)
 
     def _count(self, event: str) -> None:
-        self.metrics.spares.labels(self.provider.name, event).inc()
+        self.metrics.spares.labels(event).inc()

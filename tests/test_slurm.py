@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from faultcast.service.actuators import Remediation
-from faultcast.service.slurm import SlurmActuator, SlurmError, parse_node_line
+from faultcast.service.slurm import SlurmActuator, SlurmCommands, SlurmError, parse_node_line
+from faultcast.service.slurm_spares import SlurmSpares
+from faultcast.service.spares import SpareRequest
 from tests.conftest import require_binary
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
@@ -124,3 +126,92 @@ def test_parse_node_line_without_a_reason_or_stamp() -> None:
     assert parse_node_line("NodeName=n1 CPUTot=1 State=IDLE ThreadsPerCore=1 Weight=1") == ("IDLE", "")
     line = "NodeName=n1 State=DOWN+DRAIN Weight=1 Reason=Not responding Comment=x"
     assert parse_node_line(line) == ("DOWN+DRAIN", "Not responding")
+
+
+# -- spares (service/slurm_spares.py) and the hand-over's end of the old job ---------------------
+
+
+def _spares(cluster: SlurmCluster, **settings: str) -> SlurmSpares:
+    commands = SlurmCommands(Path(require_binary("scontrol")).parent, env={"SLURM_CONF": str(cluster.conf)})
+    return SlurmSpares(commands, **settings)
+
+
+def _request(job_id: str, node: str) -> SpareRequest:
+    return SpareRequest(alert_id=9, job_id=job_id, node=node, gpu=3, mode="hbm_wear", risk=0.4)
+
+
+def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_release_cancels_it(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # The script records what each run of it sees; the standby must see which job it stands by for.
+    marks = cluster.root / "standby-marks"
+    marks.mkdir(exist_ok=True)
+    script = f'echo "$FAULTCAST_STANDBY_FOR" > {marks}/$SLURM_JOB_ID; exec sleep 300'
+    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-warned", "--wrap", script)
+    try:
+        cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+        doomed = cluster.job(job_id)[1]
+
+        prepared = _spares(cluster).prepare(_request(job_id, doomed))
+
+        assert prepared.ok, prepared.detail
+        standby = prepared.handle
+        assert standby != job_id
+        cluster.wait_for(f"standby {standby} running", lambda: cluster.job(standby)[0] == "RUNNING")
+        assert cluster.job(standby)[1] not in ("", doomed)
+        cluster.wait_for(
+            "the standby's mark", lambda: (marks / standby).exists() and (marks / standby).stat().st_size > 0
+        )
+        assert (marks / standby).read_text().strip() == job_id
+        assert (marks / job_id).read_text().strip() == ""  # the job itself is no standby
+        shown = cluster.run("scontrol", "show", "job", "-o", standby).stdout
+        assert "JobName=fc-warned-standby" in shown
+        assert f"ExcNodeList={doomed}" in shown
+
+        released = _spares(cluster).release(_request(job_id, doomed), standby, "a false alarm")
+
+        assert released.ok, released.detail
+        cluster.wait_for(f"standby {standby} gone", lambda: cluster.job(standby) == ("", ""))
+        assert cluster.job(job_id)[0] == "RUNNING"  # the job itself goes on
+    finally:
+        cluster.run("scancel", job_id, check=False)
+
+
+def test_a_spare_for_a_job_slurm_does_not_know_is_refused_with_the_reason(cluster: SlurmCluster) -> None:
+    prepared = _spares(cluster).prepare(_request("999999", "fc-node1"))
+    assert not prepared.ok
+    assert "cannot read job 999999" in prepared.detail
+    refused = _spares(cluster, partition="no-such-partition")
+    job_id = cluster.sbatch("--nodes=1", "--wrap", "exec sleep 300")
+    try:
+        cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+        prepared = refused.prepare(_request(job_id, cluster.job(job_id)[1]))
+        assert not prepared.ok
+        assert "refused" in prepared.detail
+    finally:
+        cluster.run("scancel", job_id, check=False)
+    with pytest.raises(ValueError, match="not a Slurm name"):
+        _spares(cluster, partition="spare --uid=0")
+
+
+def test_a_handed_over_job_is_cancelled_not_requeued(cluster: SlurmCluster, actuator: SlurmActuator) -> None:
+    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-handed", "--wrap", "sleep 300")
+    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+    node = cluster.job(job_id)[1]
+    remediation = Remediation(
+        alert_id=12,
+        node=node,
+        gpu=3,
+        mode="hbm_wear",
+        risk=0.5,
+        job_id=job_id,
+        requeue=False,
+        handover_to="4242",
+    )
+
+    outcome = actuator.remediate(remediation)
+
+    assert outcome.ok, outcome.detail
+    assert f"cancelled job {job_id}, handed over to standby job 4242" in outcome.detail
+    assert "DRAIN" in actuator.node_state(node)[0]
+    cluster.wait_for(f"job {job_id} gone", lambda: cluster.job(job_id) == ("", ""))

@@ -808,7 +808,13 @@ class RegisterJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
+    STANDS_BY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    stands_by: _builtins.bool
+    """The job's trainer can stand by on a spare and take over at a snapshot (faultcast.client.Protection
+    does): only such a job gets a spare readied during an alert. A copy of another job started on a
+    spare would simply train from its newest checkpoint beside the original.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The job's nodes. A registration REPLACES the job's earlier node list (a multi-node job names all
@@ -820,10 +826,11 @@ class RegisterJobRequest(_message.Message):
         *,
         job_id: _builtins.str = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
+        stands_by: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "nodes", b"nodes", "stands_by", b"stands_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,267 @@
+"""The prescheduler (service/spares.py): when a spare is asked for, when it counts as ready, what a
+standby is told, and when the spare is given back. The provider here is a recording one (the
+scheduler's side is tested on real Slurm in tests/test_slurm.py and end to end in
+tests/test_handover_e2e.py); the standby's long poll runs on a real thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from faultcast.service.actuators import Outcome
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.spares import HandOverReply, Prepared, Prescheduler, SpareRequest, SpareState
+from faultcast.v1 import alerts_pb2 as apb
+
+JOBS = {"job-1": ["node-a", "node-b"], "job-2": ["node-c"]}
+WAIT_S = 10.0
+
+
+class RecordingProvider:
+    """Answers as told and records every call; `hold` keeps prepare() waiting until set."""
+
+    name = "recording"
+
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.prepared: list[SpareRequest] = []
+        self.released: list[tuple[str, str]] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.preparing = threading.Event()
+
+    def prepare(self, request: SpareRequest) -> Prepared:
+        self.preparing.set()
+        self.hold.wait(WAIT_S)
+        self.prepared.append(request)
+        if not self.ok:
+            return Prepared(False, "", "the scheduler has no spare node")
+        return Prepared(True, f"standby-{request.alert_id}", "asked")
+
+    def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
+        self.released.append((handle, why))
+        return Outcome(True, "released")
+
+
+@pytest.fixture
+def provider() -> RecordingProvider:
+    return RecordingProvider()
+
+
+@pytest.fixture
+def metrics() -> ServiceMetrics:
+    return ServiceMetrics()
+
+
+@pytest.fixture
+def prescheduler(provider: RecordingProvider, metrics: ServiceMetrics) -> Iterator[Prescheduler]:
+    running = _standing_by(Prescheduler(provider, lambda: JOBS, metrics))
+    running.start()
+    yield running
+    running.stop()
+
+
+def _standing_by(prescheduler: Prescheduler) -> Prescheduler:
+    """Both jobs registered as able to stand by (their trainers use Protection)."""
+    for job in JOBS:
+        prescheduler.note_job(job, stands_by=True)
+    return prescheduler
+
+
+def _alert(opened: int, node: str, *, state: int = apb.ALERT_STATE_OPEN, reason: int = 0) -> apb.Alert:
+    return apb.Alert(
+        id=opened + 100 if state == apb.ALERT_STATE_CLEARED else opened,
+        opened_id=opened,
+        node=node,
+        gpu=2,
+        state=state,  # type: ignore[arg-type]  # an int of the enum
+        clear_reason=reason,  # type: ignore[arg-type]
+        risk=0.4,
+        mode=apb.FAILURE_MODE_HBM_WEAR,
+        action=apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY,
+    )
+
+
+def _count(metrics: ServiceMetrics, event: str) -> float:
+    value = metrics.registry.get_sample_value("faultcast_spares_total", {"event": event})
+    return value or 0.0
+
+
+def _until(what: str, predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)  # polling another thread's progress, bounded by the deadline
+
+
+def _standby(
+    prescheduler: Prescheduler, job: str, own: str = "standby-job"
+) -> tuple[threading.Thread, list[HandOverReply]]:
+    """A standby's long poll on its own thread; its answer lands in the returned list."""
+    answers: list[HandOverReply] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(prescheduler.await_hand_over(job, own, "node-z", WAIT_S))
+    )
+    thread.start()
+    _until("the standby to wait", lambda: (s := prescheduler.spare_of(job)) is not None and s.waiting == 1)
+    return thread, answers
+
+
+def test_an_alert_on_a_jobs_node_asks_for_one_spare_and_others_ask_nothing(
+    prescheduler: Prescheduler, provider: RecordingProvider, metrics: ServiceMetrics
+) -> None:
+    prescheduler.on_alerts([_alert(1, "node-b"), _alert(2, "node-a"), _alert(3, "node-x")])
+    prescheduler.drain_calls()
+    assert [(r.job_id, r.node, r.alert_id, r.mode) for r in provider.prepared] == [
+        ("job-1", "node-b", 1, "hbm_wear")
+    ]
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert spare.state == SpareState.ASKED
+    assert spare.handle == "standby-1"
+    assert prescheduler.spare_of("job-2") is None
+    assert _count(metrics, "asked") == 1
+
+
+def test_a_waiting_standby_is_told_to_go_on_from_the_snapshot(
+    prescheduler: Prescheduler, metrics: ServiceMetrics
+) -> None:
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    prescheduler.drain_calls()
+    thread, answers = _standby(prescheduler, "job-1")
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert spare.state.value == "ready"  # (by value: mypy would keep the narrowing past hand_over)
+    assert spare.standby_job == "standby-job"
+
+    handed = prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35")
+    thread.join(WAIT_S)
+
+    assert handed is spare
+    assert answers == [HandOverReply(apb.HAND_OVER_STATE_GO, 1, 35, "file:///ckpt/step-35")]
+    assert spare.state == SpareState.HANDED_OVER
+    # Asked again (a reconnect), the standby hears the same word.
+    again = prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)
+    assert again.state == apb.HAND_OVER_STATE_GO
+    assert (_count(metrics, "ready"), _count(metrics, "handed_over")) == (1, 1)
+
+
+def test_no_standby_waiting_at_the_snapshot_releases_the_spare_and_keeps_todays_path(
+    prescheduler: Prescheduler, provider: RecordingProvider
+) -> None:
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    prescheduler.drain_calls()
+
+    assert prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35") is None
+    prescheduler.drain_calls()
+
+    assert provider.released == [("standby-1", "no standby waiting at the snapshot")]
+    late = prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)  # it came after all
+    assert late.state == apb.HAND_OVER_STATE_RELEASED
+
+
+def test_a_standby_that_stopped_asking_is_not_handed_the_job(prescheduler: Prescheduler) -> None:
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    prescheduler.drain_calls()
+    prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)  # ready once, then gone
+
+    assert prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35") is None
+
+
+def test_a_false_alarm_releases_the_spare_and_its_standby_hears_why(
+    prescheduler: Prescheduler, provider: RecordingProvider, metrics: ServiceMetrics
+) -> None:
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    prescheduler.drain_calls()
+    thread, answers = _standby(prescheduler, "job-1")
+
+    prescheduler.on_alerts(
+        [_alert(1, "node-a", state=apb.ALERT_STATE_CLEARED, reason=apb.CLEAR_REASON_RISK_FELL)]
+    )
+    thread.join(WAIT_S)
+    prescheduler.drain_calls()
+
+    assert answers[0].state == apb.HAND_OVER_STATE_RELEASED
+    assert "risk fell" in answers[0].reason
+    assert provider.released == [("standby-1", answers[0].reason)]
+    assert _count(metrics, "released") == 1
+    # The next alert on the job asks for a new spare.
+    prescheduler.on_alerts([_alert(5, "node-b")])
+    prescheduler.drain_calls()
+    assert [r.alert_id for r in provider.prepared] == [1, 5]
+
+
+def test_a_gpu_gone_dark_before_any_snapshot_releases_the_spare(
+    prescheduler: Prescheduler, provider: RecordingProvider
+) -> None:
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    prescheduler.drain_calls()
+    dark = _alert(1, "node-a", state=apb.ALERT_STATE_CLEARED, reason=apb.CLEAR_REASON_GPU_DARK)
+    dark.cleared_reason = "gpu dark"
+    prescheduler.on_alerts([dark])
+    prescheduler.drain_calls()
+    assert provider.released == [("standby-1", "the alert cleared: gpu dark")]
+
+
+def test_a_job_whose_trainer_cannot_stand_by_gets_no_spare(
+    prescheduler: Prescheduler, provider: RecordingProvider
+) -> None:
+    # A Lightning or Hugging Face job (or an old client) registers without stands_by: a copy of it
+    # started on a spare would train from its newest checkpoint beside the original.
+    prescheduler.note_job("job-2", stands_by=False)
+    prescheduler.on_alerts([_alert(1, "node-c")])
+    prescheduler.drain_calls()
+    assert provider.prepared == []
+    assert prescheduler.spare_of("job-2") is None
+
+
+def test_a_refused_request_fails_the_spare_and_a_standby_is_let_go(
+    metrics: ServiceMetrics,
+) -> None:
+    provider = RecordingProvider(ok=False)
+    prescheduler = _standing_by(Prescheduler(provider, lambda: JOBS, metrics))
+    prescheduler.start()
+    try:
+        prescheduler.on_alerts([_alert(1, "node-a")])
+        prescheduler.drain_calls()
+        spare = prescheduler.spare_of("job-1")
+        assert spare is not None
+        assert spare.state == SpareState.FAILED
+        reply = prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)
+        assert reply.state == apb.HAND_OVER_STATE_RELEASED
+        assert reply.reason == "the scheduler has no spare node"
+        assert prescheduler.hand_over("job-1", 1, 35, "file:///x") is None
+        assert _count(metrics, "failed") == 1
+    finally:
+        prescheduler.stop()
+
+
+def test_standbys_nobody_asked_for_or_a_second_one_are_let_go(prescheduler: Prescheduler) -> None:
+    stray = prescheduler.await_hand_over("job-9", "standby-x", "node-z", 0.0)
+    assert stray.state == apb.HAND_OVER_STATE_RELEASED
+    assert "no spare was asked for job job-9" in stray.reason
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    prescheduler.drain_calls()
+    prescheduler.await_hand_over("job-1", "standby-one", "node-z", 0.0)
+    second = prescheduler.await_hand_over("job-1", "standby-two", "node-y", 0.0)
+    assert second.state == apb.HAND_OVER_STATE_RELEASED
+    assert "standby-one" in second.reason
+
+
+def test_a_spare_released_while_the_scheduler_was_asked_is_given_back_once_it_exists(
+    prescheduler: Prescheduler, provider: RecordingProvider
+) -> None:
+    provider.hold.clear()
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    assert provider.preparing.wait(WAIT_S)
+    assert prescheduler.release("job-1", "the job declined the alert")
+    provider.hold.set()
+    prescheduler.drain_calls()
+    prescheduler.drain_calls()  # the give-back queued by the prepare that finished
+    assert provider.released == [("standby-1", "the job declined the alert")]
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert spare.state == SpareState.RELEASED
