@@ -136,6 +136,7 @@ SLOW_FIXTURES = {
 }
 SLOW_MODULES = {
     "tests/test_client_e2e.py": "torchrun jobs on a real Slurm cluster",
+    "tests/test_handover_e2e.py": "torchrun jobs and their standbys on a real Slurm cluster",
     "tests/test_examples.py": "the examples' training runs (torchrun)",
     "tests/test_dask.py": "a Dask LocalCluster",
     "tests/test_demo.py": "`faultcast demo`",
@@ -183,6 +184,9 @@ SLOW_TESTS = {
     },
     "tests/test_slurm.py": {
         "test_requeued_job_restarts_on_another_node": "waits out Slurm's credential expiry",
+        "test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_release_cancels_it": (
+            "a standby job started and cancelled"
+        ),
     },
     "tests/attacks/test_remediation_full_disk.py": {
         "test_the_worker_survives_a_full_disk_and_drains_once_space_comes_back": (

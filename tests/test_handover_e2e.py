@@ -32,7 +32,9 @@ from tests.conftest import require_binary
 from tests.handover_flow import WAIT_S, JobShape, calm, migrate, slurm_actuator, torchrun, warn
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
-SHAPE = JobShape()
+# Paced so that the standby's start (about 4 s here) fits well within the training left after the
+# first alert: 108 steps of 0.2 s.
+SHAPE = JobShape(pace_s=0.2)
 
 
 @pytest.fixture(scope="module")
