@@ -116,8 +116,8 @@ def field_of(obj: Json, key: str) -> str | None:
 
 
 class FakeApiServer:
-    """In-memory nodes and pods behind GET/PATCH node, list, create and delete pods, and the pod
-    eviction subresource."""
+    """In-memory nodes and pods behind GET/PATCH node, list, get, create and delete pods, and the
+    pod eviction subresource."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, Json] = {}
@@ -165,6 +165,8 @@ class FakeApiServer:
                     return self._list_pods(None, request)
                 case "GET", ["api", "v1", "namespaces", namespace, "pods"]:
                     return self._list_pods(namespace, request)
+                case "GET", ["api", "v1", "namespaces", namespace, "pods", name]:
+                    return self._get_pod(namespace, name)
                 case "POST", ["api", "v1", "namespaces", namespace, "pods"]:
                     return self._create_pod(namespace, request)
                 case "DELETE", ["api", "v1", "namespaces", namespace, "pods", name]:
@@ -214,6 +216,11 @@ class FakeApiServer:
             "metadata": {"resourceVersion": "1"},
             "items": items,
         }
+
+    def _get_pod(self, namespace: str, name: str) -> tuple[int, Json]:
+        if (namespace, name) not in self.pods:
+            return 404, status(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        return 200, self.pods[(namespace, name)]
 
     def _create_pod(self, namespace: str, request: Request) -> tuple[int, Json]:
         body = request.body
