@@ -16,10 +16,11 @@ pod (no controller) stays deleted: the standby pods of service/kubernetes_spares
 readies none for a pod that has a controller unless told to. A controller does start it again: a
 batch/v1 Job counts the deleted pod as failed and creates another while its backoffLimit allows (with
 backoffLimit 0, or a podFailurePolicy that fails the Job, the Job fails instead), and JobSet and the
-Kubeflow training operator (PyTorchJob) recreate their replicas; the new pod would resume from the
-same snapshot beside the standby. Ending such a job means suspending or deleting the controller's
-object, which this actuator does not do: the outcome names each deleted pod's controller so an
-operator sees it.
+Kubeflow training operator (PyTorchJob) recreate their replicas. The new pod is an ordinary run of
+the job (the handed-over copy's own stop after its hold, client/protection.py, is not its): it would
+resume from the same snapshot beside the standby. Ending such a job means suspending or deleting the
+controller's object, which this actuator does not do: the outcome names each deleted pod's
+controller so an operator sees it.
 
 The node is changed with one strategic-merge patch carrying its `resourceVersion` as a precondition:
 a Node's taint list is atomic (a patch replaces it whole), so the actuator reads the taints, keeps the

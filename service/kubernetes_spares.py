@@ -28,7 +28,9 @@ then (a copy of one pod of several would join, or wait for, the others' rendezvo
 a controller (a Job, a JobSet, a PyTorchJob) gets none unless `allow_owned`: the hand-over deletes the
 old pod (service/kubernetes.py), and most controllers start a deleted pod again, beside the standby.
 `allow_owned` is for controllers that do not (a Job with backoffLimit 0, or a podFailurePolicy that
-fails the Job).
+fails the Job). After the hand-over the job runs on as the standby, a bare pod: nothing starts it
+again if it fails, or if a later alert on its node finds no standby ready and evicts it (its
+snapshots stay, to resubmit from).
 
 Not copied: the job's labels, annotations and owner (a controller whose selector matched would adopt
 the standby), nodeName, a kubernetes.io/hostname node selector naming the doomed node, hostname and
