@@ -21,12 +21,14 @@ from faultcast.tls import TLSConfigError, server_tls
 
 if TYPE_CHECKING:  # the service's configuration loads the model package (LightGBM): only when serving
     from faultcast.service.config import ServiceConfig
+    from faultcast.service.spares import SpareProvider
 
 log = logging.getLogger(__name__)
 
 # After SIGTERM the service stops in a few seconds (gRPC grace 2 s, then thread joins); past this,
 # something is stuck, and a process that neither serves nor exits is worse than one that exits.
 _STOP_LIMIT_S = 60.0
+SPARES = ("none", "slurm", "kubernetes", "webhook")  # --spares: where replacements are readied
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -59,8 +61,35 @@ def add_parser(commands: Subcommands) -> None:
         help="what drains a node (noop: log only)",
     )
     serve.add_argument("--webhook-url", help="for --actuator webhook: where to POST remediations")
-    serve.add_argument("--kubeconfig", help="for --actuator kubernetes (default: in-cluster config)")
-    serve.add_argument("--scontrol", default="scontrol", help="for --actuator slurm")
+    serve.add_argument(
+        "--kubeconfig", help="for --actuator kubernetes and --spares kubernetes (default: in-cluster config)"
+    )
+    serve.add_argument("--scontrol", default="scontrol", help="for --actuator slurm and --spares slurm")
+    serve.add_argument(
+        "--spares",
+        choices=SPARES,
+        default="none",
+        help="ready a replacement when an alert opens on a registered job's node, for the job to hand "
+        "over to at its snapshot (none: the job is requeued after its snapshot)",
+    )
+    serve.add_argument(
+        "--spare-partition", help="for --spares slurm: the partition spares run in (default: the job's own)"
+    )
+    serve.add_argument("--spare-reservation", help="for --spares slurm: the reservation held for spares")
+    serve.add_argument(
+        "--spare-export",
+        help="for --spares slurm: sbatch --export for the standby (default ALL: the service's environment)",
+    )
+    serve.add_argument(
+        "--spare-webhook-url",
+        help="for --spares webhook: where to POST spare events (default: --webhook-url)",
+    )
+    serve.add_argument(
+        "--spare-allow-owned",
+        action="store_true",
+        help="for --spares kubernetes: ready standbys for pods a controller (a Job, JobSet) runs too; only "
+        "where it does not start the pod the hand-over deletes again (a Job with backoffLimit 0)",
+    )
     serve.add_argument(
         "--grace",
         type=duration,
@@ -159,6 +188,95 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
     return NoopActuator()
 
 
+# After a hand-over the actuator ends the old job (service/spares.py): the ones that can, per spare.
+_ENDS_THE_JOB = {
+    "slurm": ("slurm", "webhook"),
+    "kubernetes": ("kubernetes", "webhook"),
+    "webhook": ("slurm", "kubernetes", "webhook"),
+}
+
+
+def make_spares(args: argparse.Namespace) -> SpareProvider | None:
+    """The spare provider the flags choose (None for --spares none); SystemExit, saying why, for flags
+    that cannot work together."""
+    kind: str = args.spares
+    _check_spare_flags(args)
+    if kind == "none":
+        return None
+    if args.actuator not in _ENDS_THE_JOB[kind]:
+        able = " or ".join(_ENDS_THE_JOB[kind])
+        raise SystemExit(
+            f"--spares {kind} needs --actuator {able}: after a hand-over the actuator ends the old job, "
+            f"which --actuator {args.actuator} does not, so it would run on beside its standby"
+        )
+    try:
+        if kind == "slurm":
+            return _slurm_spares(args)
+        if kind == "webhook":
+            return _webhook_spares(args)
+        return _kubernetes_spares(args)
+    except ValueError as exc:
+        raise SystemExit(f"--spares {kind}: {exc}") from exc
+
+
+def _check_spare_flags(args: argparse.Namespace) -> None:
+    """Each --spare-* flag belongs to one kind of spare: given with another, it would be ignored."""
+    belongs = {
+        "--spare-partition": ("slurm", args.spare_partition is not None),
+        "--spare-reservation": ("slurm", args.spare_reservation is not None),
+        "--spare-export": ("slurm", args.spare_export is not None),
+        "--spare-webhook-url": ("webhook", args.spare_webhook_url is not None),
+        "--spare-allow-owned": ("kubernetes", args.spare_allow_owned),
+    }
+    for flag, (kind, given) in belongs.items():
+        if given and args.spares != kind:
+            raise SystemExit(f"{flag} is for --spares {kind}, not --spares {args.spares}")
+    if args.spare_export is not None and not args.spare_export.strip():
+        raise SystemExit("--spare-export needs a value (ALL, NONE, or the variables to pass on)")
+
+
+def _slurm_spares(args: argparse.Namespace) -> SpareProvider:
+    from faultcast.service.slurm import SlurmCommands
+    from faultcast.service.slurm_spares import SlurmSpares
+
+    # sbatch and scancel beside the configured scontrol, as the Slurm actuator takes scancel.
+    where = Path(args.scontrol).parent if os.sep in args.scontrol else None
+    return SlurmSpares(
+        SlurmCommands(where),
+        partition=args.spare_partition or "",
+        reservation=args.spare_reservation or "",
+        export=args.spare_export or "ALL",
+    )
+
+
+def _webhook_spares(args: argparse.Namespace) -> SpareProvider:
+    from faultcast.service.webhook_spares import WebhookSpares
+
+    url = args.spare_webhook_url or args.webhook_url
+    if not url:
+        raise SystemExit("--spares webhook needs --spare-webhook-url (or --webhook-url)")
+    return WebhookSpares(url)
+
+
+def _kubernetes_spares(args: argparse.Namespace) -> SpareProvider:
+    try:
+        from kubernetes.config import ConfigException
+
+        from faultcast.service.kubernetes_spares import KubernetesSpares
+    except ImportError as exc:
+        raise SystemExit(
+            f"--spares kubernetes needs the Kubernetes client (faultcast[kubernetes]): {exc}"
+        ) from exc
+    try:
+        if args.kubeconfig:
+            return KubernetesSpares.from_kubeconfig(args.kubeconfig, allow_owned=args.spare_allow_owned)
+        return KubernetesSpares.in_cluster(allow_owned=args.spare_allow_owned)
+    except ConfigException as exc:
+        raise SystemExit(
+            f"--spares kubernetes: no Kubernetes credentials ({exc}); outside a cluster give --kubeconfig"
+        ) from exc
+
+
 def _inventory(path: Path | None) -> frozenset[str]:
     if path is None:
         return frozenset()
@@ -205,6 +323,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.no_prometheus and args.metrics_port_file:
         log.error("--metrics-port-file contradicts --no-prometheus: there is no /metrics port to write")
         return 2
+    spares = make_spares(args)  # flags that cannot work together exit here, before the model loads
     try:
         config = service_config(args)
         tls = server_tls(server_tls_options(args))
@@ -216,7 +335,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         service = Service.open(
-            args.model, args.state_dir, config, actuator=make_actuator(args), metrics=metrics,
+            args.model, args.state_dir, config, actuator=make_actuator(args), spares=spares, metrics=metrics,
             policy=None if tls is None else AccessPolicy(
                 tokens=tokens, trust_domain=args.trust_domain,
                 trainers_register=args.job_registration == "trainer", metrics=metrics,

@@ -1,11 +1,26 @@
-"""Kubernetes actuator: cordon and taint the node, then evict the job's pods on it.
+"""Kubernetes actuator: cordon and taint the node, then evict the job's pods on it (or, after a
+hand-over to a standby, delete them).
 
 Everything goes through the official client (`pip install faultcast[kubernetes]`), imported lazily so
 the rest of the service runs without it. The client comes in through the constructor; the
 `from_kubeconfig` and `in_cluster` classmethods build one the usual ways.
 
 What the service account needs: get and patch on nodes, list on pods (in the configured namespace, or
-cluster-wide), and create on pods/eviction.
+cluster-wide), create on pods/eviction, and delete on pods (hand-overs).
+
+When a standby took the job over at its snapshot (`Remediation.handover_to`, a pre-scheduled spare:
+service/kubernetes_spares.py), the job's pods on the node are deleted, not evicted: an eviction goes
+through the job's PodDisruptionBudget, which would hold the old pod up (429) while the standby already
+trains from the same snapshot. Deleting a pod ends the job only when nothing starts it again. A bare
+pod (no controller) stays deleted: the standby pods of service/kubernetes_spares.py are bare, and it
+readies none for a pod that has a controller unless told to. A controller does start it again: a
+batch/v1 Job counts the deleted pod as failed and creates another while its backoffLimit allows (with
+backoffLimit 0, or a podFailurePolicy that fails the Job, the Job fails instead), and JobSet and the
+Kubeflow training operator (PyTorchJob) recreate their replicas. The new pod is an ordinary run of
+the job (the handed-over copy's own stop after its hold, client/protection.py, is not its): it would
+resume from the same snapshot beside the standby. Ending such a job means suspending or deleting the
+controller's object, which this actuator does not do: the outcome names each deleted pod's
+controller so an operator sees it.
 
 The node is changed with one strategic-merge patch carrying its `resourceVersion` as a precondition:
 a Node's taint list is atomic (a patch replaces it whole), so the actuator reads the taints, keeps the
@@ -24,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from faultcast.service.actuators import Outcome, Remediation
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient, CoreV1Api, V1Taint
+    from kubernetes.client import ApiClient, CoreV1Api, V1Pod, V1Taint
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +55,31 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 class _StepFailedError(Exception):
     """An expected failure: its message becomes the outcome's detail."""
+
+
+def is_label_value(text: str) -> bool:
+    """Whether `text` may stand as a label value (and so in an equality selector) as it is."""
+    return bool(_LABEL_VALUE.match(text))
+
+
+def client_from_kubeconfig(path: str | None = None, context: str | None = None) -> ApiClient:
+    """A client from a kubeconfig file (default: $KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import config
+
+    client: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]  # untyped
+        config_file=path, context=context, persist_config=False
+    )
+    return client
+
+
+def client_in_cluster() -> ApiClient:
+    """A client from the pod's service account (token and CA under /var/run/secrets)."""
+    from kubernetes import config
+    from kubernetes.client import ApiClient, Configuration
+
+    configuration = Configuration()
+    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return ApiClient(configuration)
 
 
 def label_value(text: str) -> str:
@@ -89,26 +129,17 @@ class KubernetesActuator:
         cls, path: str | None = None, context: str | None = None, **options: Any
     ) -> KubernetesActuator:
         """Builds the client from a kubeconfig file (default: $KUBECONFIG or ~/.kube/config)."""
-        from kubernetes import config
-
-        client = config.new_client_from_config(  # type: ignore[no-untyped-call]  # untyped in the client
-            config_file=path, context=context, persist_config=False
-        )
-        return cls(client, **options)
+        return cls(client_from_kubeconfig(path, context), **options)
 
     @classmethod
     def in_cluster(cls, **options: Any) -> KubernetesActuator:
         """Builds the client from the pod's service account (token and CA under /var/run/secrets)."""
-        from kubernetes import config
-        from kubernetes.client import ApiClient, Configuration
-
-        configuration = Configuration()
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return cls(ApiClient(configuration), **options)
+        return cls(client_in_cluster(), **options)
 
     def remediate(self, remediation: Remediation) -> Outcome:
-        """Cordon and taint the node (and evict the job's pods when `requeue`); never raises
-        for an API refusal, which is an Outcome that is not ok."""
+        """Cordon and taint the node (and evict the job's pods when `requeue`, or delete them when
+        `handover_to` names the standby that carries the job on); never raises for an API refusal,
+        which is an Outcome that is not ok."""
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
@@ -116,6 +147,8 @@ class KubernetesActuator:
         done: list[str] = []
         try:
             done.append(self._cordon_and_taint(remediation))
+            if remediation.handover_to:
+                return self._end_handed_over(remediation, done)
             if not remediation.requeue:
                 return Outcome(True, "kubernetes: " + "; ".join(done))
             if not remediation.job_id:
@@ -125,7 +158,7 @@ class KubernetesActuator:
         except _StepFailedError as exc:
             return Outcome(False, "kubernetes: " + "; ".join([*done, str(exc)]))
         except ApiException as exc:
-            return Outcome(False, "kubernetes: " + "; ".join([*done, f"node {node}: {_api_error(exc)}"]))
+            return Outcome(False, "kubernetes: " + "; ".join([*done, f"node {node}: {api_error(exc)}"]))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return Outcome(False, "kubernetes: " + "; ".join([*done, f"API server unreachable: {exc}"]))
         pods = ", ".join(evicted) if evicted else "none"
@@ -142,7 +175,7 @@ class KubernetesActuator:
             try:
                 current = self.core.read_node(remediation.node, _request_timeout=self.timeout_s)
             except ApiException as exc:
-                raise _StepFailedError(f"node {remediation.node}: {_api_error(exc)}") from exc
+                raise _StepFailedError(f"node {remediation.node}: {api_error(exc)}") from exc
             kept = [_taint_dict(t) for t in (current.spec.taints if current.spec else None) or []]
             patch = {
                 "metadata": {
@@ -164,12 +197,17 @@ class KubernetesActuator:
                     attempt += 1
                     log.info("node %s changed while tainting it, retrying", remediation.node)
                     continue
-                raise _StepFailedError(f"node {remediation.node}: {_api_error(exc)}") from exc
+                raise _StepFailedError(f"node {remediation.node}: {api_error(exc)}") from exc
             log.info("cordoned and tainted node %s (%s)", remediation.node, remediation.reason)
             return f"cordoned node {remediation.node}, tainted {self.taint_key}={ours['value']}:{self.taint_effect}"
 
     def _job_pods(self, remediation: Remediation) -> list[tuple[str, str]]:
         """(namespace, name) of the job's pods on the node that are still running or pending."""
+        return [(namespace, name) for namespace, name, _ in self._job_pods_owned(remediation)]
+
+    def _job_pods_owned(self, remediation: Remediation) -> list[tuple[str, str, str]]:
+        """(namespace, name, controller) of the job's pods on the node that are still running or
+        pending; controller is "Kind/name" of the pod's controlling owner, "" for a bare pod."""
         from kubernetes.client.exceptions import ApiException
 
         if not _LABEL_VALUE.match(remediation.job_id):
@@ -193,15 +231,65 @@ class KubernetesActuator:
         except ApiException as exc:
             where = "all namespaces" if self.namespace is None else f"namespace {self.namespace}"
             raise _StepFailedError(
-                f"listing the pods of job {remediation.job_id} in {where}: {_api_error(exc)}"
+                f"listing the pods of job {remediation.job_id} in {where}: {api_error(exc)}"
             ) from exc
         return [
-            (pod.metadata.namespace or "default", pod.metadata.name or "")
+            (pod.metadata.namespace or "default", pod.metadata.name or "", _controller(pod))
             for pod in pods.items or []
             if pod.metadata is not None
             and pod.metadata.deletion_timestamp is None  # terminating already
             and (pod.status is None or pod.status.phase not in ("Succeeded", "Failed"))
         ]
+
+    def _end_handed_over(self, remediation: Remediation, done: list[str]) -> Outcome:
+        """The standby carries the job on from its snapshot: delete the job's pods on the node
+        (no eviction: a disruption budget must not keep the old job up beside the standby)."""
+        standby = remediation.handover_to
+        if not remediation.job_id:
+            done.append(f"no job registered on the node, nothing to end (standby {standby})")
+            return Outcome(True, "kubernetes: " + "; ".join(done))
+        deleted, failed = self._delete_job(remediation)
+        pods = ", ".join(deleted) if deleted else "none"
+        done.append(
+            f"deleted {len(deleted)} pod(s) of job {remediation.job_id}: {pods}; "
+            f"handed over to standby {standby}"
+        )
+        return Outcome(not failed, "kubernetes: " + "; ".join(done + failed))
+
+    def _delete_job(self, remediation: Remediation) -> tuple[list[str], list[str]]:
+        """Deletes every running pod of the job on the node; returns (deleted, failures)."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        deleted: list[str] = []
+        failed: list[str] = []
+        for namespace, name, controller in self._job_pods_owned(remediation):
+            # A controller starts a deleted pod again: said with the pod (see the module's docstring).
+            owned = f" (run by {controller}: it may start the pod again)" if controller else ""
+            try:
+                self.core.delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=self.grace_period_s, _request_timeout=self.timeout_s
+                )
+            except ApiException as exc:
+                if exc.status == 404:  # gone already: what the deletion wanted
+                    deleted.append(f"{namespace}/{name} (already gone)")
+                    continue
+                failed.append(f"deleting {namespace}/{name} failed: {api_error(exc)}")
+                log.warning("could not delete %s/%s from node %s", namespace, name, remediation.node)
+                continue
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                failed.append(f"deleting {namespace}/{name} failed: API server unreachable: {exc}")
+                break
+            log.info(
+                "deleted %s/%s from node %s: standby %s carries the job on%s",
+                namespace,
+                name,
+                remediation.node,
+                remediation.handover_to,
+                owned,
+            )
+            deleted.append(f"{namespace}/{name}{owned}")
+        return deleted, failed
 
     def _evict_job(self, remediation: Remediation) -> tuple[list[str], list[str]]:
         """Evicts every running pod of the job on the node; returns (evicted, refusals)."""
@@ -236,7 +324,7 @@ class KubernetesActuator:
                         f"eviction of {namespace}/{name} refused by a pod disruption budget (HTTP 429): {budget}"
                     )
                 else:
-                    refused.append(f"eviction of {namespace}/{name} failed: {_api_error(exc)}")
+                    refused.append(f"eviction of {namespace}/{name} failed: {api_error(exc)}")
                 log.warning("could not evict %s/%s from node %s", namespace, name, remediation.node)
                 continue
             except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -245,6 +333,14 @@ class KubernetesActuator:
             log.info("evicted %s/%s from node %s", namespace, name, remediation.node)
             evicted.append(f"{namespace}/{name}")
         return evicted, refused
+
+
+def _controller(pod: V1Pod) -> str:
+    """The pod's controlling owner (a Job, a ReplicaSet, ...) as "Kind/name"; "" for a bare pod."""
+    for owner in (pod.metadata.owner_references if pod.metadata else None) or []:
+        if owner.controller:
+            return f"{owner.kind}/{owner.name}"
+    return ""
 
 
 def _taint_dict(taint: V1Taint) -> dict[str, Any]:
@@ -286,7 +382,7 @@ def _budget_refusal(exc: Any) -> str | None:
     return message if "disruption budget" in message.lower() else None
 
 
-def _api_error(exc: Any) -> str:
+def api_error(exc: Any) -> str:
     """One line for an ApiException: what the status means here, and the server's message."""
     status = exc.status
     meaning = {

@@ -1,0 +1,126 @@
+"""Spares through a webhook: the service POSTs an event and the receiver readies the replacement on
+whatever scheduler it drives.
+
+`prepare` POSTs {"event": "prepare_spare", "job_id", "node" (the doomed one: the replacement must not
+land there), "alert_id", "gpu", "mode", "risk", "standby_env": {"FAULTCAST_STANDBY_FOR": job_id}};
+the receiver starts the job's own command away from that node with `standby_env` added, and the
+trainer there stands by (client/standby.py). Any 2xx answer is ok; a JSON answer's "handle" (a string)
+names the replacement for `release`, else the handle is "alert-<alert id>". `release` POSTs
+{"event": "release_spare", "handle", "job_id", "alert_id", "why"}: the receiver gives the replacement
+back. A provider's calls must be safe to repeat: a receiver takes a second event for the same
+`alert_id` (or `handle`) as the first.
+
+Ending the old job after a hand-over is the actuator's part (a webhook actuator's receiver gets the
+remediation with `handover_to` set).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from faultcast.service.actuators import Outcome
+from faultcast.service.slurm_spares import STANDBY_FOR
+from faultcast.service.spares import Prepared, SpareRequest
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER = 64 * 1024  # the most of a receiver's answer read for its handle
+MAX_HANDLE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Posted:
+    """How one POST went: `ok` on a 2xx; `detail` says what came back; `body` is the answer."""
+
+    ok: bool
+    detail: str
+    body: bytes = b""
+
+
+def post_json(url: str, payload: dict[str, Any], *, timeout_s: float, headers: dict[str, str]) -> Posted:
+    """POST `payload` as JSON to `url` (checked http(s) by the caller); never raises for a refusal
+    or an unreachable receiver, which is a Posted that is not ok."""
+    request = urllib.request.Request(  # noqa: S310 (the scheme is checked by the caller)
+        url,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            return Posted(True, f"HTTP {response.status}", response.read(MAX_ANSWER))
+    except urllib.error.HTTPError as exc:
+        return Posted(False, f"HTTP {exc.code} {exc.reason}")
+    except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, timed out
+        return Posted(False, str(exc))
+
+
+class WebhookSpares:
+    """Spares through a webhook (see the module's docstring); `headers` go with every POST (an
+    Authorization for the receiver), as with the webhook actuator."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, headers: dict[str, str] | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook URL must be http(s): {url!r}")
+        if timeout_s <= 0:
+            raise ValueError("webhook spares need a positive timeout")
+        self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
+
+    def prepare(self, request: SpareRequest) -> Prepared:
+        """POST the prepare_spare event; the handle is the receiver's, else "alert-<id>"."""
+        posted = post_json(
+            self.url,
+            {
+                "event": "prepare_spare",
+                "job_id": request.job_id,
+                "node": request.node,
+                "alert_id": request.alert_id,
+                "gpu": request.gpu,
+                "mode": request.mode,
+                "risk": request.risk,
+                "standby_env": {STANDBY_FOR: request.job_id},
+            },
+            timeout_s=self.timeout_s,
+            headers=self.headers,
+        )
+        if not posted.ok:
+            return Prepared(False, "", f"webhook {self.url}: spare for job {request.job_id}: {posted.detail}")
+        handle = _handle(posted.body) or f"alert-{request.alert_id}"
+        log.info("spare for job %s asked through %s: %s", request.job_id, self.url, handle)
+        return Prepared(
+            True, handle, f"webhook {self.url}: spare {handle} for job {request.job_id}: {posted.detail}"
+        )
+
+    def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
+        """POST the release_spare event."""
+        posted = post_json(
+            self.url,
+            {
+                "event": "release_spare",
+                "handle": handle,
+                "job_id": request.job_id,
+                "alert_id": request.alert_id,
+                "why": why,
+            },
+            timeout_s=self.timeout_s,
+            headers=self.headers,
+        )
+        verb = "released" if posted.ok else "releasing"
+        return Outcome(posted.ok, f"webhook {self.url}: {verb} spare {handle}: {posted.detail}")
+
+
+def _handle(answer: bytes) -> str:
+    """The receiver's "handle", when its answer is a JSON object with a string one; else ""."""
+    try:
+        parsed = json.loads(answer)
+    except ValueError:  # no body, or not JSON: the receiver names no handle
+        return ""
+    handle = parsed.get("handle") if isinstance(parsed, dict) else None
+    return handle.strip()[:MAX_HANDLE] if isinstance(handle, str) else ""
