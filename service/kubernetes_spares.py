@@ -59,8 +59,7 @@ from faultcast.service.kubernetes import (
     client_in_cluster,
     is_label_value,
 )
-from faultcast.service.slurm_spares import STANDBY_ALERT, STANDBY_FOR
-from faultcast.service.spares import Prepared, SpareRequest
+from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api

@@ -21,12 +21,9 @@ import re
 
 from faultcast.service.actuators import Outcome
 from faultcast.service.slurm import JOB_ID, NODE_NAME, SlurmCommands
-from faultcast.service.spares import Prepared, SpareRequest
+from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
 
 log = logging.getLogger(__name__)
-
-STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job a standby stands by for (its trainer reads it)
-STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it, for logs
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z/]+)=(\S*)")
 _SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -38,6 +38,9 @@ Clock = Callable[[], float]
 
 # Clear reasons that make an alert a false alarm: its spare has nothing to do.
 _RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
+# What a standby's environment carries (every provider sets them; faultcast.client.standby reads the first).
+STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job it stands by for
+STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it, for logs
 # The longest a standby's AwaitHandOver is held before it is answered "waiting" (it asks again).
 MAX_WAIT_S = 30.0
 

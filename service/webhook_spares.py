@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from faultcast.service.actuators import Outcome
-from faultcast.service.slurm_spares import STANDBY_FOR
-from faultcast.service.spares import Prepared, SpareRequest
+from faultcast.service.spares import STANDBY_FOR, Prepared, SpareRequest
 
 log = logging.getLogger(__name__)
 
