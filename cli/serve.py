@@ -78,7 +78,10 @@ def add_parser(commands: Subcommands) -> None:
     serve.add_argument("--spare-reservation", help="for --spares slurm: the reservation held for spares")
     serve.add_argument(
         "--spare-export",
-        help="for --spares slurm: sbatch --export for the standby (default ALL: the service's environment)",
+        help=(
+            "for --spares slurm: sbatch --export for the standby (default NONE: the job owner's login "
+            "environment and the standby's variables; ALL passes the service's environment on)"
+        ),
     )
     serve.add_argument(
         "--spare-webhook-url",
@@ -245,7 +248,7 @@ def _slurm_spares(args: argparse.Namespace) -> SpareProvider:
         SlurmCommands(where),
         partition=args.spare_partition or "",
         reservation=args.spare_reservation or "",
-        export=args.spare_export or "ALL",
+        export=args.spare_export or "NONE",
     )
 
 

@@ -196,25 +196,6 @@ class Guard:
         with self._changed:
             return self._changed.wait_for(lambda: self.last_id >= event_id, timeout_s)
 
-    def await_hand_over(self, standby_for: str, wait_s: float) -> apb.HandOver | None:
-        """A standby's long poll (faultcast.client.standby): the service's word on the hand-over of
-        job `standby_for`, held by the service up to `wait_s`; None when it cannot be asked now."""
-        if not self.wait_connected(wait_s):
-            return None
-        channel = self._channel
-        if channel is None:
-            return None
-        request = apb.AwaitHandOverRequest(
-            standby_for=standby_for, job_id=self.job_id, node=self.nodes[0], wait_seconds=wait_s
-        )
-        try:
-            return apb_grpc.AlertsStub(channel).AwaitHandOver(request, timeout=wait_s + self.rpc_timeout_s)
-        except grpc.RpcError as exc:
-            self.last_error = _describe(exc)
-            log.warning("faultcast: asking for the hand-over of job %s: %s", standby_for, self.last_error)
-            self._stop.wait(self.backoff_s[0])  # a refusal is not asked again at once
-            return None
-
     def wait_for_alert(self, timeout_s: float) -> apb.Alert | None:
         """Block until a snapshot request is pending; None on timeout."""
         with self._changed:

@@ -67,6 +67,7 @@ class ProtectionOptions(TypedDict, total=False):
     keep: int
     migration_wait_s: float
     standby_for: str | None
+    stand_by: bool
 
 
 class Protection:
@@ -88,17 +89,20 @@ class Protection:
         keep: int = 2,
         migration_wait_s: float = 300.0,
         standby_for: str | None = None,
+        stand_by: bool = False,
     ) -> None:
         """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
         Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
-        host name. `standby_for`: this run is the standby of that job (default: FAULTCAST_STANDBY_FOR,
-        see faultcast.client.standby); `resume()` then waits for the hand-over. Collective: every
-        rank constructs it at the same point."""
+        host name. `stand_by`: the service may ready a standby copy of this job on a spare during an
+        alert (the scheduler runs the job's whole batch script or pod a second time: say so only when
+        that is safe). `standby_for`: this run is the standby of that job (default:
+        FAULTCAST_STANDBY_FOR, see faultcast.client.standby); `resume()` then waits for the
+        hand-over. Collective: every rank constructs it at the same point."""
         if agree_every < 1:
             raise ValueError("agree_every must be at least 1")
-        self.standby_for = standby_for if standby_for is not None else standby.standby_for()
-        if self.standby_for and target is None:
-            raise ValueError(f"a standby for job {self.standby_for} needs the service (target) to hand over")
+        standby_of = standby_for if standby_for is not None else standby.standby_for()
+        if standby_of and target is None:
+            raise ValueError(f"a standby for job {standby_of} needs the service (target) to hand over")
         self.state, self.agree_every, self.checkpoint_every = state, agree_every, checkpoint_every
         self.migration_wait_s = migration_wait_s
         self.store = SnapshotStore(directory, keep=keep)
@@ -113,18 +117,35 @@ class Protection:
         self.node = identity.node_name(node)
         nodes = identity.all_gather_strings(self.node)
         self.job_id = identity.job_id(job_id)
+        # A standby that took over already (restarted by torchrun since) is an ordinary run now.
+        self.standby_for = (
+            standby_of if standby_of and not standby.took_over(self.store, self.job_id) else None
+        )
+        self.stand_by = stand_by or self.standby_for is not None
+        self._guard_args = (target, credentials, sorted(set(nodes)))
         self.guard: Guard | None = None
+        # A standby neither registers nor subscribes until it takes over (its node is not the job's
+        # yet); rank 0 asks the service for the hand-over on a channel of its own.
+        self._asker: standby.HandOverAsker | None = None
+        if self.standby_for and self.rank == 0 and target is not None:
+            self._asker = standby.HandOverAsker(target, credentials, self.job_id, self.node)
+        if not self.standby_for:
+            self._start_guard()
+        self._inflight: tuple[int, Future[None]] | None = None
+        self._released = threading.Event()
+
+    def _start_guard(self) -> None:
+        """The guard of local rank 0 on each node: registers the job, watches its node's alerts."""
+        target, credentials, job_nodes = self._guard_args
         if target is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
             self.guard = Guard(
                 target,
                 self.job_id,
                 [self.node],
                 credentials=credentials,
-                job_nodes=sorted(set(nodes)),
-                stands_by=True,
+                job_nodes=job_nodes,
+                stands_by=self.stand_by,
             ).start()
-        self._inflight: tuple[int, Future[None]] | None = None
-        self._released = threading.Event()
 
     # -- the loop's calls -----------------------------------------------------------------------
 
@@ -173,7 +194,7 @@ class Protection:
         ready = time.monotonic()
         assert self.standby_for is not None
         while True:
-            word = [standby.ask(self.guard, self.standby_for, ready) if self.rank == 0 else None]
+            word = [standby.ask(self._asker, self.standby_for, ready) if self.rank == 0 else None]
             if dist.is_initialized():
                 dist.broadcast_object_list(word, src=0, group=self._io_group)
             decision = word[0]
@@ -181,6 +202,9 @@ class Protection:
             if decision.go or decision.released:
                 break
         self.stats.standby_waited_s = time.monotonic() - ready
+        if self._asker is not None:
+            self._asker.close()
+            self._asker = None
         if decision.released:
             log.warning("faultcast: standby for job %s released: %s", self.standby_for, decision.reason)
             raise standby.StandbyReleased(decision.reason)
@@ -188,6 +212,9 @@ class Protection:
         snapshot = standby.snapshot_at(self.store, decision.checkpoint_uri, decision.step)
         step = self._load(snapshot)
         self.stats.handover_load_s = time.monotonic() - started
+        if self.rank == 0:  # before the first step: a restart of this run must not stand by again
+            standby.mark_taken_over(self.store, self.job_id, self.standby_for, step)
+        self._start_guard()  # the job runs here now: register this node, watch its alerts
         log.warning(
             "faultcast: took over job %s from its snapshot of step %d (%s), %.2f s after the word",
             self.standby_for,
@@ -213,6 +240,8 @@ class Protection:
     def close(self) -> None:
         """Finish a checkpoint under way and stop the guard."""
         self._released.set()
+        if self._asker is not None:
+            self._asker.close()
         self._wait_inflight()
         if self.guard is not None:
             self.guard.close()
@@ -248,11 +277,9 @@ class Protection:
     def _stop_if_handed_over(self, step: int) -> None:
         """After a hold that nothing ended: a job handed over to a standby must not train on beside
         it (the scheduler failed to end this copy), so it stops here; any other goes on."""
+        # Every node's guard heard the reply for its own node's alert: any one of them decides.
         reply = self.stats.acknowledgements[-1] if self.stats.acknowledgements else ""
-        handed = [migration.handed_over(reply) if self.rank == 0 else False]
-        if dist.is_initialized():
-            dist.broadcast_object_list(handed, src=0, group=self._io_group)
-        if handed[0]:
+        if self.agreement.agree(Vote(migrate=migration.handed_over(reply))).migrate:
             log.error(
                 "faultcast: the job was handed over to a standby at step %d and this copy was not ended; "
                 "it stops here rather than train beside the standby",

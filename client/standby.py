@@ -6,7 +6,7 @@ stands by for (service/slurm_spares.py does so on Slurm). `Protection.resume()` 
 whole snapshot (the periodic checkpoint: imports, model construction and most of the load are done
 before anything is asked of the old job) and waits on the service (AwaitHandOver): "go" names the
 snapshot the old job took on the alert, which it loads and trains on from; "released" (a false
-alarm, or the old job went the usual way) ends the process with exit status 0.
+alarm, or the old job went the usual way) ends the process with EXIT_STOOD_DOWN (75).
 
 A standby that the scheduler restarts (SLURM_RESTART_COUNT above 0: it crashed or was requeued after
 it took over) is an ordinary run of the job: it resumes from the newest snapshot and does not wait.
@@ -14,30 +14,42 @@ it took over) is an ordinary run of the job: it resumes from the newest snapshot
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
+
+import grpc
 
 from faultcast.client.snapshots import Snapshot, SnapshotStore
 from faultcast.v1 import alerts_pb2 as apb
+from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
-if TYPE_CHECKING:
-    from faultcast.client.guard import Guard
+log = logging.getLogger(__name__)
 
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"
 STANDBY_WAIT_S = 3600.0  # a standby gives up (exit 0) when nothing came this long
 POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; every rank hears each answer
 
 
+# The exit status of a copy of the job that ends on faultcast's word (a released standby, a copy
+# handed over): nothing failed, but the job did not finish here, so `torchrun ... && post-step` in
+# a batch script must not go on (EX_TEMPFAIL).
+EXIT_STOOD_DOWN = 75
+TAKEN_OVER = "TAKEN_OVER.json"  # in the snapshot directory: which run took the job over, at which step
+
+
 class StandbyReleased(SystemExit):
-    """The service released this standby (or nothing came in time): the process ends, status 0."""
+    """The service released this standby (or nothing came in time): the process ends with
+    EXIT_STOOD_DOWN."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(0)
+        super().__init__(EXIT_STOOD_DOWN)
         self.reason = reason
 
     def __str__(self) -> str:
@@ -46,10 +58,10 @@ class StandbyReleased(SystemExit):
 
 class HandedOver(SystemExit):
     """The job was handed over to its standby and the scheduler did not end this copy: it ends
-    itself (status 0) rather than train beside the standby."""
+    itself (EXIT_STOOD_DOWN) rather than train beside the standby."""
 
     def __init__(self, step: int) -> None:
-        super().__init__(0)
+        super().__init__(EXIT_STOOD_DOWN)
         self.step = step
 
     def __str__(self) -> str:
@@ -76,14 +88,67 @@ class Word:
     reason: str = ""
 
 
-def ask(guard: Guard | None, job: str, since: float, *, give_up_s: float = STANDBY_WAIT_S) -> Word:
+class HandOverAsker:
+    """Rank 0's channel to the service while it stands by (the guard starts only at the take-over)."""
+
+    def __init__(
+        self, target: str, credentials: grpc.ChannelCredentials | None, job_id: str, node: str
+    ) -> None:
+        self.job_id, self.node = job_id, node
+        self._channel = (
+            grpc.secure_channel(target, credentials)
+            if credentials is not None
+            else grpc.insecure_channel(target)
+        )
+        self._stub = apb_grpc.AlertsStub(self._channel)
+        self._backoff = threading.Event()  # never set: its wait is the pause after a refusal
+        self.last_error = ""
+
+    def ask(self, standby_for: str, wait_s: float) -> apb.HandOver | None:
+        """The service's word, held by it up to `wait_s`; None when it could not be asked (a pause
+        of a second first, so an unreachable or refusing service is not asked in a tight loop)."""
+        request = apb.AwaitHandOverRequest(
+            standby_for=standby_for, job_id=self.job_id, node=self.node, wait_seconds=wait_s
+        )
+        try:
+            reply: apb.HandOver = self._stub.AwaitHandOver(request, timeout=wait_s + 10.0)
+        except grpc.RpcError as exc:
+            self.last_error = (
+                f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
+            )
+            log.warning("faultcast: asking for the hand-over of job %s: %s", standby_for, self.last_error)
+            self._backoff.wait(1.0)
+            return None
+        return reply
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def took_over(store: SnapshotStore, job_id: str) -> bool:
+    """Whether this run (`job_id`) took the job over already (its restart is an ordinary run)."""
+    try:
+        marker = json.loads((store.root / TAKEN_OVER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("job") == job_id
+
+
+def mark_taken_over(store: SnapshotStore, job_id: str, standby_for: str, step: int) -> None:
+    """Record that `job_id` took `standby_for` over at `step` (written whole, then renamed)."""
+    tmp = store.root / (TAKEN_OVER + ".tmp")
+    tmp.write_text(json.dumps({"job": job_id, "from": standby_for, "step": step, "unix": time.time()}))
+    tmp.replace(store.root / TAKEN_OVER)
+
+
+def ask(asker: HandOverAsker | None, job: str, since: float, *, give_up_s: float = STANDBY_WAIT_S) -> Word:
     """One long poll of the service on behalf of the standby for `job` that became ready at
     `since` (time.monotonic()); waiting is an empty Word, an unreachable service too (asked again)."""
-    if guard is None:
-        return Word(released=True, reason="this rank has no guard to ask the service with")
+    if asker is None:
+        return Word(released=True, reason="this rank has no channel to ask the service with")
     if time.monotonic() - since > give_up_s:
         return Word(released=True, reason=f"no hand-over came within {give_up_s:.0f} s")
-    reply = guard.await_hand_over(job, POLL_S)
+    reply = asker.ask(job, POLL_S)
     if reply is None or reply.state == apb.HAND_OVER_STATE_WAITING:
         return Word()
     if reply.state == apb.HAND_OVER_STATE_GO:

@@ -49,7 +49,7 @@ from typing import TypeVar
 from faultcast.service.actuators import Actuator, CircuitBreaker, Remediation, RetryPolicy
 from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.spares import Prescheduler
+from faultcast.service.spares import Prescheduler, SpareState
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.service.state_remediations import PendingRemediation
@@ -351,12 +351,10 @@ class Remediator:
             return False, f"no registered job on {alert.node}: nothing to remediate"
         claimed = self.store.remediations.of(alert.opened_id)
         if claimed is not None:
-            doing = "being remediated" if claimed[0] == "pending" else "already remediated"
-            return False, f"alert {alert.opened_id} is {doing}"
+            return False, self._answer_again(alert, claimed[0])
         other = self._taken_out_for(alert.node, alert.opened_id)
         if other is not None:
             return False, f"{alert.node} is already being taken out for alert {other}: not drained twice"
-        standby = self._hand_over(job, alert.opened_id, step, checkpoint_uri, grace=grace)
         remediation = Remediation(
             alert_id=alert.opened_id,
             node=alert.node,
@@ -364,12 +362,17 @@ class Remediator:
             mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk,
             job_id=job,
-            requeue=not standby,
+            requeue=True,
             checkpoint_uri=checkpoint_uri,
-            handover_to=standby,
         )
+        handed = self._hand_over(remediation, step, grace=grace)
+        if handed is not None and not handed.requeue:
+            remediation = handed
+        elif handed is not None:  # another remediation claimed the alert meanwhile
+            return False, self._answer_again(alert, "pending")
+        standby = remediation.handover_to
         with self._cv:
-            self._work.append(_Task(remediation, grace=grace))
+            self._work.append(_Task(remediation, claimed=bool(standby), grace=grace))
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
             self._cv.notify_all()
         if standby:
@@ -379,15 +382,66 @@ class Remediator:
             )
         return True, f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
 
-    def _hand_over(self, job: str, opened_id: int, step: int, checkpoint_uri: str, *, grace: bool) -> str:
-        """The standby that takes `job` over at this snapshot ("" for none: its spare is released)."""
+    def _answer_again(self, alert: apb.Alert, outcome: str) -> str:
+        """What a repeated acknowledgement is told: the decision made the first time (a job that
+        hears it again must hold again, not train on beside a standby or a requeue)."""
+        doing = "being remediated" if outcome == "pending" else "already remediated"
+        try:
+            stored = Remediation(**json.loads(self.store.remediations.request_of(alert.opened_id)))
+        except (ValueError, TypeError):
+            return f"alert {alert.opened_id} is {doing}"
+        if not stored.requeue and not stored.handover_to:
+            return f"alert {alert.opened_id} is {doing}"
+        name = self.actuator.name
+        if stored.handover_to:
+            what = f"drain {stored.node} and hand job {stored.job_id} over to standby {stored.handover_to}"
+        else:
+            what = f"drain {stored.node} and requeue job {stored.job_id}"
+        return f"{name}: {what} (alert {alert.opened_id} is {doing})"
+
+    def _hand_over(self, remediation: Remediation, step: int, *, grace: bool) -> Remediation | None:
+        """With a standby waiting for the job at this snapshot: the remediation that ends the job
+        instead of requeueing it, claimed on disk BEFORE the standby is told to go (a restart or
+        the grace timer then finds the hand-over, never a requeue beside the standby). Returns None
+        when there is no hand-over (the spare released; today's path), the claimed hand-over, or
+        `remediation` itself (requeue still True) when the alert was claimed by another meanwhile."""
+        job = remediation.job_id
         if self.prescheduler is None:
-            return ""
+            return None
         if grace:
             self.prescheduler.release(job, "the node is drained without a snapshot to hand over")
-            return ""
-        spare = self.prescheduler.hand_over(job, opened_id, step, checkpoint_uri)
-        return spare.standby_job if spare is not None else ""
+            return None
+        if self.paused_by is not None or not self._would_admit(remediation.node):
+            self.prescheduler.release(job, "remediation is paused or the circuit breaker is open")
+            return None
+        spare = self.prescheduler.reserve(job, remediation.checkpoint_uri)
+        if spare is None:
+            return None
+        if spare.state != SpareState.RESERVED:  # handed over already, for another alert of the job
+            return None
+        handed = replace(remediation, requeue=False, handover_to=spare.standby_job)
+        try:
+            claimed = self._write(
+                "a claim",
+                lambda: self.store.remediations.claim(
+                    handed.alert_id, handed.node, self.actuator.name, json.dumps(asdict(handed))
+                ),
+            )
+        except sqlite3.OperationalError as exc:
+            self._store_trouble(exc)
+            self.prescheduler.unreserve(spare, "the hand-over could not be recorded (state database)")
+            return None
+        if not claimed:
+            self.prescheduler.unreserve(spare, "the alert was claimed by another remediation")
+            return remediation
+        self._settle(handed.alert_id)
+        self.prescheduler.go(spare, handed.alert_id, step, handed.checkpoint_uri)
+        return handed
+
+    def _would_admit(self, node: str) -> bool:
+        """Whether the circuit breaker would let `node` go now (without counting it)."""
+        now = self.clock()
+        return not self.breaker.is_open(now) or any(n == node for _, n in self.breaker.admissions(now))
 
     def _risk_fell(self, opened_id: int) -> bool:
         """Whether the alert cleared because its risk fell back (its other endings, a GPU gone dark or

@@ -8,15 +8,22 @@ FAULTCAST_STANDBY_FOR naming the job. The job's trainer (`faultcast.client.Prote
 variable, prepares everything (imports, model, the newest periodic checkpoint) and waits for the
 service's hand-over instead of training. `release` cancels the standby (`scancel`).
 
-The standby runs as the service's Slurm user with the service's environment plus the two variables
-(`export`, default "ALL"): a site whose jobs need the submitting user's environment sets `export` to
-what they need, or submits as root with `uid` (sbatch --uid). Everything goes through the binaries,
-argument lists only, as the Slurm actuator does.
+The standby runs as the job's owner: a service running as root submits it with `--uid`/`--gid` of
+the job; a service running as another user readies spares only for its own user's jobs (anything
+else would run the user's script with the service's rights). Its environment is the owner's login
+environment (`--get-user-env`, root only) plus the two variables, not the service's (`export`,
+default "NONE"; "ALL" passes the service's environment on, for sites that want that). It is not
+requeued by Slurm (`--no-requeue`): a standby restarted as an ordinary run would train beside the
+job. Array jobs get no standby (the copy would not be the same task). Copied from the job: nodes,
+tasks (and per node), CPUs per task, memory per node, generic resources (GPUs), time limit,
+account, QOS, constraints, working directory and output files (appended to). Everything goes
+through the binaries, argument lists only, as the Slurm actuator does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 from faultcast.service.actuators import Outcome
@@ -26,6 +33,7 @@ from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, Spare
 log = logging.getLogger(__name__)
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z/]+)=(\S*)")
 _SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SLURM_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._&|,\[\]*-]*")  # an account, QOS or constraint expression
 
 
 class SlurmSpares:
@@ -40,7 +48,7 @@ class SlurmSpares:
         *,
         partition: str = "",
         reservation: str = "",
-        export: str = "ALL",
+        export: str = "NONE",
     ) -> None:
         for what, value in (("partition", partition), ("reservation", reservation)):
             if value and not _SLURM_NAME.fullmatch(value):
@@ -63,10 +71,17 @@ class SlurmSpares:
         if isinstance(shown, str):
             return Prepared(False, "", f"slurm: cannot read job {job}: {shown}")
         fields = dict(_FIELD.findall(shown.stdout))
+        if fields.get("ArrayJobId", "(null)") not in ("", "(null)") or "_" in job:
+            return Prepared(
+                False, "", f"slurm: job {job} is an array task: a copy would not be the same task"
+            )
+        owner = self._owner(fields)
+        if isinstance(owner, str):
+            return Prepared(False, "", f"slurm: no standby for job {job}: {owner}")
         script = self.commands.run("scontrol", "write", "batch_script", job, "-")
         if isinstance(script, str):
             return Prepared(False, "", f"slurm: cannot read the batch script of job {job}: {script}")
-        options = self._options(request, fields)
+        options = self._options(request, fields) + owner
         submitted = self.commands.run("sbatch", *options, stdin=script.stdout)
         if isinstance(submitted, str):
             return Prepared(False, "", f"slurm: standby for job {job} refused: {submitted}")
@@ -77,13 +92,31 @@ class SlurmSpares:
             True, standby, f"slurm: standby job {standby} for job {job} on {where}, not on {node}"
         )
 
+    @staticmethod
+    def _owner(fields: dict[str, str]) -> list[str] | str:
+        """The options that make the standby run as the job's owner, or why it cannot."""
+        uid = re.search(r"\((\d+)\)", fields.get("UserId", ""))
+        gid = re.search(r"\((\d+)\)", fields.get("GroupId", ""))
+        if uid is None or gid is None:
+            return f"its owner is unknown (UserId={fields.get('UserId', '')!r})"
+        if os.geteuid() == 0:
+            return [f"--uid={uid.group(1)}", f"--gid={gid.group(1)}", "--get-user-env"]
+        if int(uid.group(1)) != os.geteuid():
+            return (
+                f"it belongs to uid {uid.group(1)} and the service runs as uid {os.geteuid()}, not root: "
+                "the standby would run as the wrong user"
+            )
+        return []
+
     def _options(self, request: SpareRequest, fields: dict[str, str]) -> list[str]:
         options = [
             "--parsable",
             f"--job-name={fields.get('JobName', 'job')}-standby"[:200],
             f"--exclude={request.node}",
-            f"--export={self.export},{STANDBY_FOR}={request.job_id},{STANDBY_ALERT}={request.alert_id}",
+            "--export="
+            + _export(self.export, f"{STANDBY_FOR}={request.job_id},{STANDBY_ALERT}={request.alert_id}"),
             "--open-mode=append",
+            "--no-requeue",
         ]
         partition = self.partition or fields.get("Partition", "")
         if partition:
@@ -98,12 +131,11 @@ class SlurmSpares:
             value = fields.get(key, "")
             if re.fullmatch(r"[0-9]+", value):
                 options.append(f"{flag}={value}")
+        options += _resources(fields)
         for key, flag in (("WorkDir", "--chdir"), ("StdOut", "--output"), ("StdErr", "--error")):
             value = fields.get(key, "")
             if value.startswith("/"):
                 options.append(f"{flag}={value}")
-        if fields.get("Requeue") == "1":
-            options.append("--requeue")
         return options
 
     def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
@@ -115,3 +147,33 @@ class SlurmSpares:
             return Outcome(False, f"slurm: cancelling standby job {handle} failed: {failure}")
         log.info("cancelled standby job %s of job %s (%s)", handle, request.job_id, why)
         return Outcome(True, f"slurm: cancelled standby job {handle} ({why})")
+
+
+def _resources(fields: dict[str, str]) -> list[str]:
+    """The job's resources and accounting, as sbatch options (what `scontrol show job` names)."""
+    options: list[str] = []
+    per_node = fields.get("NtasksPerN:B:S:C", "").split(":")[0]
+    if re.fullmatch(r"[1-9][0-9]*", per_node):
+        options.append(f"--ntasks-per-node={per_node}")
+    memory = fields.get("MinMemoryNode", "")
+    if re.fullmatch(r"[1-9][0-9]*[KMGT]?", memory):
+        options.append(f"--mem={memory}")
+    gres = fields.get("TresPerNode", "")
+    if gres and gres != "(null)":
+        options.append(
+            "--gres=" + ",".join(g.removeprefix("gres:").removeprefix("gres/") for g in gres.split(","))
+        )
+    limit = fields.get("TimeLimit", "")
+    if re.fullmatch(r"[0-9:-]+", limit):
+        options.append(f"--time={limit}")
+    for key, flag in (("Account", "--account"), ("QOS", "--qos"), ("Features", "--constraint")):
+        value = fields.get(key, "")
+        if value and value != "(null)" and _SLURM_VALUE.fullmatch(value):
+            options.append(f"{flag}={value}")
+    return options
+
+
+def _export(setting: str, standby: str) -> str:
+    """sbatch's --export value: the standby's variables after the setting ("NONE": those alone, on
+    top of the login environment --get-user-env brings)."""
+    return standby if setting.upper() == "NONE" else f"{setting},{standby}"

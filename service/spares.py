@@ -43,6 +43,9 @@ STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job it stands by for
 STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it, for logs
 # The longest a standby's AwaitHandOver is held before it is answered "waiting" (it asks again).
 MAX_WAIT_S = 30.0
+# Calls held at once per spare (a standby asks from one rank; two cover a reconnect's overlap):
+# more are answered "waiting" at once, so no caller can pin the service's threads with them.
+MAX_HELD = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class SpareProvider(Protocol):
 class SpareState(enum.Enum):
     ASKED = "asked"  # the provider is asked (or was); no standby has called yet
     READY = "ready"  # a standby is waiting in AwaitHandOver
+    RESERVED = "reserved"  # chosen at a snapshot; the hand-over is being claimed on disk
     HANDED_OVER = "handed_over"  # the standby was told to go on from the snapshot
     RELEASED = "released"  # given back: a false alarm, or not ready at the snapshot
     FAILED = "failed"  # the scheduler refused it
@@ -140,6 +144,7 @@ class Prescheduler:
         # Jobs whose trainer registered as able to stand by (kept in memory: a guard registers again
         # on every connect, so a restarted service hears it again).
         self._stand_by: set[str] = set()
+        self._asked: set[int] = set()  # alerts (opened ids) a spare was asked for: one each
         self._stopping = False
         self._cv = threading.Condition()
         self._calls: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -196,9 +201,12 @@ class Prescheduler:
             with self._cv:
                 if job not in self._stand_by:
                     continue  # its trainer cannot take a spare over: a copy would train beside it
+                if key in self._asked:
+                    continue  # one spare per alert: its updates, a decline or a refusal ask no more
                 spare = self._spares.get(job)
-                if spare is not None and spare.open:
+                if spare is not None and (spare.open or spare.state == SpareState.RESERVED):
                     continue  # the job has one coming, or waiting
+                self._asked.add(key)
                 request = SpareRequest(
                     key, job, alert.node, alert.gpu, PB_TO_MODE.get(alert.mode, "unknown"), alert.risk
                 )
@@ -277,8 +285,17 @@ class Prescheduler:
     # -- the hand-over --------------------------------------------------------------------------
 
     def hand_over(self, job_id: str, alert_id: int, step: int, checkpoint_uri: str) -> Spare | None:
-        """At the job's SNAPSHOT_DONE: tell its waiting standby to go on from this snapshot and
-        return the spare; None (the spare released) when no standby is waiting at this moment."""
+        """`reserve` then `go` at once (callers with nothing to record in between)."""
+        spare = self.reserve(job_id, checkpoint_uri)
+        if spare is not None and spare.state == SpareState.RESERVED:
+            self.go(spare, alert_id, step, checkpoint_uri)
+        return spare
+
+    def reserve(self, job_id: str, checkpoint_uri: str) -> Spare | None:
+        """At the job's SNAPSHOT_DONE: choose its standby if one is waiting at this moment (the
+        spare then can no longer be released, and its standby keeps waiting) and return the spare;
+        the caller records the hand-over, then calls `go` (or `unreserve`). None, and the spare
+        released, when no standby is waiting. A spare handed over already is returned as it is."""
         with self._cv:
             spare = self._spares.get(job_id)
             if spare is None:
@@ -287,25 +304,37 @@ class Prescheduler:
                 return spare  # the same acknowledgement again
             if spare.state != SpareState.READY or spare.waiting == 0 or not checkpoint_uri:
                 why = "no standby waiting at the snapshot" if checkpoint_uri else "no snapshot to hand over"
-                ready = spare.open
             else:
-                spare.step, spare.checkpoint_uri = step, checkpoint_uri
-                self._end(spare, SpareState.HANDED_OVER, f"hand-over for alert {alert_id}")
-                ready = False
-                why = ""
-        if why:
-            if ready:
-                self.release(job_id, why)
-            return None
+                spare.state = SpareState.RESERVED
+                return spare
+        self.release(job_id, why)
+        return None
+
+    def unreserve(self, spare: Spare, why: str) -> None:
+        """The hand-over could not be recorded: release the reserved spare (the job takes today's path)."""
+        with self._cv:
+            if spare.state != SpareState.RESERVED:
+                return
+            spare.state = SpareState.READY  # open again, so release() takes it
+        self.release(spare.request.job_id, why)
+
+    def go(self, spare: Spare, alert_id: int, step: int, checkpoint_uri: str) -> None:
+        """Tell the reserved spare's standby to go on from this snapshot. The old job gets no
+        other spare (it is being ended)."""
+        with self._cv:
+            if spare.state != SpareState.RESERVED:
+                return
+            spare.step, spare.checkpoint_uri = step, checkpoint_uri
+            self._end(spare, SpareState.HANDED_OVER, f"hand-over for alert {alert_id}")
+            self._stand_by.discard(spare.request.job_id)
         self._count("handed_over")
         log.info(
             "job %s handed over to standby %s on %s at step %d",
-            job_id,
+            spare.request.job_id,
             spare.standby_job,
             spare.standby_node,
             step,
         )
-        return spare
 
     def await_hand_over(self, standby_for: str, job_id: str, node: str, wait_s: float) -> HandOverReply:
         """A standby's call: answered at once when its spare was handed over or released, else held
@@ -330,9 +359,11 @@ class Prescheduler:
             if first:
                 self._count("ready")
                 log.info("standby %s on %s waits to take over job %s", job_id, node, standby_for)
+            if spare.waiting >= MAX_HELD:
+                return self._reply(spare)  # answered at once: held calls are capped per spare
             spare.waiting += 1
             try:
-                while spare.state == SpareState.READY and not self._stopping:
+                while spare.state in (SpareState.READY, SpareState.RESERVED) and not self._stopping:
                     left = deadline - self.clock()
                     if left <= 0 or not self._cv.wait(left):
                         break

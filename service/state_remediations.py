@@ -43,6 +43,11 @@ class RemediationLedger:
         )
         return cursor.rowcount == 1
 
+    def request_of(self, alert_id: int) -> str:
+        """The request stored with the alert's claim ("" when none is stored or it was never claimed)."""
+        row = self._db.read_one("SELECT request FROM remediations WHERE alert_id = ?", (alert_id,))
+        return str(row[0] or "") if row else ""
+
     def begin_attempt(self, alert_id: int, actuator: str) -> int:
         """Count one more attempt at a claimed remediation, before it is made; returns the count
         (KeyError when the alert has no pending remediation).

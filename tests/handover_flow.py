@@ -107,7 +107,7 @@ def submit(cluster: SlurmCluster, directory: Path, target: str, shape: JobShape)
     out.mkdir(parents=True)
     options = ["--target", target, "--hold-at", str(shape.hold_at), "--pace-s", str(shape.pace_s)]
     options += ["--checkpoint-every", str(shape.checkpoint_every), "--migration-wait-s", "120"]
-    options += ["--keep", str(shape.keep)]
+    options += ["--keep", str(shape.keep), "--stand-by"]
     command = shlex.join(torchrun(out, snapshots, shape, *options))
     job_id = cluster.sbatch(
         "--requeue",

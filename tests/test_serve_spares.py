@@ -47,7 +47,7 @@ def test_slurm_spares_default_to_the_jobs_partition_and_the_path() -> None:
     spares = spares_for("--actuator", "slurm", "--spares", "slurm")
 
     assert isinstance(spares, SlurmSpares)
-    assert (spares.partition, spares.reservation, spares.export) == ("", "", "ALL")
+    assert (spares.partition, spares.reservation, spares.export) == ("", "", "NONE")
     assert spares.commands.binary("sbatch") == "sbatch"
 
 

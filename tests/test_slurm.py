@@ -132,7 +132,9 @@ def test_parse_node_line_without_a_reason_or_stamp() -> None:
 
 
 def _spares(cluster: SlurmCluster, **settings: str) -> SlurmSpares:
-    commands = SlurmCommands(Path(require_binary("scontrol")).parent, env={"SLURM_CONF": str(cluster.conf)})
+    # A variable of the service's own environment: the standby must not see it.
+    env = {"SLURM_CONF": str(cluster.conf), "FAULTCAST_SERVICE_ONLY": "leaked"}
+    commands = SlurmCommands(Path(require_binary("scontrol")).parent, env=env)
     return SlurmSpares(commands, **settings)
 
 
@@ -146,7 +148,10 @@ def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_releas
     # The script records what each run of it sees; the standby must see which job it stands by for.
     marks = cluster.root / "standby-marks"
     marks.mkdir(exist_ok=True)
-    script = f'echo "$FAULTCAST_STANDBY_FOR" > {marks}/$SLURM_JOB_ID; exec sleep 300'
+    script = (
+        f'echo "$FAULTCAST_STANDBY_FOR ${{FAULTCAST_SERVICE_ONLY:-absent}}" > {marks}/$SLURM_JOB_ID; '
+        "exec sleep 300"
+    )
     job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-warned", "--wrap", script)
     try:
         cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
@@ -162,11 +167,14 @@ def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_releas
         cluster.wait_for(
             "the standby's mark", lambda: (marks / standby).exists() and (marks / standby).stat().st_size > 0
         )
-        assert (marks / standby).read_text().strip() == job_id
-        assert (marks / job_id).read_text().strip() == ""  # the job itself is no standby
+        # It knows which job it stands by for, and has its owner's environment, not the service's.
+        assert (marks / standby).read_text().split() == [job_id, "absent"]
+        assert (marks / job_id).read_text().split() == ["absent"]  # the job itself is no standby
         shown = cluster.run("scontrol", "show", "job", "-o", standby).stdout
         assert "JobName=fc-warned-standby" in shown
         assert f"ExcNodeList={doomed}" in shown
+        assert "Requeue=0" in shown  # restarted by Slurm, a standby would train beside the job
+        assert "UserId=root(0)" in shown  # the job's owner (root here, as the suite runs)
 
         released = _spares(cluster).release(_request(job_id, doomed), standby, "a false alarm")
 
