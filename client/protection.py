@@ -118,8 +118,14 @@ class Protection:
         nodes = identity.all_gather_strings(self.node)
         self.job_id = identity.job_id(job_id)
         # A standby that took over already (restarted by torchrun since) is an ordinary run now.
-        self.standby_for = (
-            standby_of if standby_of and not standby.took_over(self.store, self.job_id) else None
+        took_over = bool(standby_of) and standby.took_over(self.store, self.job_id)
+        self.standby_for = standby_of if standby_of and not took_over else None
+        # Started again by the scheduler before it took over: it must not train beside the job.
+        self._stood_down = (
+            f"started again (restart {os.environ.get('SLURM_RESTART_COUNT')}) before it took job "
+            f"{standby_of} over"
+            if self.standby_for and standby.restarted()
+            else ""
         )
         self.stand_by = stand_by or self.standby_for is not None
         self._guard_args = (target, credentials, sorted(set(nodes)))
@@ -153,10 +159,12 @@ class Protection:
         """Load the newest whole snapshot (or periodic checkpoint); returns the step to continue from
         (0 when there is none). Rank 0 chooses, so every rank loads the same one. A standby then
         waits for the service's hand-over and returns the hand-over snapshot's step, or raises
-        StandbyReleased (exit status 0) when the service releases it."""
+        StandbyReleased (exit status 75) when the service releases it."""
         chosen = [self.store.latest() if self.rank == 0 else None]
         if dist.is_initialized():
             dist.broadcast_object_list(chosen, src=0, group=self._io_group)
+        if self._stood_down:
+            raise standby.StandbyReleased(self._stood_down)
         if self.standby_for:
             return self._stand_by(chosen[0])
         return self._load(chosen[0])

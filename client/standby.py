@@ -8,8 +8,10 @@ before anything is asked of the old job) and waits on the service (AwaitHandOver
 snapshot the old job took on the alert, which it loads and trains on from; "released" (a false
 alarm, or the old job went the usual way) ends the process with EXIT_STOOD_DOWN (75).
 
-A standby that the scheduler restarts (SLURM_RESTART_COUNT above 0: it crashed or was requeued after
-it took over) is an ordinary run of the job: it resumes from the newest snapshot and does not wait.
+A standby that took the job over records it in the snapshot directory (TAKEN_OVER.json, its own job
+id): started again (the scheduler requeued it, torchrun restarted it), it is an ordinary run of the
+job and resumes from the newest snapshot. A standby the scheduler started again before it took over
+stands down (exit 75): it would otherwise train beside the job.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 log = logging.getLogger(__name__)
 
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"
-STANDBY_WAIT_S = 3600.0  # a standby gives up (exit 0) when nothing came this long
+STANDBY_WAIT_S = 3600.0  # a standby gives up (exit 75) when nothing came this long
 POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; every rank hears each answer
 
 
@@ -69,12 +71,16 @@ class HandedOver(SystemExit):
 
 
 def standby_for(environ: Mapping[str, str] | None = None) -> str | None:
-    """The job this process stands by for, from the environment; None for an ordinary run (no
-    variable, or a scheduler restart of a standby that had taken over)."""
+    """The job this process was started to stand by for, from the environment; None for an
+    ordinary run. (Whether it took the job over already is in the snapshot directory: `took_over`.)"""
     env = os.environ if environ is None else environ
-    job = env.get(STANDBY_FOR, "").strip()
-    restarted = env.get("SLURM_RESTART_COUNT", "0").strip() not in ("", "0")
-    return job if job and not restarted else None
+    return env.get(STANDBY_FOR, "").strip() or None
+
+
+def restarted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the scheduler started this run again (Slurm's SLURM_RESTART_COUNT above 0)."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURM_RESTART_COUNT", "0").strip() not in ("", "0")
 
 
 @dataclass(frozen=True)

@@ -117,11 +117,14 @@ class SlurmActuator:
         if not JOB_ID.fullmatch(job_id):
             done.append(f"job id {job_id!r} is not a Slurm job id, requeued nothing")
             return Outcome(False, "slurm: " + "; ".join(done))
+        return self._requeue(job_id, done)
+
+    def _requeue(self, job_id: str, done: list[str]) -> Outcome:
         failure = self._scontrol("requeue", job_id)
         if failure:
             done.append(f"requeue of job {job_id} failed: {failure}")
             return Outcome(False, "slurm: " + "; ".join(done))
-        log.info("requeued Slurm job %s from node %s", job_id, node)
+        log.info("requeued Slurm job %s", job_id)
         done.append(f"requeued job {job_id}")
         return Outcome(True, "slurm: " + "; ".join(done))
 
@@ -131,6 +134,12 @@ class SlurmActuator:
         if not JOB_ID.fullmatch(job_id):
             done.append(f"job id {job_id!r} is not a Slurm job id, cancelled nothing")
             return Outcome(False, "slurm: " + "; ".join(done))
+        state = self._standby_state(standby)
+        if state != "RUNNING":
+            # The standby was told to go and is gone (or never was a Slurm job): ending the job too
+            # would lose it. Requeue it, from the same snapshot, as without a spare.
+            done.append(f"standby job {standby} is not running ({state or 'unknown to squeue'})")
+            return self._requeue(job_id, done)
         failure = self.commands.run("scancel", job_id)
         if isinstance(failure, str):
             done.append(f"cancelling job {job_id} failed: {failure}")
@@ -140,6 +149,13 @@ class SlurmActuator:
         )
         done.append(f"cancelled job {job_id}, handed over to standby job {standby}")
         return Outcome(True, "slurm: " + "; ".join(done))
+
+    def _standby_state(self, standby: str) -> str:
+        """The standby job's state as squeue shows it ("" when squeue does not know it)."""
+        if not JOB_ID.fullmatch(standby):
+            return ""
+        shown = self.commands.run("squeue", "-h", "-j", standby, "-o", "%T")
+        return shown.stdout.strip() if not isinstance(shown, str) else ""
 
     def node_state(self, node: str) -> tuple[str, str]:
         """(state, reason) of a node from `scontrol show node -o`: "IDLE+DRAIN", "faultcast alert 7: ...".

@@ -12,12 +12,13 @@ The standby runs as the job's owner: a service running as root submits it with `
 the job; a service running as another user readies spares only for its own user's jobs (anything
 else would run the user's script with the service's rights). Its environment is the owner's login
 environment (`--get-user-env`, root only) plus the two variables, not the service's (`export`,
-default "NONE"; "ALL" passes the service's environment on, for sites that want that). It is not
-requeued by Slurm (`--no-requeue`): a standby restarted as an ordinary run would train beside the
-job. Array jobs get no standby (the copy would not be the same task). Copied from the job: nodes,
-tasks (and per node), CPUs per task, memory per node, generic resources (GPUs), time limit,
-account, QOS, constraints, working directory and output files (appended to). Everything goes
-through the binaries, argument lists only, as the Slurm actuator does.
+default "NONE"; "ALL" passes the service's environment on, for sites that want that). It keeps
+the job's requeue flag: a standby Slurm starts again after it took the job over resumes as the
+job; one started again before that stands down (faultcast.client.standby). Array jobs get no
+standby (the copy would not be the same task). Copied from the job: nodes, tasks (and per node),
+CPUs per task, memory per node, generic resources (GPUs), time limit, account, QOS, constraints,
+working directory and output files (appended to). Everything goes through the binaries, argument
+lists only, as the Slurm actuator does.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class SlurmSpares:
             "--export="
             + _export(self.export, f"{STANDBY_FOR}={request.job_id},{STANDBY_ALERT}={request.alert_id}"),
             "--open-mode=append",
-            "--no-requeue",
+            "--requeue" if fields.get("Requeue") == "1" else "--no-requeue",
         ]
         partition = self.partition or fields.get("Partition", "")
         if partition:

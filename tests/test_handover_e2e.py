@@ -6,7 +6,7 @@ The first alert on the job's node (snapshot only) makes the service submit a sta
 waits on the service. When the alert asks to migrate, the job snapshots and acknowledges, the standby
 is told to go on from that snapshot, the node is drained and the old job cancelled: the job finishes
 on the spare with parameters bit-identical to an uninterrupted run, one step at most redone. A false
-alarm releases the spare (the standby exits, status 0) and the job trains on where it was.
+alarm releases the spare (the standby exits, status 75) and the job trains on where it was.
 tests/handover_flow.py drives both; bench/migration.py times them.
 """
 

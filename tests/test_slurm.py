@@ -173,7 +173,7 @@ def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_releas
         shown = cluster.run("scontrol", "show", "job", "-o", standby).stdout
         assert "JobName=fc-warned-standby" in shown
         assert f"ExcNodeList={doomed}" in shown
-        assert "Requeue=0" in shown  # restarted by Slurm, a standby would train beside the job
+        assert "Requeue=1" in shown  # the job's own flag (a standby started again stands down)
         assert "UserId=root(0)" in shown  # the job's owner (root here, as the suite runs)
 
         released = _spares(cluster).release(_request(job_id, doomed), standby, "a false alarm")
@@ -206,6 +206,8 @@ def test_a_handed_over_job_is_cancelled_not_requeued(cluster: SlurmCluster, actu
     job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-handed", "--wrap", "sleep 300")
     cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
     node = cluster.job(job_id)[1]
+    standby = cluster.sbatch("--nodes=1", f"--exclude={node}", "--job-name=fc-standby", "--wrap", "sleep 300")
+    cluster.wait_for(f"standby {standby} running", lambda: cluster.job(standby)[0] == "RUNNING")
     remediation = Remediation(
         alert_id=12,
         node=node,
@@ -214,12 +216,45 @@ def test_a_handed_over_job_is_cancelled_not_requeued(cluster: SlurmCluster, actu
         risk=0.5,
         job_id=job_id,
         requeue=False,
-        handover_to="4242",
+        handover_to=standby,
     )
+    try:
+        outcome = actuator.remediate(remediation)
 
-    outcome = actuator.remediate(remediation)
+        assert outcome.ok, outcome.detail
+        assert f"cancelled job {job_id}, handed over to standby job {standby}" in outcome.detail
+        assert "DRAIN" in actuator.node_state(node)[0]
+        cluster.wait_for(f"job {job_id} gone", lambda: cluster.job(job_id) == ("", ""))
+        assert cluster.job(standby)[0] == "RUNNING"
+    finally:
+        cluster.run("scancel", standby, check=False)
 
-    assert outcome.ok, outcome.detail
-    assert f"cancelled job {job_id}, handed over to standby job 4242" in outcome.detail
-    assert "DRAIN" in actuator.node_state(node)[0]
-    cluster.wait_for(f"job {job_id} gone", lambda: cluster.job(job_id) == ("", ""))
+
+def test_a_job_whose_standby_is_gone_is_requeued_rather_than_lost(
+    cluster: SlurmCluster, actuator: SlurmActuator
+) -> None:
+    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-orphan", "--wrap", "sleep 300")
+    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+    node = cluster.job(job_id)[1]
+    remediation = Remediation(
+        alert_id=13,
+        node=node,
+        gpu=3,
+        mode="hbm_wear",
+        risk=0.5,
+        job_id=job_id,
+        requeue=False,
+        handover_to="999998",
+    )
+    try:
+        outcome = actuator.remediate(remediation)
+
+        assert outcome.ok, outcome.detail
+        assert "standby job 999998 is not running" in outcome.detail
+        assert f"requeued job {job_id}" in outcome.detail
+        cluster.wait_for(
+            f"job {job_id} requeued",
+            lambda: cluster.job(job_id)[0] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"),
+        )
+    finally:
+        cluster.run("scancel", job_id, check=False)

@@ -13,17 +13,20 @@ from faultcast.client.snapshots import SnapshotStore
 
 
 @pytest.mark.parametrize(
-    ("env", "expected"),
+    ("env", "expected", "again"),
     [
-        ({"FAULTCAST_STANDBY_FOR": "41"}, "41"),
-        ({"FAULTCAST_STANDBY_FOR": "41", "SLURM_RESTART_COUNT": "0"}, "41"),
-        ({"FAULTCAST_STANDBY_FOR": "41", "SLURM_RESTART_COUNT": "1"}, None),  # Slurm restarted it
-        ({"FAULTCAST_STANDBY_FOR": " "}, None),
-        ({}, None),
+        ({"FAULTCAST_STANDBY_FOR": "41"}, "41", False),
+        ({"FAULTCAST_STANDBY_FOR": "41", "SLURM_RESTART_COUNT": "0"}, "41", False),
+        ({"FAULTCAST_STANDBY_FOR": "41", "SLURM_RESTART_COUNT": "1"}, "41", True),  # Slurm started it again
+        ({"FAULTCAST_STANDBY_FOR": " "}, None, False),
+        ({}, None, False),
     ],
 )
-def test_a_run_stands_by_only_when_asked_and_not_restarted(env: dict[str, str], expected: str | None) -> None:
+def test_a_run_knows_whether_it_stands_by_and_whether_it_was_started_again(
+    env: dict[str, str], expected: str | None, again: bool
+) -> None:
     assert standby.standby_for(env) == expected
+    assert standby.restarted(env) is again
 
 
 def test_a_run_that_took_over_is_remembered_for_its_own_id_only(tmp_path: Path) -> None:
