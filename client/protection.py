@@ -134,7 +134,9 @@ class Protection:
         # yet); rank 0 asks the service for the hand-over on a channel of its own.
         self._asker: standby.HandOverAsker | None = None
         if self.standby_for and self.rank == 0 and target is not None:
-            self._asker = standby.HandOverAsker(target, credentials, self.job_id, self.node)
+            self._asker = standby.HandOverAsker(
+                target, credentials, self.job_id, self.node, standby.standby_alert()
+            )
         if not self.standby_for:
             self._start_guard()
         self._inflight: tuple[int, Future[None]] | None = None

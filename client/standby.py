@@ -35,6 +35,7 @@ from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 log = logging.getLogger(__name__)
 
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"
+STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"
 STANDBY_WAIT_S = 3600.0  # a standby gives up (exit 75) when nothing came this long
 POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; every rank hears each answer
 
@@ -77,6 +78,13 @@ def standby_for(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(STANDBY_FOR, "").strip() or None
 
 
+def standby_alert(environ: Mapping[str, str] | None = None) -> int:
+    """The alert this standby was started for (FAULTCAST_STANDBY_ALERT; 0 when not set or not a number)."""
+    env = os.environ if environ is None else environ
+    value = env.get(STANDBY_ALERT, "").strip()
+    return int(value) if value.isdigit() else 0
+
+
 def restarted(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the scheduler started this run again (Slurm's SLURM_RESTART_COUNT above 0)."""
     env = os.environ if environ is None else environ
@@ -98,9 +106,14 @@ class HandOverAsker:
     """Rank 0's channel to the service while it stands by (the guard starts only at the take-over)."""
 
     def __init__(
-        self, target: str, credentials: grpc.ChannelCredentials | None, job_id: str, node: str
+        self,
+        target: str,
+        credentials: grpc.ChannelCredentials | None,
+        job_id: str,
+        node: str,
+        alert_id: int = 0,
     ) -> None:
-        self.job_id, self.node = job_id, node
+        self.job_id, self.node, self.alert_id = job_id, node, alert_id
         self._channel = (
             grpc.secure_channel(target, credentials)
             if credentials is not None
@@ -114,7 +127,11 @@ class HandOverAsker:
         """The service's word, held by it up to `wait_s`; None when it could not be asked (a pause
         of a second first, so an unreachable or refusing service is not asked in a tight loop)."""
         request = apb.AwaitHandOverRequest(
-            standby_for=standby_for, job_id=self.job_id, node=self.node, wait_seconds=wait_s
+            standby_for=standby_for,
+            job_id=self.job_id,
+            node=self.node,
+            wait_seconds=wait_s,
+            alert_id=self.alert_id,
         )
         try:
             reply: apb.HandOver = self._stub.AwaitHandOver(request, timeout=wait_s + 10.0)

@@ -374,7 +374,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
                 state=apb.HAND_OVER_STATE_RELEASED, reason="this service readies no spares (no --spares)"
             )
         reply = self.prescheduler.await_hand_over(
-            request.standby_for, request.job_id, request.node, request.wait_seconds
+            request.standby_for, request.job_id, request.node, request.wait_seconds, alert_id=request.alert_id
         )
         return apb.HandOver(
             state=reply.state,

@@ -40,7 +40,7 @@ Clock = Callable[[], float]
 _RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
 # What a standby's environment carries (every provider sets them; faultcast.client.standby reads the first).
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job it stands by for
-STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it, for logs
+STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it: the standby names it when it asks
 # The longest a standby's AwaitHandOver is held before it is answered "waiting" (it asks again).
 MAX_WAIT_S = 30.0
 # Calls held at once per spare (a standby asks from one rank; two cover a reconnect's overlap):
@@ -336,16 +336,25 @@ class Prescheduler:
             step,
         )
 
-    def await_hand_over(self, standby_for: str, job_id: str, node: str, wait_s: float) -> HandOverReply:
+    def await_hand_over(
+        self, standby_for: str, job_id: str, node: str, wait_s: float, *, alert_id: int = 0
+    ) -> HandOverReply:
         """A standby's call: answered at once when its spare was handed over or released, else held
         up to `wait_s` (at most MAX_WAIT_S) and answered "waiting". While held, the standby counts
-        as alive, which is what `hand_over` needs."""
+        as alive, which is what `hand_over` needs. `alert_id`: the alert the standby was started
+        for (0: unknown); a standby of an earlier spare of the job is let go."""
         deadline = self.clock() + max(0.0, min(wait_s, MAX_WAIT_S))
         with self._cv:
             spare = self._spares.get(standby_for)
             if spare is None:
                 return HandOverReply(
                     apb.HAND_OVER_STATE_RELEASED, reason=f"no spare was asked for job {standby_for}"
+                )
+            if alert_id and alert_id != spare.request.alert_id:
+                return HandOverReply(
+                    apb.HAND_OVER_STATE_RELEASED,
+                    reason=f"this standby was started for alert {alert_id}; job {standby_for}'s spare "
+                    f"is for alert {spare.request.alert_id}",
                 )
             if spare.standby_job and spare.standby_job != job_id:
                 return HandOverReply(

@@ -2,7 +2,8 @@
 whatever scheduler it drives.
 
 `prepare` POSTs {"event": "prepare_spare", "job_id", "node" (the doomed one: the replacement must not
-land there), "alert_id", "gpu", "mode", "risk", "standby_env": {"FAULTCAST_STANDBY_FOR": job_id}};
+land there), "alert_id", "gpu", "mode", "risk", "standby_env": {"FAULTCAST_STANDBY_FOR": job_id,
+"FAULTCAST_STANDBY_ALERT": alert_id}};
 the receiver starts the job's own command away from that node with `standby_env` added, and the
 trainer there stands by (client/standby.py). Any 2xx answer is ok; a JSON answer's "handle" (a string)
 names the replacement for `release`, else the handle is "alert-<alert id>". `release` POSTs
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from faultcast.service.actuators import Outcome
-from faultcast.service.spares import STANDBY_FOR, Prepared, SpareRequest
+from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class WebhookSpares:
                 "gpu": request.gpu,
                 "mode": request.mode,
                 "risk": request.risk,
-                "standby_env": {STANDBY_FOR: request.job_id},
+                "standby_env": {STANDBY_FOR: request.job_id, STANDBY_ALERT: str(request.alert_id)},
             },
             timeout_s=self.timeout_s,
             headers=self.headers,

@@ -10,16 +10,13 @@ of training instead of racing it.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -38,6 +35,7 @@ from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.conftest import require_binary
 from tests.fixtures.guarded_job import STUCK_MARK
+from tests.handover_flow import Job  # the job's events and waits, shared with the hand-over tests
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
 JOB = Path(__file__).parent / "fixtures" / "guarded_job.py"
@@ -135,32 +133,6 @@ def faultcast(service_model: Path, tmp_path: Path, cluster: SlurmCluster) -> Ite
     cluster.run("scancel", "--user", "root", check=False)
     for node in cluster.nodes:
         cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-
-
-@dataclass
-class Job:
-    cluster: SlurmCluster
-    job_id: str
-    out: Path
-    snapshots: Path
-
-    @property
-    def log(self) -> Path:
-        return self.cluster.root / f"job-{self.job_id}.out"
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        path = self.out / "events.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        parsed = [json.loads(line) for line in lines if line.endswith("}")]
-        return [e for e in parsed if kind is None or e["event"] == kind]
-
-    def wait(self, what: str, predicate: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not predicate():
-            if time.monotonic() > deadline:
-                log = self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(no job output)"
-                raise AssertionError(f"job {self.job_id}: timed out waiting for {what}\n{log}")
-            time.sleep(0.2)  # polling the job's event file, which the job appends to
 
 
 def _submit(cluster: SlurmCluster, tmp_path: Path, *options: str) -> Job:

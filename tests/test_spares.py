@@ -239,6 +239,19 @@ def test_a_refused_request_fails_the_spare_and_a_standby_is_let_go(
         prescheduler.stop()
 
 
+def test_a_standby_of_an_earlier_alert_is_let_go(prescheduler: Prescheduler) -> None:
+    prescheduler.on_alerts([_alert(7, "node-a")])
+    prescheduler.drain_calls()
+    stale = prescheduler.await_hand_over("job-1", "old-standby", "node-z", 0.0, alert_id=3)
+    assert stale.state == apb.HAND_OVER_STATE_RELEASED
+    assert "started for alert 3" in stale.reason
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert spare.state == SpareState.ASKED  # the spare still waits for its own standby
+    own = prescheduler.await_hand_over("job-1", "new-standby", "node-y", 0.0, alert_id=7)
+    assert own.state == apb.HAND_OVER_STATE_WAITING
+
+
 def test_standbys_nobody_asked_for_or_a_second_one_are_let_go(prescheduler: Prescheduler) -> None:
     stray = prescheduler.await_hand_over("job-9", "standby-x", "node-z", 0.0)
     assert stray.state == apb.HAND_OVER_STATE_RELEASED

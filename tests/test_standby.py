@@ -29,6 +29,12 @@ def test_a_run_knows_whether_it_stands_by_and_whether_it_was_started_again(
     assert standby.restarted(env) is again
 
 
+def test_the_standbys_alert_comes_from_its_environment() -> None:
+    assert standby.standby_alert({"FAULTCAST_STANDBY_ALERT": "1796"}) == 1796
+    assert standby.standby_alert({"FAULTCAST_STANDBY_ALERT": "x"}) == 0
+    assert standby.standby_alert({}) == 0
+
+
 def test_a_run_that_took_over_is_remembered_for_its_own_id_only(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path)
     assert not standby.took_over(store, "77")

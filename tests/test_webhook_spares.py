@@ -79,7 +79,7 @@ def test_prepare_posts_the_event_and_keeps_the_receivers_handle(receiver: tuple[
         "gpu": 3,
         "mode": "hbm_wear",
         "risk": 0.61,
-        "standby_env": {"FAULTCAST_STANDBY_FOR": "1234"},
+        "standby_env": {"FAULTCAST_STANDBY_FOR": "1234", "FAULTCAST_STANDBY_ALERT": "42"},
     }
 
 

@@ -863,6 +863,7 @@ class AwaitHandOverRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    ALERT_ID_FIELD_NUMBER: _builtins.int
     standby_for: _builtins.str
     """The job this process stands by for (its trainer identity must be that job's)."""
     job_id: _builtins.str
@@ -870,6 +871,10 @@ class AwaitHandOverRequest(_message.Message):
     node: _builtins.str
     wait_seconds: _builtins.float
     """How long the service may hold the call before answering WAITING (it holds at most 30 s)."""
+    alert_id: _builtins.int
+    """The alert whose spare this standby is (FAULTCAST_STANDBY_ALERT in its environment); 0 when not
+    known. A standby of an earlier spare of the job is told RELEASED, not the new spare's word.
+    """
     def __init__(
         self,
         *,
@@ -877,10 +882,11 @@ class AwaitHandOverRequest(_message.Message):
         job_id: _builtins.str = ...,
         node: _builtins.str = ...,
         wait_seconds: _builtins.float = ...,
+        alert_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "node", b"node", "standby_for", b"standby_for", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "job_id", b"job_id", "node", b"node", "standby_for", b"standby_for", "wait_seconds", b"wait_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
