@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from typing import Protocol, TypeVar, TypeVarTuple
@@ -24,7 +25,7 @@ from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, cur
 from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
-from faultcast.service.spares import Prescheduler
+from faultcast.service.spares import MAX_WAIT_S, HandOverReply, Prescheduler
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.service.state_db import MAX_STORED_INT
@@ -33,6 +34,7 @@ from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
 _POLL_S = 0.5  # how often a quiet stream checks that its subscriber is still there
+HAND_OVER_POLL_S = 0.02  # how often a held AwaitHandOver looks for its answer (GO costs at most this)
 _BATCH = 1000  # events read from the log at a time
 _SQL_NODES = 64  # a live stream's nodes are filtered by SQLite up to this many, beyond by Python
 HEAD_ID_KEY = "faultcast-head-id"  # trailing metadata of an OUT_OF_RANGE refusal: the log's head
@@ -351,31 +353,32 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             self.prescheduler.note_job(request.job_id, stands_by=request.stands_by)
         return apb.RegisterJobResponse()
 
-    def AwaitHandOver(  # noqa: N802
-        self, request: apb.AwaitHandOverRequest, context: grpc.ServicerContext
+    async def AwaitHandOver(  # noqa: N802
+        self,
+        request: apb.AwaitHandOverRequest,
+        context: grpc.aio.ServicerContext[apb.AwaitHandOverRequest, apb.HandOver],
     ) -> apb.HandOver:
         """A standby's long poll: held up to its wait (at most spares.MAX_WAIT_S) until its job is
-        handed over or its spare released. A trainer asks only for its own job."""
+        handed over or its spare released. A coroutine on the event loop, looking every
+        HAND_OVER_POLL_S: a held call costs no thread. A trainer asks only for its own job."""
         if not request.standby_for or not request.job_id:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "name the job stood by for and this standby's own job id"
             )
         if not (request.wait_seconds >= 0 and math.isfinite(request.wait_seconds)):
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"wait_seconds {request.wait_seconds} is not a wait"
             )
         if self.policy is not None:
             try:
                 self.policy.check_job(current(), request.standby_for)
             except AuthError as denied:
-                context.abort(*refuse(self.policy, denied, context.peer()))
+                await context.abort(*refuse(self.policy, denied, context.peer()))
         if self.prescheduler is None:
             return apb.HandOver(
                 state=apb.HAND_OVER_STATE_RELEASED, reason="this service readies no spares (no --spares)"
             )
-        reply = self.prescheduler.await_hand_over(
-            request.standby_for, request.job_id, request.node, request.wait_seconds, alert_id=request.alert_id
-        )
+        reply = await self._held(self.prescheduler, request)
         return apb.HandOver(
             state=reply.state,
             alert_id=reply.alert_id,
@@ -383,6 +386,22 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             checkpoint_uri=reply.checkpoint_uri,
             reason=reply.reason,
         )
+
+    async def _held(self, prescheduler: Prescheduler, request: apb.AwaitHandOverRequest) -> HandOverReply:
+        arrived = prescheduler.arrive(
+            request.standby_for, request.job_id, request.node, alert_id=request.alert_id
+        )
+        if isinstance(arrived, HandOverReply):
+            return arrived
+        deadline = time.monotonic() + min(request.wait_seconds, MAX_WAIT_S)
+        try:  # a standby that goes away cancels this coroutine: `leave` still runs
+            while time.monotonic() < deadline and not self.stopping.is_set():
+                if prescheduler.answer(arrived) is not None:
+                    break
+                await asyncio.sleep(HAND_OVER_POLL_S)
+        finally:
+            reply = prescheduler.leave(arrived)
+        return reply
 
 
 class AdminServicer(apb_grpc.AdminServicer):

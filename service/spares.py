@@ -46,6 +46,8 @@ MAX_WAIT_S = 30.0
 # Calls held at once per spare (a standby asks from one rank; two cover a reconnect's overlap):
 # more are answered "waiting" at once, so no caller can pin the service's threads with them.
 MAX_HELD = 2
+# A released standby that was waiting hears it and exits by itself; the scheduler ends it only after.
+GIVE_BACK_AFTER_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +139,13 @@ class Prescheduler:
         metrics: ServiceMetrics,
         *,
         clock: Clock = time.monotonic,
+        give_back_after_s: float = GIVE_BACK_AFTER_S,
     ) -> None:
-        """`jobs`: the registered jobs and their nodes (the state store's), read when an alert opens."""
+        """`jobs`: the registered jobs and their nodes (the state store's), read when an alert opens.
+        `give_back_after_s`: how long a released standby that heard it is given to exit by itself
+        before the scheduler is told to end it."""
         self.provider, self.jobs, self.metrics, self.clock = provider, jobs, metrics, clock
+        self.give_back_after_s = give_back_after_s
         self._spares: dict[str, Spare] = {}  # job id -> its newest spare
         # Jobs whose trainer registered as able to stand by (kept in memory: a guard registers again
         # on every connect, so a restarted service hears it again).
@@ -263,9 +269,18 @@ class Prescheduler:
                 return False
             self._end(spare, SpareState.RELEASED, why)
             asked = bool(spare.handle)
+            heard = spare.waiting > 0  # a standby held right now hears "released" and exits itself
         self._count("released")
         log.info("spare for job %s released: %s", job_id, why)
-        if asked:
+        if asked and heard and self.give_back_after_s > 0:
+            # Its own exit first (status 75, its log says why); the scheduler's cancel after, for
+            # one that does not go.
+            later = threading.Timer(
+                self.give_back_after_s, lambda: self._calls.put(lambda: self._give_back(spare))
+            )
+            later.daemon = True
+            later.start()
+        elif asked:
             self._calls.put(lambda: self._give_back(spare))
         return True
 
@@ -336,14 +351,10 @@ class Prescheduler:
             step,
         )
 
-    def await_hand_over(
-        self, standby_for: str, job_id: str, node: str, wait_s: float, *, alert_id: int = 0
-    ) -> HandOverReply:
-        """A standby's call: answered at once when its spare was handed over or released, else held
-        up to `wait_s` (at most MAX_WAIT_S) and answered "waiting". While held, the standby counts
-        as alive, which is what `hand_over` needs. `alert_id`: the alert the standby was started
-        for (0: unknown); a standby of an earlier spare of the job is let go."""
-        deadline = self.clock() + max(0.0, min(wait_s, MAX_WAIT_S))
+    def arrive(self, standby_for: str, job_id: str, node: str, *, alert_id: int = 0) -> HandOverReply | Spare:
+        """A standby asks: a final answer at once (no spare, another standby's, an earlier alert's,
+        too many calls held, or handed over or released already), else its spare, now counted as
+        held until `leave`: while held, the standby counts as alive, which is what `reserve` needs."""
         with self._cv:
             spare = self._spares.get(standby_for)
             if spare is None:
@@ -368,17 +379,43 @@ class Prescheduler:
             if first:
                 self._count("ready")
                 log.info("standby %s on %s waits to take over job %s", job_id, node, standby_for)
-            if spare.waiting >= MAX_HELD:
-                return self._reply(spare)  # answered at once: held calls are capped per spare
+            if not self._waits(spare) or spare.waiting >= MAX_HELD:
+                return self._reply(spare)  # final, or answered at once: held calls are capped per spare
             spare.waiting += 1
+            return spare
+
+    def answer(self, spare: Spare) -> HandOverReply | None:
+        """The held standby's answer once there is one (None while it should wait on)."""
+        with self._cv:
+            return None if self._waits(spare) else self._reply(spare)
+
+    def leave(self, spare: Spare) -> HandOverReply:
+        """The held call ends (answered, timed out, or cancelled by the standby): its answer now."""
+        with self._cv:
+            spare.waiting -= 1
+            return self._reply(spare)
+
+    def _waits(self, spare: Spare) -> bool:
+        return spare.state in (SpareState.READY, SpareState.RESERVED) and not self._stopping
+
+    def await_hand_over(
+        self, standby_for: str, job_id: str, node: str, wait_s: float, *, alert_id: int = 0
+    ) -> HandOverReply:
+        """`arrive`, held on this thread up to `wait_s` (at most MAX_WAIT_S), then `leave`: the
+        blocking form of the standby's call (the service's RPC waits on its event loop instead)."""
+        deadline = self.clock() + max(0.0, min(wait_s, MAX_WAIT_S))
+        arrived = self.arrive(standby_for, job_id, node, alert_id=alert_id)
+        if isinstance(arrived, HandOverReply):
+            return arrived
+        with self._cv:
             try:
-                while spare.state in (SpareState.READY, SpareState.RESERVED) and not self._stopping:
+                while self._waits(arrived):
                     left = deadline - self.clock()
                     if left <= 0 or not self._cv.wait(left):
                         break
             finally:
-                spare.waiting -= 1
-            return self._reply(spare)
+                arrived.waiting -= 1
+            return self._reply(arrived)
 
     @staticmethod
     def _reply(spare: Spare) -> HandOverReply:

@@ -42,7 +42,7 @@ def parts(tmp_path: Path) -> Iterator[Parts]:
     store, clock, provider = StateStore.in_dir(tmp_path), Clock(), RecordingProvider()
     store.jobs.register("j1", ["a"])
     metrics = ServiceMetrics()
-    prescheduler = Prescheduler(provider, store.jobs.all, metrics)
+    prescheduler = Prescheduler(provider, store.jobs.all, metrics, give_back_after_s=0.0)
     prescheduler.note_job("j1", stands_by=True)
     prescheduler.start()
     actuator = NoopActuator()

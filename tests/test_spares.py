@@ -58,7 +58,8 @@ def metrics() -> ServiceMetrics:
 
 @pytest.fixture
 def prescheduler(provider: RecordingProvider, metrics: ServiceMetrics) -> Iterator[Prescheduler]:
-    running = _standing_by(Prescheduler(provider, lambda: JOBS, metrics))
+    # The scheduler is told at once here; the delay a standby gets to exit by itself has its own test.
+    running = _standing_by(Prescheduler(provider, lambda: JOBS, metrics, give_back_after_s=0.0))
     running.start()
     yield running
     running.stop()
@@ -192,6 +193,30 @@ def test_a_false_alarm_releases_the_spare_and_its_standby_hears_why(
     prescheduler.on_alerts([_alert(5, "node-b")])
     prescheduler.drain_calls()
     assert [r.alert_id for r in provider.prepared] == [1, 5]
+
+
+def test_a_released_standby_that_heard_it_gets_time_to_exit_before_the_scheduler_ends_it(
+    provider: RecordingProvider, metrics: ServiceMetrics
+) -> None:
+    prescheduler = _standing_by(Prescheduler(provider, lambda: JOBS, metrics, give_back_after_s=600.0))
+    prescheduler.start()
+    try:
+        prescheduler.on_alerts([_alert(1, "node-a")])
+        prescheduler.drain_calls()
+        thread, answers = _standby(prescheduler, "job-1")
+        assert prescheduler.release("job-1", "a false alarm")
+        thread.join(WAIT_S)
+        prescheduler.drain_calls()
+        assert answers[0].state == apb.HAND_OVER_STATE_RELEASED
+        assert provider.released == []  # not yet: the standby exits by itself first
+        # One nobody waits for is given back at once.
+        prescheduler.on_alerts([_alert(2, "node-c")])
+        prescheduler.drain_calls()
+        assert prescheduler.release("job-2", "a false alarm")
+        prescheduler.drain_calls()
+        assert provider.released == [("standby-2", "a false alarm")]
+    finally:
+        prescheduler.stop()
 
 
 def test_a_gpu_gone_dark_before_any_snapshot_releases_the_spare(
