@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,10 +34,9 @@ from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.conftest import require_binary
 from tests.fixtures.guarded_job import STUCK_MARK
-from tests.handover_flow import Job  # the job's events and waits, shared with the hand-over tests
+from tests.handover_flow import Job, JobShape, torchrun  # shared with the hand-over tests
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
-JOB = Path(__file__).parent / "fixtures" / "guarded_job.py"
 STEPS, HOLD_AT, AGREE_EVERY = 120, 32, 5
 NEXT_AGREEMENT = 35  # the first agreement step after the hold: the snapshot step
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
@@ -53,24 +51,7 @@ def cluster() -> Iterator[SlurmCluster]:
 
 
 def _torchrun(out: Path, snapshots: Path, *options: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(JOB),
-        "--out",
-        str(out),
-        "--snapshots",
-        str(snapshots),
-        "--steps",
-        str(STEPS),
-        "--agree-every",
-        str(AGREE_EVERY),
-        *options,
-    ]
+    return torchrun(out, snapshots, JobShape(steps=STEPS, agree_every=AGREE_EVERY), *options)
 
 
 @pytest.fixture(scope="module")
