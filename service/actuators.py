@@ -22,7 +22,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,36 @@ class NoopActuator:
         return Outcome(True, f"noop: would drain {remediation.node}")
 
 
+MAX_ANSWER = 64 * 1024  # the most of a webhook receiver's answer read (a spare's handle)
+
+
+@dataclass(frozen=True, slots=True)
+class Posted:
+    """How one POST went: `ok` on a 2xx; `detail` says what came back; `body` is the answer."""
+
+    ok: bool
+    detail: str
+    body: bytes = b""
+
+
+def post_json(url: str, payload: dict[str, Any], *, timeout_s: float, headers: dict[str, str]) -> Posted:
+    """POST `payload` as JSON to `url` (checked http(s) by the caller); never raises for a refusal
+    or an unreachable receiver, which is a Posted that is not ok."""
+    request = urllib.request.Request(  # noqa: S310 (the scheme is checked by the caller)
+        url,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            return Posted(True, f"HTTP {response.status}", response.read(MAX_ANSWER))
+    except urllib.error.HTTPError as exc:
+        return Posted(False, f"HTTP {exc.code} {exc.reason}")
+    except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, timed out
+        return Posted(False, str(exc))
+
+
 class WebhookActuator:
     """POSTs the remediation as JSON to a URL; any 2xx is success."""
 
@@ -93,17 +123,9 @@ class WebhookActuator:
 
     def remediate(self, remediation: Remediation) -> Outcome:
         """POST the remediation (and its reason) as JSON; ok on any 2xx answer."""
-        body = json.dumps({**asdict(remediation), "reason": remediation.reason}).encode()
-        request = urllib.request.Request(  # noqa: S310 (the scheme is checked in __init__)
-            self.url, data=body, method="POST", headers={"Content-Type": "application/json", **self.headers}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
-                return Outcome(True, f"webhook {self.url}: HTTP {response.status}")
-        except urllib.error.HTTPError as exc:
-            return Outcome(False, f"webhook {self.url}: HTTP {exc.code} {exc.reason}")
-        except (urllib.error.URLError, OSError) as exc:
-            return Outcome(False, f"webhook {self.url}: {exc}")
+        payload = {**asdict(remediation), "reason": remediation.reason}
+        posted = post_json(self.url, payload, timeout_s=self.timeout_s, headers=self.headers)
+        return Outcome(posted.ok, f"webhook {self.url}: {posted.detail}")
 
 
 @dataclass(frozen=True, slots=True)

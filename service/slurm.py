@@ -91,7 +91,7 @@ class SlurmActuator:
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("the Slurm actuator needs a positive timeout")
-        self.scontrol, self.env, self.timeout_s = scontrol, dict(env or {}), timeout_s
+        self.scontrol = scontrol
         where = Path(scontrol).parent if os.sep in scontrol else None
         self.commands = SlurmCommands(where, env=env, timeout_s=timeout_s)
 

@@ -33,7 +33,6 @@ from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, Spare
 
 log = logging.getLogger(__name__)
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z/]+)=(\S*)")
-_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SLURM_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._&|,\[\]*-]*")  # an account, QOS or constraint expression
 
 
@@ -52,7 +51,7 @@ class SlurmSpares:
         export: str = "NONE",
     ) -> None:
         for what, value in (("partition", partition), ("reservation", reservation)):
-            if value and not _SLURM_NAME.fullmatch(value):
+            if value and not NODE_NAME.fullmatch(value):  # one plain Slurm name, as a node's
                 raise ValueError(f"spare {what} {value!r} is not a Slurm name")
         self.commands, self.partition, self.reservation, self.export = (
             commands,

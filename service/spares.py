@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from faultcast.service.actuators import Outcome
@@ -110,7 +110,6 @@ class Spare:
     step: int = 0  # the hand-over: the snapshot's step and where it is
     checkpoint_uri: str = ""
     why: str = ""  # why it was released or failed
-    changed: list[float] = field(default_factory=list)  # when the state last moved, for waiters
 
     @property
     def open(self) -> bool:
@@ -294,7 +293,6 @@ class Prescheduler:
     def _end(self, spare: Spare, state: SpareState, why: str) -> None:
         """Move the spare to a final state and wake its standby (the condition held)."""
         spare.state, spare.why = state, why
-        spare.changed.append(self.clock())
         self._cv.notify_all()
 
     # -- the hand-over --------------------------------------------------------------------------

@@ -19,45 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from typing import Any
 
-from faultcast.service.actuators import Outcome
+from faultcast.service.actuators import Outcome, post_json
 from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
 
 log = logging.getLogger(__name__)
 
-MAX_ANSWER = 64 * 1024  # the most of a receiver's answer read for its handle
 MAX_HANDLE = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Posted:
-    """How one POST went: `ok` on a 2xx; `detail` says what came back; `body` is the answer."""
-
-    ok: bool
-    detail: str
-    body: bytes = b""
-
-
-def post_json(url: str, payload: dict[str, Any], *, timeout_s: float, headers: dict[str, str]) -> Posted:
-    """POST `payload` as JSON to `url` (checked http(s) by the caller); never raises for a refusal
-    or an unreachable receiver, which is a Posted that is not ok."""
-    request = urllib.request.Request(  # noqa: S310 (the scheme is checked by the caller)
-        url,
-        data=json.dumps(payload).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json", **headers},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            return Posted(True, f"HTTP {response.status}", response.read(MAX_ANSWER))
-    except urllib.error.HTTPError as exc:
-        return Posted(False, f"HTTP {exc.code} {exc.reason}")
-    except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, timed out
-        return Posted(False, str(exc))
 
 
 class WebhookSpares:

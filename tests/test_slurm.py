@@ -131,6 +131,13 @@ def test_parse_node_line_without_a_reason_or_stamp() -> None:
 # -- spares (service/slurm_spares.py) and the hand-over's end of the old job ---------------------
 
 
+def _running(cluster: SlurmCluster, *options: str) -> tuple[str, str]:
+    """Submit a job and wait until it runs: (its id, its node)."""
+    job_id = cluster.sbatch(*options)
+    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+    return job_id, cluster.job(job_id)[1]
+
+
 def _spares(cluster: SlurmCluster, **settings: str) -> SlurmSpares:
     # A variable of the service's own environment: the standby must not see it.
     env = {"SLURM_CONF": str(cluster.conf), "FAULTCAST_SERVICE_ONLY": "leaked"}
@@ -203,11 +210,10 @@ def test_a_spare_for_a_job_slurm_does_not_know_is_refused_with_the_reason(cluste
 
 
 def test_a_handed_over_job_is_cancelled_not_requeued(cluster: SlurmCluster, actuator: SlurmActuator) -> None:
-    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-handed", "--wrap", "sleep 300")
-    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
-    node = cluster.job(job_id)[1]
-    standby = cluster.sbatch("--nodes=1", f"--exclude={node}", "--job-name=fc-standby", "--wrap", "sleep 300")
-    cluster.wait_for(f"standby {standby} running", lambda: cluster.job(standby)[0] == "RUNNING")
+    job_id, node = _running(cluster, "--requeue", "--nodes=1", "--job-name=fc-handed", "--wrap", "sleep 300")
+    standby, _ = _running(
+        cluster, "--nodes=1", f"--exclude={node}", "--job-name=fc-standby", "--wrap", "sleep 300"
+    )
     remediation = Remediation(
         alert_id=12,
         node=node,
@@ -233,9 +239,7 @@ def test_a_handed_over_job_is_cancelled_not_requeued(cluster: SlurmCluster, actu
 def test_a_job_whose_standby_is_gone_is_requeued_rather_than_lost(
     cluster: SlurmCluster, actuator: SlurmActuator
 ) -> None:
-    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-orphan", "--wrap", "sleep 300")
-    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
-    node = cluster.job(job_id)[1]
+    job_id, node = _running(cluster, "--requeue", "--nodes=1", "--job-name=fc-orphan", "--wrap", "sleep 300")
     remediation = Remediation(
         alert_id=13,
         node=node,
