@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -30,11 +31,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load
 
-from faultcast.client import identity, migration, standby
+from faultcast.client import identity, migration, peer_state, standby
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.client.snapshots import Snapshot, SnapshotStore
-from faultcast.client.train_state import Stateful, TrainState
+from faultcast.client.train_state import StateDict, Stateful, TrainState
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,26 @@ class ProtectionStats:
     warm_from: int | None = None  # a standby: the step of the snapshot it loaded while it waited
     standby_waited_s: float = 0.0  # a standby: from ready to the service's word
     handover_load_s: float = 0.0  # a standby: the hand-over snapshot's load, after the word
+    handover_source: str = ""  # a standby: "peer" (the old job's memory) or "files" (the snapshot directory)
+    handover_bytes: int = 0  # a standby: what it fetched from its peer
+    snapshot_blocking_s: list[float] = field(
+        default_factory=list
+    )  # each alert snapshot's copy to host memory
+
+
+@dataclass
+class _AlertWrite:
+    """An alert snapshot staged in host memory and being written; marked complete and acknowledged
+    once written."""
+
+    step: int
+    alert: apb.Alert | None
+    reason: str
+    started_unix: float
+    staged_unix: float
+    written: Future[None]
+    server: peer_state.PeerServer | None = None  # this rank's copy, served to a standby
+    peers: list[tuple[str, str] | None] = field(default_factory=list)  # every rank's (address, key)
 
 
 class ProtectionOptions(TypedDict, total=False):
@@ -140,6 +161,7 @@ class Protection:
         if not self.standby_for:
             self._start_guard()
         self._inflight: tuple[int, Future[None]] | None = None
+        self._alert_write: _AlertWrite | None = None
         self._released = threading.Event()
 
     def _start_guard(self) -> None:
@@ -220,7 +242,7 @@ class Protection:
             raise standby.StandbyReleased(decision.reason)
         started = time.monotonic()
         snapshot = standby.snapshot_at(self.store, decision.checkpoint_uri, decision.step)
-        step = self._load(snapshot)
+        step = self._load_handed_over(snapshot)
         self.stats.handover_load_s = time.monotonic() - started
         if self.rank == 0:  # before the first step: a restart of this run must not stand by again
             standby.mark_taken_over(self.store, self.job_id, self.standby_for, step)
@@ -234,15 +256,46 @@ class Protection:
         )
         return step
 
+    def _load_handed_over(self, snapshot: Snapshot) -> int:
+        """The hand-over snapshot: from the old job's memory when every rank can fetch its own part
+        there (PEERS.json), else from the snapshot's files (collective)."""
+        started = time.monotonic()
+        peers = peer_state.read_peers(snapshot.path)
+        fetched: StateDict | None = None
+        if peers is not None and peers.world_size == self.world_size:
+            try:
+                fetched = peer_state.fetch(peers.addresses[self.rank], peers.keys[self.rank], self.rank)
+            except peer_state.PeerError as exc:
+                log.warning("faultcast: the snapshot's peer could not be read, loading its files: %s", exc)
+            if fetched is not None and not peer_state.same_layout(fetched, self.state.to_load(self.rank)):
+                log.warning("faultcast: the state the peer sent is not this job's layout; loading the files")
+                fetched = None
+        if self.agreement.agree(Vote(snapshot=fetched is None)).snapshot or fetched is None:
+            self.stats.handover_source = "files"
+            return self._load(snapshot)
+        step = self.state.restore(fetched, self.rank)
+        self.stats.resumed_from = snapshot.step if step is None else step
+        self.stats.handover_source, self.stats.handover_bytes = "peer", peer_state.nbytes(fetched)
+        log.info(
+            "faultcast: fetched the snapshot of step %d from %s (%d bytes) in %.3f s",
+            snapshot.step,
+            peers.addresses[self.rank] if peers is not None else "?",
+            self.stats.handover_bytes,
+            time.monotonic() - started,
+        )
+        return self.stats.resumed_from
+
     def step_end(self, step: int) -> None:
         """Call after each optimizer step with the number of steps completed."""
         self._poll_inflight()
         if step % self.agree_every == 0:
+            if self._alert_write is not None:  # an earlier alert's snapshot: written by now, mostly
+                self._finish_alert_snapshot()
             alert = self.guard.pending() if self.guard is not None else None
             migrate = alert is not None and alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
             vote = self.agreement.agree(Vote(snapshot=alert is not None, migrate=migrate))
             if vote.snapshot:
-                self._snapshot_for_alert(step, alert)
+                self._snapshot_for_alert(step, alert, migrate=vote.migrate)
                 return
         if self.checkpoint_every and step % self.checkpoint_every == 0:
             self._start_checkpoint(step)
@@ -253,6 +306,8 @@ class Protection:
         if self._asker is not None:
             self._asker.close()
         self._wait_inflight()
+        if self._alert_write is not None:
+            self._finish_alert_snapshot(closing=True)
         if self.guard is not None:
             self.guard.close()
 
@@ -264,32 +319,90 @@ class Protection:
 
     # -- predictive snapshots -------------------------------------------------------------------
 
-    def _snapshot_for_alert(self, step: int, alert: apb.Alert | None) -> None:
+    def _snapshot_for_alert(self, step: int, alert: apb.Alert | None, *, migrate: bool) -> None:
+        """Copy the state to host memory (all that blocks training) and write it in the background.
+        A snapshot that only guards against the failure is finished at the next agreement while
+        training goes on; one before a migration is finished now (the job stops anyway), and when a
+        standby may take over, each rank also serves its copy to it."""
         self.stats.snapshot_started_unix.append(time.time())
         if alert is not None and self.guard is not None:
             self.stats.alert_to_snapshot_s.append(time.monotonic() - self.guard.pending_since)
         self._wait_inflight()
         reason = f"alert {alert.id} on {alert.node} gpu {alert.gpu}" if alert is not None else "alert"
         started = time.time()
-        self.store.save(self.state.to_save(step, self.rank), step, self.rank, self._io_group, wait=True)
-        snapshot = self.store.finish(step, self.rank, reason, self.world_size, started_unix=started)
+        staged = peer_state.stage(self.state.to_save(step, self.rank))
+        staged_at = time.time()
+        self.stats.snapshot_blocking_s.append(staged_at - started)
+        server, peers = self._serve(staged) if migrate and self.stand_by else (None, [])
+        written = self.store.write_staged(staged, step, self.rank, self._io_group)
+        self._alert_write = _AlertWrite(step, alert, reason, started, staged_at, written, server, peers)
+        if migrate:
+            self._finish_alert_snapshot()
+
+    def _serve(self, staged: StateDict) -> tuple[peer_state.PeerServer | None, list[tuple[str, str] | None]]:
+        """Serve this rank's staged copy to a standby; every rank's (address, key), gathered
+        (collective). A rank that cannot serve says None, and its standby reads the files."""
+        try:
+            server: peer_state.PeerServer | None = peer_state.PeerServer(staged, self.rank)
+        except (peer_state.NotServableError, OSError) as exc:
+            log.info("faultcast: this rank's snapshot is not served to a standby: %s", exc)
+            server = None
+        mine = (server.address, server.key.hex()) if server is not None else None
+        everyone: list[tuple[str, str] | None] = [mine]
         if dist.is_initialized():
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, mine, group=self._io_group)
+        return server, everyone
+
+    def _finish_alert_snapshot(self, *, closing: bool = False) -> None:
+        """Once the alert snapshot is written: mark it complete, acknowledge it, and hold if the
+        service moves the job (collective, except when `closing`: the job ends, nothing is held)."""
+        pending, self._alert_write = self._alert_write, None
+        assert pending is not None
+        step = pending.step
+        try:
+            pending.written.result()
+        except Exception:  # never acknowledged: the alert stays pending and is snapshotted again
+            log.exception("faultcast: the alert snapshot of step %d could not be written", step)
+            if pending.server is not None:
+                pending.server.close()
+            return
+        path = self.store.path(step)
+        if self.rank == 0 and pending.peers and all(p is not None for p in pending.peers):
+            peer_state.write_peers(path, [p for p in pending.peers if p is not None])
+        snapshot = self.store.finish(
+            step,
+            self.rank,
+            pending.reason,
+            self.world_size,
+            started_unix=pending.started_unix,
+            staged_unix=pending.staged_unix,
+        )
+        if dist.is_initialized() and not closing:
             dist.barrier(group=self._io_group)  # the marker is down: every rank's data is safe
         self.stats.snapshots.append(step)
-        uri = self.store.path(step).resolve().as_uri() if snapshot is None else snapshot.uri
+        uri = path.resolve().as_uri() if snapshot is None else snapshot.uri
         expect_migration = False
-        if self.guard is not None and alert is not None:
+        if self.guard is not None and pending.alert is not None:
             expect_migration = migration.acknowledge(self.guard, step, uri, self.stats.acknowledgements)
-        if self.agreement.agree(Vote(migrate=expect_migration)).migrate:
-            self._hold(step)
-            self._stop_if_handed_over(step)
+        if not closing and self.agreement.agree(Vote(migrate=expect_migration)).migrate:
+            self._hold_for_migration(step, pending.server)
+        if pending.server is not None:
+            pending.server.close()
 
-    def _stop_if_handed_over(self, step: int) -> None:
-        """After a hold that nothing ended: a job handed over to a standby must not train on beside
-        it (the scheduler failed to end this copy), so it stops here; any other goes on."""
+    def _hold_for_migration(self, step: int, server: peer_state.PeerServer | None) -> None:
+        """Hold while the job is moved. Handed over to a standby, a rank serving it its copy lets the
+        scheduler's SIGTERM wait until the copy went out; and a job the scheduler did not end stops
+        here rather than train beside the standby."""
         # Every node's guard heard the reply for its own node's alert: any one of them decides.
         reply = self.stats.acknowledgements[-1] if self.stats.acknowledgements else ""
-        if self.agreement.agree(Vote(migrate=migration.handed_over(reply))).migrate:
+        handed = self.agreement.agree(Vote(migrate=migration.handed_over(reply))).migrate
+        serving = server.served if handed and server is not None else None
+        with peer_state.termination_deferred(serving) if serving is not None else nullcontext():
+            self._hold(step)
+        if handed:
+            if serving is not None:
+                serving.wait(peer_state.SERVE_S)
             log.error(
                 "faultcast: the job was handed over to a standby at step %d and this copy was not ended; "
                 "it stops here rather than train beside the standby",
@@ -309,6 +422,8 @@ class Protection:
     # -- periodic checkpoints -------------------------------------------------------------------
 
     def _start_checkpoint(self, step: int) -> None:
+        if self._alert_write is not None:
+            return  # an alert snapshot newer than this checkpoint is being written
         self._wait_inflight()
         state = self.state.to_save(step, self.rank)
         future = self.store.save(state, step, self.rank, self._io_group, wait=not dist.is_initialized())

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +62,7 @@ class SnapshotStore:
         if keep < 1:
             raise ValueError("keep at least one snapshot")
         self.root, self.keep = Path(root), keep
+        self._writer: ThreadPoolExecutor | None = None  # writes staged alert snapshots, one at a time
 
     def path(self, step: int) -> Path:
         """The directory of `step`'s snapshot, whether or not it exists ("step-000001200")."""
@@ -127,6 +128,18 @@ class SnapshotStore:
             return response
         return response.upload_completion  # an AsyncSaveResponse (with a staging future of its own)
 
+    def write_staged(
+        self, staged: StateDict, step: int, rank: int, group: dist.ProcessGroup | None
+    ) -> Future[None]:
+        """Write `staged` (a copy in host memory that training no longer touches: see
+        peer_state.stage) for `step` on a thread of this store's; `prepare` runs first, here (it is
+        collective). `finish()` marks it complete once the returned future is done."""
+        path = self.prepare(step, rank, group)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="faultcast-snapshot")
+        no_dist = not dist.is_initialized()
+        return self._writer.submit(save, staged, checkpoint_id=path, process_group=group, no_dist=no_dist)
+
     def finish(
         self,
         step: int,
@@ -136,11 +149,13 @@ class SnapshotStore:
         payload: str = DCP_PAYLOAD,
         *,
         started_unix: float | None = None,
+        staged_unix: float | None = None,
     ) -> Snapshot | None:
         """Rank 0: mark the snapshot of `step` complete and prune; other ranks: nothing. `payload`
         names what holds the state (a framework's own checkpoint, for the adapters); `started_unix`,
         when the save began, goes in the marker (what the snapshot blocked, for operators and the
-        migration benchmark)."""
+        migration benchmark); `staged_unix`, when its blocking copy to host memory ended (the write
+        went on in the background from there)."""
         if rank != 0:
             return None
         path = self.path(step)
@@ -153,6 +168,8 @@ class SnapshotStore:
         }
         if started_unix is not None:
             marker["started_unix"] = started_unix
+        if staged_unix is not None:
+            marker["staged_unix"] = staged_unix
         tmp = path / (MARKER + ".tmp")
         with tmp.open("w") as handle:
             json.dump(marker, handle)

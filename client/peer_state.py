@@ -1,0 +1,388 @@
+"""A rank's staged snapshot, served from its host memory to the standby that takes the job over.
+
+The alert snapshot's blocking part is a copy of the state to host memory (`stage`); the write to the
+snapshot directory goes on in the background from that copy. When a standby may take the job over,
+each rank also serves its copy over TCP (`PeerServer`), and the standby's rank of the same number
+fetches it (`fetch`) instead of reading the written files: one stream from the old node's memory
+rather than every node of the job reading shared storage at once. The snapshot directory is still
+written whole first (the service hears SNAPSHOT_DONE only then), so a standby that cannot reach its
+peer falls back to the files and loses nothing.
+
+Where each rank listens, and the key it accepts, is in the snapshot directory (PEERS.json, readable
+by the job's user like the snapshot itself). A request must carry the key; the reply's description
+of the state (its structure, dtypes and shapes, and the pickled per-rank part) is signed with it
+(HMAC-SHA256), so nothing unsigned is ever unpickled. Tensor bytes follow raw, in order.
+
+Plain tensors only: a state holding DTensors or sharded tensors (FSDP) is not served, and its
+standby reads the files.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PEERS = "PEERS.json"
+"""In a snapshot directory: where each rank of the job that took it serves it, and with which key."""
+PEER_HOST = "FAULTCAST_PEER_HOST"
+"""The address a rank tells its standby to reach it at (default: the host's name)."""
+SERVE_S = 30.0
+"""How long a handed-over rank goes on serving, at most, once the scheduler asked it to end."""
+_MAGIC = b"FCPEER1\n"
+_KEY_BYTES = 32
+_REQUEST = struct.Struct(f"!{len(_MAGIC)}s{_KEY_BYTES}sI")  # magic, key, rank
+_LENGTH = struct.Struct("!Q")
+_OK, _REFUSED = b"\x00", b"\x01"
+_CHUNK = 16 << 20  # tensors are received straight into their storage, this much at a time
+
+
+class PeerError(Exception):
+    """The peer could not be reached, refused, or sent what does not verify."""
+
+
+class NotServableError(ValueError):
+    """The state holds something the peer protocol does not carry (a DTensor, an unknown object)."""
+
+
+# -- staging ------------------------------------------------------------------------------------
+
+
+def stage(state: Any) -> Any:
+    """A copy of `state` in host memory that training can no longer change: every tensor copied to
+    the CPU (pinned, from CUDA, with one synchronisation at the end), containers rebuilt, immutable
+    leaves shared. What DCP writes in the background and the peer server sends."""
+    copied = _copy(state)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()
+    return copied
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        source = value.detach()
+        if source.is_cuda:
+            target = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+            return target.copy_(source, non_blocking=True)
+        return source.clone(memory_format=torch.contiguous_format)
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy(v) for v in value)
+    return value
+
+
+def nbytes(state: Any) -> int:
+    """The bytes of every tensor and bytes leaf in `state`."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, bytes):
+        return len(state)
+    if isinstance(state, dict):
+        return sum(nbytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(nbytes(v) for v in state)
+    return 0
+
+
+# -- the description of a state: JSON, tensors by index ------------------------------------------
+
+
+def _describe(value: Any, tensors: list[torch.Tensor]) -> object:
+    """`value` as JSON-able data; tensors are appended to `tensors` and named by their index.
+    NotServableError for what cannot be described exactly."""
+    if type(value) is torch.Tensor:  # a subclass (DTensor, ShardedTensor) carries placement we do not
+        if value.is_cuda or not value.is_contiguous():
+            raise NotServableError("a tensor not staged to host memory")
+        tensors.append(value)
+        return {"t": [len(tensors) - 1, str(value.dtype).removeprefix("torch."), list(value.shape)]}
+    if isinstance(value, torch.Tensor):
+        raise NotServableError(f"a {type(value).__name__} (sharded state is read from the files)")
+    if isinstance(value, bool):
+        return {"o": value}
+    if isinstance(value, int):
+        return {"i": str(value)}
+    if isinstance(value, float):
+        return {"f": value.hex()}
+    if isinstance(value, str):
+        return {"s": value}
+    if isinstance(value, bytes):
+        return {"b": base64.b64encode(value).decode("ascii")}
+    if value is None:
+        return {"n": 0}
+    if isinstance(value, dict):
+        return {"d": [[_describe(k, tensors), _describe(v, tensors)] for k, v in value.items()]}
+    if isinstance(value, list):
+        return {"l": [_describe(v, tensors) for v in value]}
+    if isinstance(value, tuple):
+        return {"u": [_describe(v, tensors) for v in value]}
+    raise NotServableError(f"a {type(value).__name__} in the state")
+
+
+def _rebuild(node: object, tensors: list[torch.Tensor]) -> Any:
+    """What `_describe` described, its tensors taken from `tensors` by index."""
+    if not isinstance(node, dict) or len(node) != 1:
+        raise PeerError(f"the state's description has {node!r} where a value belongs")
+    ((kind, body),) = node.items()
+    match kind:
+        case "t":
+            return tensors[int(body[0])]
+        case "o":
+            return bool(body)
+        case "i":
+            return int(body)
+        case "f":
+            return float.fromhex(body)
+        case "s":
+            return str(body)
+        case "b":
+            return base64.b64decode(body)
+        case "n":
+            return None
+        case "d":
+            return {_rebuild(k, tensors): _rebuild(v, tensors) for k, v in body}
+        case "l":
+            return [_rebuild(v, tensors) for v in body]
+        case "u":
+            return tuple(_rebuild(v, tensors) for v in body)
+    raise PeerError(f"the state's description has an unknown kind {kind!r}")
+
+
+def _tensor_specs(node: object, found: list[tuple[str, list[int]]]) -> None:
+    """Every tensor's (dtype, shape) in a description, in index order (they are numbered as met)."""
+    if isinstance(node, dict):
+        if set(node) == {"t"}:
+            found.append((str(node["t"][1]), [int(n) for n in node["t"][2]]))
+            return
+        for body in node.values():
+            _tensor_specs(body, found)
+    elif isinstance(node, list):
+        for item in node:
+            _tensor_specs(item, found)
+
+
+# -- serving ----------------------------------------------------------------------------------
+
+
+class PeerServer:
+    """Serves one rank's staged state to whoever presents the key (any number of times) until
+    closed. `served` is set once a whole copy went out. NotServableError when the state cannot be sent."""
+
+    def __init__(self, staged: Any, rank: int, *, host: str | None = None) -> None:
+        self.rank = rank
+        self.key = secrets.token_bytes(_KEY_BYTES)
+        self._tensors: list[torch.Tensor] = []
+        header = json.dumps(_describe(staged, self._tensors), separators=(",", ":")).encode()
+        self._header = header + hmac.new(self.key, header, "sha256").digest()
+        self.bytes = sum(t.numel() * t.element_size() for t in self._tensors) + len(header)
+        self.served = threading.Event()
+        self.refused = 0
+        self._socket = socket.create_server(("", 0), family=socket.AF_INET)
+        self.address = (
+            f"{host or os.environ.get(PEER_HOST) or socket.gethostname()}:{self._socket.getsockname()[1]}"
+        )
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name=f"faultcast-peer-{rank}", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return  # closed
+            if self._closed.is_set():
+                connection.close()
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.settimeout(SERVE_S)
+                magic, key, rank = _REQUEST.unpack(_receive(connection, _REQUEST.size))
+                if magic != _MAGIC or not hmac.compare_digest(key, self.key) or rank != self.rank:
+                    self.refused += 1
+                    log.warning(
+                        "faultcast: refused a request for rank %d's snapshot (wrong key or rank)", rank
+                    )
+                    connection.sendall(_REFUSED)
+                    return
+                connection.sendall(_OK + _LENGTH.pack(len(self._header)) + self._header)
+                for tensor in self._tensors:
+                    connection.sendall(_raw(tensor))
+            except (OSError, PeerError, struct.error) as exc:
+                log.warning("faultcast: serving rank %d's snapshot to a standby failed: %s", self.rank, exc)
+                return
+            self.served.set()
+
+    def close(self) -> None:
+        """Stop serving (a fetch under way still completes)."""
+        self._closed.set()
+        with contextlib.suppress(OSError):  # wakes the accepting thread (closing alone leaves it listening)
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+
+
+def _raw(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes, without a copy (contiguous host tensors only; any dtype, bfloat16 too)."""
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
+
+
+def fetch(address: str, key: bytes, rank: int, *, timeout_s: float = SERVE_S) -> Any:
+    """Rank `rank`'s staged state from the peer at `address` ("host:port"); PeerError when it cannot
+    be had whole and signed."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
+            connection.sendall(_REQUEST.pack(_MAGIC, key, rank))
+            if _receive(connection, 1) != _OK:
+                raise PeerError(f"the peer at {address} refused the request for rank {rank}")
+            (length,) = _LENGTH.unpack(_receive(connection, _LENGTH.size))
+            signed = _receive(connection, length)
+            header, signature = signed[:-32], signed[-32:]
+            if not hmac.compare_digest(signature, hmac.new(key, header, "sha256").digest()):
+                raise PeerError(f"the state from {address} is not signed with its key")
+            description = json.loads(header)
+            specs: list[tuple[str, list[int]]] = []
+            _tensor_specs(description, specs)
+            tensors = [_receive_tensor(connection, dtype, shape) for dtype, shape in specs]
+    except (OSError, ValueError) as exc:
+        raise PeerError(f"fetching rank {rank}'s snapshot from {address}: {exc}") from exc
+    return _rebuild(description, tensors)
+
+
+def _receive_tensor(connection: socket.socket, dtype_name: str, shape: list[int]) -> torch.Tensor:
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PeerError(f"the peer sent a tensor of unknown dtype {dtype_name!r}")
+    tensor = torch.empty(shape, dtype=dtype)
+    view = _raw(tensor)
+    got = 0
+    while got < len(view):
+        n = connection.recv_into(view[got : got + _CHUNK])
+        if n == 0:
+            raise PeerError("the peer closed the connection in the middle of a tensor")
+        got += n
+    return tensor
+
+
+def _receive(connection: socket.socket, size: int) -> bytes:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        n = connection.recv_into(view[got:])
+        if n == 0:
+            raise PeerError("the peer closed the connection early")
+        got += n
+    return bytes(buffer)
+
+
+def same_layout(got: Any, like: Any) -> bool:
+    """Whether `got` has `like`'s structure: the same keys and container kinds, and tensors of the
+    same dtype and shape where `like` has tensors (what `restore` can take without failing half-way)."""
+    if isinstance(like, torch.Tensor):
+        return isinstance(got, torch.Tensor) and got.dtype == like.dtype and got.shape == like.shape
+    if isinstance(like, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == like.keys()
+            and all(same_layout(got[k], v) for k, v in like.items())
+        )
+    if isinstance(like, (list, tuple)):
+        return (
+            type(got) is type(like)
+            and len(got) == len(like)
+            and all(same_layout(g, v) for g, v in zip(got, like, strict=True))
+        )
+    return type(got) is type(like) or (isinstance(got, (int, float)) and isinstance(like, (int, float)))
+
+
+# -- where the peers are -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peers:
+    """PEERS.json: each rank's address and key, by rank."""
+
+    addresses: list[str]
+    keys: list[bytes]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.addresses)
+
+
+def write_peers(directory: Path, served: list[tuple[str, str]]) -> None:
+    """Rank 0: record every rank's (address, hex key) in the snapshot directory, readable by the
+    job's user only (written whole, then renamed)."""
+    tmp = directory / (PEERS + ".tmp")
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump({"ranks": [{"address": a, "key": k} for a, k in served]}, handle)
+    tmp.replace(directory / PEERS)
+
+
+def read_peers(directory: Path) -> Peers | None:
+    """The peers of the snapshot in `directory`; None when it has none (or they cannot be read)."""
+    try:
+        ranks = json.loads((directory / PEERS).read_text())["ranks"]
+        return Peers([str(r["address"]) for r in ranks], [bytes.fromhex(r["key"]) for r in ranks])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning(
+            "faultcast: %s in %s is unreadable, the snapshot is read from the files: %s",
+            PEERS,
+            directory,
+            exc,
+        )
+        return None
+
+
+# -- ending a handed-over rank ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def termination_deferred(served: threading.Event, limit_s: float = SERVE_S) -> Iterator[None]:
+    """While inside: a SIGTERM (the scheduler ending the handed-over job) waits until `served` is
+    set or `limit_s` passes, then takes its ordinary course. Only in the main thread (signals go
+    there); elsewhere it defers nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    installed = signal.getsignal(signal.SIGTERM)
+    previous = installed if installed is not None else signal.SIG_DFL  # None: set outside Python
+
+    def on_term(signum: int, frame: object) -> None:
+        log.info("faultcast: SIGTERM deferred until the standby fetched this rank's snapshot")
+        if not served.wait(limit_s):
+            log.warning(
+                "faultcast: ending before the standby fetched this rank's snapshot (it reads the files)"
+            )
+        signal.signal(signal.SIGTERM, previous)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
