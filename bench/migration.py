@@ -25,6 +25,7 @@ FAULTCAST_TEST_SERVICE_MODEL names one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -48,7 +49,7 @@ from faultcast.service.validation import Limits  # noqa: E402
 from tests.handover_flow import JobShape, migrate, slurm_actuator, warn  # noqa: E402
 from tests.slurm_cluster import SlurmCluster  # noqa: E402
 
-SHAPE = JobShape(keep=50)
+SHAPE = JobShape(keep=50)  # --state-mb adds frozen state to it
 
 
 @dataclass
@@ -57,6 +58,9 @@ class Run:
     blocked_s: float
     alert_to_first_step_s: float
     snapshot_blocking_s: float
+    snapshot_write_s: (
+        float  # the alert snapshot's write, after its blocking copy (the migration waits for it)
+    )
     react_s: float
     bytes_moved: int
     state_bytes: int
@@ -64,6 +68,7 @@ class Run:
     restart_s: float = float("nan")  # requeue: the job's end on the doomed node to its first step after
     spare_ready_s: float = float("nan")  # prescheduled: alert to the standby waiting
     load_s: float = float("nan")  # prescheduled: the standby's load of the hand-over snapshot
+    load_source: str = ""  # prescheduled: "peer" (the old job's memory) or "files"
 
 
 def _service(model: Path, state: Path, cluster: SlurmCluster, scontrol: str, prescheduled: bool) -> Service:
@@ -83,19 +88,19 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def one_run(cluster: SlurmCluster, model: Path, scontrol: str, prescheduled: bool) -> Run:
+def one_run(cluster: SlurmCluster, model: Path, scontrol: str, prescheduled: bool, shape: JobShape) -> Run:
     with tempfile.TemporaryDirectory(prefix="fc-migration-") as tmp:
         directory = Path(tmp)
         service = _service(model, directory / "state", cluster, scontrol, prescheduled)
         port = service.start("127.0.0.1:0")
         target = f"127.0.0.1:{port}"
         try:
-            warned = warn(cluster, service, target, directory, SHAPE, spare=prescheduled)
+            warned = warn(cluster, service, target, directory, shape, spare=prescheduled)
             migrate(service, target, warned)
             migrated_unix = time.time()
             job = warned.job
             job.wait("the job to finish", lambda: bool(job.events("done")), timeout_s=600)
-            return _measure(warned, migrated_unix, prescheduled, service)
+            return _measure(warned, migrated_unix, prescheduled, shape)
         finally:
             service.stop(0)
             cluster.run("scancel", "--user", "root", check=False)
@@ -103,7 +108,7 @@ def one_run(cluster: SlurmCluster, model: Path, scontrol: str, prescheduled: boo
                 cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
 
 
-def _measure(warned: Any, migrated_unix: float, prescheduled: bool, service: Service) -> Run:
+def _measure(warned: Any, migrated_unix: float, prescheduled: bool, shape: JobShape) -> Run:
     job = warned.job
     starts = job.events("start")
     moved = starts[-1]
@@ -119,22 +124,26 @@ def _measure(warned: Any, migrated_unix: float, prescheduled: bool, service: Ser
     # An ordinary step: the paced sleep (after step_end) and the step's compute; a step the replacement
     # takes first follows its load, no sleep before it, so the move blocked its gap less the compute.
     ordinary = statistics.median(
-        g for s, g in gaps.items() if s % SHAPE.checkpoint_every and s not in snapshots
+        g for s, g in gaps.items() if s % shape.checkpoint_every and s not in snapshots
     )
-    compute = max(0.0, ordinary - SHAPE.pace_s)
+    compute = max(0.0, ordinary - shape.pace_s)
     at_checkpoint = [
-        g - ordinary for s, g in gaps.items() if s % SHAPE.checkpoint_every == 0 and s not in snapshots
+        g - ordinary for s, g in gaps.items() if s % shape.checkpoint_every == 0 and s not in snapshots
     ]
     snapshot = SnapshotStore(job.snapshots).path(moved["step"])
     marker = json.loads((snapshot / MARKER).read_text())
     first_new = new_steps[0]["unix"]
-    blocking = marker["saved_unix"] - marker["started_unix"]
+    # The snapshot blocks training for its copy to host memory; the write follows (in the background
+    # for a snapshot-only alert; before the acknowledgement of a migration's).
+    staged = marker.get("staged_unix", marker["saved_unix"])
+    blocking = staged - marker["started_unix"]
     state_bytes = _size(snapshot)
     run = Run(
         path="prescheduled" if prescheduled else "requeue",
         blocked_s=first_new - last_old["unix"] - compute,
         alert_to_first_step_s=first_new - warned.alert_unix,
         snapshot_blocking_s=blocking,
+        snapshot_write_s=marker["saved_unix"] - staged,
         react_s=max(0.0, marker["started_unix"] - migrated_unix),
         bytes_moved=state_bytes,
         state_bytes=state_bytes,
@@ -144,6 +153,7 @@ def _measure(warned: Any, migrated_unix: float, prescheduled: bool, service: Ser
         spare = warned.spare
         run.spare_ready_s = spare.ready_at - spare.asked_at
         run.load_s = moved["handover_load_s"]
+        run.load_source = moved["handover_source"]
     else:
         run.restart_s = first_new - marker["saved_unix"]
     return run
@@ -158,28 +168,41 @@ def _median(runs: list[Run], field: str) -> float:
     return float(statistics.median(float(getattr(r, field)) for r in runs))
 
 
-def costs_file(runs: list[Run], command: str) -> dict[str, Any]:
+def costs_file(runs: list[Run], command: str, shape: JobShape = SHAPE) -> dict[str, Any]:
     """The measured costs in the schema `faultcast goodput --costs` reads (medians over the runs)."""
     paths: dict[str, dict[str, float]] = {}
     for name, extra in (("requeue", ("restart_s",)), ("prescheduled", ("spare_ready_s", "load_s"))):
         chosen = [r for r in runs if r.path == name]
         if not chosen:
             continue
-        keys = ("snapshot_blocking_s", "blocked_s", "alert_to_first_step_s", "bytes_moved", *extra)
+        keys = (
+            "snapshot_blocking_s",
+            "snapshot_write_s",
+            "blocked_s",
+            "alert_to_first_step_s",
+            "bytes_moved",
+            *extra,
+        )
         paths[name] = {k: _median(chosen, k) for k in keys}
     state_bytes = int(statistics.median(r.state_bytes for r in runs))
     blocking = _median(runs, "snapshot_blocking_s")
+    writing = _median(runs, "snapshot_write_s")
     loads = [r.load_s for r in runs if r.path == "prescheduled"]
     return {
         "schema": "faultcast.migration_costs/1",
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,
-        "job": {"ranks": 2, "state_bytes": state_bytes, "parameters": 16 * 32 + 32 + 32 + 1},
+        "job": {
+            "ranks": 2,
+            "state_bytes": state_bytes,
+            "parameters": 16 * 32 + 32 + 32 + 1 + shape.ballast_mb * (1 << 20) // 4,
+        },
         "paths": paths,
         "react_s": _median(runs, "react_s"),
         "checkpoint_blocking_s": _median(runs, "checkpoint_blocking_s"),
         "bandwidth_bytes_per_s": {
             "snapshot_copy": state_bytes / blocking if blocking > 0 else 0.0,
+            "snapshot_write": state_bytes / writing if writing > 0 else 0.0,
             "load": state_bytes / statistics.median(loads) if loads and statistics.median(loads) > 0 else 0.0,
         },
         "runs": [vars(r) for r in runs],
@@ -193,7 +216,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="runs of each path")
     parser.add_argument("--json", type=Path, default=Path("out/migration/costs.json"))
     parser.add_argument("--paths", default="requeue,prescheduled")
+    parser.add_argument("--state-mb", type=int, default=0, help="frozen state added to the job's")
     args = parser.parse_args()
+    shape = dataclasses.replace(SHAPE, ballast_mb=args.state_mb)
     from tests.conftest import require_binary
 
     scontrol = require_binary("scontrol")
@@ -202,13 +227,14 @@ def main() -> None:
     with SlurmCluster(("fc-node1", "fc-node2", "fc-node3")) as cluster:
         for i in range(args.runs):
             for name in args.paths.split(","):
-                run = one_run(cluster, model, scontrol, prescheduled=name == "prescheduled")
+                run = one_run(cluster, model, scontrol, prescheduled=name == "prescheduled", shape=shape)
                 runs.append(run)
                 print(
                     f"run {i + 1} {name}: "
                     + ", ".join(f"{k} {v:.3f}" for k, v in vars(run).items() if isinstance(v, float))
+                    + (f", load from {run.load_source}" if run.load_source else "")
                 )
-    costs = costs_file(runs, "python bench/migration.py " + " ".join(sys.argv[1:]))
+    costs = costs_file(runs, "python bench/migration.py " + " ".join(sys.argv[1:]), shape)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(costs, indent=2) + "\n")
     print(f"\nmedians over {args.runs} runs each ({args.json}):")

@@ -151,6 +151,7 @@ class ScaledCost:
     bytes: float  # the large job's, per node
     bandwidth: float  # the large job's, bytes/s per node
     extra_s: float = 0.0  # re-initialisation at scale
+    write_s: float = 0.0  # a migration's snapshot is written whole before it is acknowledged
 
     @property
     def fixed_s(self) -> float:
@@ -163,7 +164,7 @@ class ScaledCost:
 
     @property
     def total_s(self) -> float:
-        return self.fixed_s + self.bytes_s + self.extra_s
+        return self.fixed_s + self.bytes_s + self.extra_s + self.write_s
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -175,6 +176,7 @@ class ScaledCost:
             "bandwidth_bytes_per_s": self.bandwidth,
             "bytes_s": self.bytes_s,
             "extra_s": self.extra_s,
+            "write_s": self.write_s,
             "total_s": self.total_s,
         }
 
@@ -215,6 +217,8 @@ def scale(measured: MeasuredCosts, assumptions: Assumptions) -> tuple[ScaledCost
             per_node,
             move,
             assumptions.reinit_s,
+            # Only then is the standby told to go (or the job requeued): the write is on the path.
+            write_s=background_write_s(assumptions),
         ),
         ScaledCost(
             "restart_s",

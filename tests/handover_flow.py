@@ -52,6 +52,7 @@ class JobShape:
     pace_s: float = 0.3
     checkpoint_every: int = 10
     keep: int = 2  # whole snapshots kept (the benchmark keeps them all, to read their markers)
+    ballast_mb: int = 0  # frozen state added to the job's (the benchmark's larger runs)
 
 
 def torchrun(out: Path, snapshots: Path, shape: JobShape, *options: str) -> list[str]:
@@ -71,6 +72,7 @@ def torchrun(out: Path, snapshots: Path, shape: JobShape, *options: str) -> list
         str(shape.steps),
         "--agree-every",
         str(shape.agree_every),
+        *(["--ballast-mb", str(shape.ballast_mb)] if shape.ballast_mb else []),
         *options,
     ]
 
