@@ -528,16 +528,21 @@ def calibrate(
     periods: PredictionPeriods = DEFAULT_PERIODS,
     seed: int = 0,
     now: dt.datetime | None = None,
+    history: History | None = None,
 ) -> Calibration:
     """Score `data_dir` with the model in `model_dir` and choose the serving threshold (see the module
     docstring). `failures_path`: a failure log (the data's failures.csv columns) to use instead of
-    the data's own. Raises ModelError, DataError or CalibrationError saying what is wrong."""
+    the data's own. `history`: `data_dir`'s telemetry already scored with this model and `seed`
+    (`score_history`), not scored again; scoring reads no failure log, so the log still comes from
+    `data_dir` or `failures_path`. Raises ModelError, DataError or CalibrationError saying what is
+    wrong."""
     model = load(model_dir)
     dataset = open_dataset(data_dir)
     if failures_path is not None:
         dataset = replace(dataset, failures=read_failures(failures_path, dataset.nodes))
     chosen_budget, budget_source = _budget(model, budget)
-    history = score_history(dataset, model, seed)
+    if history is None:
+        history = score_history(dataset, model, seed)
     period, failures = history.period, dataset.failures
     healthy = healthy_mask(period, failures, periods)
     blocks = block_maxima(period, healthy, model.policy.k)

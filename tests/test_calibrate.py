@@ -11,7 +11,7 @@ import math
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -28,7 +28,7 @@ from faultcast.cli.app import main
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.model import calibrate as cal
 from faultcast.model.artifact import FaultModel, load
-from faultcast.model.dataset import Step, open_dataset, replay
+from faultcast.model.dataset import Dataset, Step, open_dataset, replay
 from faultcast.model.drift import (
     GROUPS,
     DriftReferenceError,
@@ -165,17 +165,22 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def twin_rows(model_copy: Path, twin: Path) -> np.ndarray:
+    """The twin's feature rows after the warm-up (its one day), replayed once for both drift tests."""
+    return _rows(twin, load(model_copy))
+
+
 def test_psi_is_zero_on_the_same_rows_and_large_where_a_hotter_room_moved_them(
-    model_copy: Path, twin: Path, tmp_path: Path
+    model_copy: Path, twin: Path, twin_rows: np.ndarray, tmp_path: Path
 ) -> None:
     model = load(model_copy)
-    rows = _rows(twin, model, (6, 24))
-    reference = build_reference(rows, model.feature_names)
-    same = psi_by_group(reference, rows)
+    reference = build_reference(twin_rows, model.feature_names)
+    same = psi_by_group(reference, twin_rows)
     assert set(same) >= {"thermal", "power", "clocks", "utilisation", "network"}
     assert max(same.values()) == 0.0
     # The same fleet and hours, every GPU and its memory 10 C hotter: only the thermal group moves.
-    hot = psi_by_group(reference, _rows(_hot_copy(twin, tmp_path / "hot", 10.0), model, (6, 24)))
+    hot = psi_by_group(reference, _rows(_hot_copy(twin, tmp_path / "hot", 10.0), model))
     assert hot["thermal"] > 0.25
     assert {g: v for g, v in hot.items() if g != "thermal"} == {
         g: v for g, v in same.items() if g != "thermal"
@@ -246,8 +251,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
 
 
 @pytest.fixture(scope="module")
-def calibrated(model_copy: Path, fleet: Fleet) -> cal.Calibration:
-    return cal.calibrate(model_copy, fleet.history, budget=BUDGET)
+def history(model_copy: Path, fleet: Fleet) -> cal.History:
+    """The two days of history scored once (most of a calibration's time): `calibrated` and the
+    unlabelled run share it, the same telemetry (scoring reads no failure log)."""
+    return cal.score_history(open_dataset(fleet.history), load(model_copy))
+
+
+@pytest.fixture(scope="module")
+def calibrated(model_copy: Path, fleet: Fleet, history: cal.History) -> cal.Calibration:
+    return cal.calibrate(model_copy, fleet.history, budget=BUDGET, history=history)
 
 
 def _after(period: ScoredPeriod, start_s: float) -> ScoredPeriod:
@@ -335,10 +347,20 @@ def test_unlabelled_history_counts_every_incident_and_apply_serves_its_threshold
     calibrated: cal.Calibration,
     model_copy: Path,
     fleet: Fleet,
+    history: cal.History,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`faultcast calibrate --apply` on the history without its failure log (one scoring of the history
-    serves both halves: what an unlabelled history gives, and threshold.json reaching the service)."""
+    """`faultcast calibrate --apply` on the history without its failure log (one run serves both
+    halves: what an unlabelled history gives, and threshold.json reaching the service)."""
+
+    def scored(dataset: Dataset, _model: FaultModel, seed: int = 0) -> cal.History:
+        assert (dataset.path, len(dataset.failures), seed) == (fleet.unlabelled, 0, 0)
+        return replace(history, dataset=dataset)
+
+    # The command scores the telemetry `history` already holds scored: it reuses that (the rest of the
+    # command runs as it is: its options, the report, the failure log read, --apply).
+    monkeypatch.setattr(cal, "score_history", scored)
     trained = load(model_copy).card.threshold
     assert serving.service.model.threshold == trained
     assert _samples(serving.service)["faultcast_calibration_timestamp_seconds"] == [({}, 0.0)]
@@ -391,11 +413,11 @@ def test_unlabelled_history_counts_every_incident_and_apply_serves_its_threshold
 
 
 def test_the_service_exports_drift_per_group_against_the_models_reference(
-    serving: Serving, model_copy: Path, twin: Path
+    serving: Serving, model_copy: Path, twin_rows: np.ndarray
 ) -> None:
     model = load(model_copy)
     assert "faultcast_feature_drift_psi" not in _samples(serving.service)  # no reference.json yet
-    save_reference(build_reference(_rows(twin, model), model.feature_names), model_copy)
+    save_reference(build_reference(twin_rows, model.feature_names), model_copy)
     try:
         assert apb_grpc.AdminStub(serving.channel).ReloadModel(apb.ReloadModelRequest()).loaded
         fleet = FleetConfig(nodes=4, days=1.0, seed=TWIN.seed, acceleration=1.0)
