@@ -152,11 +152,14 @@ class ScaledCost:
     bandwidth: float  # the large job's, bytes/s per node
     extra_s: float = 0.0  # re-initialisation at scale
     write_s: float = 0.0  # a migration's snapshot is written whole before it is acknowledged
+    measured_write_s: float = 0.0  # that write in the measurement (not part of the fixed part)
 
     @property
     def fixed_s(self) -> float:
         """The measured time the bytes do not explain (0 when they explain all of it)."""
-        return max(0.0, self.measured_s - self.measured_bytes / self.measured_bandwidth)
+        return max(
+            0.0, self.measured_s - self.measured_bytes / self.measured_bandwidth - self.measured_write_s
+        )
 
     @property
     def bytes_s(self) -> float:
@@ -219,6 +222,7 @@ def scale(measured: MeasuredCosts, assumptions: Assumptions) -> tuple[ScaledCost
             assumptions.reinit_s,
             # Only then is the standby told to go (or the job requeued): the write is on the path.
             write_s=background_write_s(assumptions),
+            measured_write_s=path.snapshot_write_s,
         ),
         ScaledCost(
             "restart_s",

@@ -65,14 +65,15 @@ def scaling_lines(a: Assumptions, scaled: Sequence[ScaledCost]) -> list[str]:
         f"{size(j.state_bytes)} of training state on {j.gpus:,} GPUs ({j.nodes:,} nodes), {layout}: "
         f"{size(j.bytes_per_node)} per node",
         "",
-        "| cost | measured | fixed part | bytes part: per node / bandwidth | re-init | estimate |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| cost | measured | fixed part | bytes part: per node / bandwidth | written first | re-init | estimate |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in scaled:
         moved = f"{size(c.bytes)} / {size(c.bandwidth)}/s = {seconds(c.bytes_s)}" if c.bytes else "none"
         lines.append(
             f"| {c.what} | {seconds(c.measured_s)} | {seconds(c.fixed_s)} | {moved} "
-            f"| {seconds(c.extra_s) if c.extra_s else '-'} | {seconds(c.total_s)} |"
+            f"| {seconds(c.write_s) if c.write_s else '-'} | {seconds(c.extra_s) if c.extra_s else '-'} "
+            f"| {seconds(c.total_s)} |"
         )
     b = a.bandwidths
     lines += [

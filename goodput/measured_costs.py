@@ -37,6 +37,9 @@ class PathCosts:
     restart_s: float | None  # requeue: job ended to first step elsewhere (scheduler, start, init, load)
     spare_ready_s: float | None  # prescheduled: alert to the replacement waiting
     load_s: float | None  # prescheduled: the replacement's load of the snapshot
+    # The migration's snapshot written whole after its host copy, before it is acknowledged (part of
+    # blocked_s; files written before the write went to the background do not have it: 0).
+    snapshot_write_s: float = 0.0
 
     @property
     def after_snapshot_s(self) -> float:
@@ -61,6 +64,7 @@ class MeasuredCosts:
     copy_bytes_per_s: float  # measured state bytes / time of the host copy
     load_bytes_per_s: float  # measured state bytes / time of the load
     unknown_keys: tuple[str, ...]  # keys the schema does not know, ignored (dotted paths)
+    write_bytes_per_s: float | None = None  # measured state bytes / time of the snapshot's write
 
     @property
     def path(self) -> PathCosts:
@@ -133,6 +137,8 @@ def parse(data: object, source: str) -> MeasuredCosts:
     bandwidth = top.child("bandwidth_bytes_per_s")
     copy_bytes_per_s = bandwidth.number("snapshot_copy", positive=True)
     load_bytes_per_s = bandwidth.number("load", positive=True)
+    # The snapshot's write (later files): shown, not scaled (the estimate takes storage's bandwidth).
+    write_bytes_per_s = bandwidth.number("snapshot_write") if bandwidth.has("snapshot_write") else None
     bandwidth.done()
     measured_at, command, react_s = top.text("measured_at"), top.text("command"), top.number("react_s")
     # The checkpoint interval (Young/Daly) needs a checkpoint that costs something.
@@ -151,6 +157,7 @@ def parse(data: object, source: str) -> MeasuredCosts:
         checkpoint_blocking_s=checkpoint_blocking_s,
         copy_bytes_per_s=copy_bytes_per_s,
         load_bytes_per_s=load_bytes_per_s,
+        write_bytes_per_s=write_bytes_per_s,
         unknown_keys=tuple(unknown),
     )
 
@@ -162,6 +169,12 @@ def _path(obj: _Object, name: str) -> PathCosts:
         raise ValueError(
             f"{obj.key('blocked_s')} ({blocked:g} s) is less than its snapshot_blocking_s ({snapshot:g} s)"
         )
+    write = obj.number("snapshot_write_s") if obj.has("snapshot_write_s") else 0.0
+    if snapshot + write > blocked:
+        raise ValueError(
+            f"{obj.key('blocked_s')} ({blocked:g} s) is less than its snapshot's copy and write "
+            f"({snapshot:g} s + {write:g} s)"
+        )
     requeue = name == REQUEUE
     path = PathCosts(
         name=name,
@@ -172,6 +185,7 @@ def _path(obj: _Object, name: str) -> PathCosts:
         restart_s=obj.number("restart_s") if requeue else None,
         spare_ready_s=None if requeue else obj.number("spare_ready_s"),
         load_s=None if requeue else obj.number("load_s"),
+        snapshot_write_s=write,
     )
     obj.done()
     return path

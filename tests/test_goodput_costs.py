@@ -264,6 +264,27 @@ def test_the_fixed_part_is_carried_unchanged_and_restarts_and_migrations_pay_the
     assert (costs.detect_s, costs.drain_s) == (60.0, 600.0)
 
 
+def test_the_measured_snapshot_write_is_not_carried_as_fixed_time_and_older_files_have_none() -> None:
+    a = cs.Assumptions(cs.LargeJob(70e9, 16_384))
+    data = fixture_costs()
+    data["paths"]["prescheduled"]["snapshot_write_s"] = 0.4
+    data["bandwidth_bytes_per_s"]["snapshot_write"] = 123_456 / 0.4
+    written = mc.parse(data, "fixture")
+    assert written.unknown_keys == ()
+    assert written.prescheduled is not None
+    assert written.prescheduled.snapshot_write_s == 0.4
+    assert written.write_bytes_per_s == pytest.approx(123_456 / 0.4)
+    before = {c.name: c for c in cs.scale(measured(), a)}["migrate_s"]
+    after = {c.name: c for c in cs.scale(written, a)}["migrate_s"]
+    # The measured write came out of the fixed part; the large job's write is charged instead.
+    assert before.fixed_s - after.fixed_s == pytest.approx(0.4)
+    assert after.write_s == before.write_s == pytest.approx(cs.background_write_s(a))
+    assert measured().prescheduled.snapshot_write_s == 0.0  # type: ignore[union-attr]
+    data["paths"]["prescheduled"]["snapshot_write_s"] = 1.5  # more than the blocked time allows
+    with pytest.raises(ValueError, match="copy and write"):
+        mc.parse(data, "fixture")
+
+
 def test_a_requeue_migration_loads_from_storage_and_a_prescheduled_one_from_a_peer() -> None:
     data = fixture_costs()
     del data["paths"]["prescheduled"]
