@@ -112,10 +112,14 @@ class Guard:
         with self._lock:
             return self._pending
 
-    def snapshot_done(self, step: int, uri: str) -> str:
+    def snapshot_done(self, step: int, uri: str, taken_for: apb.Alert | None = None) -> str:
         """Acknowledge the pending alert with SNAPSHOT_DONE; returns what the service will do (or
-        why nothing was sent). Clears the request either way: the state is safe."""
+        why nothing was sent). Clears the request either way: the state is safe. With `taken_for`
+        (the alert event the snapshot was taken for), a newer event pending since (an escalation, a
+        new alert) is neither acknowledged with this older snapshot nor cleared: it gets its own."""
         with self._lock:
+            if taken_for is not None and self._pending is not None and self._pending.id != taken_for.id:
+                return f"not sent: alert event {self._pending.id} came after the snapshot's {taken_for.id}"
             alert, self._pending = self._pending, None
         if alert is None:
             return "no alert pending"

@@ -10,14 +10,18 @@ import logging
 import threading
 
 from faultcast.client.guard import Guard
+from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
 
 
-def acknowledge(guard: Guard, step: int, uri: str, replies: list[str]) -> bool:
-    """Send SNAPSHOT_DONE for `step`; True when the service answered that it drains this node (it
-    replies "<alert>: drain <node> ..."), so the job is about to be stopped and requeued."""
-    reply = guard.snapshot_done(step, uri)
+def acknowledge(
+    guard: Guard, step: int, uri: str, replies: list[str], *, taken_for: apb.Alert | None = None
+) -> bool:
+    """Send SNAPSHOT_DONE for `step` (see Guard.snapshot_done for `taken_for`); True when the service
+    answered that it drains this node (it replies "<alert>: drain <node> ..."), so the job is about to
+    be stopped and requeued."""
+    reply = guard.snapshot_done(step, uri, taken_for)
     replies.append(reply)
     log.warning("faultcast: snapshot of step %d at %s acknowledged: %s", step, uri, reply)
     return reply.split(": ", 1)[-1].startswith("drain ")

@@ -8,10 +8,11 @@ rather than every node of the job reading shared storage at once. The snapshot d
 written whole first (the service hears SNAPSHOT_DONE only then), so a standby that cannot reach its
 peer falls back to the files and loses nothing.
 
-Where each rank listens, and the key it accepts, is in the snapshot directory (PEERS.json, readable
-by the job's user like the snapshot itself). A request must carry the key; the reply's description
-of the state (its structure, dtypes and shapes, and the pickled per-rank part) is signed with it
-(HMAC-SHA256), so nothing unsigned is ever unpickled. Tensor bytes follow raw, in order.
+Where each rank listens, and its two secrets, are in the snapshot directory (PEERS.json, readable by
+the job's user like the snapshot itself): a token a request must carry, and a key that never crosses
+the network, with which the reply's description of the state (its structure, dtypes and shapes, and
+the pickled per-rank part) is signed (HMAC-SHA256). Someone who saw a request can ask again, not
+forge a reply: nothing unsigned is ever unpickled. Tensor bytes follow raw, in order.
 
 Plain tensors only: a state holding DTensors or sharded tensors (FSDP) is not served, and its
 standby reads the files.
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +45,15 @@ PEERS = "PEERS.json"
 """In a snapshot directory: where each rank of the job that took it serves it, and with which key."""
 PEER_HOST = "FAULTCAST_PEER_HOST"
 """The address a rank tells its standby to reach it at (default: the host's name)."""
-SERVE_S = 30.0
-"""How long a handed-over rank goes on serving, at most, once the scheduler asked it to end."""
+SERVE_S = 20.0
+"""How long a handed-over rank goes on serving, at most, once the scheduler asked it to end (under
+Slurm's default KillWait and torchrun's grace, both 30 s)."""
+HANDSHAKE_S = 5.0  # a connection that has not sent its request by then is dropped
+MAX_CONNECTIONS = 8  # at once; one per standby rank is what a hand-over needs
+MAX_HEADER = 64 << 20  # the description of a state; a longer one is refused before it is read
 _MAGIC = b"FCPEER1\n"
 _KEY_BYTES = 32
-_REQUEST = struct.Struct(f"!{len(_MAGIC)}s{_KEY_BYTES}sI")  # magic, key, rank
+_REQUEST = struct.Struct(f"!{len(_MAGIC)}s{_KEY_BYTES}sI")  # magic, token, rank
 _LENGTH = struct.Struct("!Q")
 _OK, _REFUSED = b"\x00", b"\x01"
 _CHUNK = 16 << 20  # tensors are received straight into their storage, this much at a time
@@ -65,29 +71,13 @@ class NotServableError(ValueError):
 
 
 def stage(state: Any) -> Any:
-    """A copy of `state` in host memory that training can no longer change: every tensor copied to
-    the CPU (pinned, from CUDA, with one synchronisation at the end), containers rebuilt, immutable
-    leaves shared. What DCP writes in the background and the peer server sends."""
-    copied = _copy(state)
+    """A copy of `state` in host memory that training can no longer change: torch's own stager (what
+    `async_save` stages with), so DTensors and sharded tensors are copied as what they are; other
+    leaves are shared (they are immutable: bytes, numbers, strings)."""
+    staged = BlockingAsyncStager().stage(state)
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
-    return copied
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        source = value.detach()
-        if source.is_cuda:
-            target = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-            return target.copy_(source, non_blocking=True)
-        return source.clone(memory_format=torch.contiguous_format)
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_copy(v) for v in value)
-    return value
+    return staged
 
 
 def nbytes(state: Any) -> int:
@@ -183,23 +173,28 @@ def _tensor_specs(node: object, found: list[tuple[str, list[int]]]) -> None:
 
 
 class PeerServer:
-    """Serves one rank's staged state to whoever presents the key (any number of times) until
-    closed. `served` is set once a whole copy went out. NotServableError when the state cannot be sent."""
+    """Serves one rank's staged state to whoever presents the token (any number of times) until
+    closed. `served` (or the event given) is set once a whole copy went out. Listens on `host`, else
+    FAULTCAST_PEER_HOST, else every interface, and names that address (or the host's name) in
+    `address`. NotServableError when the state cannot be sent."""
 
-    def __init__(self, staged: Any, rank: int, *, host: str | None = None) -> None:
+    def __init__(
+        self, staged: Any, rank: int, *, host: str | None = None, served: threading.Event | None = None
+    ) -> None:
         self.rank = rank
+        self.token = secrets.token_bytes(_KEY_BYTES)
         self.key = secrets.token_bytes(_KEY_BYTES)
         self._tensors: list[torch.Tensor] = []
         header = json.dumps(_describe(staged, self._tensors), separators=(",", ":")).encode()
         self._header = header + hmac.new(self.key, header, "sha256").digest()
         self.bytes = sum(t.numel() * t.element_size() for t in self._tensors) + len(header)
-        self.served = threading.Event()
+        self.served = served if served is not None else threading.Event()
         self.refused = 0
-        self._socket = socket.create_server(("", 0), family=socket.AF_INET)
-        self.address = (
-            f"{host or os.environ.get(PEER_HOST) or socket.gethostname()}:{self._socket.getsockname()[1]}"
-        )
+        bind = host or os.environ.get(PEER_HOST) or ""
+        self._socket = socket.create_server((bind, 0))
+        self.address = f"{bind or socket.gethostname()}:{self._socket.getsockname()[1]}"
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         threading.Thread(target=self._accept, name=f"faultcast-peer-{rank}", daemon=True).start()
 
     def _accept(self) -> None:
@@ -208,30 +203,35 @@ class PeerServer:
                 connection, _ = self._socket.accept()
             except OSError:
                 return  # closed
-            if self._closed.is_set():
-                connection.close()
-                return
+            if self._closed.is_set() or not self._slots.acquire(blocking=False):
+                connection.close()  # closing, or too many at once: not a standby's fetch
+                continue
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
             try:
-                connection.settimeout(SERVE_S)
-                magic, key, rank = _REQUEST.unpack(_receive(connection, _REQUEST.size))
-                if magic != _MAGIC or not hmac.compare_digest(key, self.key) or rank != self.rank:
-                    self.refused += 1
-                    log.warning(
-                        "faultcast: refused a request for rank %d's snapshot (wrong key or rank)", rank
-                    )
-                    connection.sendall(_REFUSED)
-                    return
-                connection.sendall(_OK + _LENGTH.pack(len(self._header)) + self._header)
-                for tensor in self._tensors:
-                    connection.sendall(_raw(tensor))
+                self._answer(connection)
             except (OSError, PeerError, struct.error) as exc:
                 log.warning("faultcast: serving rank %d's snapshot to a standby failed: %s", self.rank, exc)
-                return
-            self.served.set()
+            finally:
+                self._slots.release()
+
+    def _answer(self, connection: socket.socket) -> None:
+        connection.settimeout(HANDSHAKE_S)
+        magic, token, rank = _REQUEST.unpack(_receive(connection, _REQUEST.size))
+        if magic != _MAGIC or not hmac.compare_digest(token, self.token) or rank != self.rank:
+            self.refused += 1
+            log.warning("faultcast: refused a request for rank %d's snapshot (wrong token or rank)", rank)
+            connection.sendall(_REFUSED)
+            return
+        connection.settimeout(SERVE_S)  # for each piece: a large tensor goes out in several
+        connection.sendall(_OK + _LENGTH.pack(len(self._header)) + self._header)
+        for tensor in self._tensors:
+            raw = _raw(tensor)
+            for at in range(0, len(raw), _CHUNK):
+                connection.sendall(raw[at : at + _CHUNK])
+        self.served.set()
 
     def close(self) -> None:
         """Stop serving (a fetch under way still completes)."""
@@ -246,16 +246,18 @@ def _raw(tensor: torch.Tensor) -> memoryview:
     return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
-def fetch(address: str, key: bytes, rank: int, *, timeout_s: float = SERVE_S) -> Any:
-    """Rank `rank`'s staged state from the peer at `address` ("host:port"); PeerError when it cannot
-    be had whole and signed."""
+def fetch(address: str, token: bytes, key: bytes, rank: int, *, timeout_s: float = SERVE_S) -> Any:
+    """Rank `rank`'s staged state from the peer at `address` ("host:port"), asked for with `token`
+    and checked with `key`; PeerError when it cannot be had whole and signed."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
-            connection.sendall(_REQUEST.pack(_MAGIC, key, rank))
+            connection.sendall(_REQUEST.pack(_MAGIC, token, rank))
             if _receive(connection, 1) != _OK:
                 raise PeerError(f"the peer at {address} refused the request for rank {rank}")
             (length,) = _LENGTH.unpack(_receive(connection, _LENGTH.size))
+            if not 32 < length <= MAX_HEADER:
+                raise PeerError(f"the peer at {address} announces a description of {length} bytes")
             signed = _receive(connection, length)
             header, signature = signed[:-32], signed[-32:]
             if not hmac.compare_digest(signature, hmac.new(key, header, "sha256").digest()):
@@ -264,7 +266,7 @@ def fetch(address: str, key: bytes, rank: int, *, timeout_s: float = SERVE_S) ->
             specs: list[tuple[str, list[int]]] = []
             _tensor_specs(description, specs)
             tensors = [_receive_tensor(connection, dtype, shape) for dtype, shape in specs]
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, struct.error) as exc:
         raise PeerError(f"fetching rank {rank}'s snapshot from {address}: {exc}") from exc
     return _rebuild(description, tensors)
 
@@ -320,32 +322,36 @@ def same_layout(got: Any, like: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Peers:
-    """PEERS.json: each rank's address and key, by rank."""
+class Peer:
+    """Where one rank serves its copy, and its secrets (see the module docstring)."""
 
-    addresses: list[str]
-    keys: list[bytes]
+    address: str
+    token: bytes
+    key: bytes
 
-    @property
-    def world_size(self) -> int:
-        return len(self.addresses)
+    @classmethod
+    def of(cls, server: PeerServer) -> Peer:
+        return cls(server.address, server.token, server.key)
 
 
-def write_peers(directory: Path, served: list[tuple[str, str]]) -> None:
-    """Rank 0: record every rank's (address, hex key) in the snapshot directory, readable by the
-    job's user only (written whole, then renamed)."""
+def write_peers(directory: Path, peers: list[Peer]) -> None:
+    """Rank 0: record every rank's peer in the snapshot directory, readable by the job's user only
+    (written whole, then renamed)."""
     tmp = directory / (PEERS + ".tmp")
     descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        json.dump({"ranks": [{"address": a, "key": k} for a, k in served]}, handle)
+        json.dump(
+            {"ranks": [{"address": p.address, "token": p.token.hex(), "key": p.key.hex()} for p in peers]},
+            handle,
+        )
     tmp.replace(directory / PEERS)
 
 
-def read_peers(directory: Path) -> Peers | None:
-    """The peers of the snapshot in `directory`; None when it has none (or they cannot be read)."""
+def read_peers(directory: Path) -> list[Peer] | None:
+    """The peers of the snapshot in `directory`, by rank; None when it has none (or they cannot be read)."""
     try:
         ranks = json.loads((directory / PEERS).read_text())["ranks"]
-        return Peers([str(r["address"]) for r in ranks], [bytes.fromhex(r["key"]) for r in ranks])
+        return [Peer(str(r["address"]), bytes.fromhex(r["token"]), bytes.fromhex(r["key"])) for r in ranks]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -362,27 +368,27 @@ def read_peers(directory: Path) -> Peers | None:
 
 
 @contextlib.contextmanager
-def termination_deferred(served: threading.Event, limit_s: float = SERVE_S) -> Iterator[None]:
-    """While inside: a SIGTERM (the scheduler ending the handed-over job) waits until `served` is
-    set or `limit_s` passes, then takes its ordinary course. Only in the main thread (signals go
-    there); elsewhere it defers nothing."""
-    if threading.current_thread() is not threading.main_thread():
+def termination_deferred(until: threading.Event, limit_s: float = SERVE_S) -> Iterator[None]:
+    """While inside: a SIGTERM (the scheduler ending the handed-over job) waits until `until` is set
+    or `limit_s` passes, then takes its ordinary course. Only in the main thread (signals go there)
+    and only over a handler Python knows of (one set in C is left alone)."""
+    installed = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or installed is None:
         yield
         return
-    installed = signal.getsignal(signal.SIGTERM)
-    previous = installed if installed is not None else signal.SIG_DFL  # None: set outside Python
 
     def on_term(signum: int, frame: object) -> None:
-        log.info("faultcast: SIGTERM deferred until the standby fetched this rank's snapshot")
-        if not served.wait(limit_s):
-            log.warning(
-                "faultcast: ending before the standby fetched this rank's snapshot (it reads the files)"
-            )
-        signal.signal(signal.SIGTERM, previous)
+        if not until.is_set():
+            log.info("faultcast: SIGTERM deferred until the standby fetched this rank's snapshot")
+            if not until.wait(limit_s):
+                log.warning(
+                    "faultcast: ending before the standby fetched this rank's snapshot (it reads the files)"
+                )
+        signal.signal(signal.SIGTERM, installed)
         signal.raise_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, installed)

@@ -57,15 +57,14 @@ class ProtectionStats:
     handover_load_s: float = 0.0  # a standby: the hand-over snapshot's load, after the word
     handover_source: str = ""  # a standby: "peer" (the old job's memory) or "files" (the snapshot directory)
     handover_bytes: int = 0  # a standby: what it fetched from its peer
-    snapshot_blocking_s: list[float] = field(
-        default_factory=list
-    )  # each alert snapshot's copy to host memory
+    # each alert snapshot's copy to host memory
+    snapshot_blocking_s: list[float] = field(default_factory=list)
 
 
 @dataclass
 class _AlertWrite:
-    """An alert snapshot staged in host memory and being written; marked complete and acknowledged
-    once written."""
+    """An alert snapshot staged in host memory and being written: marked whole (rank 0) as soon as
+    it is written, acknowledged at an agreement."""
 
     step: int
     alert: apb.Alert | None
@@ -74,7 +73,11 @@ class _AlertWrite:
     staged_unix: float
     written: Future[None]
     server: peer_state.PeerServer | None = None  # this rank's copy, served to a standby
-    peers: list[tuple[str, str] | None] = field(default_factory=list)  # every rank's (address, key)
+    peers: list[peer_state.Peer | None] = field(default_factory=list)  # every rank's, gathered
+    # Set once a scheduler's SIGTERM need not wait: this rank's copy went out, or no hand-over.
+    release: threading.Event = field(default_factory=threading.Event)
+    marked: Snapshot | None = None  # rank 0: the marker is down
+    mark_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class ProtectionOptions(TypedDict, total=False):
@@ -258,17 +261,22 @@ class Protection:
 
     def _load_handed_over(self, snapshot: Snapshot) -> int:
         """The hand-over snapshot: from the old job's memory when every rank can fetch its own part
-        there (PEERS.json), else from the snapshot's files (collective)."""
+        there (PEERS.json), else from the snapshot's files (collective: all ranks load alike)."""
         started = time.monotonic()
         peers = peer_state.read_peers(snapshot.path)
         fetched: StateDict | None = None
-        if peers is not None and peers.world_size == self.world_size:
+        if peers is not None and len(peers) == self.world_size:
+            peer = peers[self.rank]
             try:
-                fetched = peer_state.fetch(peers.addresses[self.rank], peers.keys[self.rank], self.rank)
-            except peer_state.PeerError as exc:
+                like = self.state.to_load(self.rank)
+                fetched = peer_state.fetch(peer.address, peer.token, peer.key, self.rank)
+                if not peer_state.same_layout(fetched, like):
+                    log.warning(
+                        "faultcast: the state the peer sent is not this job's layout; loading the files"
+                    )
+                    fetched = None
+            except Exception as exc:  # any failure here must reach the vote, not end this rank
                 log.warning("faultcast: the snapshot's peer could not be read, loading its files: %s", exc)
-            if fetched is not None and not peer_state.same_layout(fetched, self.state.to_load(self.rank)):
-                log.warning("faultcast: the state the peer sent is not this job's layout; loading the files")
                 fetched = None
         if self.agreement.agree(Vote(snapshot=fetched is None)).snapshot or fetched is None:
             self.stats.handover_source = "files"
@@ -277,9 +285,8 @@ class Protection:
         self.stats.resumed_from = snapshot.step if step is None else step
         self.stats.handover_source, self.stats.handover_bytes = "peer", peer_state.nbytes(fetched)
         log.info(
-            "faultcast: fetched the snapshot of step %d from %s (%d bytes) in %.3f s",
+            "faultcast: fetched the snapshot of step %d from its peer (%d bytes) in %.3f s",
             snapshot.step,
-            peers.addresses[self.rank] if peers is not None else "?",
             self.stats.handover_bytes,
             time.monotonic() - started,
         )
@@ -320,10 +327,11 @@ class Protection:
     # -- predictive snapshots -------------------------------------------------------------------
 
     def _snapshot_for_alert(self, step: int, alert: apb.Alert | None, *, migrate: bool) -> None:
-        """Copy the state to host memory (all that blocks training) and write it in the background.
-        A snapshot that only guards against the failure is finished at the next agreement while
-        training goes on; one before a migration is finished now (the job stops anyway), and when a
-        standby may take over, each rank also serves its copy to it."""
+        """Copy the state to host memory (all that blocks training) and write it in the background;
+        rank 0 marks it whole as soon as it is written. A snapshot that only guards against the
+        failure is acknowledged at the next agreement while training goes on; one before a migration
+        now (the job stops anyway), and when a standby may take over, each rank also serves its copy
+        to it."""
         self.stats.snapshot_started_unix.append(time.time())
         if alert is not None and self.guard is not None:
             self.stats.alert_to_snapshot_s.append(time.monotonic() - self.guard.pending_since)
@@ -333,76 +341,114 @@ class Protection:
         staged = peer_state.stage(self.state.to_save(step, self.rank))
         staged_at = time.time()
         self.stats.snapshot_blocking_s.append(staged_at - started)
-        server, peers = self._serve(staged) if migrate and self.stand_by else (None, [])
-        written = self.store.write_staged(staged, step, self.rank, self._io_group)
-        self._alert_write = _AlertWrite(step, alert, reason, started, staged_at, written, server, peers)
+        pending = _AlertWrite(step, alert, reason, started, staged_at, Future())
+        if migrate and self.stand_by:
+            pending.server, pending.peers = self._serve(staged, pending.release)
+        pending.written = self.store.write_staged(staged, step, self.rank, self._io_group)
+        if self.rank == 0:
+            pending.written.add_done_callback(lambda _: self._mark_whole(pending))
+        self._alert_write = pending
         if migrate:
             self._finish_alert_snapshot()
 
-    def _serve(self, staged: StateDict) -> tuple[peer_state.PeerServer | None, list[tuple[str, str] | None]]:
-        """Serve this rank's staged copy to a standby; every rank's (address, key), gathered
-        (collective). A rank that cannot serve says None, and its standby reads the files."""
+    def _serve(
+        self, staged: StateDict, served: threading.Event
+    ) -> tuple[peer_state.PeerServer | None, list[peer_state.Peer | None]]:
+        """Serve this rank's staged copy to a standby; every rank's peer, gathered (collective). A
+        rank that cannot serve says None, and its standby reads the files."""
         try:
-            server: peer_state.PeerServer | None = peer_state.PeerServer(staged, self.rank)
+            server: peer_state.PeerServer | None = peer_state.PeerServer(staged, self.rank, served=served)
         except (peer_state.NotServableError, OSError) as exc:
             log.info("faultcast: this rank's snapshot is not served to a standby: %s", exc)
             server = None
-        mine = (server.address, server.key.hex()) if server is not None else None
-        everyone: list[tuple[str, str] | None] = [mine]
+        mine = peer_state.Peer.of(server) if server is not None else None
+        everyone: list[peer_state.Peer | None] = [mine]
         if dist.is_initialized():
             everyone = [None] * self.world_size
             dist.all_gather_object(everyone, mine, group=self._io_group)
         return server, everyone
 
+    def _mark_whole(self, pending: _AlertWrite) -> Snapshot | None:
+        """Rank 0, once the write is done (on the writer's thread, or at the agreement, whichever
+        comes first): the peers, then the marker. None when the write or the marker failed."""
+        with pending.mark_lock:
+            if pending.marked is not None or pending.written.exception() is not None:
+                return pending.marked
+            path = self.store.path(pending.step)
+            served = [p for p in pending.peers if p is not None]
+            try:
+                if served and len(served) == len(pending.peers):
+                    try:
+                        peer_state.write_peers(path, served)
+                    except OSError as exc:  # the standby then reads the files
+                        log.warning("faultcast: could not record where the snapshot is served: %s", exc)
+                pending.marked = self.store.finish(
+                    pending.step,
+                    self.rank,
+                    pending.reason,
+                    self.world_size,
+                    started_unix=pending.started_unix,
+                    staged_unix=pending.staged_unix,
+                )
+            except OSError:
+                log.exception(
+                    "faultcast: the alert snapshot of step %d could not be marked whole", pending.step
+                )
+            return pending.marked
+
     def _finish_alert_snapshot(self, *, closing: bool = False) -> None:
-        """Once the alert snapshot is written: mark it complete, acknowledge it, and hold if the
-        service moves the job (collective, except when `closing`: the job ends, nothing is held)."""
+        """Once the alert snapshot is whole: acknowledge it, and hold if the service moves the job.
+        Collective (an agreement tells every rank whether every part is whole), except when
+        `closing`: the job ends, a rank other than 0 acknowledges only once it sees the marker."""
         pending, self._alert_write = self._alert_write, None
         assert pending is not None
         step = pending.step
         try:
             pending.written.result()
+            whole_here = self._mark_whole(pending) is not None if self.rank == 0 else True
         except Exception:  # never acknowledged: the alert stays pending and is snapshotted again
             log.exception("faultcast: the alert snapshot of step %d could not be written", step)
+            whole_here = False
+        if closing:
+            whole = whole_here and (self.rank == 0 or self.store.wait_whole(step, peer_state.SERVE_S))
+        else:
+            whole = not self.agreement.agree(Vote(snapshot=not whole_here)).snapshot
+        if not whole:
+            pending.release.set()
             if pending.server is not None:
                 pending.server.close()
             return
-        path = self.store.path(step)
-        if self.rank == 0 and pending.peers and all(p is not None for p in pending.peers):
-            peer_state.write_peers(path, [p for p in pending.peers if p is not None])
-        snapshot = self.store.finish(
-            step,
-            self.rank,
-            pending.reason,
-            self.world_size,
-            started_unix=pending.started_unix,
-            staged_unix=pending.staged_unix,
-        )
-        if dist.is_initialized() and not closing:
-            dist.barrier(group=self._io_group)  # the marker is down: every rank's data is safe
         self.stats.snapshots.append(step)
-        uri = path.resolve().as_uri() if snapshot is None else snapshot.uri
-        expect_migration = False
-        if self.guard is not None and pending.alert is not None:
-            expect_migration = migration.acknowledge(self.guard, step, uri, self.stats.acknowledgements)
-        if not closing and self.agreement.agree(Vote(migrate=expect_migration)).migrate:
-            self._hold_for_migration(step, pending.server)
+        uri = self.store.path(step).resolve().as_uri()
+        deferred = (
+            peer_state.termination_deferred(pending.release) if pending.server is not None else nullcontext()
+        )
+        with deferred:  # a scheduler ending the job as soon as it hears of the snapshot waits for the copy
+            expect_migration = False
+            if self.guard is not None and pending.alert is not None:
+                expect_migration = migration.acknowledge(
+                    self.guard, step, uri, self.stats.acknowledgements, taken_for=pending.alert
+                )
+            if not closing and self.agreement.agree(Vote(migrate=expect_migration)).migrate:
+                self._hold_for_migration(step, pending)
+            pending.release.set()
         if pending.server is not None:
             pending.server.close()
 
-    def _hold_for_migration(self, step: int, server: peer_state.PeerServer | None) -> None:
+    def _hold_for_migration(self, step: int, pending: _AlertWrite) -> None:
         """Hold while the job is moved. Handed over to a standby, a rank serving it its copy lets the
         scheduler's SIGTERM wait until the copy went out; and a job the scheduler did not end stops
         here rather than train beside the standby."""
         # Every node's guard heard the reply for its own node's alert: any one of them decides.
         reply = self.stats.acknowledgements[-1] if self.stats.acknowledgements else ""
         handed = self.agreement.agree(Vote(migrate=migration.handed_over(reply))).migrate
-        serving = server.served if handed and server is not None else None
-        with peer_state.termination_deferred(serving) if serving is not None else nullcontext():
-            self._hold(step)
+        if not handed or pending.server is None:
+            pending.release.set()  # a requeue: nothing to wait for
+        self._hold(step)
         if handed:
-            if serving is not None:
-                serving.wait(peer_state.SERVE_S)
+            pending.release.wait(peer_state.SERVE_S)
+            if pending.server is not None:
+                pending.server.close()
             log.error(
                 "faultcast: the job was handed over to a standby at step %d and this copy was not ended; "
                 "it stops here rather than train beside the standby",

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -179,6 +180,16 @@ class SnapshotStore:
         _fsync_dir(path)
         self._prune()
         return Snapshot(step, path, reason, world_size, payload)
+
+    def wait_whole(self, step: int, timeout_s: float) -> bool:
+        """Whether the snapshot of `step` is marked whole within `timeout_s` (a rank other than 0,
+        which does not write the marker, before it tells anyone of the snapshot)."""
+        marker, waited, pause = self.path(step) / MARKER, threading.Event(), 0.05
+        for _ in range(max(1, round(timeout_s / pause))):
+            if marker.is_file():
+                return True
+            waited.wait(pause)
+        return marker.is_file()
 
     def _prune(self) -> None:
         """Keep the newest `keep` whole snapshots; drop older whole ones and any partial one older

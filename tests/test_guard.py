@@ -153,6 +153,22 @@ def test_an_update_asks_for_another_snapshot_only_when_it_escalates(
         guard.snapshot_done(20, "file:///s/20")
         assert seen(event(apb.EVENT_KIND_UPDATED, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, opened.id))
         assert not guard.should_snapshot()
+
+        # A snapshot still being written when its alert escalates (the write goes on in the
+        # background) is not acknowledged for the escalation: that asks for a snapshot of its own.
+        later = event(apb.EVENT_KIND_OPENED, apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, 0)
+        taken_for = guard.wait_for_alert(WAIT_S)
+        assert taken_for is not None
+        assert taken_for.id == later.id
+        worse = event(apb.EVENT_KIND_UPDATED, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE, later.id)
+        assert seen(worse)
+        reply = guard.snapshot_done(30, "file:///s/30", taken_for=taken_for)
+        assert reply.startswith(f"not sent: alert event {worse.id}"), reply
+        newer = guard.pending()
+        assert newer is not None
+        assert newer.id == worse.id
+        assert not guard.snapshot_done(35, "file:///s/35", taken_for=newer).startswith("not sent")
+        assert not guard.should_snapshot()
     finally:
         guard.close()
         service.stop(0)

@@ -108,9 +108,9 @@ def test_the_spare_waits_during_the_warning_and_the_job_hands_over_at_its_snapsh
     assert 0 < second["warm_from"] < second["step"]  # it had loaded a periodic checkpoint while it waited
     # It fetched the hand-over snapshot from the old job's memory, not from the files.
     assert (second["handover_source"], second["handover_bytes"] > 0) == ("peer", True)
-    # The first alert asked for a snapshot only: training went on while it was written (marked whole
-    # at a later agreement). The migration's was marked at its own step (the job held there, and was
-    # ended before it could say so).
+    # The first alert asked for a snapshot only: training went on after its copy to host memory, and
+    # it was acknowledged at a later agreement. The migration's was acknowledged at its own step (the
+    # job held there, and was ended before it could say so).
     guarding = job.events("snapshot-marked")
     assert guarding
     assert all(second["step"] > m["at_step"] > m["step"] for m in guarding), guarding

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import math
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from faultcast.client import peer_state
 from faultcast.client.train_state import RANK_KEY, TrainState
@@ -62,7 +68,7 @@ def test_the_staged_copy_comes_back_bit_for_bit_and_training_no_longer_touches_i
 
     server = peer_state.PeerServer(staged, rank=1, host="127.0.0.1")
     try:
-        fetched = peer_state.fetch(server.address, server.key, 1)
+        fetched = peer_state.fetch(server.address, server.token, server.key, 1)
     finally:
         server.close()
     assert _equal(fetched, staged)
@@ -74,33 +80,93 @@ def test_the_staged_copy_comes_back_bit_for_bit_and_training_no_longer_touches_i
     assert not peer_state.same_layout(moved, staged)
 
 
-def test_a_request_without_the_key_or_for_another_rank_is_refused_and_nothing_is_sent() -> None:
+def test_a_request_without_the_token_or_for_another_rank_is_refused_and_nothing_is_sent() -> None:
     server = peer_state.PeerServer(peer_state.stage({"w": torch.ones(4)}), rank=0, host="127.0.0.1")
     try:
         with pytest.raises(peer_state.PeerError, match="refused"):
-            peer_state.fetch(server.address, bytes(32), 0)
+            peer_state.fetch(server.address, server.key, server.key, 0)  # the key is not the token
         with pytest.raises(peer_state.PeerError, match="refused"):
-            peer_state.fetch(server.address, server.key, 1)
+            peer_state.fetch(server.address, server.token, server.key, 1)
         assert server.refused == 2
         assert not server.served.is_set()
     finally:
         server.close()
     with pytest.raises(peer_state.PeerError):  # gone: the standby reads the files instead
-        peer_state.fetch(server.address, server.key, 0, timeout_s=5)
+        peer_state.fetch(server.address, server.token, server.key, 0, timeout_s=5)
 
 
 def test_a_description_that_does_not_verify_is_never_used() -> None:
     server = peer_state.PeerServer(
         peer_state.stage({"w": torch.ones(4), "r": b"pickled"}), 0, host="127.0.0.1"
     )
-    # What a tamperer between the nodes would do: change the description, keep the signature.
-    header = server._header
-    server._header = header[:10] + b"X" + header[11:]
     try:
+        # Someone who saw a request knows the token, not the key: what they sign does not verify.
         with pytest.raises(peer_state.PeerError, match="not signed"):
-            peer_state.fetch(server.address, server.key, 0)
+            peer_state.fetch(server.address, server.token, server.token, 0)
+        # What a tamperer between the nodes would do: change the description, keep the signature.
+        header = server._header
+        server._header = header[:10] + b"X" + header[11:]
+        with pytest.raises(peer_state.PeerError, match="not signed"):
+            peer_state.fetch(server.address, server.token, server.key, 0)
     finally:
         server.close()
+
+
+def test_a_peer_announcing_a_huge_description_is_refused_before_anything_is_allocated() -> None:
+    impostor = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        connection, _ = impostor.accept()
+        with connection:
+            connection.recv(1024)
+            connection.sendall(b"\x00" + struct.pack("!Q", 1 << 62))
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        with pytest.raises(peer_state.PeerError, match="announces a description"):
+            peer_state.fetch(f"127.0.0.1:{impostor.getsockname()[1]}", bytes(32), bytes(32), 0)
+    finally:
+        impostor.close()
+
+
+def test_connections_past_the_limit_are_dropped_and_a_silent_one_is_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(peer_state, "HANDSHAKE_S", 0.5)
+    server = peer_state.PeerServer(peer_state.stage({"w": torch.ones(4)}), rank=0, host="127.0.0.1")
+    host, port = server.address.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port))) for _ in range(peer_state.MAX_CONNECTIONS)]
+    try:
+        # Every slot is taken by a client that says nothing: the next one is closed at once.
+        with pytest.raises(peer_state.PeerError):
+            peer_state.fetch(server.address, server.token, server.key, 0)
+        assert not server.served.is_set()
+        for idle in silent:  # each is dropped after the handshake time: the server closes it
+            idle.settimeout(30)
+            assert idle.recv(1) == b""
+        peer_state.fetch(server.address, server.token, server.key, 0)
+        assert server.served.is_set()
+    finally:
+        for idle in silent:
+            idle.close()
+        server.close()
+
+
+def test_sharded_state_is_staged_as_it_is_and_read_from_the_files_not_served() -> None:
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+        staged = peer_state.stage({"model": {"w": sharded}})
+        copy = staged["model"]["w"]
+        assert isinstance(copy, DTensor)
+        assert torch.equal(copy.to_local(), sharded.to_local())
+        sharded.to_local().add_(1.0)
+        assert not torch.equal(copy.to_local(), sharded.to_local())
+        with pytest.raises(peer_state.NotServableError, match="DTensor"):
+            peer_state.PeerServer(staged, 0, host="127.0.0.1")
+    finally:
+        dist.destroy_process_group()
 
 
 def test_sharded_or_unknown_objects_are_not_served() -> None:
@@ -113,11 +179,10 @@ def test_sharded_or_unknown_objects_are_not_served() -> None:
 
 def test_peers_round_trip_and_an_unreadable_file_means_the_files_are_read(tmp_path: Path) -> None:
     key = bytes(range(32))
-    peer_state.write_peers(tmp_path, [("a:1", key.hex()), ("b:2", key[::-1].hex())])
+    peers = [peer_state.Peer("a:1", key, key[::-1]), peer_state.Peer("b:2", key[::-1], key)]
+    peer_state.write_peers(tmp_path, peers)
     assert (tmp_path / peer_state.PEERS).stat().st_mode & 0o777 == 0o600
-    peers = peer_state.read_peers(tmp_path)
-    assert peers is not None
-    assert (peers.addresses, peers.keys, peers.world_size) == (["a:1", "b:2"], [key, key[::-1]], 2)
+    assert peer_state.read_peers(tmp_path) == peers
     assert peer_state.read_peers(tmp_path / "none") is None
     (tmp_path / peer_state.PEERS).write_text("{not json")
     assert peer_state.read_peers(tmp_path) is None
@@ -125,10 +190,12 @@ def test_peers_round_trip_and_an_unreadable_file_means_the_files_are_read(tmp_pa
 
 _DEFERRED = textwrap.dedent(
     """
-    import logging, sys, threading
+    import logging, signal, sys, threading
     from faultcast.client import peer_state
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    if sys.argv[2] == "own":  # the job's own handler, which must still run in the end
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
     served = threading.Event()
     threading.Thread(target=lambda: sys.stdin.readline() and served.set(), daemon=True).start()
     with peer_state.termination_deferred(served, limit_s=float(sys.argv[1])):
@@ -139,10 +206,10 @@ _DEFERRED = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("served", [True, False])
-def test_a_handed_over_ranks_sigterm_waits_until_its_copy_went_out(served: bool) -> None:
+@pytest.mark.parametrize(("served", "handler"), [(True, "default"), (False, "default"), (True, "own")])
+def test_a_handed_over_ranks_sigterm_waits_until_its_copy_went_out(served: bool, handler: str) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", _DEFERRED, "60" if served else "0.2"],
+        [sys.executable, "-c", _DEFERRED, "60" if served else "0.2", handler],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -153,12 +220,14 @@ def test_a_handed_over_ranks_sigterm_waits_until_its_copy_went_out(served: bool)
     assert child.stdin is not None
     assert child.stdout.readline() == "ready\n"
     child.send_signal(signal.SIGTERM)
-    assert "SIGTERM deferred" in child.stderr.readline()  # alive, in the handler, waiting
+    assert "SIGTERM deferred" in child.stderr.readline()  # in the handler, waiting
     if served:
-        assert child.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):  # still alive: it waits for the copy to go out
+            child.wait(timeout=1.0)
         child.stdin.write("served\n")
         child.stdin.flush()
-    assert child.wait(timeout=60) == -signal.SIGTERM  # then it ends as the scheduler asked
+    # Then it ends as the scheduler asked, through the handler it had before.
+    assert child.wait(timeout=60) == (7 if handler == "own" else -signal.SIGTERM)
     rest = child.stderr.read()
     assert ("before the standby fetched" in rest) is not served
     assert child.stdout.read() == ""
