@@ -102,7 +102,10 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         if self.policy is None:
             return None
         try:
-            self.policy.check_nodes(current(), job_id, nodes, self.store.jobs.all().get(job_id, []))
+            registered = self.store.jobs.all().get(job_id, [])
+            self.policy.check_nodes(
+                current(), job_id, nodes, registered, predecessors=self.store.remediations.predecessors
+            )
         except AuthError as denied:
             return refuse(self.policy, denied, peer)
         return None
@@ -340,7 +343,12 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs an id and at least one node")
         if self.policy is not None:
             try:
-                self.policy.check_job(current(), request.job_id, registering=True)
+                self.policy.check_job(
+                    current(),
+                    request.job_id,
+                    registering=True,
+                    predecessors=self.store.remediations.predecessors,
+                )
             except AuthError as denied:
                 context.abort(*refuse(self.policy, denied, context.peer()))
         refusal = self._too_many_nodes(len(request.nodes))  # before the names are read one by one
@@ -371,7 +379,9 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             )
         if self.policy is not None:
             try:
-                self.policy.check_job(current(), request.standby_for)
+                self.policy.check_job(
+                    current(), request.standby_for, predecessors=self.store.remediations.predecessors
+                )
             except AuthError as denied:
                 await context.abort(*refuse(self.policy, denied, context.peer()))
         if self.prescheduler is None:

@@ -245,8 +245,17 @@ class AccessPolicy:
                 grpc.StatusCode.PERMISSION_DENIED, "wrong_node", f"{principal} may not push for node {node!r}"
             )
 
-    def check_job(self, principal: Principal, job_id: str, *, registering: bool = False) -> None:
-        """A trainer names only its own job (and registers it only when trainers may)."""
+    def check_job(
+        self,
+        principal: Principal,
+        job_id: str,
+        *,
+        registering: bool = False,
+        predecessors: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
+        """A trainer names only its own job (and registers it only when trainers may), or a standby
+        that took its job over (`predecessors(job_id)` names the jobs a standby carries on: it runs
+        the job's command, with the job's credentials, under a job id of its own)."""
         if principal is INSECURE or principal.role is Role.ADMIN:
             return
         if registering and not self.trainers_register:
@@ -255,16 +264,25 @@ class AccessPolicy:
                 "registration",
                 "jobs are registered by admins here (--job-registration admin)",
             )
-        if principal.role is not Role.TRAINER or principal.name != job_id:
+        carries_on = (
+            principal.name != job_id and predecessors is not None and principal.name in predecessors(job_id)
+        )
+        if principal.role is not Role.TRAINER or (principal.name != job_id and not carries_on):
             raise AuthError(
                 grpc.StatusCode.PERMISSION_DENIED, "wrong_job", f"{principal} may not act for job {job_id!r}"
             )
 
     def check_nodes(
-        self, principal: Principal, job_id: str, nodes: Sequence[str], registered: Sequence[str]
+        self,
+        principal: Principal,
+        job_id: str,
+        nodes: Sequence[str],
+        registered: Sequence[str],
+        *,
+        predecessors: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         """A trainer reads (or acknowledges) only alerts of the nodes its job is registered on."""
-        self.check_job(principal, job_id)
+        self.check_job(principal, job_id, predecessors=predecessors)
         if principal is INSECURE or principal.role is Role.ADMIN:
             return
         outside = sorted(set(nodes) - set(registered))

@@ -48,6 +48,27 @@ class RemediationLedger:
         row = self._db.read_one("SELECT request FROM remediations WHERE alert_id = ?", (alert_id,))
         return str(row[0] or "") if row else ""
 
+    def handed_over_from(self, job_id: str) -> str:
+        """The job that was handed over to the standby `job_id` (the newest claim naming it), "" when
+        none was."""
+        row = self._db.read_one(
+            "SELECT json_extract(request, '$.job_id') FROM remediations WHERE json_valid(request) "
+            "AND json_extract(request, '$.handover_to') = ? ORDER BY at_unix DESC LIMIT 1",
+            (job_id,),
+        )
+        return str(row[0] or "") if row else ""
+
+    def predecessors(self, job_id: str, limit: int = 16) -> list[str]:
+        """The jobs `job_id` carries on through hand-overs to standbys, nearest first (at most `limit`:
+        a chain of standbys each taking the last one over)."""
+        chain: list[str] = []
+        while len(chain) < limit:
+            before = self.handed_over_from(chain[-1] if chain else job_id)
+            if not before or before == job_id or before in chain:
+                break
+            chain.append(before)
+        return chain
+
     def begin_attempt(self, alert_id: int, actuator: str) -> int:
         """Count one more attempt at a claimed remediation, before it is made; returns the count
         (KeyError when the alert has no pending remediation).

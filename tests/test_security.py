@@ -4,6 +4,7 @@ their role does not allow: a rogue collector, a rogue trainer, a stolen or revok
 
 from __future__ import annotations
 
+import json
 import queue
 import shutil
 import sqlite3
@@ -12,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,6 +24,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from faultcast import wire
 from faultcast.demo.feed import push, twin_snapshots
+from faultcast.service.actuators import Remediation
 from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, digest
 from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import ServiceMetrics
@@ -199,6 +201,29 @@ def test_a_trainer_reads_and_acknowledges_only_its_own_jobs_alerts(secured: Secu
     assert codes == [grpc.StatusCode.PERMISSION_DENIED] * len(refused)
     assert [a.job_id for a in store.acks.of(theirs.id)] == []  # the rogue acknowledgement left no trace
     assert [a.job_id for a in store.acks.of(mine.id)] == ["job-1"]
+
+
+def test_a_standby_that_took_a_job_over_speaks_for_itself_with_that_jobs_token(secured: Secured) -> None:
+    # The standby runs the job's own command, so it holds job-2's token, under a job id of its own
+    # (its Slurm job, which the actuator acts on from now on). The remediator claims the hand-over
+    # before the standby is told to go; here the claim is made as it makes it.
+    handed = Remediation(9001, "node-b", 1, "hbm_wear", 0.9, "job-2", requeue=False, handover_to="job-2-s")
+    secured.service.store.remediations.claim(9001, "node-b", "slurm", json.dumps(asdict(handed)))
+    again = Remediation(9002, "node-c", 1, "hbm_wear", 0.9, "job-2-s", requeue=False, handover_to="job-2-t")
+    secured.service.store.remediations.claim(9002, "node-c", "slurm", json.dumps(asdict(again)))
+    with secured.channel(token=secured.token["job-2"]) as channel:
+        stub = apb_grpc.AlertsStub(channel)
+        for standby, node in (("job-2-s", "node-c"), ("job-2-t", "node-d")):  # and its own standby's
+            stub.RegisterJob(apb.RegisterJobRequest(job_id=standby, nodes=[node]))
+            assert stub.ListActiveAlerts(apb.ListActiveAlertsRequest(job_id=standby)).head_id >= 0
+        assert secured.service.store.jobs.all()["job-2-t"] == ["node-d"]
+        # A job nothing was handed over to is still another job.
+        refused = _code(lambda: stub.RegisterJob(apb.RegisterJobRequest(job_id="job-9", nodes=["node-e"])))
+    assert refused == grpc.StatusCode.PERMISSION_DENIED
+    with secured.channel("job-1") as channel:  # another job's identity does not carry job-2's standby
+        stub = apb_grpc.AlertsStub(channel)
+        refused = _code(lambda: stub.RegisterJob(apb.RegisterJobRequest(job_id="job-2-s", nodes=["node-c"])))
+    assert refused == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_only_admins_register_jobs_when_the_scheduler_does_it() -> None:
