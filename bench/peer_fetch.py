@@ -51,7 +51,7 @@ def main() -> None:
 
         server = peer_state.PeerServer(staged, 0, host="127.0.0.1")
         started = time.perf_counter()
-        fetched = peer_state.fetch(server.address, server.key, 0)
+        fetched = peer_state.fetch(server.address, server.token, server.key, 0)
         times["fetch"].append(time.perf_counter() - started)
         server.close()
         assert torch.equal(fetched["model"]["w"], state["model"]["w"])  # type: ignore[index]

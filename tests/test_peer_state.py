@@ -152,8 +152,8 @@ def test_connections_past_the_limit_are_dropped_and_a_silent_one_is_let_go(
         server.close()
 
 
-def test_sharded_state_is_staged_as_it_is_and_read_from_the_files_not_served() -> None:
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+def test_sharded_state_is_staged_as_it_is_and_read_from_the_files_not_served(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=(tmp_path / "store").as_uri())
     try:
         mesh = init_device_mesh("cpu", (1,))
         sharded = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
