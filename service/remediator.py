@@ -754,6 +754,16 @@ class Remediator:
         # A failure after every retry leaves a node predicted to fail in service: an operator must act.
         level = logging.ERROR if outcome == "failed" else logging.WARNING
         log.log(level, "remediation of alert %d on %s: %s (%s)", r.alert_id, r.node, outcome, detail)
+        if outcome == "ok" and r.handover_to:
+            self._forget_handed_over(r)
+
+    def _forget_handed_over(self, r: Remediation) -> None:
+        """The job ended on the drained node and its standby registered under its own id: without this
+        the node would stay the old job's, and a later alert there would remediate a job long gone."""
+        try:
+            self._write("a job's end", lambda: self.store.jobs.forget(r.job_id))
+        except sqlite3.OperationalError as exc:  # StateWriteError too: the store counted it
+            log.warning("job %s, handed over to %s, stays registered: %s", r.job_id, r.handover_to, exc)
 
     def wait_done(self, count: int, timeout_s: float) -> bool:
         """Block until `count` remediations have been carried out (True) or the timeout passes."""

@@ -26,6 +26,11 @@ class JobRegistry:
             ),
         )
 
+    def forget(self, job_id: str) -> None:
+        """Drop the job's registration (it ended: a standby carries it on under its own id);
+        StateWriteError when the database refused it."""
+        self._db.checked_write("jobs", lambda db: db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,)))
+
     def all(self) -> dict[str, list[str]]:
         """Every registered job and its nodes, sorted."""
         rows = self._db.read("SELECT job_id, nodes FROM jobs")

@@ -130,6 +130,8 @@ def test_the_spare_waits_during_the_warning_and_the_job_hands_over_at_its_snapsh
     assert "DRAIN" in state, state
     assert reason.startswith("faultcast alert"), reason
     cluster.wait_for("the old job to be gone", lambda: cluster.job(job.job_id) == ("", ""))
+    # The old job's registration went with it; the standby's, under its own id, is the job's now.
+    assert service.store.jobs.all() == {standby: [where]}
     assert len(job.events("done")) == 1  # the old job never finished on its own
     assert spare.state == SpareState.HANDED_OVER
     assert spare.step == second["step"]
