@@ -40,6 +40,13 @@ _ACTION_RANK = {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY: 1, apb.RECOMMENDED_ACTION_
 _ACK_RETRY_S = (0.25, 0.5, 1.0, 2.0)
 
 
+def channel_to(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    """A channel to the service: TLS (and a token) when credentials are given, else plaintext."""
+    return (
+        grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
+    )
+
+
 class Guard:
     """Watches the service's alerts for this job's nodes on a background thread and turns those that
     ask for a snapshot into one pending request for the training loop. Thread-safe; the loop's calls
@@ -245,11 +252,7 @@ class Guard:
 
     def _subscribe(self) -> None:
         if self._channel is None:
-            self._channel = (
-                grpc.secure_channel(self.target, self.credentials)
-                if self.credentials is not None
-                else grpc.insecure_channel(self.target)
-            )
+            self._channel = channel_to(self.target, self.credentials)
         stub = apb_grpc.AlertsStub(self._channel)
         if self.register:
             stub.RegisterJob(

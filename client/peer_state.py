@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 PEERS = "PEERS.json"
 """In a snapshot directory: where each rank of the job that took it serves it, and with which key."""
 PEER_HOST = "FAULTCAST_PEER_HOST"
-"""The address a rank tells its standby to reach it at (default: the host's name)."""
+"""The address a rank listens on and tells its standby to reach it at (default: every interface,
+named by the host's name)."""
 SERVE_S = 20.0
 """How long a handed-over rank goes on serving, at most, once the scheduler asked it to end (under
 Slurm's default KillWait and torchrun's grace, both 30 s)."""
@@ -187,7 +188,6 @@ class PeerServer:
         self._tensors: list[torch.Tensor] = []
         header = json.dumps(_describe(staged, self._tensors), separators=(",", ":")).encode()
         self._header = header + hmac.new(self.key, header, "sha256").digest()
-        self.bytes = sum(t.numel() * t.element_size() for t in self._tensors) + len(header)
         self.served = served if served is not None else threading.Event()
         self.refused = 0
         bind = host or os.environ.get(PEER_HOST) or ""
@@ -276,26 +276,24 @@ def _receive_tensor(connection: socket.socket, dtype_name: str, shape: list[int]
     if not isinstance(dtype, torch.dtype):
         raise PeerError(f"the peer sent a tensor of unknown dtype {dtype_name!r}")
     tensor = torch.empty(shape, dtype=dtype)
-    view = _raw(tensor)
-    got = 0
-    while got < len(view):
-        n = connection.recv_into(view[got : got + _CHUNK])
-        if n == 0:
-            raise PeerError("the peer closed the connection in the middle of a tensor")
-        got += n
+    _fill(connection, _raw(tensor))
     return tensor
 
 
 def _receive(connection: socket.socket, size: int) -> bytes:
     buffer = bytearray(size)
-    view = memoryview(buffer)
+    _fill(connection, memoryview(buffer))
+    return bytes(buffer)
+
+
+def _fill(connection: socket.socket, view: memoryview) -> None:
+    """Receive exactly len(view) bytes into `view` (straight into a tensor's storage, for one)."""
     got = 0
-    while got < size:
-        n = connection.recv_into(view[got:])
+    while got < len(view):
+        n = connection.recv_into(view[got : got + _CHUNK])
         if n == 0:
             raise PeerError("the peer closed the connection early")
         got += n
-    return bytes(buffer)
 
 
 def same_layout(got: Any, like: Any) -> bool:

@@ -341,12 +341,12 @@ class Protection:
         staged = peer_state.stage(self.state.to_save(step, self.rank))
         staged_at = time.time()
         self.stats.snapshot_blocking_s.append(staged_at - started)
-        pending = _AlertWrite(step, alert, reason, started, staged_at, Future())
-        if migrate and self.stand_by:
-            pending.server, pending.peers = self._serve(staged, pending.release)
-        pending.written = self.store.write_staged(staged, step, self.rank, self._io_group)
+        release = threading.Event()
+        server, peers = self._serve(staged, release) if migrate and self.stand_by else (None, [])
+        written = self.store.write_staged(staged, step, self.rank, self._io_group)
+        pending = _AlertWrite(step, alert, reason, started, staged_at, written, server, peers, release)
         if self.rank == 0:
-            pending.written.add_done_callback(lambda _: self._mark_whole(pending))
+            written.add_done_callback(lambda _: self._mark_whole(pending))
         self._alert_write = pending
         if migrate:
             self._finish_alert_snapshot()
@@ -402,6 +402,15 @@ class Protection:
         `closing`: the job ends, a rank other than 0 acknowledges only once it sees the marker."""
         pending, self._alert_write = self._alert_write, None
         assert pending is not None
+        try:
+            self._acknowledge_alert_snapshot(pending, closing)
+        finally:  # acknowledged, refused, held or handed over: this rank's copy is served no longer
+            pending.release.set()
+            if pending.server is not None:
+                pending.server.close()
+
+    def _acknowledge_alert_snapshot(self, pending: _AlertWrite, closing: bool) -> None:
+        """_finish_alert_snapshot's work, its server closed by the caller whatever happens here."""
         step = pending.step
         try:
             pending.written.result()
@@ -414,9 +423,6 @@ class Protection:
         else:
             whole = not self.agreement.agree(Vote(snapshot=not whole_here)).snapshot
         if not whole:
-            pending.release.set()
-            if pending.server is not None:
-                pending.server.close()
             return
         self.stats.snapshots.append(step)
         uri = self.store.path(step).resolve().as_uri()
@@ -431,9 +437,6 @@ class Protection:
                 )
             if not closing and self.agreement.agree(Vote(migrate=expect_migration)).migrate:
                 self._hold_for_migration(step, pending)
-            pending.release.set()
-        if pending.server is not None:
-            pending.server.close()
 
     def _hold_for_migration(self, step: int, pending: _AlertWrite) -> None:
         """Hold while the job is moved. Handed over to a standby, a rank serving it its copy lets the
@@ -447,8 +450,6 @@ class Protection:
         self._hold(step)
         if handed:
             pending.release.wait(peer_state.SERVE_S)
-            if pending.server is not None:
-                pending.server.close()
             log.error(
                 "faultcast: the job was handed over to a standby at step %d and this copy was not ended; "
                 "it stops here rather than train beside the standby",

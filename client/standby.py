@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlparse
 
 import grpc
 
+from faultcast.client.guard import channel_to
 from faultcast.client.snapshots import Snapshot, SnapshotStore
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -114,11 +115,7 @@ class HandOverAsker:
         alert_id: int = 0,
     ) -> None:
         self.job_id, self.node, self.alert_id = job_id, node, alert_id
-        self._channel = (
-            grpc.secure_channel(target, credentials)
-            if credentials is not None
-            else grpc.insecure_channel(target)
-        )
+        self._channel = channel_to(target, credentials)
         self._stub = apb_grpc.AlertsStub(self._channel)
         self._backoff = threading.Event()  # never set: its wait is the pause after a refusal
         self.last_error = ""

@@ -264,10 +264,9 @@ class AccessPolicy:
                 "registration",
                 "jobs are registered by admins here (--job-registration admin)",
             )
-        carries_on = (
-            principal.name != job_id and predecessors is not None and principal.name in predecessors(job_id)
-        )
-        if principal.role is not Role.TRAINER or (principal.name != job_id and not carries_on):
+        if principal.role is not Role.TRAINER or (
+            principal.name != job_id and (predecessors is None or principal.name not in predecessors(job_id))
+        ):
             raise AuthError(
                 grpc.StatusCode.PERMISSION_DENIED, "wrong_job", f"{principal} may not act for job {job_id!r}"
             )

@@ -16,9 +16,18 @@ from tests.conftest import require_binary
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
 
-def _remediation(node: str, *, alert_id: int = 7, job_id: str = "", requeue: bool = False) -> Remediation:
+def _remediation(
+    node: str, *, alert_id: int = 7, job_id: str = "", requeue: bool = False, handover_to: str = ""
+) -> Remediation:
     return Remediation(
-        alert_id=alert_id, node=node, gpu=3, mode="hbm_wear", risk=0.91, job_id=job_id, requeue=requeue
+        alert_id=alert_id,
+        node=node,
+        gpu=3,
+        mode="hbm_wear",
+        risk=0.91,
+        job_id=job_id,
+        requeue=requeue,
+        handover_to=handover_to,
     )
 
 
@@ -214,18 +223,8 @@ def test_a_handed_over_job_is_cancelled_not_requeued(cluster: SlurmCluster, actu
     standby, _ = _running(
         cluster, "--nodes=1", f"--exclude={node}", "--job-name=fc-standby", "--wrap", "sleep 300"
     )
-    remediation = Remediation(
-        alert_id=12,
-        node=node,
-        gpu=3,
-        mode="hbm_wear",
-        risk=0.5,
-        job_id=job_id,
-        requeue=False,
-        handover_to=standby,
-    )
     try:
-        outcome = actuator.remediate(remediation)
+        outcome = actuator.remediate(_remediation(node, alert_id=12, job_id=job_id, handover_to=standby))
 
         assert outcome.ok, outcome.detail
         assert f"cancelled job {job_id}, handed over to standby job {standby}" in outcome.detail
@@ -240,18 +239,8 @@ def test_a_job_whose_standby_is_gone_is_requeued_rather_than_lost(
     cluster: SlurmCluster, actuator: SlurmActuator
 ) -> None:
     job_id, node = _running(cluster, "--requeue", "--nodes=1", "--job-name=fc-orphan", "--wrap", "sleep 300")
-    remediation = Remediation(
-        alert_id=13,
-        node=node,
-        gpu=3,
-        mode="hbm_wear",
-        risk=0.5,
-        job_id=job_id,
-        requeue=False,
-        handover_to="999998",
-    )
     try:
-        outcome = actuator.remediate(remediation)
+        outcome = actuator.remediate(_remediation(node, alert_id=13, job_id=job_id, handover_to="999998"))
 
         assert outcome.ok, outcome.detail
         assert "standby job 999998 is not running" in outcome.detail
