@@ -864,16 +864,27 @@ class AwaitHandOverRequest(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     ALERT_ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
     standby_for: _builtins.str
     """The job this process stands by for (its trainer identity must be that job's)."""
     job_id: _builtins.str
-    """The standby's own job id and node, as the scheduler runs it."""
+    """The standby's own job id and node, as the scheduler runs it. The job id must be the one the
+    service named for the spare when it asked for it (the standby job's id on Slurm, the pod's name
+    on Kubernetes, the receiver's answer through the webhook): the service, not the caller, names
+    the identity a job is handed over to.
+    """
     node: _builtins.str
     wait_seconds: _builtins.float
     """How long the service may hold the call before answering WAITING (it holds at most 30 s)."""
     alert_id: _builtins.int
     """The alert whose spare this standby is (FAULTCAST_STANDBY_ALERT in its environment); 0 when not
     known. A standby of an earlier spare of the job is told RELEASED, not the new spare's word.
+    """
+    claim: _builtins.str
+    """The spare's claim: a secret the service issued with the spare and the scheduler put in the
+    standby's environment (FAULTCAST_STANDBY_CLAIM). A call without the spare's claim is refused
+    (PERMISSION_DENIED) and changes nothing: no one else, not even the job's own identity, can
+    take the spare's place.
     """
     def __init__(
         self,
@@ -883,10 +894,11 @@ class AwaitHandOverRequest(_message.Message):
         node: _builtins.str = ...,
         wait_seconds: _builtins.float = ...,
         alert_id: _builtins.int = ...,
+        claim: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "job_id", b"job_id", "node", b"node", "standby_for", b"standby_for", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "claim", b"claim", "job_id", b"job_id", "node", b"node", "standby_for", b"standby_for", "wait_seconds", b"wait_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
