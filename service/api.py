@@ -25,7 +25,7 @@ from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, cur
 from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
-from faultcast.service.spares import MAX_WAIT_S, HandOverReply, Prescheduler
+from faultcast.service.spares import MAX_WAIT_S, HandOverReply, Prescheduler, StandbyRefused
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.service.state_db import MAX_STORED_INT
@@ -388,7 +388,13 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             return apb.HandOver(
                 state=apb.HAND_OVER_STATE_RELEASED, reason="this service readies no spares (no --spares)"
             )
-        reply = await self._held(self.prescheduler, request)
+        try:
+            reply = await self._held(self.prescheduler, request)
+        except StandbyRefused as refused:
+            not_the_spare = AuthError(grpc.StatusCode.PERMISSION_DENIED, refused.reason, str(refused))
+            if self.policy is not None:
+                await context.abort(*refuse(self.policy, not_the_spare, context.peer()))
+            await context.abort(not_the_spare.code, str(not_the_spare))
         return apb.HandOver(
             state=reply.state,
             alert_id=reply.alert_id,
@@ -399,7 +405,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
 
     async def _held(self, prescheduler: Prescheduler, request: apb.AwaitHandOverRequest) -> HandOverReply:
         arrived = prescheduler.arrive(
-            request.standby_for, request.job_id, request.node, alert_id=request.alert_id
+            request.standby_for, request.job_id, request.node, alert_id=request.alert_id, claim=request.claim
         )
         if isinstance(arrived, HandOverReply):
             return arrived

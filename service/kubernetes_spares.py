@@ -7,7 +7,10 @@ containers, images, commands, resources, volumes, service account, tolerations, 
   loads the newest periodic checkpoint and waits for the service's hand-over instead of training;
 - FAULTCAST_JOB_ID=<the standby pod's name>: the standby's own job id, so that its registration does
   not overwrite the old job's nodes; after the hand-over the job carries on under that id, and the pod
-  carries the selector's labels with it, so a later alert on its node finds it;
+  carries the selector's labels with it, so a later alert on its node finds it; it is the only job id
+  the service hands the job over to;
+- FAULTCAST_STANDBY_CLAIM=<the spare's claim>: the secret the standby proves itself with (whoever may
+  read pods in the namespace may read it, as they may read the job's own environment);
 - a required node affinity that keeps it off the doomed node (kubernetes.io/hostname NotIn [node], and
   the node's name itself, metadata.name NotIn [node], for clusters whose hostname label differs),
   added to each of the pod's own node selector terms;
@@ -59,7 +62,14 @@ from faultcast.service.kubernetes import (
     client_in_cluster,
     is_label_value,
 )
-from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
+from faultcast.service.spares import (
+    JOB_ID_ENV,
+    STANDBY_ALERT,
+    STANDBY_CLAIM,
+    STANDBY_FOR,
+    Prepared,
+    SpareRequest,
+)
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api
@@ -70,7 +80,6 @@ Json = dict[str, Any]
 
 STANDBY_FOR_LABEL = "faultcast.io/standby-for"
 ALERT_LABEL = "faultcast.io/alert"
-JOB_ID_ENV = "FAULTCAST_JOB_ID"  # the trainer's job id where there is no SLURM_JOB_ID (client/identity.py)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MAX_NAME = 63  # the standby's name is also a label value (its job id) and its host name
 # The old pod's own: where it runs, its DNS name, what may not be set on create, and what admission
@@ -156,6 +165,7 @@ class KubernetesSpares:
             f"kubernetes: standby pod {where} for job {request.job_id} ({created}, a copy of "
             f"{namespace}/{old['metadata'].get('name')}), not on {request.node}; the node it is "
             "scheduled to pulls its image before it starts",
+            standby_job=name,  # its FAULTCAST_JOB_ID
         )
 
     def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
@@ -286,7 +296,12 @@ def standby_pod(old: Json, request: SpareRequest, name: str, labels: dict[str, s
     if not selector:
         spec.pop("nodeSelector", None)
     _keep_off(spec, request.node)
-    ours = {STANDBY_FOR: request.job_id, STANDBY_ALERT: str(request.alert_id), JOB_ID_ENV: name}
+    ours = {
+        STANDBY_FOR: request.job_id,
+        STANDBY_ALERT: str(request.alert_id),
+        JOB_ID_ENV: name,
+        STANDBY_CLAIM: request.claim,
+    }
     for container in spec.get("containers") or []:
         kept = [e for e in container.get("env") or [] if e.get("name") not in ours]
         container["env"] = kept + [{"name": key, "value": value} for key, value in ours.items()]

@@ -351,7 +351,7 @@ class Remediator:
             return False, f"no registered job on {alert.node}: nothing to remediate"
         claimed = self.store.remediations.of(alert.opened_id)
         if claimed is not None:
-            return False, self._answer_again(alert, claimed[0])
+            return False, self._answer_again(alert, *claimed)
         other = self._taken_out_for(alert.node, alert.opened_id)
         if other is not None:
             return False, f"{alert.node} is already being taken out for alert {other}: not drained twice"
@@ -371,8 +371,13 @@ class Remediator:
         elif handed is not None:  # another remediation claimed the alert meanwhile
             return False, self._answer_again(alert, "pending")
         standby = remediation.handover_to
+        task = _Task(remediation, claimed=bool(standby), grace=grace)
+        if not grace and not standby:
+            task, instead = self._decide(task, alert)
+            if instead is not None:
+                return False, instead
         with self._cv:
-            self._work.append(_Task(remediation, claimed=bool(standby), grace=grace))
+            self._work.append(task)
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
             self._cv.notify_all()
         if standby:
@@ -382,9 +387,12 @@ class Remediator:
             )
         return True, f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
 
-    def _answer_again(self, alert: apb.Alert, outcome: str) -> str:
+    def _answer_again(self, alert: apb.Alert, outcome: str, detail: str = "") -> str:
         """What a repeated acknowledgement is told: the decision made the first time (a job that
-        hears it again must hold again, not train on beside a standby or a requeue)."""
+        hears it again must hold again, not train on beside a standby or a requeue; one refused
+        hears the refusal again)."""
+        if outcome == "refused":
+            return f"refused: {detail}; alert {alert.opened_id} is not remediated; the operator decides"
         doing = "being remediated" if outcome == "pending" else "already remediated"
         try:
             stored = Remediation(**json.loads(self.store.remediations.request_of(alert.opened_id)))
@@ -636,7 +644,7 @@ class Remediator:
                     return
                 task = replace(task, claimed=True)
             if not task.admitted:
-                if not self._admit(r):
+                if self._admit(r) is not None:
                     return
                 task = replace(task, admitted=True)
             attempts = self._write(
@@ -665,11 +673,13 @@ class Remediator:
         self._settle(r.alert_id)  # claimed, now or before: its grace timer has nothing left to do
         return claimed
 
-    def _admit(self, r: Remediation) -> bool:
-        """Whether the node may go (finished as refused otherwise); its admission is on disk first."""
+    def _admit(self, r: Remediation) -> str | None:
+        """None when the node may go (its admission is on disk first); else why not, the
+        remediation finished as refused."""
         if self.paused_by is not None:
-            self._finish(r, "refused", f"remediation paused by {self.paused_by}; {r.node} left in service")
-            return False
+            detail = f"remediation paused by {self.paused_by}; {r.node} left in service"
+            self._finish(r, "refused", detail)
+            return detail
         # The breaker counts the node once, at its first attempt here: a retry takes out no more
         # nodes, and must not be refused because the window moved on meanwhile.
         if not self.breaker.allow(r.node, self.clock()):
@@ -678,9 +688,27 @@ class Remediator:
                 f"{self.breaker.window_s:.0f} s; {r.node} left in service"
             )
             self._finish(r, "refused", detail)
-            return False
+            return detail
         self._save_breaker()  # before the actuator runs: a kill right after must not forget the node
-        return True
+        return None
+
+    def _decide(self, task: _Task, alert: apb.Alert) -> tuple[_Task, str | None]:
+        """An acknowledgement's remediation claimed and admitted at once, on the caller's thread, so
+        that what the job is told is what was decided (the worker then only acts): the task, and
+        None, or what the job is told instead (refused, or claimed meanwhile). A store that cannot
+        be written now leaves the rest to the worker, which decides as it always does."""
+        r = task.remediation
+        try:
+            if not self._claim(task):
+                return task, self._answer_again(alert, "pending")
+            task = replace(task, claimed=True)
+            refused = self._admit(r)
+        except sqlite3.OperationalError as exc:
+            self._store_trouble(exc)
+            return task, None
+        if refused is not None:
+            return task, f"refused: {refused}; job {r.job_id} is not requeued; the operator decides"
+        return replace(task, admitted=True), None
 
     def _act(self, task: _Task, attempts: int) -> None:
         r = task.remediation

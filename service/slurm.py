@@ -52,13 +52,20 @@ class SlurmCommands:
     def binary(self, name: str) -> str:
         return str(self.bin_dir / name) if self.bin_dir is not None else name
 
-    def run(self, name: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str] | str:
-        """The finished call on success; otherwise a one-line description of the failure."""
+    def run(
+        self,
+        name: str,
+        *args: str,
+        stdin: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str] | str:
+        """The finished call on success; otherwise a one-line description of the failure.
+        `extra_env`: variables for this call alone (a secret sbatch passes on by name)."""
         binary = self.binary(name)
         try:
             result = subprocess.run(
                 [binary, *args],
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, **(extra_env or {})},
                 input=stdin,
                 stdin=subprocess.DEVNULL if stdin is None else None,
                 capture_output=True,

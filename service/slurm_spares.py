@@ -4,7 +4,9 @@
 and its shape (`scontrol show job -o`: nodes, tasks, working directory, output file) and submits the
 same script again with `sbatch`, away from the doomed node, onto the hot-spare partition or the
 reservation held for such jobs when one is configured (else the job's own partition), with
-FAULTCAST_STANDBY_FOR naming the job. The job's trainer (`faultcast.client.Protection`) sees that
+FAULTCAST_STANDBY_FOR naming the job and FAULTCAST_STANDBY_CLAIM carrying the spare's claim (through
+sbatch's environment, never its arguments). The standby job's id is the only job id the service
+hands the job over to. The job's trainer (`faultcast.client.Protection`) sees that
 variable, prepares everything (imports, model, the newest periodic checkpoint) and waits for the
 service's hand-over instead of training. `release` cancels the standby (`scancel`).
 
@@ -29,7 +31,7 @@ import re
 
 from faultcast.service.actuators import Outcome
 from faultcast.service.slurm import JOB_ID, NODE_NAME, SlurmCommands
-from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
+from faultcast.service.spares import STANDBY_ALERT, STANDBY_CLAIM, STANDBY_FOR, Prepared, SpareRequest
 
 log = logging.getLogger(__name__)
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z/]+)=(\S*)")
@@ -82,14 +84,21 @@ class SlurmSpares:
         if isinstance(script, str):
             return Prepared(False, "", f"slurm: cannot read the batch script of job {job}: {script}")
         options = self._options(request, fields) + owner
-        submitted = self.commands.run("sbatch", *options, stdin=script.stdout)
+        # The claim goes through sbatch's environment, named (not valued) in --export: never in an
+        # argument list, which every user of the host may read.
+        submitted = self.commands.run(
+            "sbatch", *options, stdin=script.stdout, extra_env={STANDBY_CLAIM: request.claim}
+        )
         if isinstance(submitted, str):
             return Prepared(False, "", f"slurm: standby for job {job} refused: {submitted}")
         standby = submitted.stdout.strip().split(";")[0]
         where = self.partition or self.reservation or fields.get("Partition", "?")
         log.info("submitted standby job %s for job %s (away from %s, on %s)", standby, job, node, where)
         return Prepared(
-            True, standby, f"slurm: standby job {standby} for job {job} on {where}, not on {node}"
+            True,
+            standby,
+            f"slurm: standby job {standby} for job {job} on {where}, not on {node}",
+            standby_job=standby,  # its SLURM_JOB_ID
         )
 
     @staticmethod
@@ -114,7 +123,10 @@ class SlurmSpares:
             f"--job-name={fields.get('JobName', 'job')}-standby"[:200],
             f"--exclude={request.node}",
             "--export="
-            + _export(self.export, f"{STANDBY_FOR}={request.job_id},{STANDBY_ALERT}={request.alert_id}"),
+            + _export(
+                self.export,
+                f"{STANDBY_FOR}={request.job_id},{STANDBY_ALERT}={request.alert_id},{STANDBY_CLAIM}",
+            ),
             "--open-mode=append",
             "--requeue" if fields.get("Requeue") == "1" else "--no-requeue",
         ]

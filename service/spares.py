@@ -13,18 +13,28 @@ releases the spare; so does a remediation that came by the grace timer, without 
 
 One spare per job at a time, asked for by the first alert on any of its nodes; the provider's calls
 (seconds, on a busy scheduler) run on this module's own thread, never on the scoring thread.
+
+Who may stand by is the service's decision, never the caller's. Each spare is asked for with a claim
+(a secret the provider puts in the standby's environment, FAULTCAST_STANDBY_CLAIM) and the provider
+names the job id its standby will run under (the standby job's id on Slurm, the pod's name on
+Kubernetes); an AwaitHandOver without the spare's claim, or naming another job id, is refused and
+changes nothing. The job is handed over only to that named identity, and a job's credentials act for
+its standby only along such hand-overs (the remediation ledger's `predecessors`), so no trainer can
+make itself another job's standby, and no one without the claim can take a spare's place.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import hmac
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from faultcast.service.actuators import Outcome
@@ -41,6 +51,8 @@ _RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
 # What a standby's environment carries (every provider sets them; faultcast.client.standby reads the first).
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job it stands by for
 STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it: the standby names it when it asks
+STANDBY_CLAIM = "FAULTCAST_STANDBY_CLAIM"  # the spare's claim: the secret its standby proves itself with
+JOB_ID_ENV = "FAULTCAST_JOB_ID"  # the trainer's job id where its scheduler sets none (client/identity.py)
 # The longest a standby's AwaitHandOver is held before it is answered "waiting" (it asks again).
 MAX_WAIT_S = 30.0
 # Calls held at once per spare (a standby asks from one rank; two cover a reconnect's overlap):
@@ -60,21 +72,27 @@ class SpareRequest:
     gpu: int
     mode: str
     risk: float
+    # The secret the standby must present (the provider puts it in its environment as STANDBY_CLAIM;
+    # never in a command line, a log or a label).
+    claim: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """How a request to the scheduler went: `handle` names the replacement there (a standby job id,
-    a pod name, an event id) for `release`."""
+    a pod name, an event id) for `release`; `standby_job` is the job id its standby will run and
+    register under (empty: the handle), the only identity the job may be handed over to."""
 
     ok: bool
     handle: str
     detail: str
+    standby_job: str = ""
 
 
 class SpareProvider(Protocol):
     """Readies a replacement on a scheduler. Both calls report expected failures in their result,
-    never as exceptions, and must be safe to repeat."""
+    never as exceptions, and must be safe to repeat. `prepare` gives the standby the request's
+    claim in its environment (STANDBY_CLAIM) and says which job id the standby runs under."""
 
     name: str
 
@@ -104,7 +122,8 @@ class Spare:
     handle: str = ""
     detail: str = ""
     ready_at: float | None = None  # the standby's first AwaitHandOver
-    standby_job: str = ""  # the standby's own job id and node, as it named them
+    named_job: str = ""  # the job id the provider said its standby runs under ("" until it answered)
+    standby_job: str = ""  # the standby's own job id (the named one) and node, once it called
     standby_node: str = ""
     waiting: int = 0  # AwaitHandOver calls held right now: a standby alive at this moment
     step: int = 0  # the hand-over: the snapshot's step and where it is
@@ -114,6 +133,15 @@ class Spare:
     @property
     def open(self) -> bool:
         return self.state in (SpareState.ASKED, SpareState.READY)
+
+
+class StandbyRefused(Exception):  # noqa: N818 (a refusal with its reason, as AuthError)
+    """An AwaitHandOver that may not speak for the spare: no claim, another spare's, or another job id
+    than the one the service named. `reason` labels faultcast_auth_denied_total."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +241,13 @@ class Prescheduler:
                     continue  # the job has one coming, or waiting
                 self._asked.add(key)
                 request = SpareRequest(
-                    key, job, alert.node, alert.gpu, PB_TO_MODE.get(alert.mode, "unknown"), alert.risk
+                    key,
+                    job,
+                    alert.node,
+                    alert.gpu,
+                    PB_TO_MODE.get(alert.mode, "unknown"),
+                    alert.risk,
+                    claim=secrets.token_urlsafe(32),
                 )
                 spare = Spare(request, asked_at=self.clock())
                 self._spares[job] = spare
@@ -240,6 +274,8 @@ class Prescheduler:
         prepared = self.provider.prepare(spare.request)
         with self._cv:
             spare.handle, spare.detail = prepared.handle, prepared.detail
+            if prepared.ok:
+                spare.named_job = prepared.standby_job or prepared.handle
             if not prepared.ok and spare.open:
                 self._end(spare, SpareState.FAILED, prepared.detail)
                 failed = True
@@ -349,10 +385,14 @@ class Prescheduler:
             step,
         )
 
-    def arrive(self, standby_for: str, job_id: str, node: str, *, alert_id: int = 0) -> HandOverReply | Spare:
+    def arrive(
+        self, standby_for: str, job_id: str, node: str, *, alert_id: int = 0, claim: str = ""
+    ) -> HandOverReply | Spare:
         """A standby asks: a final answer at once (no spare, another standby's, an earlier alert's,
-        too many calls held, or handed over or released already), else its spare, now counted as
-        held until `leave`: while held, the standby counts as alive, which is what `reserve` needs."""
+        not named yet, too many calls held, or handed over or released already), else its spare, now
+        counted as held until `leave`: while held, the standby counts as alive, which is what
+        `reserve` needs. Raises StandbyRefused, changing nothing, for a caller without the spare's
+        claim or naming another job id than the one the provider named."""
         with self._cv:
             spare = self._spares.get(standby_for)
             if spare is None:
@@ -365,10 +405,23 @@ class Prescheduler:
                     reason=f"this standby was started for alert {alert_id}; job {standby_for}'s spare "
                     f"is for alert {spare.request.alert_id}",
                 )
-            if spare.standby_job and spare.standby_job != job_id:
-                return HandOverReply(
-                    apb.HAND_OVER_STATE_RELEASED,
-                    reason=f"job {standby_for} already has standby {spare.standby_job}",
+            if not claim or not hmac.compare_digest(claim.encode(), spare.request.claim.encode()):
+                raise StandbyRefused(
+                    "standby_claim",
+                    f"no standby of job {standby_for} was started with this claim (FAULTCAST_STANDBY_CLAIM "
+                    "in a standby's environment): only the spare the service asked for may wait for the "
+                    "hand-over",
+                )
+            if spare.state in (SpareState.RELEASED, SpareState.FAILED):
+                return self._reply(spare)
+            if not spare.named_job:
+                # The scheduler has not answered yet: nobody can be this spare's standby before it has.
+                return HandOverReply(apb.HAND_OVER_STATE_WAITING, spare.request.alert_id)
+            if job_id != spare.named_job:
+                raise StandbyRefused(
+                    "standby_job",
+                    f"the spare of job {standby_for} runs as job {spare.named_job!r}, not {job_id!r}: a "
+                    "standby waits under the job id its scheduler gave it",
                 )
             first = spare.state == SpareState.ASKED
             if first:
@@ -397,12 +450,12 @@ class Prescheduler:
         return spare.state in (SpareState.READY, SpareState.RESERVED) and not self._stopping
 
     def await_hand_over(
-        self, standby_for: str, job_id: str, node: str, wait_s: float, *, alert_id: int = 0
+        self, standby_for: str, job_id: str, node: str, wait_s: float, *, alert_id: int = 0, claim: str = ""
     ) -> HandOverReply:
         """`arrive`, held on this thread up to `wait_s` (at most MAX_WAIT_S), then `leave`: the
         blocking form of the standby's call (the service's RPC waits on its event loop instead)."""
         deadline = self.clock() + max(0.0, min(wait_s, MAX_WAIT_S))
-        arrived = self.arrive(standby_for, job_id, node, alert_id=alert_id)
+        arrived = self.arrive(standby_for, job_id, node, alert_id=alert_id, claim=claim)
         if isinstance(arrived, HandOverReply):
             return arrived
         with self._cv:

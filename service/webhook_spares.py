@@ -2,11 +2,16 @@
 whatever scheduler it drives.
 
 `prepare` POSTs {"event": "prepare_spare", "job_id", "node" (the doomed one: the replacement must not
-land there), "alert_id", "gpu", "mode", "risk", "standby_env": {"FAULTCAST_STANDBY_FOR": job_id,
-"FAULTCAST_STANDBY_ALERT": alert_id}};
+land there), "alert_id", "gpu", "mode", "risk", "standby_job_id" (the job id the service names for the
+standby: "<job_id>-standby-<alert_id>"), "standby_env": {"FAULTCAST_STANDBY_FOR": job_id,
+"FAULTCAST_STANDBY_ALERT": alert_id, "FAULTCAST_STANDBY_CLAIM": the spare's claim (a secret: keep it
+out of logs and command lines), "FAULTCAST_JOB_ID": standby_job_id}};
 the receiver starts the job's own command away from that node with `standby_env` added, and the
 trainer there stands by (client/standby.py). Any 2xx answer is ok; a JSON answer's "handle" (a string)
-names the replacement for `release`, else the handle is "alert-<alert id>". `release` POSTs
+names the replacement for `release`, else the handle is "alert-<alert id>"; its "standby_job_id" (a
+string) is the job id the standby runs under when the receiver's scheduler names its jobs itself (a
+SLURM_JOB_ID comes before FAULTCAST_JOB_ID in the trainer), else the event's. The job is handed over
+to that job id only, and only a standby presenting the claim may wait for it. `release` POSTs
 {"event": "release_spare", "handle", "job_id", "alert_id", "why"}: the receiver gives the replacement
 back. A provider's calls must be safe to repeat: a receiver takes a second event for the same
 `alert_id` (or `handle`) as the first.
@@ -21,7 +26,14 @@ import json
 import logging
 
 from faultcast.service.actuators import Outcome, post_json
-from faultcast.service.spares import STANDBY_ALERT, STANDBY_FOR, Prepared, SpareRequest
+from faultcast.service.spares import (
+    JOB_ID_ENV,
+    STANDBY_ALERT,
+    STANDBY_CLAIM,
+    STANDBY_FOR,
+    Prepared,
+    SpareRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +54,9 @@ class WebhookSpares:
         self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
 
     def prepare(self, request: SpareRequest) -> Prepared:
-        """POST the prepare_spare event; the handle is the receiver's, else "alert-<id>"."""
+        """POST the prepare_spare event; the handle is the receiver's, else "alert-<id>"; the
+        standby's job id the receiver's "standby_job_id", else the one the event named."""
+        named = f"{request.job_id}-standby-{request.alert_id}"
         posted = post_json(
             self.url,
             {
@@ -53,17 +67,28 @@ class WebhookSpares:
                 "gpu": request.gpu,
                 "mode": request.mode,
                 "risk": request.risk,
-                "standby_env": {STANDBY_FOR: request.job_id, STANDBY_ALERT: str(request.alert_id)},
+                "standby_job_id": named,
+                "standby_env": {
+                    STANDBY_FOR: request.job_id,
+                    STANDBY_ALERT: str(request.alert_id),
+                    STANDBY_CLAIM: request.claim,
+                    JOB_ID_ENV: named,
+                },
             },
             timeout_s=self.timeout_s,
             headers=self.headers,
         )
         if not posted.ok:
             return Prepared(False, "", f"webhook {self.url}: spare for job {request.job_id}: {posted.detail}")
-        handle = _handle(posted.body) or f"alert-{request.alert_id}"
+        handle = _answered(posted.body, "handle") or f"alert-{request.alert_id}"
+        standby_job = _answered(posted.body, "standby_job_id") or named
         log.info("spare for job %s asked through %s: %s", request.job_id, self.url, handle)
         return Prepared(
-            True, handle, f"webhook {self.url}: spare {handle} for job {request.job_id}: {posted.detail}"
+            True,
+            handle,
+            f"webhook {self.url}: spare {handle} for job {request.job_id}, standby job {standby_job}: "
+            f"{posted.detail}",
+            standby_job=standby_job,
         )
 
     def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
@@ -84,11 +109,11 @@ class WebhookSpares:
         return Outcome(posted.ok, f"webhook {self.url}: {verb} spare {handle}: {posted.detail}")
 
 
-def _handle(answer: bytes) -> str:
-    """The receiver's "handle", when its answer is a JSON object with a string one; else ""."""
+def _answered(answer: bytes, key: str) -> str:
+    """The receiver's string under `key`, when its answer is a JSON object with one; else ""."""
     try:
         parsed = json.loads(answer)
-    except ValueError:  # no body, or not JSON: the receiver names no handle
+    except ValueError:  # no body, or not JSON: the receiver names nothing
         return ""
-    handle = parsed.get("handle") if isinstance(parsed, dict) else None
-    return handle.strip()[:MAX_HANDLE] if isinstance(handle, str) else ""
+    value = parsed.get(key) if isinstance(parsed, dict) else None
+    return value.strip()[:MAX_HANDLE] if isinstance(value, str) else ""

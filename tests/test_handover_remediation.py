@@ -22,7 +22,7 @@ from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
-from tests.test_spares import WAIT_S, RecordingProvider, _until
+from tests.test_spares import WAIT_S, RecordingProvider, _claim, _until
 
 URI = "file:///ckpt/step-000000035"
 
@@ -39,7 +39,7 @@ class Parts:
 
 @pytest.fixture
 def parts(tmp_path: Path) -> Iterator[Parts]:
-    store, clock, provider = StateStore.in_dir(tmp_path), Clock(), RecordingProvider()
+    store, clock, provider = StateStore.in_dir(tmp_path), Clock(), RecordingProvider(standby_job="s1")
     store.jobs.register("j1", ["a"])
     metrics = ServiceMetrics()
     prescheduler = Prescheduler(provider, store.jobs.all, metrics, give_back_after_s=0.0)
@@ -60,7 +60,11 @@ def _warned(parts: Parts) -> tuple[apb.Alert, threading.Thread, list[HandOverRep
     parts.prescheduler.drain_calls()
     answers: list[HandOverReply] = []
     standby = threading.Thread(
-        target=lambda: answers.append(parts.prescheduler.await_hand_over("j1", "s1", "c", WAIT_S))
+        target=lambda: answers.append(
+            parts.prescheduler.await_hand_over(
+                "j1", "s1", "c", WAIT_S, claim=_claim(parts.prescheduler, "j1")
+            )
+        )
     )
     standby.start()
     _until(

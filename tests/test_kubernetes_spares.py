@@ -100,7 +100,9 @@ def api(server: FakeApiServer) -> Iterator[ApiClient]:
 
 
 def ask(job: str = "job-a", node: str = "node-1", alert_id: int = 42) -> SpareRequest:
-    return SpareRequest(alert_id=alert_id, job_id=job, node=node, gpu=3, mode="hbm_wear", risk=0.91)
+    return SpareRequest(
+        alert_id=alert_id, job_id=job, node=node, gpu=3, mode="hbm_wear", risk=0.91, claim=f"claim-{alert_id}"
+    )
 
 
 def env_of(obj: Json) -> dict[str, Any]:
@@ -123,6 +125,7 @@ def test_the_standby_is_the_jobs_pod_copied_away_from_the_node(server: FakeApiSe
     assert prepared.ok, prepared.detail
     namespace, name = prepared.handle.split("/")
     assert (namespace, name) == ("train", standby_name(ask()))
+    assert prepared.standby_job == name  # the job id its trainer runs under, named by the service
     assert name in prepared.detail
     assert "pulls its image" in prepared.detail
     standby = standby_in(server, prepared.handle)
@@ -151,6 +154,7 @@ def test_the_standby_is_the_jobs_pod_copied_away_from_the_node(server: FakeApiSe
         "FAULTCAST_STANDBY_FOR": "job-a",
         "FAULTCAST_STANDBY_ALERT": "42",
         "FAULTCAST_JOB_ID": name,  # in place of the job's own (from its label): not the old job's id
+        "FAULTCAST_STANDBY_CLAIM": "claim-42",  # the secret it proves itself with
     }
     assert server.pods[("train", "a-0")]["spec"] == was  # the job's pod is left as it was
     (create,) = server.seen("POST")
@@ -435,7 +439,11 @@ def test_the_standby_takes_over_at_the_snapshot_and_the_old_pod_goes(
     standby["spec"]["nodeName"] = "node-2"  # the scheduler binds it, away from node-1
     replies: list[Any] = []
     waiter = threading.Thread(
-        target=lambda: replies.append(prescheduler.await_hand_over("job-a", standby_job, "node-2", WAIT_S))
+        target=lambda: replies.append(
+            prescheduler.await_hand_over(
+                "job-a", standby_job, "node-2", WAIT_S, claim=env_of(standby)["FAULTCAST_STANDBY_CLAIM"]
+            )
+        )
     )
     waiter.start()
     until("the standby to wait", lambda: spare.waiting > 0)

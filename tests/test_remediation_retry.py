@@ -180,6 +180,37 @@ def test_the_circuit_breaker_counts_a_retried_node_once(store: StateStore) -> No
     store.close()
 
 
+def test_a_job_is_told_the_truth_when_the_breaker_or_a_pause_refuses_its_remediation(
+    store: StateStore,
+) -> None:
+    clock = Clock()
+    actuator = _Flaky(clock, {})
+    breaker = CircuitBreaker(max_nodes=1, window_s=600.0)
+    remediator = Remediator(store, actuator, ServiceMetrics(), clock=clock, breaker=breaker)
+    assert _snapshot_done(remediator, migrate_alert(store, "a")) == "flaky: drain a and requeue job j1"
+    remediator.run_once()
+
+    full = migrate_alert(store, "b")
+    answer = _snapshot_done(remediator, full)  # the breaker is full: b stays, and the job hears so
+    assert answer.startswith("refused: circuit breaker: 1 nodes already taken out in 600 s")
+    assert "drain b" not in answer
+    assert "requeue job j1" not in answer.replace("not requeued", "")
+    outcome, detail = store.remediations.of(full.id) or ("", "")
+    assert (outcome, detail) == (
+        "refused",
+        "circuit breaker: 1 nodes already taken out in 600 s; b left in service",
+    )
+    assert _snapshot_done(remediator, full).startswith(f"refused: {detail}")  # asked again: the same
+
+    remediator.set_paused("admin 'alice'")
+    clock.now += 601  # the breaker's window is over; the pause is not
+    paused = migrate_alert(store, "c")
+    assert _snapshot_done(remediator, paused).startswith("refused: remediation paused by admin 'alice'")
+    remediator.run_once()
+    assert [node for node, _ in actuator.calls] == ["a"]  # b and c were never touched
+    store.close()
+
+
 def test_the_backoff_is_capped_and_jitter_only_shortens_it() -> None:
     policy = RetryPolicy(initial_s=5.0, multiplier=3.0, max_s=100.0, max_attempts=50, jitter=0.25)
     assert [policy.delay_s(n, 0.0) for n in (1, 2, 3, 4, 5, 49)] == [5.0, 15.0, 45.0, 100.0, 100.0, 100.0]

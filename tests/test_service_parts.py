@@ -555,13 +555,21 @@ def test_the_circuit_breaker_caps_nodes_taken_out_and_an_actuator_bug_is_contain
     nodes = [f"n{i}" for i in range(4)]
     store.jobs.register("big", nodes)
     remediator, _actuator = _remediator(store, clock, breaker=CircuitBreaker(max_nodes=2, window_s=600))
+    answers = []
     for node in nodes:
         alert = migrate_alert(store, node)
-        remediator.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
+        answers.append(remediator.on_ack(Ack(alert.id, "big", apb.ACK_ACTION_SNAPSHOT_DONE, 1, "")))
     remediator.run_once()
-    outcomes = [(r.node, outcome) for r, outcome, _ in remediator.done]
-    assert outcomes == [("n0", "ok"), ("n1", "ok"), ("n2", "refused"), ("n3", "refused")]
-    assert "circuit breaker" in remediator.done[2][2]
+    outcomes = {r.node: (outcome, detail) for r, outcome, detail in remediator.done}
+    assert {node: outcome for node, (outcome, _) in outcomes.items()} == {
+        "n0": "ok",
+        "n1": "ok",
+        "n2": "refused",
+        "n3": "refused",
+    }
+    assert "circuit breaker" in outcomes["n2"][1]
+    # Each job heard what was decided: drained, or refused by the breaker (decided at its ack).
+    assert [a.split(":")[0] for a in answers] == ["noop", "noop", "refused", "refused"]
     assert remediator.breaker.is_open(clock.now)
     clock.now += 601
     assert not remediator.breaker.is_open(clock.now)

@@ -155,7 +155,10 @@ def _spares(cluster: SlurmCluster, **settings: str) -> SlurmSpares:
 
 
 def _request(job_id: str, node: str) -> SpareRequest:
-    return SpareRequest(alert_id=9, job_id=job_id, node=node, gpu=3, mode="hbm_wear", risk=0.4)
+    return SpareRequest(alert_id=9, job_id=job_id, node=node, gpu=3, mode="hbm_wear", risk=0.4, claim=CLAIM)
+
+
+CLAIM = "claim-of-the-spare-9"
 
 
 def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_release_cancels_it(
@@ -165,7 +168,8 @@ def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_releas
     marks = cluster.root / "standby-marks"
     marks.mkdir(exist_ok=True)
     script = (
-        f'echo "$FAULTCAST_STANDBY_FOR ${{FAULTCAST_SERVICE_ONLY:-absent}}" > {marks}/$SLURM_JOB_ID; '
+        f'echo "$FAULTCAST_STANDBY_FOR ${{FAULTCAST_SERVICE_ONLY:-absent}} ${{FAULTCAST_STANDBY_CLAIM:-none}}" '
+        f"> {marks}/$SLURM_JOB_ID; "
         "exec sleep 300"
     )
     job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-warned", "--wrap", script)
@@ -184,9 +188,12 @@ def test_a_standby_runs_the_jobs_own_script_away_from_the_doomed_node_and_releas
             "the standby's mark", lambda: (marks / standby).exists() and (marks / standby).stat().st_size > 0
         )
         # It knows which job it stands by for, and has its owner's environment, not the service's.
-        assert (marks / standby).read_text().split() == [job_id, "absent"]
-        assert (marks / job_id).read_text().split() == ["absent"]  # the job itself is no standby
+        # and the spare's claim, which the job itself never had and Slurm does not show.
+        assert (marks / standby).read_text().split() == [job_id, "absent", CLAIM]
+        assert (marks / job_id).read_text().split() == ["absent", "none"]  # the job itself is no standby
+        assert prepared.standby_job == standby  # the only job id it may wait for the hand-over as
         shown = cluster.run("scontrol", "show", "job", "-o", standby).stdout
+        assert CLAIM not in shown
         assert "JobName=fc-warned-standby" in shown
         assert f"ExcNodeList={doomed}" in shown
         assert "Requeue=1" in shown  # the job's own flag (a standby started again stands down)

@@ -13,7 +13,14 @@ import pytest
 
 from faultcast.service.actuators import Outcome
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.spares import HandOverReply, Prepared, Prescheduler, SpareRequest, SpareState
+from faultcast.service.spares import (
+    HandOverReply,
+    Prepared,
+    Prescheduler,
+    SpareRequest,
+    SpareState,
+    StandbyRefused,
+)
 from faultcast.v1 import alerts_pb2 as apb
 
 JOBS = {"job-1": ["node-a", "node-b"], "job-2": ["node-c"]}
@@ -25,8 +32,9 @@ class RecordingProvider:
 
     name = "recording"
 
-    def __init__(self, ok: bool = True) -> None:
-        self.ok = ok
+    def __init__(self, ok: bool = True, *, standby_job: str = "") -> None:
+        """`standby_job`: the job id each standby runs under (empty: the handle, "standby-<alert>")."""
+        self.ok, self.standby_job = ok, standby_job
         self.prepared: list[SpareRequest] = []
         self.released: list[tuple[str, str]] = []
         self.hold = threading.Event()
@@ -39,7 +47,7 @@ class RecordingProvider:
         self.prepared.append(request)
         if not self.ok:
             return Prepared(False, "", "the scheduler has no spare node")
-        return Prepared(True, f"standby-{request.alert_id}", "asked")
+        return Prepared(True, f"standby-{request.alert_id}", "asked", standby_job=self.standby_job)
 
     def release(self, request: SpareRequest, handle: str, why: str) -> Outcome:
         self.released.append((handle, why))
@@ -98,14 +106,28 @@ def _until(what: str, predicate: Callable[[], bool]) -> None:
         time.sleep(0.01)  # polling another thread's progress, bounded by the deadline
 
 
+def _claim(prescheduler: Prescheduler, job: str) -> str:
+    """The claim the service issued with the job's spare (what the provider puts in its standby's
+    environment)."""
+    spare = prescheduler.spare_of(job)
+    assert spare is not None
+    return spare.request.claim
+
+
+def _ask(
+    prescheduler: Prescheduler, job: str, own: str, wait_s: float = 0.0, *, alert_id: int = 0
+) -> HandOverReply:
+    """The job's standby asks, with its spare's claim and the job id `own`."""
+    claim = _claim(prescheduler, job) if prescheduler.spare_of(job) is not None else ""
+    return prescheduler.await_hand_over(job, own, "node-z", wait_s, alert_id=alert_id, claim=claim)
+
+
 def _standby(
-    prescheduler: Prescheduler, job: str, own: str = "standby-job"
+    prescheduler: Prescheduler, job: str, own: str = "standby-1"
 ) -> tuple[threading.Thread, list[HandOverReply]]:
     """A standby's long poll on its own thread; its answer lands in the returned list."""
     answers: list[HandOverReply] = []
-    thread = threading.Thread(
-        target=lambda: answers.append(prescheduler.await_hand_over(job, own, "node-z", WAIT_S))
-    )
+    thread = threading.Thread(target=lambda: answers.append(_ask(prescheduler, job, own, WAIT_S)))
     thread.start()
     _until("the standby to wait", lambda: (s := prescheduler.spare_of(job)) is not None and s.waiting == 1)
     return thread, answers
@@ -136,7 +158,7 @@ def test_a_waiting_standby_is_told_to_go_on_from_the_snapshot(
     spare = prescheduler.spare_of("job-1")
     assert spare is not None
     assert spare.state.value == "ready"  # (by value: mypy would keep the narrowing past hand_over)
-    assert spare.standby_job == "standby-job"
+    assert spare.standby_job == "standby-1"  # the job id the provider named
 
     handed = prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35")
     thread.join(WAIT_S)
@@ -145,7 +167,7 @@ def test_a_waiting_standby_is_told_to_go_on_from_the_snapshot(
     assert answers == [HandOverReply(apb.HAND_OVER_STATE_GO, 1, 35, "file:///ckpt/step-35")]
     assert spare.state == SpareState.HANDED_OVER
     # Asked again (a reconnect), the standby hears the same word.
-    again = prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)
+    again = _ask(prescheduler, "job-1", "standby-1")
     assert again.state == apb.HAND_OVER_STATE_GO
     assert (_count(metrics, "ready"), _count(metrics, "handed_over")) == (1, 1)
 
@@ -160,14 +182,14 @@ def test_no_standby_waiting_at_the_snapshot_releases_the_spare_and_keeps_todays_
     prescheduler.drain_calls()
 
     assert provider.released == [("standby-1", "no standby waiting at the snapshot")]
-    late = prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)  # it came after all
+    late = _ask(prescheduler, "job-1", "standby-1")  # it came after all
     assert late.state == apb.HAND_OVER_STATE_RELEASED
 
 
 def test_a_standby_that_stopped_asking_is_not_handed_the_job(prescheduler: Prescheduler) -> None:
     prescheduler.on_alerts([_alert(1, "node-a")])
     prescheduler.drain_calls()
-    prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)  # ready once, then gone
+    _ask(prescheduler, "job-1", "standby-1")  # ready once, then gone
 
     assert prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35") is None
 
@@ -255,7 +277,7 @@ def test_a_refused_request_fails_the_spare_and_a_standby_is_let_go(
         spare = prescheduler.spare_of("job-1")
         assert spare is not None
         assert spare.state == SpareState.FAILED
-        reply = prescheduler.await_hand_over("job-1", "standby-job", "node-z", 0.0)
+        reply = _ask(prescheduler, "job-1", "standby-1")
         assert reply.state == apb.HAND_OVER_STATE_RELEASED
         assert reply.reason == "the scheduler has no spare node"
         assert prescheduler.hand_over("job-1", 1, 35, "file:///x") is None
@@ -273,20 +295,79 @@ def test_a_standby_of_an_earlier_alert_is_let_go(prescheduler: Prescheduler) -> 
     spare = prescheduler.spare_of("job-1")
     assert spare is not None
     assert spare.state == SpareState.ASKED  # the spare still waits for its own standby
-    own = prescheduler.await_hand_over("job-1", "new-standby", "node-y", 0.0, alert_id=7)
+    own = _ask(prescheduler, "job-1", "standby-7", alert_id=7)
     assert own.state == apb.HAND_OVER_STATE_WAITING
 
 
-def test_standbys_nobody_asked_for_or_a_second_one_are_let_go(prescheduler: Prescheduler) -> None:
+def test_standbys_nobody_asked_for_are_let_go(prescheduler: Prescheduler) -> None:
     stray = prescheduler.await_hand_over("job-9", "standby-x", "node-z", 0.0)
     assert stray.state == apb.HAND_OVER_STATE_RELEASED
     assert "no spare was asked for job job-9" in stray.reason
+
+
+@pytest.mark.parametrize("claim", ["", "a-guess", "claim-of-the-other-spare"])
+def test_a_caller_without_the_spares_claim_is_refused_and_changes_nothing(
+    prescheduler: Prescheduler, claim: str
+) -> None:
+    # The squat: the job's own identity (or anyone) asks first, naming a job id of its choosing.
+    prescheduler.on_alerts([_alert(1, "node-a"), _alert(2, "node-c")])
+    prescheduler.drain_calls()
+    if claim == "claim-of-the-other-spare":
+        claim = _claim(prescheduler, "job-2")
+    with pytest.raises(StandbyRefused) as refused:
+        prescheduler.await_hand_over("job-1", "standby-1", "node-z", 0.0, claim=claim)
+    assert refused.value.reason == "standby_claim"
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert (spare.state, spare.standby_job, spare.waiting) == (SpareState.ASKED, "", 0)
+    # The real standby is not released: it waits, and the job is handed over to it.
+    thread, answers = _standby(prescheduler, "job-1")
+    prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35")
+    thread.join(WAIT_S)
+    assert [a.state for a in answers] == [apb.HAND_OVER_STATE_GO]
+    assert spare.standby_job == "standby-1"
+
+
+def test_the_claim_does_not_let_a_standby_name_its_own_job_id(prescheduler: Prescheduler) -> None:
+    # Whoever reads the standby's environment has the claim; the job id is still the scheduler's.
     prescheduler.on_alerts([_alert(1, "node-a")])
     prescheduler.drain_calls()
-    prescheduler.await_hand_over("job-1", "standby-one", "node-z", 0.0)
-    second = prescheduler.await_hand_over("job-1", "standby-two", "node-y", 0.0)
-    assert second.state == apb.HAND_OVER_STATE_RELEASED
-    assert "standby-one" in second.reason
+    with pytest.raises(StandbyRefused) as refused:
+        _ask(prescheduler, "job-1", "job-2")
+    assert refused.value.reason == "standby_job"
+    assert "runs as job 'standby-1'" in str(refused.value)
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert (spare.state, spare.standby_job) == (SpareState.ASKED, "")
+    assert prescheduler.hand_over("job-1", 1, 35, "file:///ckpt/step-35") is None  # nobody to hand to
+
+
+def test_before_the_scheduler_named_the_standby_nobody_takes_the_spare(
+    prescheduler: Prescheduler, provider: RecordingProvider
+) -> None:
+    provider.hold.clear()
+    prescheduler.on_alerts([_alert(1, "node-a")])
+    assert provider.preparing.wait(WAIT_S)
+    early = _ask(prescheduler, "job-1", "standby-1")
+    assert early.state == apb.HAND_OVER_STATE_WAITING
+    spare = prescheduler.spare_of("job-1")
+    assert spare is not None
+    assert (spare.state, spare.standby_job) == (SpareState.ASKED, "")
+    provider.hold.set()
+    prescheduler.drain_calls()
+    assert _ask(prescheduler, "job-1", "standby-1").state == apb.HAND_OVER_STATE_WAITING
+    assert spare.standby_job == "standby-1"
+
+
+def test_every_spare_gets_a_claim_of_its_own_that_no_log_line_shows(
+    prescheduler: Prescheduler, provider: RecordingProvider
+) -> None:
+    prescheduler.on_alerts([_alert(1, "node-a"), _alert(2, "node-c")])
+    prescheduler.drain_calls()
+    claims = [r.claim for r in provider.prepared]
+    assert len(set(claims)) == 2
+    assert all(len(c) >= 32 for c in claims)
+    assert all(c not in repr(r) for c, r in zip(claims, provider.prepared, strict=True))
 
 
 def test_a_spare_released_while_the_scheduler_was_asked_is_given_back_once_it_exists(

@@ -19,7 +19,9 @@ from faultcast.service.webhook_spares import WebhookSpares
 from faultcast.v1 import alerts_pb2 as apb
 from tests.conftest import refused_port
 
-REQUEST = SpareRequest(alert_id=42, job_id="1234", node="gpu-17", gpu=3, mode="hbm_wear", risk=0.61)
+REQUEST = SpareRequest(
+    alert_id=42, job_id="1234", node="gpu-17", gpu=3, mode="hbm_wear", risk=0.61, claim="the-claim"
+)
 
 
 @dataclass
@@ -79,8 +81,15 @@ def test_prepare_posts_the_event_and_keeps_the_receivers_handle(receiver: tuple[
         "gpu": 3,
         "mode": "hbm_wear",
         "risk": 0.61,
-        "standby_env": {"FAULTCAST_STANDBY_FOR": "1234", "FAULTCAST_STANDBY_ALERT": "42"},
+        "standby_job_id": "1234-standby-42",
+        "standby_env": {
+            "FAULTCAST_STANDBY_FOR": "1234",
+            "FAULTCAST_STANDBY_ALERT": "42",
+            "FAULTCAST_STANDBY_CLAIM": REQUEST.claim,
+            "FAULTCAST_JOB_ID": "1234-standby-42",
+        },
     }
+    assert prepared.standby_job == "1234-standby-42"  # the receiver named none: the service's name
 
 
 @pytest.mark.parametrize(

@@ -125,10 +125,10 @@ def test_on_a_real_full_disk_the_drain_waits_and_happens_once_space_comes_back(s
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, ""))
     filler = fill(small_disk)
     for _ in range(3):
-        remediator.run_once()  # the claim is refused: nothing is drained that is not on disk
+        remediator.run_once()  # the attempt is refused: nothing is drained that is not on disk
         clock.now += 1.0
     assert actuator.seen == []
-    assert store.remediations.of(alert.id) is None
+    assert store.remediations.of(alert.id) == ("pending", "")  # claimed at the ack, before the disk filled
     assert _failures(metrics) >= 2
     filler.unlink()
     remediator.run_once()
@@ -187,8 +187,8 @@ def test_a_refused_write_is_retried_and_the_node_drained_once(
     actuator = _Recording()
     remediator = Remediator(store, actuator, metrics, clock=clock)
     alert = migrate_alert(store, "a")
+    disk.fill(write)  # before the acknowledgement, which claims and admits at once when it can
     remediator.on_ack(Ack(alert.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 3, "s3://ckpt/3"))
-    disk.fill(write)
     for _ in range(5):  # the disk stays full for a while
         remediator.run_once()
         clock.now += 1.0

@@ -17,6 +17,7 @@ from faultcast.service.config import ServiceConfig
 from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.server import Service
+from faultcast.service.spares import SpareProvider
 from faultcast.service.validation import Limits
 from faultcast.tls import ServerTLS, channel_credentials
 from tests.pki import Authority
@@ -67,7 +68,11 @@ def tokened_service(
     *,
     caller_limits: CallerLimits | None = None,
     max_threads: int = 256,
+    spares: SpareProvider | None = None,
+    trainers_register: bool = True,
 ) -> Iterator[Tokened]:
+    """A service on `directory` (its state there: a second one on the same directory is the first
+    restarted), with `spares` readied during alerts when given."""
     pki = Authority(directory / "pki", "attack")
     server = pki.server()
     tokens = directory / "tokens"
@@ -75,7 +80,8 @@ def tokened_service(
         "".join(f"sha256:{digest('token-' + who)} {role} {who}\n" for who, role in ROLES.items())
     )
     model_dir = directory / "model"
-    shutil.copytree(model, model_dir)
+    if not model_dir.exists():
+        shutil.copytree(model, model_dir)
     metrics = ServiceMetrics()
     service = Service.open(
         model_dir,
@@ -84,7 +90,8 @@ def tokened_service(
             limits=Limits(max_future_s=0, max_age_s=0), caller_limits=caller_limits or CallerLimits()
         ),
         metrics=metrics,
-        policy=AccessPolicy(tokens=TokenBook(tokens), metrics=metrics),
+        policy=AccessPolicy(tokens=TokenBook(tokens), metrics=metrics, trainers_register=trainers_register),
+        spares=spares,
     )
     port = service.start("127.0.0.1:0", max_threads=max_threads, tls=ServerTLS(server.cert, server.key))
     try:
