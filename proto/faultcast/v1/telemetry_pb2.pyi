@@ -318,13 +318,25 @@ class NodeSample(_message.Message):
     is malformed.
     """
     @_builtins.property
-    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]: ...
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]:
+        """One per GPU the collector sees, each with every GPU-scope value (NaN where not read)."""
+
     @_builtins.property
-    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceSample]: ...
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceSample]:
+        """One per interface, IB port or peer the collector reads, each with every value of its scope;
+        none at all for a node without them (or a collector that does not read them).
+        """
+
     @_builtins.property
-    def host_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def host_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Every host-scope value in wire order (NaN where not read), or none at all: a collector that
+        reads no host metrics sends an empty array, taken as all NaN. Any other length is malformed.
+        """
+
     @_builtins.property
-    def collector_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def collector_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The collector's own metrics, under the same rule as host_values (empty: none read)."""
+
     def __init__(
         self,
         *,
@@ -361,7 +373,7 @@ class PushHello(_message.Message):
     spool_id: _builtins.int
     """Identifies the collector's spool. Sequence numbers are unique within one spool; a node
     whose spool was wiped starts again from 1 under a new id, which the service must not
-    mistake for duplicates.
+    mistake for duplicates. Any 64-bit value (draw it at random).
     """
     @_builtins.property
     def schema(self) -> Global___MetricSchema: ...
