@@ -127,16 +127,39 @@ def _checked_or_none(scope: Scope, values: tuple[float, ...], what: str) -> tupl
     return _NONE_READ[scope] if not values else _checked(scope, values, what)
 
 
+# The windows a collector may claim (window_s > 0): no scrape loop runs faster than a millisecond,
+# and a day is far beyond any step a model scores on. Outside them the number is garbage, and a
+# window of 1e-300 s overflowed the service's window arithmetic (issue 27).
+MIN_WINDOW_S = 1e-3
+MAX_WINDOW_S = 86_400.0
+
+
+def window_problem(window_s: float) -> str | None:
+    """Why `window_s` is no window a collector can have closed, or None (0: a single scrape)."""
+    if window_s == 0:
+        return None
+    if not math.isfinite(window_s):
+        return f"window_s {window_s} is not a finite length of time (0: a single scrape)"
+    if window_s < 0:
+        return f"window_s {window_s} is negative (0: a single scrape, no window)"
+    if window_s < MIN_WINDOW_S:
+        return f"window_s {window_s!r} is below {MIN_WINDOW_S} s, shorter than any scrape loop"
+    if window_s > MAX_WINDOW_S:
+        return f"window_s {window_s!r} is above {MAX_WINDOW_S:.0f} s (a day)"
+    return None
+
+
 def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
     """Decode a sample; raises WireError when it does not match this catalogue, or when a step
-    summary is malformed (StepSummary.check) or window_s is negative or NaN. Empty host_values or
-    collector_values mean nothing read (NaN for each metric)."""
+    summary is malformed (StepSummary.check) or window_s is no window (window_problem). Empty
+    host_values or collector_values mean nothing read (NaN for each metric)."""
     if sample.schema_hash != SCHEMA_HASH:
         raise WireError(
             f"schema hash {sample.schema_hash:#018x} differs from this catalogue's {SCHEMA_HASH:#018x}"
         )
-    if not sample.window_s >= 0:  # NaN fails too
-        raise WireError(f"window_s {sample.window_s} is not a length of time (0: a single scrape)")
+    problem = window_problem(sample.window_s)
+    if problem is not None:
+        raise WireError(problem)
     devices = []
     for d in sample.devices:
         scope = _FROM_PB.get(int(d.scope))

@@ -1,6 +1,7 @@
 """What a collector written from proto/README.md may send, pushed through the telemetry servicer of a
-real service (issue 27, B): empty `host_values` and `collector_values` mean nothing read (a
-third-party collector that reads no host metrics still pushes its GPUs)."""
+real service (issue 27, B and C): empty `host_values` and `collector_values` mean nothing read (a
+third-party collector that reads no host metrics still pushes its GPUs); a `window_s` no collector
+can have closed is a malformed sample with a reason, never a failure of the service's scoring."""
 
 from __future__ import annotations
 
@@ -88,3 +89,31 @@ def test_values_present_but_short_are_still_malformed(
     corrupt(sample)
     with pytest.raises(wire.WireError, match=named):
         wire.from_proto(sample)
+
+
+IMPOSSIBLE_WINDOWS = (1e-300, 1e-9, math.inf, -math.inf, math.nan, -60.0, 1e9)
+
+
+def test_an_impossible_window_is_a_malformed_sample_and_the_stream_goes_on(
+    served: tuple[Service, grpc.Channel],
+) -> None:
+    service, channel = served
+    samples = _samples(1, len(IMPOSSIBLE_WINDOWS) + 1)
+    for sample, window in zip(samples, IMPOSSIBLE_WINDOWS, strict=False):
+        sample.window_s = window
+    malformed_before = service.telemetry.rejects["malformed"]
+    acks = _push(channel, samples)
+    reasons = {r.sequence: r.reason for a in acks for r in a.rejections}
+    assert sorted(reasons) == list(range(1, len(IMPOSSIBLE_WINDOWS) + 1))
+    for sequence, window in enumerate(IMPOSSIBLE_WINDOWS, 1):
+        assert reasons[sequence].startswith(f"window_s {window!r}"), reasons[sequence]
+    assert service.telemetry.rejects["malformed"] - malformed_before == len(IMPOSSIBLE_WINDOWS)
+    assert service.telemetry.rejects["scoring_error"] == 0
+    assert acks[-1].acked_through == len(samples)  # the last sample, a single scrape, was taken
+
+
+@pytest.mark.parametrize("window_s", [0.0, wire.MIN_WINDOW_S, 60.0, wire.MAX_WINDOW_S])
+def test_windows_a_collector_can_close_are_taken(window_s: float) -> None:
+    (sample,) = _samples(0, 1)
+    sample.window_s = window_s
+    assert wire.from_proto(sample).window_s == window_s

@@ -314,8 +314,9 @@ class NodeSample(_message.Message):
     """The epoch-aligned window this sample closes, in seconds: it summarises the node's scrapes with
     event times in [k * window_s, (k + 1) * window_s) for the k of `time_unix_nano`, which is the
     window's last scrape (its GPUs' summaries cover the window's scrapes). 0: a single scrape, no
-    window. A window that matches the model's cadence completes the model's step. Negative or NaN
-    is malformed.
+    window. A window that matches the model's cadence completes the model's step. Anything else
+    than 0 or a finite number of seconds from 0.001 to 86400 (a millisecond to a day) is malformed:
+    negative, NaN, infinite, or outside that range.
     """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]:
