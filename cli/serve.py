@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from faultcast.cli.help_defaults import DefaultsShown
 from faultcast.cli.tls_args import add_server_arguments, server_tls_options
 from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
@@ -33,7 +34,11 @@ SPARES = ("none", "slurm", "kubernetes", "webhook")  # --spares: where replaceme
 
 def add_parser(commands: Subcommands) -> None:
     """Add `faultcast serve` and `faultcast token`."""
-    serve = commands.add_parser("serve", help="the prediction service: ingest, scoring, alerts, remediation")
+    serve = commands.add_parser(
+        "serve",
+        help="the prediction service: ingest, scoring, alerts, remediation",
+        formatter_class=DefaultsShown,
+    )
     serve.add_argument("--model", type=Path, required=True, help="the model directory (faultcast train)")
     serve.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (HOST:PORT)")
     serve.add_argument(

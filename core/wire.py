@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, METRICS, SCHEMA_HASH, Kind, Scope, metrics_for
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
@@ -60,7 +62,7 @@ def described_schema() -> pb.MetricSchema:
 
 def hello(node: str, spool_id: int) -> pb.PushRequest:
     """The first message of a collector's push stream: its node, version and schema(). The service
-    keeps its acknowledged sequence per (node, spool_id); spool_id must be below 2^63."""
+    keeps its acknowledged sequence per (node, spool_id), any unsigned 64-bit number."""
     return pb.PushRequest(
         hello=pb.PushHello(node=node, collector_version=__version__, schema=schema(), spool_id=spool_id)
     )
@@ -116,15 +118,48 @@ def _checked(scope: Scope, values: tuple[float, ...], what: str) -> tuple[float,
     return values
 
 
+# A collector that reads no host metrics (or has no self-metrics of faultcast's collector) sends
+# none rather than a row of NaN: an empty array is "nothing read", the same as all NaN.
+_NONE_READ = {scope: (math.nan,) * len(metrics_for(scope)) for scope in (Scope.HOST, Scope.COLLECTOR)}
+
+
+def _checked_or_none(scope: Scope, values: tuple[float, ...], what: str) -> tuple[float, ...]:
+    return _NONE_READ[scope] if not values else _checked(scope, values, what)
+
+
+# The windows a collector may claim (window_s > 0): no scrape loop runs faster than a millisecond,
+# and a day is far beyond any step a model scores on. Outside them the number is garbage, and a
+# window of 1e-300 s overflowed the service's window arithmetic (issue 27).
+MIN_WINDOW_S = 1e-3
+MAX_WINDOW_S = 86_400.0
+
+
+def window_problem(window_s: float) -> str | None:
+    """Why `window_s` is no window a collector can have closed, or None (0: a single scrape)."""
+    if window_s == 0:
+        return None
+    if not math.isfinite(window_s):
+        return f"window_s {window_s} is not a finite length of time (0: a single scrape)"
+    if window_s < 0:
+        return f"window_s {window_s} is negative (0: a single scrape, no window)"
+    if window_s < MIN_WINDOW_S:
+        return f"window_s {window_s!r} is below {MIN_WINDOW_S} s, shorter than any scrape loop"
+    if window_s > MAX_WINDOW_S:
+        return f"window_s {window_s!r} is above {MAX_WINDOW_S:.0f} s (a day)"
+    return None
+
+
 def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
     """Decode a sample; raises WireError when it does not match this catalogue, or when a step
-    summary is malformed (StepSummary.check) or window_s is negative or NaN."""
+    summary is malformed (StepSummary.check) or window_s is no window (window_problem). Empty
+    host_values or collector_values mean nothing read (NaN for each metric)."""
     if sample.schema_hash != SCHEMA_HASH:
         raise WireError(
             f"schema hash {sample.schema_hash:#018x} differs from this catalogue's {SCHEMA_HASH:#018x}"
         )
-    if not sample.window_s >= 0:  # NaN fails too
-        raise WireError(f"window_s {sample.window_s} is not a length of time (0: a single scrape)")
+    problem = window_problem(sample.window_s)
+    if problem is not None:
+        raise WireError(problem)
     devices = []
     for d in sample.devices:
         scope = _FROM_PB.get(int(d.scope))
@@ -149,7 +184,7 @@ def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
             for g in sample.gpus
         ),
         devices=tuple(devices),
-        host=_checked(Scope.HOST, tuple(sample.host_values), "host values"),
-        collector=_checked(Scope.COLLECTOR, tuple(sample.collector_values), "collector values"),
+        host=_checked_or_none(Scope.HOST, tuple(sample.host_values), "host values"),
+        collector=_checked_or_none(Scope.COLLECTOR, tuple(sample.collector_values), "collector values"),
         window_s=sample.window_s,
     )

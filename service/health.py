@@ -4,8 +4,11 @@ that the rest of the service turns it with.
 An open Watch is a coroutine waiting on the loop, so it holds no worker thread: the sync servicer
 held one per open Watch for good, and 256 of them, from callers without any identity, locked out
 every other call and kept the process from exiting. Watch streams are still capped (each costs
-memory, and anyone who reaches the port may open them); past the cap Watch is refused with
-RESOURCE_EXHAUSTED and counted as throttled{what="health_watches"}. Check holds nothing open.
+memory, and anyone who reaches the port may open them), fairly (limits.WatchSlots): health needs no
+identity, but a caller that presents one the access policy knows (a bearer token, a client
+certificate) watches in slots that callers without one cannot take, which share a smaller part
+and are capped per host. Past a cap Watch is refused with RESOURCE_EXHAUSTED and counted as
+throttled{what="health_watches"}. Check holds nothing open.
 
 Any thread may change what the service reports, e.g. when the state disk fails:
 
@@ -28,35 +31,55 @@ from typing import Any
 import grpc
 from grpc_health.v1 import _async, health_pb2, health_pb2_grpc
 
+from faultcast.service.auth import INSECURE, AccessPolicy, AuthError
+from faultcast.service.limits import CallerLimits, WatchSlots
+
 ALL = "*"  # set_serving(ALL, ...): the server ("") and every service it names
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_Context = grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]
+
+
+def _identity(policy: AccessPolicy | None, context: _Context) -> str | None:
+    """Who the caller proved to be ("role/name"), or None: no identity, one the policy does not
+    know (health refuses no one for it), or a service that identifies no one (--insecure)."""
+    if policy is None or policy.insecure:
+        return None
+    try:
+        principal = policy.identify(context)
+    except AuthError:
+        return None
+    return None if principal is INSECURE else f"{principal.role.value}/{principal.name}"
 
 
 class _CappedHealthServicer(_async.HealthServicer):  # type: ignore[misc]  # grpc_health ships no types
-    """grpc_health's aio servicer with a cap on open Watch streams; runs on the event loop only."""
+    """grpc_health's aio servicer with fair caps on open Watch streams; runs on the event loop only."""
 
-    def __init__(self, max_watches: int, on_throttle: Callable[[str], None]) -> None:
+    def __init__(
+        self, slots: WatchSlots, policy: AccessPolicy | None, on_throttle: Callable[[str], None]
+    ) -> None:
         super().__init__()
-        self.max_watches, self.on_throttle = max_watches, on_throttle
-        self.watching = 0  # changed on the loop only; read from anywhere (an int is read whole)
+        self.slots, self.policy, self.on_throttle = slots, policy, on_throttle
 
     async def Watch(  # noqa: N802 (gRPC method name)
-        self,
-        request: health_pb2.HealthCheckRequest,
-        context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse],
+        self, request: health_pb2.HealthCheckRequest, context: _Context
     ) -> None:
-        if self.watching >= self.max_watches:
+        identity = _identity(self.policy, context)
+        host = context.peer().rsplit(":", 1)[0]  # "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7"
+        refused = self.slots.enter(identity, host)
+        if refused:
             self.on_throttle("health_watches")
+            hint = (
+                "" if identity is not None else " (a caller with a token or certificate has slots of its own)"
+            )
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.max_watches} health Watch streams are open already; use Check, or retry later",
+                f"health Watch: {refused}; use Check, or retry later{hint}",
             )
-        self.watching += 1
         try:
             await super().Watch(request, context)
         finally:
-            self.watching -= 1
+            self.slots.leave(identity, host)
 
 
 class Health:
@@ -67,11 +90,21 @@ class Health:
         self,
         services: Iterable[str],
         *,
-        max_watches: int = 1_024,
+        limits: CallerLimits | None = None,
+        policy: AccessPolicy | None = None,
         on_throttle: Callable[[str], None] = lambda what: None,
     ) -> None:
+        """`limits`: the Watch caps (health_watches and the shares of it); `policy`: tells callers
+        that present an identity apart from those that do not (None: every caller is anonymous)."""
         self.names = ("", *services)
-        self._servicer = _CappedHealthServicer(max_watches, on_throttle)
+        limits = limits or CallerLimits()
+        slots = WatchSlots(
+            limits.health_watches,
+            limits.anonymous_health_watches,
+            limits.health_watches_per_host,
+            limits.health_watches_per_caller,
+        )
+        self._servicer = _CappedHealthServicer(slots, policy, on_throttle)
         self._serving = dict.fromkeys(self.names, False)
         self._shutting_down = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,7 +147,7 @@ class Health:
 
     def watching(self) -> int:
         """Watch streams open now."""
-        count: int = self._servicer.watching
+        count: int = self._servicer.slots.open
         return count
 
     async def _apply(self) -> None:

@@ -10,7 +10,10 @@
   named (whoever opened them).
 - At most `job_nodes` nodes per job (RegisterJob), or named in one request: every Subscribe and
   listing of the job filters its alerts by them.
-- At most `health_watches` open health Watch streams in all (they need no identity).
+- At most `health_watches` open health Watch streams in all. Watch needs no identity, so anyone who
+  reaches the port may open them: callers without one (anonymous) share `anonymous_health_watches`
+  of them, at most `health_watches_per_host` per host, and the rest stay for callers that present
+  one (a token or a certificate), each identity at most `health_watches_per_caller`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ class CallerLimits:
     job_nodes: int = 4_096  # the largest jobs run on a few thousand nodes; SQLite takes 32,766 names
     job_subscribers: int = 1_024  # a guard per node (README), as many as one identity may open
     health_watches: int = 1_024  # a few per client that watches; Check holds nothing open
+    # Of health_watches, what callers without an identity may hold together; the rest is kept for
+    # identified callers (none is when this is at or above health_watches).
+    anonymous_health_watches: int = 512
+    health_watches_per_host: int = 128  # an anonymous host (a load balancer, a node's probes)
+    health_watches_per_caller: int = 128  # an identity (a job's ranks share one)
 
     def __post_init__(self) -> None:
         for name in (
@@ -49,6 +57,9 @@ class CallerLimits:
             "job_nodes",
             "job_subscribers",
             "health_watches",
+            "anonymous_health_watches",
+            "health_watches_per_host",
+            "health_watches_per_caller",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -134,3 +145,45 @@ class OpenCount:
                 self._open[key] = left
             else:
                 self._open.pop(key, None)
+
+
+class WatchSlots:
+    """Open streams under four caps: `total` in all; `anonymous` for the callers without an
+    identity together, and `per_host` for each of their hosts; `per_identity` for each identity.
+    Anonymous callers cannot take the slots above `anonymous`: they stay for identified callers."""
+
+    def __init__(self, total: int, anonymous: int, per_host: int, per_identity: int) -> None:
+        self.total, self.anonymous = total, anonymous
+        self.open = 0  # streams open now, anonymous and identified
+        self._anonymous_open = 0
+        self._hosts = OpenCount(per_host)
+        self._identities = OpenCount(per_identity)
+        self._lock = threading.Lock()
+
+    def enter(self, identity: str | None, host: str) -> str:
+        """Count one more stream of `identity` (None: anonymous, counted by `host`); returns "" when
+        counted, else which cap refused it (nothing counted)."""
+        with self._lock:
+            if self.open >= self.total:
+                return f"{self.total} streams are open already"
+            if identity is not None:
+                if not self._identities.enter(identity):
+                    return f"{identity} has {self._identities.cap} streams open already"
+            elif self._anonymous_open >= self.anonymous:
+                return f"callers without an identity have {self.anonymous} streams open already"
+            elif not self._hosts.enter(host):
+                return f"{host} has {self._hosts.cap} streams open without an identity already"
+            else:
+                self._anonymous_open += 1
+            self.open += 1
+            return ""
+
+    def leave(self, identity: str | None, host: str) -> None:
+        """Count one stream that `enter` counted closed."""
+        with self._lock:
+            self.open -= 1
+            if identity is not None:
+                self._identities.leave(identity)
+            else:
+                self._anonymous_open -= 1
+                self._hosts.leave(host)

@@ -4,8 +4,14 @@ grpcio-reflection ships only `grpc.reflection.v1alpha`; current tools (grpcurl, 
 ask for `grpc.reflection.v1` first. The two protocols have the same messages with the same field
 numbers under another package, so one servicer answers both: the v1alpha servicer, registered as
 usual and also under the v1 method name with the v1alpha messages (identical bytes on the wire).
-The v1 file descriptor, derived from v1alpha's by renaming the package, joins the default pool so
-that clients can describe the v1 service itself.
+The v1 file descriptor, derived from v1alpha's by renaming the package, is served too, so that
+clients can describe the v1 service itself.
+
+What is described comes from a pool made for the purpose: the files of the services named, taken
+from faultcast's own pool (faultcast.v1.pool, where faultcast's stubs live) first and from
+protobuf's default pool (grpc's health and reflection) after it. The default pool may also hold a
+third party's stubs of faultcast's .proto files from another revision, with the same names: the
+service describes its own API, never theirs.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer as AsyncReflectionServicer
+
+from faultcast.v1.pool import POOL
 
 V1ALPHA_SERVICE = reflection.SERVICE_NAME  # grpc.reflection.v1alpha.ServerReflection
 V1_PACKAGE = "grpc.reflection.v1"
@@ -46,21 +54,44 @@ def _v1_file() -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
-def _add_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
-    """Put the v1 file in `pool` once (a second server in the process finds it there)."""
+def _service_file(name: str) -> descriptor.FileDescriptor:
+    """The file that defines service `name`: faultcast's own pool first, then the default pool."""
+    for source in (POOL, descriptor_pool.Default()):
+        try:
+            return source.FindServiceByName(name).file
+        except KeyError:
+            continue
+    raise KeyError(f"no descriptor of service {name!r}: import its generated module first")
+
+
+def _add_file(pool: descriptor_pool.DescriptorPool, file: descriptor.FileDescriptor) -> None:
+    """Put `file` in `pool` after its imports, each file once."""
     try:
-        pool.FindFileByName(V1_FILE)
+        pool.FindFileByName(file.name)
+        return
     except KeyError:
-        pool.Add(_v1_file())
+        pass
+    for dependency in file.dependencies:
+        _add_file(pool, dependency)
+    pool.AddSerializedFile(file.serialized_pb)
+
+
+def reflection_pool(service_names: Iterable[str]) -> descriptor_pool.DescriptorPool:
+    """A pool with the files of `service_names` (and their imports) and the v1 reflection file."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_v1_file())
+    for name in service_names:
+        if name != V1_SERVICE:
+            _add_file(pool, _service_file(name))
+    return pool
 
 
 def enable_reflection(server: grpc.Server | grpc.aio.Server, service_names: Iterable[str]) -> None:
     """Serve reflection on `server` for `service_names` (fully qualified, e.g. faultcast.v1.Alerts)
     and for both reflection services (listed whether named or not), over v1alpha and v1. Call it
     once, instead of grpc_reflection's enable_server_reflection, before the server starts."""
-    pool = descriptor_pool.Default()  # where the generated stubs registered their files
-    _add_v1_descriptor(pool)
     names = tuple(dict.fromkeys((*service_names, V1ALPHA_SERVICE, V1_SERVICE)))  # each listed once
+    pool = reflection_pool(names)
     servicer: reflection_pb2_grpc.ServerReflectionServicer = (
         AsyncReflectionServicer(names, pool=pool)
         if isinstance(server, grpc.aio.Server)

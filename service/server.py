@@ -89,7 +89,7 @@ class Service:
         self._warn_if_blind(model)
         # What health checks answer; `health.set_serving(...)` from any thread (service/health.py).
         self.health = Health(
-            SERVICE_NAMES, max_watches=self.caller_limits.health_watches, on_throttle=self._throttled
+            SERVICE_NAMES, limits=self.caller_limits, policy=self.policy, on_throttle=self._throttled
         )
         self.stopping = threading.Event()
         self.store = store

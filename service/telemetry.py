@@ -111,12 +111,7 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                 f"collector schema {hello.schema.schema_hash:#018x} has this service's hash but other "
                 f"scopes: {mismatch}; send the scopes exactly as Telemetry/GetSchema returns them",
             )
-        if hello.spool_id > MAX_STORED_INT:
-            self._reject("malformed")
-            return ("", 0), (
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"spool_id {hello.spool_id} is above 2^63-1; collectors draw spool ids below 2^63",
-            )
+        # Every uint64 is a spool id: the cursors' store maps ids from 2^63 up to its signed integers.
         key = (hello.node, hello.spool_id)
         self._remember_spool(key)
         return key, None

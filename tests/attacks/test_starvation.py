@@ -31,7 +31,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 @pytest.fixture(scope="module")
 def tokened(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
-    with tokened_service(service_model, tmp_path_factory.mktemp("starve")) as running:
+    # The probe opened every Watch from one host, more than a host's share without an identity
+    # (health_watches_per_host): raised to its number here, where the point is threads, not caps.
+    limits = CallerLimits(health_watches_per_host=WATCHES)
+    with tokened_service(service_model, tmp_path_factory.mktemp("starve"), caller_limits=limits) as running:
         yield running
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from faultcast import wire
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.server import Service
 from faultcast.service.state import StateStore
@@ -20,7 +19,6 @@ from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2 as tpb
-from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
 from tests.attacks.victim import FLEET, NAME, STEPS_BEFORE, assert_victim_alerted, serving
 
 ATTACKER = FLEET.node_name(0)
@@ -65,19 +63,6 @@ def test_a_sequence_beyond_2_63_is_refused_and_every_node_still_gets_its_alert(
     assert cursors[(NAME, 1)] == STEPS_BEFORE
     assert cursors[(ATTACKER, 7)] == 5
     reopened.close()
-
-
-def test_a_spool_id_beyond_2_63_is_refused_at_the_hello(served: tuple[Service, grpc.Channel, Path]) -> None:
-    service, channel, _ = served
-
-    def requests() -> Iterator[tpb.PushRequest]:
-        yield wire.hello(ATTACKER, 2**64 - 1)
-
-    with pytest.raises(grpc.RpcError) as refused:
-        list(tpb_grpc.TelemetryStub(channel).Push(requests()))
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "spool_id" in str(refused.value.details())
-    assert service.telemetry.rejects["malformed"] == 1
 
 
 def test_a_failed_write_leaves_no_transaction_open(tmp_path: Path) -> None:

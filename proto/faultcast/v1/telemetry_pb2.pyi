@@ -314,17 +314,30 @@ class NodeSample(_message.Message):
     """The epoch-aligned window this sample closes, in seconds: it summarises the node's scrapes with
     event times in [k * window_s, (k + 1) * window_s) for the k of `time_unix_nano`, which is the
     window's last scrape (its GPUs' summaries cover the window's scrapes). 0: a single scrape, no
-    window. A window that matches the model's cadence completes the model's step. Negative or NaN
-    is malformed.
+    window. A window that matches the model's cadence completes the model's step. Anything else
+    than 0 or a finite number of seconds from 0.001 to 86400 (a millisecond to a day) is malformed:
+    negative, NaN, infinite, or outside that range.
     """
     @_builtins.property
-    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]: ...
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]:
+        """One per GPU the collector sees, each with every GPU-scope value (NaN where not read)."""
+
     @_builtins.property
-    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceSample]: ...
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceSample]:
+        """One per interface, IB port or peer the collector reads, each with every value of its scope;
+        none at all for a node without them (or a collector that does not read them).
+        """
+
     @_builtins.property
-    def host_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def host_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Every host-scope value in wire order (NaN where not read), or none at all: a collector that
+        reads no host metrics sends an empty array, taken as all NaN. Any other length is malformed.
+        """
+
     @_builtins.property
-    def collector_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def collector_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The collector's own metrics, under the same rule as host_values (empty: none read)."""
+
     def __init__(
         self,
         *,
@@ -361,7 +374,7 @@ class PushHello(_message.Message):
     spool_id: _builtins.int
     """Identifies the collector's spool. Sequence numbers are unique within one spool; a node
     whose spool was wiped starts again from 1 under a new id, which the service must not
-    mistake for duplicates.
+    mistake for duplicates. Any 64-bit value (draw it at random).
     """
     @_builtins.property
     def schema(self) -> Global___MetricSchema: ...
