@@ -158,8 +158,15 @@ class Protection:
         # yet); rank 0 asks the service for the hand-over on a channel of its own.
         self._asker: standby.HandOverAsker | None = None
         if self.standby_for and self.rank == 0 and target is not None:
+            claim = standby.standby_claim()
+            if not claim:
+                log.warning(
+                    "faultcast: standby for job %s has no %s in its environment: the service will refuse it",
+                    self.standby_for,
+                    standby.STANDBY_CLAIM,
+                )
             self._asker = standby.HandOverAsker(
-                target, credentials, self.job_id, self.node, standby.standby_alert()
+                target, credentials, self.job_id, self.node, standby.standby_alert(), claim
             )
         if not self.standby_for:
             self._start_guard()

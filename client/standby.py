@@ -2,11 +2,13 @@
 alert's lead, which prepares everything and waits for the service's word.
 
 The scheduler starts the job's own command on the spare with FAULTCAST_STANDBY_FOR naming the job it
-stands by for (service/slurm_spares.py does so on Slurm). `Protection.resume()` then loads the newest
-whole snapshot (the periodic checkpoint: imports, model construction and most of the load are done
-before anything is asked of the old job) and waits on the service (AwaitHandOver): "go" names the
-snapshot the old job took on the alert, which it loads and trains on from; "released" (a false
-alarm, or the old job went the usual way) ends the process with EXIT_STOOD_DOWN (75).
+stands by for and FAULTCAST_STANDBY_CLAIM holding the spare's claim, a secret the service issued with
+the spare that every AwaitHandOver carries (service/slurm_spares.py does so on Slurm).
+`Protection.resume()` then loads the newest whole snapshot (the periodic checkpoint: imports, model
+construction and most of the load are done before anything is asked of the old job) and waits on
+the service (AwaitHandOver): "go" names the snapshot the old job took on the alert, which it loads
+and trains on from; "released" (a false alarm, or the old job went the usual way) ends the process
+with EXIT_STOOD_DOWN (75).
 
 A standby that took the job over records it in the snapshot directory (TAKEN_OVER.json, its own job
 id): started again (the scheduler requeued it, torchrun restarted it), it is an ordinary run of the
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"
 STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"
+STANDBY_CLAIM = "FAULTCAST_STANDBY_CLAIM"  # the spare's secret: sent to the service, never logged
 STANDBY_WAIT_S = 3600.0  # a standby gives up (exit 75) when nothing came this long
 POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; every rank hears each answer
 
@@ -86,6 +89,12 @@ def standby_alert(environ: Mapping[str, str] | None = None) -> int:
     return int(value) if value.isdigit() else 0
 
 
+def standby_claim(environ: Mapping[str, str] | None = None) -> str:
+    """The spare's claim (FAULTCAST_STANDBY_CLAIM), which the service asks of its standby; "" when not set."""
+    env = os.environ if environ is None else environ
+    return env.get(STANDBY_CLAIM, "").strip()
+
+
 def restarted(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the scheduler started this run again (Slurm's SLURM_RESTART_COUNT above 0)."""
     env = os.environ if environ is None else environ
@@ -104,7 +113,8 @@ class Word:
 
 
 class HandOverAsker:
-    """Rank 0's channel to the service while it stands by (the guard starts only at the take-over)."""
+    """Rank 0's channel to the service while it stands by (the guard starts only at the take-over).
+    Every request carries the spare's `claim`, which is kept out of logs and reprs."""
 
     def __init__(
         self,
@@ -113,8 +123,10 @@ class HandOverAsker:
         job_id: str,
         node: str,
         alert_id: int = 0,
+        claim: str = "",
     ) -> None:
         self.job_id, self.node, self.alert_id = job_id, node, alert_id
+        self._claim = claim
         self._channel = channel_to(target, credentials)
         self._stub = apb_grpc.AlertsStub(self._channel)
         self._backoff = threading.Event()  # never set: its wait is the pause after a refusal
@@ -129,6 +141,7 @@ class HandOverAsker:
             node=self.node,
             wait_seconds=wait_s,
             alert_id=self.alert_id,
+            claim=self._claim,
         )
         try:
             reply: apb.HandOver = self._stub.AwaitHandOver(request, timeout=wait_s + 10.0)

@@ -63,3 +63,8 @@ def test_a_copy_that_ends_on_faultcasts_word_exits_75_so_a_script_goes_no_furthe
     with pytest.raises(SystemExit) as handed:
         raise standby.HandedOver(35)
     assert handed.value.code == 75
+
+
+def test_the_spares_claim_comes_from_its_environment() -> None:
+    assert standby.standby_claim({"FAULTCAST_STANDBY_CLAIM": " c1a1m "}) == "c1a1m"
+    assert standby.standby_claim({}) == ""
