@@ -251,7 +251,7 @@ class Protection:
             log.warning("faultcast: standby for job %s released: %s", self.standby_for, decision.reason)
             raise standby.StandbyReleased(decision.reason)
         started = time.monotonic()
-        snapshot = standby.snapshot_at(self.store, decision.checkpoint_uri, decision.step)
+        snapshot = self._handed_over_snapshot(decision)
         step = self._load_handed_over(snapshot)
         self.stats.handover_load_s = time.monotonic() - started
         if self.rank == 0:  # before the first step: a restart of this run must not stand by again
@@ -265,6 +265,26 @@ class Protection:
             self.stats.handover_load_s,
         )
         return step
+
+    def _handed_over_snapshot(self, word: standby.Word) -> Snapshot:
+        """The snapshot the word names, a whole one in this job's own store. When any rank refuses it
+        (see standby.snapshot_at), every rank ends (HandOverRefused) without loading it or training.
+        Collective."""
+        snapshot: Snapshot | None = None
+        refused = ""
+        try:
+            snapshot = standby.snapshot_at(self.store, word.checkpoint_uri, word.step)
+        except standby.RefusedSnapshotError as exc:
+            refused = str(exc)
+        if self.agreement.agree(Vote(snapshot=bool(refused))).snapshot or snapshot is None:
+            reason = refused or "another rank refused the snapshot the hand-over names"
+            log.error(
+                "faultcast: standby for job %s refuses the hand-over and ends without training: %s",
+                self.standby_for,
+                reason,
+            )
+            raise standby.HandOverRefused(reason)
+        return snapshot
 
     def _load_handed_over(self, snapshot: Snapshot) -> int:
         """The hand-over snapshot: from the old job's memory when every rank can fetch its own part

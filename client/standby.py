@@ -10,6 +10,11 @@ the service (AwaitHandOver): "go" names the snapshot the old job took on the ale
 and trains on from; "released" (a false alarm, or the old job went the usual way) ends the process
 with EXIT_STOOD_DOWN (75).
 
+The snapshot the word names must be a whole one in the standby's own snapshot store (the same
+command, the same directory): one anywhere else, or one reached through a symbolic link that leads
+out of the store, is refused, and the standby ends (HandOverRefused, exit status 65) without
+training: a forged word must not make it load, or unpickle, what someone else wrote.
+
 A standby that took the job over records it in the snapshot directory (TAKEN_OVER.json, its own job
 id): started again (the scheduler requeued it, torchrun restarted it), it is an ordinary run of the
 job and resumes from the newest snapshot. A standby the scheduler started again before it took over
@@ -48,6 +53,9 @@ POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; ev
 # handed over): nothing failed, but the job did not finish here, so `torchrun ... && post-step` in
 # a batch script must not go on (EX_TEMPFAIL).
 EXIT_STOOD_DOWN = 75
+# The exit status of a standby that refused the snapshot its hand-over named (EX_DATAERR): the job
+# runs nowhere now, and its operator must look (the log line says why).
+EXIT_HANDOVER_REFUSED = 65
 TAKEN_OVER = "TAKEN_OVER.json"  # in the snapshot directory: which run took the job over, at which step
 
 
@@ -73,6 +81,23 @@ class HandedOver(SystemExit):
 
     def __str__(self) -> str:
         return f"handed over to a standby at step {self.step}"
+
+
+class HandOverRefused(SystemExit):
+    """The hand-over named a snapshot this standby will not load: the process ends with
+    EXIT_HANDOVER_REFUSED, without training."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(EXIT_HANDOVER_REFUSED)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"hand-over refused: {self.reason}"
+
+
+class RefusedSnapshotError(RuntimeError):
+    """The snapshot a hand-over names is not a whole one in this job's own store (the reason says
+    which rule it breaks)."""
 
 
 def standby_for(environ: Mapping[str, str] | None = None) -> str | None:
@@ -190,12 +215,39 @@ def ask(asker: HandOverAsker | None, job: str, since: float, *, give_up_s: float
 
 
 def snapshot_at(store: SnapshotStore, uri: str, step: int) -> Snapshot:
-    """The whole snapshot the hand-over names: in this job's store (the same command, the same
-    directory), else at the URI's own directory; RuntimeError when it is not whole there."""
+    """The whole snapshot of `step` that the hand-over names (a file:// URI or an absolute path),
+    which must lie in this job's own store, symbolic links resolved. RefusedSnapshotError, with the
+    reason, for one that resolves outside the store's root (a step directory linking out of it
+    included), or is not a whole snapshot of that step there."""
+    named = _named_path(uri)
+    root = store.root.resolve()
+    where = named.resolve()
+    if not where.is_relative_to(root):
+        linked = " through a symbolic link" if where != Path(os.path.normpath(named)) else ""
+        raise RefusedSnapshotError(
+            f"the hand-over names {uri}, which leads{linked} to {where}, outside this job's snapshot "
+            f"store {root}"
+        )
+    for snapshot in store.complete():
+        if snapshot.step == step and snapshot.path.resolve() == where:
+            return snapshot
+    raise RefusedSnapshotError(
+        f"the hand-over names the snapshot of step {step} at {uri}, which is not a whole snapshot of "
+        f"that step in this job's store {root}"
+    )
+
+
+def _named_path(uri: str) -> Path:
+    """The absolute local path a hand-over's URI names; RefusedSnapshotError for anything else."""
     parsed = urlparse(uri)
-    path = Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(uri)
-    for where in (store, SnapshotStore(path.parent)):
-        for snapshot in where.complete():
-            if snapshot.step == step and snapshot.path.resolve() == path.resolve():
-                return snapshot
-    raise RuntimeError(f"the hand-over names the snapshot of step {step} at {uri}, which is not whole here")
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise RefusedSnapshotError(f"the hand-over names {uri}, on another host ({parsed.netloc})")
+        path = Path(unquote(parsed.path))
+    elif parsed.scheme == "":
+        path = Path(uri)
+    else:
+        raise RefusedSnapshotError(f"the hand-over names {uri!r}, neither a file:// URI nor a path")
+    if not path.is_absolute():
+        raise RefusedSnapshotError(f"the hand-over names {uri!r}, not an absolute path")
+    return path

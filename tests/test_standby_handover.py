@@ -19,6 +19,7 @@ import torch
 
 from faultcast.client import standby
 from faultcast.client.protection import Protection
+from faultcast.client.snapshots import Snapshot, SnapshotStore
 from faultcast.client.train_state import TrainState
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -106,6 +107,30 @@ def _model(value: float) -> torch.nn.Linear:
     return model
 
 
+def _snapshot(directory: Path, step: int, value: float) -> Snapshot:
+    """A whole snapshot of `step` in `directory` whose model holds `value`, as the job writes it."""
+    # The old job's run, in this process: not a standby, whatever the environment says.
+    protection = Protection(
+        directory, TrainState(model=_model(value)), checkpoint_every=step, agree_every=step, standby_for=""
+    )
+    protection.step_end(step)
+    protection.close()
+    written = SnapshotStore(directory).latest()
+    assert written is not None
+    assert written.step == step
+    return written
+
+
+def _go(snapshot: Callable[[], Snapshot]) -> Callable[[], apb.HandOver]:
+    def answer() -> apb.HandOver:
+        taken = snapshot()
+        return apb.HandOver(
+            state=apb.HAND_OVER_STATE_GO, alert_id=9, step=taken.step, checkpoint_uri=taken.uri
+        )
+
+    return answer
+
+
 def _standby(directory: Path, target: str, model: torch.nn.Module) -> Protection:
     return Protection(directory, TrainState(model=model), target=target, job_id=STANDBY_JOB, node="spare-1")
 
@@ -141,3 +166,47 @@ def test_the_asker_sends_the_claim_it_was_given(serve: Callable[[HandOverService
     assert reply is not None
     assert reply.state == apb.HAND_OVER_STATE_WAITING
     assert [r.claim for r in service.requests] == ["another-claim"]
+
+
+def test_a_word_naming_a_snapshot_outside_the_store_ends_the_standby_without_training(
+    serve: Callable[[HandOverService], str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "job"
+    _snapshot(store, 10, 1.0)
+    foreign = _snapshot(tmp_path / "elsewhere", 20, 666.0)  # whole, of the step the word names
+    service = HandOverService(_go(lambda: foreign))
+    model = _model(0.0)
+    protection = _standby(store, serve(service), model)
+    with pytest.raises(standby.HandOverRefused) as refused:
+        protection.resume()
+    protection.close()
+    assert refused.value.code == standby.EXIT_HANDOVER_REFUSED == 65
+    assert "outside this job's snapshot store" in refused.value.reason
+    assert any(
+        r.levelno == logging.ERROR and "refuses the hand-over and ends without training" in r.getMessage()
+        for r in caplog.records
+    )
+    assert torch.equal(model.weight, torch.full((2, 3), 1.0))  # the warm snapshot's, not the foreign one's
+    assert protection.stats.warm_from == 10
+    assert not standby.took_over(SnapshotStore(store), STANDBY_JOB)
+    assert not (store / standby.TAKEN_OVER).exists()
+
+
+def test_a_word_naming_a_whole_snapshot_in_the_store_is_taken_over(
+    serve: Callable[[HandOverService], str], tmp_path: Path
+) -> None:
+    store = tmp_path / "job"
+    _snapshot(store, 10, 1.0)
+    # The old job snapshots while its standby waits: the word names that snapshot.
+    service = HandOverService(_go(lambda: _snapshot(store, 20, 2.0)))
+    model = _model(0.0)
+    protection = _standby(store, serve(service), model)
+    try:
+        assert protection.resume() == 20
+    finally:
+        protection.close()
+    assert protection.stats.warm_from == 10
+    assert protection.stats.handover_source == "files"
+    assert torch.equal(model.weight, torch.full((2, 3), 2.0))
+    assert standby.took_over(SnapshotStore(store), STANDBY_JOB)
+    assert [r.claim for r in service.requests] == [CLAIM]
