@@ -11,8 +11,10 @@ peer falls back to the files and loses nothing.
 Where each rank listens, and its two secrets, are in the snapshot directory (PEERS.json, readable by
 the job's user like the snapshot itself): a token a request must carry, and a key that never crosses
 the network, with which the reply's description of the state (its structure, dtypes and shapes, and
-the pickled per-rank part) is signed (HMAC-SHA256). Someone who saw a request can ask again, not
-forge a reply: nothing unsigned is ever unpickled. Tensor bytes follow raw, in order.
+the per-rank part) is signed (HMAC-SHA256). Someone who saw a request can ask again, not forge a
+reply. Nothing here is unpickled: the per-rank part travels as the bytes the job sealed with its own
+key (client/rank_part.py), which the standby verifies before it unpickles them. Tensor bytes follow
+raw, in order.
 
 Plain tensors only: a state holding DTensors or sharded tensors (FSDP) is not served, and its
 standby reads the files.

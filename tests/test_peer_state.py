@@ -32,7 +32,7 @@ def _trained_state() -> dict[str, object]:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     model(torch.randn(8, 6)).sum().backward()
     optimizer.step()
-    state: dict[str, object] = TrainState(model=model, optimizer=optimizer).to_save(7, 1)
+    state: dict[str, object] = TrainState(model=model, optimizer=optimizer).to_save(7, 1, bytes(32))
     state["odd"] = {
         "bf16": torch.randn(3, 5).to(torch.bfloat16),
         "empty": torch.zeros(0, 4),
