@@ -11,11 +11,19 @@ peer falls back to the files and loses nothing.
 Where each rank listens, and its two secrets, are in the snapshot directory (PEERS.json, readable by
 the job's user like the snapshot itself): a token a request must carry, and a key that never crosses
 the network, with which the reply's description of the state (its structure, dtypes and shapes, and
-the pickled per-rank part) is signed (HMAC-SHA256). Someone who saw a request can ask again, not
-forge a reply: nothing unsigned is ever unpickled. Tensor bytes follow raw, in order.
+the per-rank part) is signed (HMAC-SHA256). Someone who saw a request can ask again, not forge a
+reply. Nothing here is unpickled: the per-rank part travels as the bytes the job sealed with its own
+key (client/rank_part.py), which the standby verifies before it unpickles them. Tensor bytes follow
+raw, in order.
 
 Plain tensors only: a state holding DTensors or sharded tensors (FSDP) is not served, and its
 standby reads the files.
+
+Slow peers cannot stall either side. A fetch has one deadline for all of it (connect, request, the
+description, every piece of every tensor), past which it fails and the standby reads the files. A
+server drops a connection whose request is not whole within HANDSHAKE_S, however it is dripped, and
+a standby's connection takes the slot of a client still dripping its request (client/peer_slots.py);
+a fetch turned away by a full server tries again within its deadline.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
+from faultcast.client.deadline import Deadline
+from faultcast.client.peer_slots import Slots
+
 log = logging.getLogger(__name__)
 
 PEERS = "PEERS.json"
@@ -49,7 +60,7 @@ named by the host's name)."""
 SERVE_S = 20.0
 """How long a handed-over rank goes on serving, at most, once the scheduler asked it to end (under
 Slurm's default KillWait and torchrun's grace, both 30 s)."""
-HANDSHAKE_S = 5.0  # a connection that has not sent its request by then is dropped
+HANDSHAKE_S = 5.0  # a connection that has not sent its whole request by then is dropped
 MAX_CONNECTIONS = 8  # at once; one per standby rank is what a hand-over needs
 MAX_HEADER = 64 << 20  # the description of a state; a longer one is refused before it is read
 _MAGIC = b"FCPEER1\n"
@@ -58,6 +69,7 @@ _REQUEST = struct.Struct(f"!{len(_MAGIC)}s{_KEY_BYTES}sI")  # magic, token, rank
 _LENGTH = struct.Struct("!Q")
 _OK, _REFUSED = b"\x00", b"\x01"
 _CHUNK = 16 << 20  # tensors are received straight into their storage, this much at a time
+_RETRY_S = (0.02, 0.5)  # a fetch turned away by a full server tries again: first pause, longest pause
 
 
 class PeerError(Exception):
@@ -194,7 +206,7 @@ class PeerServer:
         self._socket = socket.create_server((bind, 0))
         self.address = f"{bind or socket.gethostname()}:{self._socket.getsockname()[1]}"
         self._closed = threading.Event()
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._slots = Slots(MAX_CONNECTIONS, evict_wait_s=HANDSHAKE_S)
         threading.Thread(target=self._accept, name=f"faultcast-peer-{rank}", daemon=True).start()
 
     def _accept(self) -> None:
@@ -203,10 +215,15 @@ class PeerServer:
                 connection, _ = self._socket.accept()
             except OSError:
                 return  # closed
-            if self._closed.is_set() or not self._slots.acquire(blocking=False):
-                connection.close()  # closing, or too many at once: not a standby's fetch
+            if self._closed.is_set() or not self._slots.take(connection):
+                connection.close()  # closing, or every slot answers a request: the fetch tries again
                 continue
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    @property
+    def evicted(self) -> int:
+        """Connections pushed out of their slot, before their request was whole, by a newer one."""
+        return self._slots.evicted
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
@@ -215,11 +232,14 @@ class PeerServer:
             except (OSError, PeerError, struct.error) as exc:
                 log.warning("faultcast: serving rank %d's snapshot to a standby failed: %s", self.rank, exc)
             finally:
-                self._slots.release()
+                self._slots.release(connection)
 
     def _answer(self, connection: socket.socket) -> None:
-        connection.settimeout(HANDSHAKE_S)
-        magic, token, rank = _REQUEST.unpack(_receive(connection, _REQUEST.size))
+        # One deadline for the whole request: a client dripping it is dropped all the same.
+        request = _receive(connection, _REQUEST.size, Deadline(HANDSHAKE_S))
+        if not self._slots.answering(connection):
+            return  # pushed out by a newer connection while its request came in
+        magic, token, rank = _REQUEST.unpack(request)
         if magic != _MAGIC or not hmac.compare_digest(token, self.token) or rank != self.rank:
             self.refused += 1
             log.warning("faultcast: refused a request for rank %d's snapshot (wrong token or rank)", rank)
@@ -248,51 +268,94 @@ def _raw(tensor: torch.Tensor) -> memoryview:
 
 def fetch(address: str, token: bytes, key: bytes, rank: int, *, timeout_s: float = SERVE_S) -> Any:
     """Rank `rank`'s staged state from the peer at `address` ("host:port"), asked for with `token`
-    and checked with `key`; PeerError when it cannot be had whole and signed."""
+    and checked with `key`, all of it within `timeout_s`; PeerError when it cannot be had whole and
+    signed by then. A server that closes the connection before answering (every slot taken) is
+    asked again, within the same deadline."""
     host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as connection:
+    deadline = Deadline(timeout_s)
+    pause, retry = _RETRY_S[0], threading.Event()  # never set: its wait paces the next try
+    while True:
+        try:
+            return _fetch_once(host, int(port), token, key, rank, deadline)
+        except _TurnedAwayError as exc:
+            if deadline.left() <= pause:
+                raise PeerError(
+                    f"fetching rank {rank}'s snapshot from {address}: turned away until the deadline "
+                    f"of {timeout_s:g} s ({exc})"
+                ) from exc
+            log.info("faultcast: the peer at %s turned the fetch away (%s), trying again", address, exc)
+            retry.wait(pause)
+            pause = min(2 * pause, _RETRY_S[1])
+        except TimeoutError as exc:
+            raise PeerError(
+                f"fetching rank {rank}'s snapshot from {address}: not whole within {timeout_s:g} s"
+            ) from exc
+        except (OSError, ValueError, struct.error) as exc:
+            raise PeerError(f"fetching rank {rank}'s snapshot from {address}: {exc}") from exc
+
+
+class _TurnedAwayError(Exception):
+    """The server closed the connection before it answered the request: no slot was free."""
+
+
+def _fetch_once(host: str, port: int, token: bytes, key: bytes, rank: int, deadline: Deadline) -> Any:
+    address = f"{host}:{port}"
+    left = deadline.left()
+    if left <= 0:
+        raise TimeoutError(f"past the deadline of {deadline.seconds:g} s")
+    with socket.create_connection((host, port), timeout=left) as connection:
+        try:
+            deadline.bound(connection)
             connection.sendall(_REQUEST.pack(_MAGIC, token, rank))
-            if _receive(connection, 1) != _OK:
-                raise PeerError(f"the peer at {address} refused the request for rank {rank}")
-            (length,) = _LENGTH.unpack(_receive(connection, _LENGTH.size))
-            if not 32 < length <= MAX_HEADER:
-                raise PeerError(f"the peer at {address} announces a description of {length} bytes")
-            signed = _receive(connection, length)
-            header, signature = signed[:-32], signed[-32:]
-            if not hmac.compare_digest(signature, hmac.new(key, header, "sha256").digest()):
-                raise PeerError(f"the state from {address} is not signed with its key")
-            description = json.loads(header)
-            specs: list[tuple[str, list[int]]] = []
-            _tensor_specs(description, specs)
-            tensors = [_receive_tensor(connection, dtype, shape) for dtype, shape in specs]
-    except (OSError, ValueError, struct.error) as exc:
-        raise PeerError(f"fetching rank {rank}'s snapshot from {address}: {exc}") from exc
+            answer = _receive(connection, 1, deadline)
+        except (ConnectionResetError, BrokenPipeError, _ClosedEarlyError) as exc:
+            raise _TurnedAwayError(str(exc) or type(exc).__name__) from exc
+        if answer != _OK:
+            raise PeerError(f"the peer at {address} refused the request for rank {rank}")
+        (length,) = _LENGTH.unpack(_receive(connection, _LENGTH.size, deadline))
+        if not 32 < length <= MAX_HEADER:
+            raise PeerError(f"the peer at {address} announces a description of {length} bytes")
+        signed = _receive(connection, length, deadline)
+        header, signature = signed[:-32], signed[-32:]
+        if not hmac.compare_digest(signature, hmac.new(key, header, "sha256").digest()):
+            raise PeerError(f"the state from {address} is not signed with its key")
+        description = json.loads(header)
+        specs: list[tuple[str, list[int]]] = []
+        _tensor_specs(description, specs)
+        tensors = [_receive_tensor(connection, dtype, shape, deadline) for dtype, shape in specs]
     return _rebuild(description, tensors)
 
 
-def _receive_tensor(connection: socket.socket, dtype_name: str, shape: list[int]) -> torch.Tensor:
+def _receive_tensor(
+    connection: socket.socket, dtype_name: str, shape: list[int], deadline: Deadline
+) -> torch.Tensor:
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype):
         raise PeerError(f"the peer sent a tensor of unknown dtype {dtype_name!r}")
     tensor = torch.empty(shape, dtype=dtype)
-    _fill(connection, _raw(tensor))
+    _fill(connection, _raw(tensor), deadline)
     return tensor
 
 
-def _receive(connection: socket.socket, size: int) -> bytes:
+def _receive(connection: socket.socket, size: int, deadline: Deadline) -> bytes:
     buffer = bytearray(size)
-    _fill(connection, memoryview(buffer))
+    _fill(connection, memoryview(buffer), deadline)
     return bytes(buffer)
 
 
-def _fill(connection: socket.socket, view: memoryview) -> None:
-    """Receive exactly len(view) bytes into `view` (straight into a tensor's storage, for one)."""
+class _ClosedEarlyError(PeerError):
+    """The other side closed the connection before all that was due came."""
+
+
+def _fill(connection: socket.socket, view: memoryview, deadline: Deadline) -> None:
+    """Receive exactly len(view) bytes into `view` (straight into a tensor's storage, for one) before
+    `deadline`: each receive gets only what is left of it (TimeoutError past it)."""
     got = 0
     while got < len(view):
+        deadline.bound(connection)
         n = connection.recv_into(view[got : got + _CHUNK])
         if n == 0:
-            raise PeerError("the peer closed the connection early")
+            raise _ClosedEarlyError("the peer closed the connection early")
         got += n
 
 

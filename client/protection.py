@@ -29,9 +29,8 @@ from typing import TypedDict, Unpack
 import grpc
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict_loader import load
 
-from faultcast.client import identity, migration, peer_state, standby
+from faultcast.client import identity, job_key, migration, peer_state, snapshot_reader, standby
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
 from faultcast.client.snapshots import Snapshot, SnapshotStore
@@ -158,14 +157,28 @@ class Protection:
         # yet); rank 0 asks the service for the hand-over on a channel of its own.
         self._asker: standby.HandOverAsker | None = None
         if self.standby_for and self.rank == 0 and target is not None:
+            claim = standby.standby_claim()
+            if not claim:
+                log.warning(
+                    "faultcast: standby for job %s has no %s in its environment: the service will refuse it",
+                    self.standby_for,
+                    standby.STANDBY_CLAIM,
+                )
             self._asker = standby.HandOverAsker(
-                target, credentials, self.job_id, self.node, standby.standby_alert()
+                target, credentials, self.job_id, self.node, standby.standby_alert(), claim
             )
         if not self.standby_for:
             self._start_guard()
         self._inflight: tuple[int, Future[None]] | None = None
         self._alert_write: _AlertWrite | None = None
         self._released = threading.Event()
+        self._key: bytes | None = None  # the job's signing key, read (or created) when first needed
+
+    def _job_key(self) -> bytes:
+        """The job's signing key, kept in its snapshot store (client/job_key.py)."""
+        if self._key is None:
+            self._key = job_key.job_key(self.store.root)
+        return self._key
 
     def _start_guard(self) -> None:
         """The guard of local rank 0 on each node: registers the job, watches its node's alerts."""
@@ -211,13 +224,8 @@ class Protection:
             )
         rank = self.rank if same_world else None
         loaded = self.state.to_load(rank)
-        load(
-            loaded,
-            checkpoint_id=snapshot.path,
-            process_group=self._io_group,
-            no_dist=not dist.is_initialized(),
-        )
-        step = self.state.restore(loaded, rank)
+        snapshot_reader.load(loaded, snapshot.path, self._io_group)
+        step = self.state.restore(loaded, rank, self._job_key())
         self.stats.resumed_from = snapshot.step if step is None else step
         log.info("faultcast: resumed from %s (%s) at step %d", snapshot.path, snapshot.reason, snapshot.step)
         return self.stats.resumed_from
@@ -244,7 +252,7 @@ class Protection:
             log.warning("faultcast: standby for job %s released: %s", self.standby_for, decision.reason)
             raise standby.StandbyReleased(decision.reason)
         started = time.monotonic()
-        snapshot = standby.snapshot_at(self.store, decision.checkpoint_uri, decision.step)
+        snapshot = self._handed_over_snapshot(decision)
         step = self._load_handed_over(snapshot)
         self.stats.handover_load_s = time.monotonic() - started
         if self.rank == 0:  # before the first step: a restart of this run must not stand by again
@@ -258,6 +266,26 @@ class Protection:
             self.stats.handover_load_s,
         )
         return step
+
+    def _handed_over_snapshot(self, word: standby.Word) -> Snapshot:
+        """The snapshot the word names, a whole one in this job's own store. When any rank refuses it
+        (see standby.snapshot_at), every rank ends (HandOverRefused) without loading it or training.
+        Collective."""
+        snapshot: Snapshot | None = None
+        refused = ""
+        try:
+            snapshot = standby.snapshot_at(self.store, word.checkpoint_uri, word.step)
+        except standby.RefusedSnapshotError as exc:
+            refused = str(exc)
+        if self.agreement.agree(Vote(snapshot=bool(refused))).snapshot or snapshot is None:
+            reason = refused or "another rank refused the snapshot the hand-over names"
+            log.error(
+                "faultcast: standby for job %s refuses the hand-over and ends without training: %s",
+                self.standby_for,
+                reason,
+            )
+            raise standby.HandOverRefused(reason)
+        return snapshot
 
     def _load_handed_over(self, snapshot: Snapshot) -> int:
         """The hand-over snapshot: from the old job's memory when every rank can fetch its own part
@@ -281,7 +309,7 @@ class Protection:
         if self.agreement.agree(Vote(snapshot=fetched is None)).snapshot or fetched is None:
             self.stats.handover_source = "files"
             return self._load(snapshot)
-        step = self.state.restore(fetched, self.rank)
+        step = self.state.restore(fetched, self.rank, self._job_key())
         self.stats.resumed_from = snapshot.step if step is None else step
         self.stats.handover_source, self.stats.handover_bytes = "peer", peer_state.nbytes(fetched)
         log.info(
@@ -338,7 +366,7 @@ class Protection:
         self._wait_inflight()
         reason = f"alert {alert.id} on {alert.node} gpu {alert.gpu}" if alert is not None else "alert"
         started = time.time()
-        staged = peer_state.stage(self.state.to_save(step, self.rank))
+        staged = peer_state.stage(self.state.to_save(step, self.rank, self._job_key()))
         staged_at = time.time()
         self.stats.snapshot_blocking_s.append(staged_at - started)
         release = threading.Event()
@@ -472,7 +500,7 @@ class Protection:
         if self._alert_write is not None:
             return  # an alert snapshot newer than this checkpoint is being written
         self._wait_inflight()
-        state = self.state.to_save(step, self.rank)
+        state = self.state.to_save(step, self.rank, self._job_key())
         future = self.store.save(state, step, self.rank, self._io_group, wait=not dist.is_initialized())
         if future is None:
             self._finish_checkpoint(step)

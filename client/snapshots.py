@@ -71,13 +71,20 @@ class SnapshotStore:
 
     def complete(self) -> list[Snapshot]:
         """Whole snapshots, oldest first. A marker that does not parse or names another step is a
-        damaged snapshot: logged and passed over."""
+        damaged snapshot, and a step directory that leads out of the store (a symbolic link) is not
+        the job's: each is logged and passed over."""
         found: list[Snapshot] = []
         if not self.root.is_dir():
             return found
+        root = self.root.resolve()
         for child in self.root.iterdir():
             match = _NAME.match(child.name)
             if match is None or not (child / MARKER).is_file():
+                continue
+            if not child.resolve().is_relative_to(root):
+                log.warning(
+                    "faultcast: snapshot %s leads out of the store (to %s), skipped", child, child.resolve()
+                )
                 continue
             try:
                 marker = json.loads((child / MARKER).read_text())

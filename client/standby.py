@@ -2,11 +2,18 @@
 alert's lead, which prepares everything and waits for the service's word.
 
 The scheduler starts the job's own command on the spare with FAULTCAST_STANDBY_FOR naming the job it
-stands by for (service/slurm_spares.py does so on Slurm). `Protection.resume()` then loads the newest
-whole snapshot (the periodic checkpoint: imports, model construction and most of the load are done
-before anything is asked of the old job) and waits on the service (AwaitHandOver): "go" names the
-snapshot the old job took on the alert, which it loads and trains on from; "released" (a false
-alarm, or the old job went the usual way) ends the process with EXIT_STOOD_DOWN (75).
+stands by for and FAULTCAST_STANDBY_CLAIM holding the spare's claim, a secret the service issued with
+the spare that every AwaitHandOver carries (service/slurm_spares.py does so on Slurm).
+`Protection.resume()` then loads the newest whole snapshot (the periodic checkpoint: imports, model
+construction and most of the load are done before anything is asked of the old job) and waits on
+the service (AwaitHandOver): "go" names the snapshot the old job took on the alert, which it loads
+and trains on from; "released" (a false alarm, or the old job went the usual way) ends the process
+with EXIT_STOOD_DOWN (75).
+
+The snapshot the word names must be a whole one in the standby's own snapshot store (the same
+command, the same directory): one anywhere else, or one reached through a symbolic link that leads
+out of the store, is refused, and the standby ends (HandOverRefused, exit status 65) without
+training: a forged word must not make it load, or unpickle, what someone else wrote.
 
 A standby that took the job over records it in the snapshot directory (TAKEN_OVER.json, its own job
 id): started again (the scheduler requeued it, torchrun restarted it), it is an ordinary run of the
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"
 STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"
+STANDBY_CLAIM = "FAULTCAST_STANDBY_CLAIM"  # the spare's secret: sent to the service, never logged
 STANDBY_WAIT_S = 3600.0  # a standby gives up (exit 75) when nothing came this long
 POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; every rank hears each answer
 
@@ -45,6 +53,9 @@ POLL_S = 10.0  # each AwaitHandOver is held by the service at most this long; ev
 # handed over): nothing failed, but the job did not finish here, so `torchrun ... && post-step` in
 # a batch script must not go on (EX_TEMPFAIL).
 EXIT_STOOD_DOWN = 75
+# The exit status of a standby that refused the snapshot its hand-over named (EX_DATAERR): the job
+# runs nowhere now, and its operator must look (the log line says why).
+EXIT_HANDOVER_REFUSED = 65
 TAKEN_OVER = "TAKEN_OVER.json"  # in the snapshot directory: which run took the job over, at which step
 
 
@@ -72,6 +83,23 @@ class HandedOver(SystemExit):
         return f"handed over to a standby at step {self.step}"
 
 
+class HandOverRefused(SystemExit):
+    """The hand-over named a snapshot this standby will not load: the process ends with
+    EXIT_HANDOVER_REFUSED, without training."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(EXIT_HANDOVER_REFUSED)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"hand-over refused: {self.reason}"
+
+
+class RefusedSnapshotError(RuntimeError):
+    """The snapshot a hand-over names is not a whole one in this job's own store (the reason says
+    which rule it breaks)."""
+
+
 def standby_for(environ: Mapping[str, str] | None = None) -> str | None:
     """The job this process was started to stand by for, from the environment; None for an
     ordinary run. (Whether it took the job over already is in the snapshot directory: `took_over`.)"""
@@ -84,6 +112,12 @@ def standby_alert(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     value = env.get(STANDBY_ALERT, "").strip()
     return int(value) if value.isdigit() else 0
+
+
+def standby_claim(environ: Mapping[str, str] | None = None) -> str:
+    """The spare's claim (FAULTCAST_STANDBY_CLAIM), which the service asks of its standby; "" when not set."""
+    env = os.environ if environ is None else environ
+    return env.get(STANDBY_CLAIM, "").strip()
 
 
 def restarted(environ: Mapping[str, str] | None = None) -> bool:
@@ -104,7 +138,8 @@ class Word:
 
 
 class HandOverAsker:
-    """Rank 0's channel to the service while it stands by (the guard starts only at the take-over)."""
+    """Rank 0's channel to the service while it stands by (the guard starts only at the take-over).
+    Every request carries the spare's `claim`, which is kept out of logs and reprs."""
 
     def __init__(
         self,
@@ -113,8 +148,10 @@ class HandOverAsker:
         job_id: str,
         node: str,
         alert_id: int = 0,
+        claim: str = "",
     ) -> None:
         self.job_id, self.node, self.alert_id = job_id, node, alert_id
+        self._claim = claim
         self._channel = channel_to(target, credentials)
         self._stub = apb_grpc.AlertsStub(self._channel)
         self._backoff = threading.Event()  # never set: its wait is the pause after a refusal
@@ -129,6 +166,7 @@ class HandOverAsker:
             node=self.node,
             wait_seconds=wait_s,
             alert_id=self.alert_id,
+            claim=self._claim,
         )
         try:
             reply: apb.HandOver = self._stub.AwaitHandOver(request, timeout=wait_s + 10.0)
@@ -177,12 +215,39 @@ def ask(asker: HandOverAsker | None, job: str, since: float, *, give_up_s: float
 
 
 def snapshot_at(store: SnapshotStore, uri: str, step: int) -> Snapshot:
-    """The whole snapshot the hand-over names: in this job's store (the same command, the same
-    directory), else at the URI's own directory; RuntimeError when it is not whole there."""
+    """The whole snapshot of `step` that the hand-over names (a file:// URI or an absolute path),
+    which must lie in this job's own store, symbolic links resolved. RefusedSnapshotError, with the
+    reason, for one that resolves outside the store's root (a step directory linking out of it
+    included), or is not a whole snapshot of that step there."""
+    named = _named_path(uri)
+    root = store.root.resolve()
+    where = named.resolve()
+    if not where.is_relative_to(root):
+        linked = " through a symbolic link" if where != Path(os.path.normpath(named)) else ""
+        raise RefusedSnapshotError(
+            f"the hand-over names {uri}, which leads{linked} to {where}, outside this job's snapshot "
+            f"store {root}"
+        )
+    for snapshot in store.complete():
+        if snapshot.step == step and snapshot.path.resolve() == where:
+            return snapshot
+    raise RefusedSnapshotError(
+        f"the hand-over names the snapshot of step {step} at {uri}, which is not a whole snapshot of "
+        f"that step in this job's store {root}"
+    )
+
+
+def _named_path(uri: str) -> Path:
+    """The absolute local path a hand-over's URI names; RefusedSnapshotError for anything else."""
     parsed = urlparse(uri)
-    path = Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(uri)
-    for where in (store, SnapshotStore(path.parent)):
-        for snapshot in where.complete():
-            if snapshot.step == step and snapshot.path.resolve() == path.resolve():
-                return snapshot
-    raise RuntimeError(f"the hand-over names the snapshot of step {step} at {uri}, which is not whole here")
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise RefusedSnapshotError(f"the hand-over names {uri}, on another host ({parsed.netloc})")
+        path = Path(unquote(parsed.path))
+    elif parsed.scheme == "":
+        path = Path(uri)
+    else:
+        raise RefusedSnapshotError(f"the hand-over names {uri!r}, neither a file:// URI nor a path")
+    if not path.is_absolute():
+        raise RefusedSnapshotError(f"the hand-over names {uri!r}, not an absolute path")
+    return path

@@ -1,10 +1,12 @@
 """What a snapshot holds, so that a resumed job continues bit for bit: model and optimizer (through
 `torch.distributed.checkpoint.state_dict`, which understands DDP and FSDP), and per rank the step, the
-scheduler, the data position and every random number generator the step may draw from."""
+scheduler, the data position and every random number generator the step may draw from.
+
+The per-rank part is pickled and signed with the job's key (client/rank_part.py): it is unpickled
+only once its signature verifies, or, written unsigned by an older faultcast, only as plain data."""
 
 from __future__ import annotations
 
-import pickle
 import random
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, Protocol, TypedDict
@@ -19,12 +21,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from faultcast.client import rank_part
+
 StateDict = dict[str, Any]
 """What torch.distributed.checkpoint saves and loads (its own StateDict is dict[str, Any]):
 tensors, nested dicts of them, and the bytes of RANK_KEY."""
 
-RANK_KEY = "faultcast/rank{rank}"  # one pickled blob per rank: its RNGs and data position differ
-"""The state-dict key of a rank's pickled part (RNGs, step, data position); format it with rank=."""
+RANK_KEY = "faultcast/rank{rank}"  # one sealed blob per rank: its RNGs and data position differ
+"""The state-dict key of a rank's sealed part (RNGs, step, data position); format it with rank=."""
 
 
 class Stateful(Protocol):
@@ -69,28 +73,36 @@ class TrainState:
     data: Stateful | None = None
     extra: dict[str, Stateful] = field(default_factory=dict)
 
-    def to_save(self, step: int, rank: int) -> StateDict:
+    def to_save(self, step: int, rank: int, key: bytes) -> StateDict:
         """The state dict handed to `torch.distributed.checkpoint.save`: "model", "optimizer" (when
-        there is one) and this rank's pickled part under RANK_KEY."""
-        if self.optimizer is not None:
-            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-            out: StateDict = {"model": model_sd, "optimizer": optim_sd}
-        else:
-            out = {"model": get_model_state_dict(self.model)}
-        out[RANK_KEY.format(rank=rank)] = pickle.dumps(self._rank_state(step))
+        there is one) and this rank's part under RANK_KEY, sealed with the job's `key`."""
+        out = self._model_and_optimizer()
+        name = RANK_KEY.format(rank=rank)
+        out[name] = rank_part.seal(self._rank_state(step), key, name)
         return out
 
     def to_load(self, rank: int | None) -> StateDict:
         """A state dict of the right shapes for `torch.distributed.checkpoint.load` to fill; without
         a rank, the per-rank part is not asked for (the snapshot came from another world size)."""
-        out = self.to_save(0, 0)
-        del out[RANK_KEY.format(rank=0)]
+        out = self._model_and_optimizer()
         if rank is not None:
             out[RANK_KEY.format(rank=rank)] = b""
         return out
 
-    def restore(self, loaded: StateDict, rank: int | None) -> int | None:
-        """Put loaded state back; returns the step from the per-rank part (None without it)."""
+    def _model_and_optimizer(self) -> StateDict:
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            return {"model": model_sd, "optimizer": optim_sd}
+        return {"model": get_model_state_dict(self.model)}
+
+    def restore(self, loaded: StateDict, rank: int | None, key: bytes) -> int | None:
+        """Put loaded state back; returns the step from the per-rank part (None without it). The part
+        is unpickled once it verifies with the job's `key` (an unsigned one only as plain data):
+        RankPartError, before anything is put back, when it does not."""
+        part: _RankState | None = None
+        if rank is not None:
+            part_key = RANK_KEY.format(rank=rank)
+            part = _as_rank_state(rank_part.unseal(loaded[part_key], key, part_key), part_key)
         if self.optimizer is not None:
             set_state_dict(
                 self.model,
@@ -100,10 +112,8 @@ class TrainState:
             )
         else:
             set_model_state_dict(self.model, loaded["model"])
-        if rank is None:
+        if part is None:
             return None
-        # Our own file, written by this job: trusted like any checkpoint torch.load would read.
-        part: _RankState = pickle.loads(loaded[RANK_KEY.format(rank=rank)])  # noqa: S301
         _restore_rng(part["rng"])
         for name, target in self._stateful().items():
             if name in part["stateful"]:
@@ -121,6 +131,13 @@ class TrainState:
             "rng": capture_rng(),
             "stateful": {name: obj.state_dict() for name, obj in self._stateful().items()},
         }
+
+
+def _as_rank_state(value: object, name: str) -> _RankState:
+    """`value` as a per-rank part; RankPartError when it is not shaped like one."""
+    if not (isinstance(value, dict) and {"step", "rng", "stateful"} <= value.keys()):
+        raise rank_part.RankPartError(f"the snapshot's part {name} is not a per-rank part")
+    return value  # type: ignore[return-value]  # checked above, as far as restore relies on it
 
 
 def capture_rng() -> RngState:

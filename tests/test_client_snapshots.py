@@ -145,6 +145,19 @@ def test_a_damaged_marker_is_skipped_and_logged(
     assert any(str(damaged) in message and logged in message for message in warnings), warnings
 
 
+def test_a_step_directory_leading_out_of_the_store_is_never_a_snapshot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SnapshotStore(tmp_path / "job")
+    _write(store, 10)
+    elsewhere = _write(SnapshotStore(tmp_path / "elsewhere"), 20)
+    store.path(20).symlink_to(elsewhere, target_is_directory=True)  # newer, whole, and not the job's
+    assert _steps(store) == [10]
+    assert "leads out of the store" in caplog.text
+    (tmp_path / "link").symlink_to(tmp_path / "job")  # a linked store root is still the store
+    assert _steps(SnapshotStore(tmp_path / "link")) == [10]
+
+
 def test_latest_is_the_highest_whole_step_whatever_the_order_of_writing(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path, keep=10)
     for step in (30, 100, 9, 45):  # out of order: latest() goes by step, not by when it was written

@@ -32,7 +32,7 @@ def _trained_state() -> dict[str, object]:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     model(torch.randn(8, 6)).sum().backward()
     optimizer.step()
-    state: dict[str, object] = TrainState(model=model, optimizer=optimizer).to_save(7, 1)
+    state: dict[str, object] = TrainState(model=model, optimizer=optimizer).to_save(7, 1, bytes(32))
     state["odd"] = {
         "bf16": torch.randn(3, 5).to(torch.bfloat16),
         "empty": torch.zeros(0, 4),
@@ -129,7 +129,7 @@ def test_a_peer_announcing_a_huge_description_is_refused_before_anything_is_allo
         impostor.close()
 
 
-def test_connections_past_the_limit_are_dropped_and_a_silent_one_is_let_go(
+def test_a_fetch_takes_the_slot_of_a_silent_connection_and_silent_ones_are_let_go(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(peer_state, "HANDSHAKE_S", 0.5)
@@ -137,15 +137,14 @@ def test_connections_past_the_limit_are_dropped_and_a_silent_one_is_let_go(
     host, port = server.address.rsplit(":", 1)
     silent = [socket.create_connection((host, int(port))) for _ in range(peer_state.MAX_CONNECTIONS)]
     try:
-        # Every slot is taken by a client that says nothing: the next one is closed at once.
-        with pytest.raises(peer_state.PeerError):
-            peer_state.fetch(server.address, server.token, server.key, 0)
-        assert not server.served.is_set()
-        for idle in silent:  # each is dropped after the handshake time: the server closes it
+        # Every slot is taken by a client that says nothing: the fetch takes the oldest one's.
+        fetched = peer_state.fetch(server.address, server.token, server.key, 0)
+        assert torch.equal(fetched["w"], torch.ones(4))
+        assert server.served.wait(10)
+        assert server.evicted == 1
+        for idle in silent:  # the oldest pushed out, each other dropped after the handshake time
             idle.settimeout(30)
             assert idle.recv(1) == b""
-        peer_state.fetch(server.address, server.token, server.key, 0)
-        assert server.served.is_set()
     finally:
         for idle in silent:
             idle.close()

@@ -1,15 +1,17 @@
 """The standby's own rules (faultcast.client.standby): when a run is a standby, how a run that took
-the job over is remembered, what a handed-over copy hears, and the exit status of a copy that ends
-on faultcast's word. The whole hand-over runs on Slurm in tests/test_handover_e2e.py."""
+the job over is remembered, what a handed-over copy hears, the exit status of a copy that ends on
+faultcast's word, and which snapshot a hand-over may name (a whole one in the job's own store, symbolic
+links resolved). The whole hand-over runs on Slurm in tests/test_handover_e2e.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from faultcast.client import migration, standby
-from faultcast.client.snapshots import SnapshotStore
+from faultcast.client.snapshots import MARKER, Snapshot, SnapshotStore
 
 
 @pytest.mark.parametrize(
@@ -63,3 +65,81 @@ def test_a_copy_that_ends_on_faultcasts_word_exits_75_so_a_script_goes_no_furthe
     with pytest.raises(SystemExit) as handed:
         raise standby.HandedOver(35)
     assert handed.value.code == 75
+
+
+# -- the hand-over's snapshot: a whole one in the job's own store, nowhere else ----------------------
+
+
+def _whole(store: SnapshotStore, step: int) -> Snapshot:
+    """A whole snapshot of `step` in `store`, as rank 0 of a 1-rank job writes it."""
+    store.save({"model": {"w": torch.full((2,), float(step))}}, step, 0, None, wait=True)
+    snapshot = store.finish(step, 0, "alert", 1)
+    assert snapshot is not None
+    return snapshot
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_the_hand_over_snapshot_is_found_in_the_store_by_uri_or_path_through_a_linked_root(
+    tmp_path: Path,
+) -> None:
+    real = SnapshotStore(tmp_path / "real")
+    taken = _whole(real, 35)
+    (tmp_path / "link").symlink_to(tmp_path / "real")  # e.g. /ckpt/job -> /lustre/...
+    store = SnapshotStore(tmp_path / "link")
+    assert standby.snapshot_at(store, taken.uri, 35).step == 35
+    assert standby.snapshot_at(store, str(store.path(35)), 35).step == 35
+    assert standby.snapshot_at(store, store.path(35).absolute().as_uri(), 35).step == 35
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_whole_snapshot_outside_the_store_is_refused(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "job")
+    _whole(store, 10)
+    foreign = _whole(SnapshotStore(tmp_path / "attacker"), 35)
+    with pytest.raises(standby.RefusedSnapshotError, match="outside this job's snapshot store") as refused:
+        standby.snapshot_at(store, foreign.uri, 35)
+    assert str(tmp_path / "attacker" / "step-000000035") in str(refused.value)
+    escaping = f"{store.root.resolve()}/../attacker/step-000000035"  # lexically in, resolved out
+    with pytest.raises(standby.RefusedSnapshotError, match="outside this job's snapshot store"):
+        standby.snapshot_at(store, escaping, 35)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_step_directory_linking_out_of_the_store_is_refused(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "job")
+    _whole(store, 10)
+    foreign = _whole(SnapshotStore(tmp_path / "attacker"), 35)
+    store.path(35).symlink_to(foreign.path, target_is_directory=True)
+    with pytest.raises(standby.RefusedSnapshotError, match="through a symbolic link") as refused:
+        standby.snapshot_at(store, store.path(35).as_uri(), 35)
+    assert "outside this job's snapshot store" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("s3://bucket/job/step-000000035", "neither a file:// URI nor a path"),
+        ("file://evil.example/job/step-000000035", "on another host"),
+        ("job/step-000000035", "not an absolute path"),
+        ("", "not an absolute path"),
+    ],
+)
+def test_a_hand_over_uri_that_names_no_local_path_is_refused(tmp_path: Path, uri: str, says: str) -> None:
+    with pytest.raises(standby.RefusedSnapshotError, match=says):
+        standby.snapshot_at(SnapshotStore(tmp_path), uri, 35)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_snapshot_in_the_store_that_is_not_whole_or_of_another_step_is_refused(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    taken = _whole(store, 35)
+    with pytest.raises(standby.RefusedSnapshotError, match="not a whole snapshot of that step"):
+        standby.snapshot_at(store, taken.uri, 36)
+    (taken.path / MARKER).unlink()
+    with pytest.raises(standby.RefusedSnapshotError, match="not a whole snapshot of that step"):
+        standby.snapshot_at(store, taken.uri, 35)
+
+
+def test_the_spares_claim_comes_from_its_environment() -> None:
+    assert standby.standby_claim({"FAULTCAST_STANDBY_CLAIM": " c1a1m "}) == "c1a1m"
+    assert standby.standby_claim({}) == ""
