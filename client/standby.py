@@ -159,7 +159,9 @@ class HandOverAsker:
 
     def ask(self, standby_for: str, wait_s: float) -> apb.HandOver | None:
         """The service's word, held by it up to `wait_s`; None when it could not be asked (a pause
-        of a second first, so an unreachable or refusing service is not asked in a tight loop)."""
+        of a second first, so an unreachable service is not asked in a tight loop). A refusal
+        (PERMISSION_DENIED: not the spare's claim, not the job id the service named) is final: it is
+        answered as RELEASED with the service's reason, and asking again would change nothing."""
         request = apb.AwaitHandOverRequest(
             standby_for=standby_for,
             job_id=self.job_id,
@@ -175,6 +177,11 @@ class HandOverAsker:
                 f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.Call) else str(exc)
             )
             log.warning("faultcast: asking for the hand-over of job %s: %s", standby_for, self.last_error)
+            if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                return apb.HandOver(
+                    state=apb.HAND_OVER_STATE_RELEASED,
+                    reason=f"the service refused this standby: {exc.details()}",
+                )
             self._backoff.wait(1.0)
             return None
         return reply

@@ -408,3 +408,29 @@ def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
             assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         service.stop(0)
+
+
+def test_a_stopping_service_ends_a_live_subscription_with_unavailable(
+    service_model: Path, tmp_path: Path
+) -> None:
+    # A client that reconnects only on errors must hear an error: an OK end left it deaf.
+    service = Service.open(service_model, tmp_path)
+    port = service.start("127.0.0.1:0")
+    stopping = threading.Thread(target=service.stop, args=(5.0,))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stream = Stream(
+                apb_grpc.AlertsStub(channel), apb.SubscribeRequest(nodes=[_node()], start=apb.START_FROM_LIVE)
+            )
+            assert stream.next().HasField("caught_up")  # live now
+            stopping.start()
+            with pytest.raises(grpc.RpcError) as ended:
+                stream.next()
+    finally:
+        if stopping.is_alive() or stopping.ident is not None:
+            stopping.join()
+        else:
+            service.stop(0)
+    assert isinstance(ended.value, grpc.Call)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "stopping" in (ended.value.details() or "")

@@ -168,6 +168,29 @@ def test_the_asker_sends_the_claim_it_was_given(serve: Callable[[HandOverService
     assert [r.claim for r in service.requests] == ["another-claim"]
 
 
+class _Refusing(HandOverService):
+    """The service's answer to a standby whose claim is not the spare's."""
+
+    def AwaitHandOver(  # noqa: N802 (gRPC method name)
+        self, request: apb.AwaitHandOverRequest, context: grpc.ServicerContext
+    ) -> apb.HandOver:
+        with self.lock:
+            self.requests.append(request)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, "no standby of job 41 was started with this claim")
+
+
+def test_a_standby_the_service_refuses_stands_down_at_once_instead_of_asking_for_an_hour(
+    serve: Callable[[HandOverService], str], tmp_path: Path
+) -> None:
+    service = _Refusing(lambda: apb.HandOver())
+    protection = _standby(tmp_path, serve(service), _model(0.0))
+    with pytest.raises(standby.StandbyReleased) as released:
+        protection.resume()
+    protection.close()
+    assert "the service refused this standby: no standby of job 41" in released.value.reason
+    assert len(service.requests) == 1  # not asked again: the answer would not change
+
+
 def test_a_word_naming_a_snapshot_outside_the_store_ends_the_standby_without_training(
     serve: Callable[[HandOverService], str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
