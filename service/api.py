@@ -51,7 +51,8 @@ class Operations(Protocol):
     """What admins may do to a running service."""
 
     def reload(self, path: str | None) -> tuple[bool, str, str]:
-        """Load the model at `path` (None: the model directory again); (loaded, version, error)."""
+        """Load the model at `path` (None: the directory the service was started with); (loaded,
+        version, error)."""
 
     def remediation_settings(self) -> apb.RemediationSettings:
         """Whether remediation is paused, and the circuit breaker's limits."""
@@ -213,6 +214,11 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             yield self._caught_up(head)
             async for alert in self._live(head, nodes, principal, context):
                 yield apb.SubscribeResponse(alert=alert)
+            # The live part ends only when the service stops: an error, not the end of the stream,
+            # so that a client reconnecting on errors resumes at the next service.
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the service is stopping; resubscribe with resume_after"
+            )
         finally:
             self.on_subscribers(-1)
             if job:
