@@ -38,6 +38,7 @@ from faultcast.model.manifest import (
     finite_number,
     refuse,
 )
+from faultcast.model.risk_range import check_threshold, risk_range
 
 # Imported from here by callers since before model.manifest existed.
 __all__ = ["TTF_BUCKETS_S", "FaultModel", "Logistic", "ModelError", "git_revision", "load", "save"]
@@ -230,6 +231,9 @@ def load(path: Path) -> FaultModel:
     threshold, choice = card.threshold, _threshold_choice(path, card)
     if choice is not None:  # the trained threshold stays in `card`; what serves is the file's
         threshold = choice.threshold
+    low, _ = risk_range(booster, calibration)
+    source = path / threshold_file.FILE if choice is not None else manifest_path
+    check_threshold(threshold, low, str(source))
     return FaultModel(
         booster=booster,
         calibration=calibration,

@@ -34,10 +34,11 @@ NEAR_THRESHOLD = 0.5
 
 
 def model_version(model: FaultModel) -> str:
-    """What names the model in alerts and metrics: its creation time and the code's revision."""
+    """What names the model in alerts and metrics: its creation time, the code's revision and the
+    threshold it serves (two models that alert differently never share a name)."""
     created = model.card.created_at or "unknown"
     revision = (model.card.git_revision or "unknown")[:12]
-    return f"{created}/{revision}"
+    return f"{created}/{revision}@{model.threshold:.6g}"
 
 
 @dataclass

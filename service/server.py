@@ -82,7 +82,8 @@ class Service:
         TLS and says so in the log. `spares`: where replacements are readied during an alert
         (service/spares.py; None: the job is requeued after its snapshot, as without)."""
         self.config = config
-        self.model_dir = model_dir
+        self.model_dir = model_dir  # where the model serving now came from
+        self.started_from = model_dir  # what a reload without a path reads again
         self.metrics = metrics or ServiceMetrics()
         self.policy = policy or AccessPolicy(insecure=True, metrics=self.metrics)
         self.caller_limits = config.caller_limits
@@ -287,10 +288,11 @@ class Service:
     # -- model reload -------------------------------------------------------------------------
 
     def reload(self, path: str | None = None) -> tuple[bool, str, str]:
-        """Load and check an artifact, then serve it; a bad one leaves the old model serving.
-        Returns (loaded, version serving now, error)."""
+        """Load and check the artifact at `path` (None: the directory the service was started with,
+        so a bad reload can always be undone), then serve it; a bad one leaves the old model
+        serving. Returns (loaded, version serving now, error)."""
         with self._reload_lock:
-            target = Path(path) if path else self.model_dir
+            target = Path(path) if path else self.started_from
             if not self.store.writable:
                 # The alert book holds events it must store first, under the lock a swap needs.
                 self.metrics.model_reloads.labels("rejected").inc()

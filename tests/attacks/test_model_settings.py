@@ -28,6 +28,7 @@ from faultcast import wire
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import ModelError, load
 from faultcast.model.features import FeatureConfig, FeatureEngine, feature_schema_hash
+from faultcast.model.risk_range import risk_range
 from faultcast.readings import NodeSnapshot
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
@@ -322,3 +323,73 @@ def test_a_sink_failing_on_one_sample_rejects_that_sample_and_the_stream_goes_on
     assert core.rejects == {"scoring_error": 2}
     failures = [r for r in caplog.records if "sink failed" in r.getMessage()]
     assert [r.exc_info is not None for r in failures] == [True, False]  # one traceback of a kind
+
+
+# -- a threshold below every risk the model gives; ReloadModel("") and the version ------------------
+
+
+def _with_threshold_file(good: Path, out: Path, threshold: float) -> Path:
+    """A copy of the good model with threshold.json serving `threshold` (faultcast goodput --apply's
+    file, as an operator or a mistake may write it)."""
+    shutil.copytree(good, out)
+    digest = json.loads((out / "manifest.json").read_text())["files"]["model.txt"]
+    (out / "threshold.json").write_text(json.dumps({"threshold": threshold, "model_sha256": digest}))
+    return out
+
+
+def _lowest_risk(model_dir: Path) -> float:
+    model = load(model_dir)
+    low, high = risk_range(model.booster, model.calibration)
+    assert 0.0 < low < model.threshold < high < 1.0
+    return low
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-300, 1e-12, 0.5, 1.0])
+def test_a_threshold_at_or_below_every_risk_the_model_gives_is_refused_at_start_and_on_reload(
+    service_model: Path, tmp_path: Path, scale: float
+) -> None:
+    # 1e-320 loaded before (a subnormal: scale 0 gives it), and every healthy node opened
+    # SNAPSHOT_AND_MIGRATE alerts and was drained at the grace.
+    threshold = 1e-320 if scale == 0.0 else _lowest_risk(service_model) * scale
+    bad = _with_threshold_file(service_model, tmp_path / "bad", threshold)
+    with pytest.raises(ModelError, match=r"threshold\.json: alert threshold .* at or below the lowest risk"):
+        load(bad)
+    with pytest.raises(ModelError, match="every GPU would alert"):
+        Service.open(bad, tmp_path / "state-bad")
+    service = Service.open(service_model, tmp_path / "state")
+    try:
+        before = service.model.threshold
+        loaded, _, reason = service.reload(str(bad))
+        assert not loaded
+        assert "at or below the lowest risk" in reason
+        assert service.model.threshold == before
+    finally:
+        service.stop()
+
+
+def test_a_threshold_just_above_the_lowest_risk_loads(service_model: Path, tmp_path: Path) -> None:
+    low = _lowest_risk(service_model)
+    assert load(_with_threshold_file(service_model, tmp_path / "low", low * 1.01)).threshold == low * 1.01
+
+
+def test_reload_without_a_path_goes_back_to_the_model_the_service_started_with(
+    service_model: Path, tmp_path: Path
+) -> None:
+    start = tmp_path / "start"
+    shutil.copytree(service_model, start)
+    other = _with_threshold_file(service_model, tmp_path / "other", load(service_model).threshold * 2)
+    service = Service.open(start, tmp_path / "state")
+    try:
+        first = model_version(service.model)
+        loaded, second, _ = service.reload(str(other))
+        assert loaded
+        assert second != first  # the same trees, another served threshold: another version
+        assert service.model.threshold == load(other).threshold
+
+        loaded, back, error = service.reload(None)  # ReloadModel(path="")
+        assert (loaded, error) == (True, "")
+        assert back == first
+        assert service.model.threshold == load(start).threshold
+        assert service.model_dir == start
+    finally:
+        service.stop()
