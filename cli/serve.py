@@ -34,6 +34,8 @@ SPARES = ("none", "slurm", "kubernetes", "webhook")  # --spares: where replaceme
 
 def add_parser(commands: Subcommands) -> None:
     """Add `faultcast serve` and `faultcast token`."""
+    from faultcast.service.config import ServiceConfig  # the service's defaults, read where shown
+
     serve = commands.add_parser(
         "serve",
         help="the prediction service: ingest, scoring, alerts, remediation",
@@ -128,6 +130,14 @@ def add_parser(commands: Subcommands) -> None:
         default=5,
         metavar="STEPS",
         help="model steps without a sample after which a node is silent: its alerts clear and it is counted",
+    )
+    serve.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=ServiceConfig().checkpoint_steps,
+        metavar="STEPS",
+        help="save a node's scoring state every this many scored steps (and whenever its alerts change); "
+        "a restart replays at most that many steps of journalled samples per node",
     )
     serve.add_argument("--max-drains", type=int, default=4, help="circuit breaker: nodes per window")
     serve.add_argument("--drain-window", type=duration, default=3600.0, help="circuit breaker window")
@@ -314,6 +324,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
             max_attempts=args.remediation_attempts,
         ),
         silent_after_steps=args.silent_after,
+        checkpoint_steps=args.checkpoint_every,
     )
 
 

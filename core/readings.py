@@ -98,6 +98,9 @@ class NodeSnapshot:
     # The epoch-aligned window this sample closes and summarises (its GPUs' `summary`), in seconds;
     # 0 for a single scrape. A window that ends where the model's step ends completes that step.
     window_s: float = 0.0
+    # The collector's spool the sample came from (its PushHello's spool_id): with `sequence`, what
+    # tells a sample taken before a restart from one taken after. 0 outside the service.
+    spool_id: int = 0
 
     @staticmethod
     def merge(

@@ -149,10 +149,10 @@ def window_problem(window_s: float) -> str | None:
     return None
 
 
-def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
-    """Decode a sample; raises WireError when it does not match this catalogue, or when a step
-    summary is malformed (StepSummary.check) or window_s is no window (window_problem). Empty
-    host_values or collector_values mean nothing read (NaN for each metric)."""
+def from_proto(sample: pb.NodeSample, *, spool_id: int = 0) -> NodeSnapshot:
+    """Decode a sample (from the stream of `spool_id`); raises WireError when it does not match this
+    catalogue, or when a step summary is malformed (StepSummary.check) or window_s is no window
+    (window_problem). Empty host_values or collector_values mean nothing read (NaN for each metric)."""
     if sample.schema_hash != SCHEMA_HASH:
         raise WireError(
             f"schema hash {sample.schema_hash:#018x} differs from this catalogue's {SCHEMA_HASH:#018x}"
@@ -187,4 +187,5 @@ def from_proto(sample: pb.NodeSample) -> NodeSnapshot:
         host=_checked_or_none(Scope.HOST, tuple(sample.host_values), "host values"),
         collector=_checked_or_none(Scope.COLLECTOR, tuple(sample.collector_values), "collector values"),
         window_s=sample.window_s,
+        spool_id=spool_id,
     )

@@ -236,6 +236,47 @@ class IncidentTracker:
             self.node_incident[0].setdefault(node, incident)
         return incident
 
+    def runs(self, slots: Sequence[int]) -> np.ndarray:
+        """The runs of `slots` at threshold 0 (rows: above, below, dark, open), to save a node's
+        state: `set_runs` and `adopt` take it back exactly."""
+        self.grow(max(slots) + 1)
+        cols = list(slots)
+        return np.stack(
+            [
+                self.above[0, cols],
+                self.below[0, cols],
+                self.dark[0, cols],
+                self.is_open[0, cols].astype(np.int64),
+            ]
+        )
+
+    def set_runs(self, slots: Sequence[int], runs: np.ndarray) -> None:
+        """Put back runs `runs` saved for `slots` (threshold 0)."""
+        self.grow(max(slots) + 1)
+        cols = list(slots)
+        self.above[0, cols], self.below[0, cols], self.dark[0, cols] = runs[0], runs[1], runs[2]
+        self.is_open[0, cols] = runs[3].astype(bool)
+
+    def adopt(
+        self,
+        node: int,
+        gpu: int,
+        slots: Sequence[int],
+        opened_step: int,
+        mode: str,
+        slots_at_open: Sequence[int],
+    ) -> Incident:
+        """Take back an incident exactly as it was saved (threshold 0; its slots' runs are put
+        back by `set_runs`): a new key, the same slots, opening step and mode."""
+        incident = self._new(node, gpu, opened_step, mode)
+        incident.slots_at_open.extend(slots_at_open)
+        for slot in slots:
+            incident.slots.add(slot)
+            self.by_slot[0][slot] = incident
+        if gpu < 0:
+            self.node_incident[0][node] = incident
+        return incident
+
     def carry_over(self, old: IncidentTracker) -> None:
         """Take `old`'s state (a new model with the same features; threshold 0 only)."""
         self.grow(old.above.shape[1])

@@ -95,6 +95,32 @@ class _Open:
 
 
 @dataclass
+class SavedIncident:
+    """An open alert of a node as saved: its incident (GPUs as indices within the node) and what the
+    book keeps of it."""
+
+    gpu: int
+    opened_step: int
+    mode: str
+    gpus: list[int]
+    gpus_at_open: list[int]
+    latest: bytes  # the newest event published for it (an apb.Alert)
+    band: int
+    candidate: str
+    candidate_scores: int
+
+
+@dataclass
+class BookNodeState:
+    """A node's alert state: each GPU's runs (the tracker's rows: above, below, dark, open), its open
+    alerts, and the event time of its newest scored step."""
+
+    runs: np.ndarray
+    incidents: list[SavedIncident]
+    heard_event_s: float
+
+
+@dataclass
 class _Heard:
     """When a node was last heard of: the event time of its newest scored step and the service's
     clock when that step arrived."""
@@ -191,6 +217,71 @@ class AlertBook:
                 )
                 if moved is not None and incident.key in self._alerts:  # the old tracker's slots are disjoint
                     self._alerts[moved.key] = self._alerts.pop(incident.key)
+
+    # -- saved state ----------------------------------------------------------------------------
+
+    def node_state(self, name: str) -> BookNodeState | None:
+        """The node's alert state, to save (None while it has none of its own: never scored since
+        the start)."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            base = node * self.g
+            slots = list(range(base, base + self.g))
+            held = {i.key: i for slot in slots if (i := self.tracker.by_slot[0].get(slot)) is not None}
+            saved = []
+            for key in sorted(held):
+                incident, alert = held[key], self._alerts.get(key)
+                if alert is None:
+                    continue
+                saved.append(
+                    SavedIncident(
+                        incident.gpu,
+                        incident.opened_step,
+                        incident.mode,
+                        sorted(slot - base for slot in incident.slots),
+                        [slot - base for slot in incident.slots_at_open],
+                        alert.latest.SerializeToString(),
+                        alert.band,
+                        alert.candidate,
+                        alert.candidate_scores,
+                    )
+                )
+            heard = self._heard.get(name)
+            return BookNodeState(
+                self.tracker.runs(slots), saved, heard.event_s if heard is not None else -math.inf
+            )
+
+    def restore_node(self, name: str, state: BookNodeState) -> None:
+        """Take a node's saved alert state back, in place of the open alerts the log holds for it
+        (the same alerts, with their runs): before the node is scored again."""
+        with self._lock:
+            if name in self._nodes:
+                raise ValueError(f"node {name!r} has alert state already; restore it before it is scored")
+            node = self._nodes[name] = len(self._names)
+            self._names.append(name)
+            self.tracker.grow((node + 1) * self.g)
+            active = self.metrics.active_alerts
+            for alert in self._restored.pop(name, []):
+                active.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
+            base = node * self.g
+            self.tracker.set_runs(list(range(base, base + self.g)), state.runs)
+            for saved in state.incidents:
+                latest = apb.Alert.FromString(saved.latest)
+                incident = self.tracker.adopt(
+                    node,
+                    saved.gpu,
+                    [base + gpu for gpu in saved.gpus],
+                    saved.opened_step,
+                    saved.mode,
+                    [base + gpu for gpu in saved.gpus_at_open],
+                )
+                self._alerts[incident.key] = _Open(
+                    latest, saved.band, saved.candidate, saved.candidate_scores
+                )
+                active.labels(PB_TO_MODE.get(latest.mode, "unknown")).inc()
+            self._heard[name] = _Heard(state.heard_event_s, self.clock())
 
     # -- scoring ------------------------------------------------------------------------------
 

@@ -40,9 +40,14 @@ class ServiceConfig:
     caller_limits: CallerLimits = field(default_factory=CallerLimits)
     # Model steps without a sample after which a node counts as silent (its alerts clear).
     silent_after_steps: int = 5
+    # A node's scoring state is saved every this many scored steps (and whenever its alerts change):
+    # a restart replays at most this many steps of its samples from the journal.
+    checkpoint_steps: int = 15
 
     def __post_init__(self) -> None:
         CircuitBreaker.check(self.max_drains, self.drain_window_s)
+        if self.checkpoint_steps < 1:
+            raise ValueError(f"checkpoint_steps must be at least 1, not {self.checkpoint_steps}")
 
     def breaker(self) -> CircuitBreaker:
         """A new circuit breaker with this configuration's limits."""

@@ -270,6 +270,11 @@ class ServiceMetrics:
             ["what"],
             registry=r,
         )
+        self.states_saved = Counter(
+            "faultcast_scoring_states_saved",
+            "Nodes' scoring states saved (a restart goes on from them, replaying the journal after).",
+            registry=r,
+        )
         self.state_writable = Gauge(
             "faultcast_state_writable",
             "1 while the state database takes writes; 0 while they fail (health is NOT_SERVING then).",

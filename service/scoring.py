@@ -14,6 +14,7 @@ skipped in one move that leaves its features exactly as stepping through would (
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -62,6 +63,21 @@ class _Node:
     online: OnlineFeatures
     uuids: list[str]
     jumped: bool = False  # a gap longer than its windows was logged
+    cursors: dict[int, int] = field(default_factory=dict)  # spool id -> the last sequence taken
+    unsaved_steps: int = 0  # steps completed since its state was last saved
+
+
+@dataclass
+class NodeScoringState:
+    """A node's whole scoring state at one moment: its features (the windows, baselines and the
+    step being filled), its GPUs' UUIDs, the last sample taken from each of its spools, and its steps
+    completed but not yet through the alert book. A copy: nothing in it is shared with the scorer."""
+
+    online: OnlineFeatures
+    uuids: list[str]
+    jumped: bool
+    cursors: dict[int, int]
+    queued: list[ScoredStep]
 
 
 def _empty_steps(model: FaultModel) -> int:
@@ -125,6 +141,11 @@ class Scorer:
                     snapshot.time_unix_nano // 1_000_000_000,
                     node.online.empty_steps,
                 )
+            if snapshot.sequence:
+                node.cursors[snapshot.spool_id] = max(
+                    node.cursors.get(snapshot.spool_id, 0), snapshot.sequence
+                )
+            node.unsaved_steps += len(steps)
             uuids = tuple(node.uuids)
             for s in steps:
                 g = self.model.feature_config.gpus_per_node
@@ -147,6 +168,44 @@ class Scorer:
             empty_steps=_empty_steps(self.model),
         )
         return _Node(online, [""] * config.gpus_per_node)
+
+    def node_state(self, name: str) -> NodeScoringState | None:
+        """A copy of the node's scoring state (None for a node never seen), for saving; its count of
+        steps since the last save starts again. Taken at a moment when every step it completed is
+        either scored or in `queued`: a restored copy goes on exactly from here."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            node.unsaved_steps = 0
+            queued = [s for s in self._queue if s.node == name]
+            return copy.deepcopy(NodeScoringState(node.online, node.uuids, node.jumped, node.cursors, queued))
+
+    def restore_node(self, name: str, state: NodeScoringState) -> None:
+        """Take a saved state back (before any sample of the node arrived since the start): its
+        completed steps are queued to be scored again, in order, ahead of what comes next."""
+        with self._lock:
+            if name in self._nodes:
+                raise ValueError(f"node {name!r} has scoring state already; restore before any sample")
+            state.online.empty_steps = _empty_steps(self.model)
+            self._nodes[name] = _Node(state.online, list(state.uuids), state.jumped, dict(state.cursors))
+            self._queue.extend(state.queued)
+
+    def due_for_saving(self, names: set[str], every: int) -> set[str]:
+        """Those of `names` that completed at least `every` steps since their state was last saved."""
+        with self._lock:
+            return {
+                n for n in names if (node := self._nodes.get(n)) is not None and node.unsaved_steps >= every
+            }
+
+    def cursors(self) -> dict[tuple[str, int], int]:
+        """The last sequence taken per (node, spool id)."""
+        with self._lock:
+            return {
+                (name, spool): seq
+                for name, node in self._nodes.items()
+                for spool, seq in node.cursors.items()
+            }
 
     def score_pending(self) -> list[ScoredStep]:
         """Score every completed step waiting, in one call per head; oldest first."""

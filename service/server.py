@@ -2,9 +2,10 @@
 
 `Service(model, store, config)` builds the parts in memory from a loaded model, an open state store
 and a `ServiceConfig` (`Service.open(model_dir, state_dir, config)` loads and opens them);
-`start(address)` starts the scoring, cursor and remediation threads and binds one gRPC server with
-the telemetry, alerts, admin, health and reflection services. Nothing here reads the wall clock but
-the edges: arrival times (ingest lag, latency) and grace timers.
+`start(address)` first takes back what an earlier run left (each node's saved scoring state and
+the journalled samples after it: `recover`), then starts the scoring, cursor and remediation threads
+and binds one gRPC server with the telemetry, alerts, admin, health and reflection services. Nothing
+here reads the wall clock but the edges: arrival times (ingest lag, latency) and grace timers.
 """
 
 from __future__ import annotations
@@ -33,12 +34,23 @@ from faultcast.service.health import ALL, Health
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
 from faultcast.service.remediator import Remediator
+from faultcast.service.sample_journal import SampleJournal
 from faultcast.service.scoring import Scorer, model_version
+from faultcast.service.scoring_state import (
+    NodeState,
+    StateRefused,
+    book_signature,
+    decode,
+    encode,
+    features_signature,
+)
 from faultcast.service.spares import Prescheduler, SpareProvider
 from faultcast.service.state import StateStore
 from faultcast.service.state_db import StateWriteError
+from faultcast.service.state_scoring import SavedState
 from faultcast.service.supervise import start_supervised
 from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
+from faultcast.service.validation import SampleRejected
 from faultcast.tls import ServerTLS
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -56,6 +68,8 @@ _CURSOR_SAVE_S = 1.0
 _ADMIN_THREADS = 4  # admins' calls only: a pause must not queue behind anyone else's work
 _LOOP_WAIT_S = 10.0  # for the event loop to finish what it was handed (then the caller goes on)
 _SILENCE_CHECK_S = 1.0  # how often the scoring thread looks for nodes gone silent
+JOURNAL_DIR = "journal"  # beside the state database: the samples taken since each node's saved state
+_TOP_FEATURES = 5  # what each alert event names of its reasons (AlertBook's default)
 DEFAULT_CONFIG = ServiceConfig()  # today's defaults, for callers that change none
 
 
@@ -75,9 +89,11 @@ class Service:
         metrics: ServiceMetrics | None = None,
         policy: AccessPolicy | None = None,
         spares: SpareProvider | None = None,
+        journal_dir: Path | None = None,
     ) -> None:
         """`model` was loaded from `model_dir` (a reload without a path reads it again); the
-        service owns `store` from now on (`stop` closes it). `policy`: who may call what
+        service owns `store` from now on (`stop` closes it). `journal_dir`: where taken samples are
+        journalled (default: `journal/` beside the state database). `policy`: who may call what
         (faultcast.service.auth); None serves everyone as admin, which `start` permits only without
         TLS and says so in the log. `spares`: where replacements are readied during an alert
         (service/spares.py; None: the job is requeued after its snapshot, as without)."""
@@ -101,9 +117,19 @@ class Service:
             self.store,
             self.metrics,
             actions=config.actions,
+            top_features=_TOP_FEATURES,
             silent_after_steps=config.silent_after_steps,
             stopping=self.stopping,
         )
+        self.journal = SampleJournal(journal_dir or store.path.parent / JOURNAL_DIR)
+        # Taking a sample and writing it to the journal happen together, and a node's state is
+        # captured between two of them: a saved state never holds a sample the journal lacks.
+        self._ingest_lock = threading.Lock()
+        self._saved_segment: dict[str, int] = {}  # node -> the journal segment its saved state covers to
+        self._first_segment: dict[str, int] = {}  # node -> the segment of its first journalled sample
+        self._saving_failed = False
+        self._journal_failing = False
+        self._recovered = False
         self.prescheduler = (
             Prescheduler(spares, self.store.jobs.all, self.metrics) if spares is not None else None
         )
@@ -233,12 +259,37 @@ class Service:
     # -- ingest and scoring -------------------------------------------------------------------
 
     def _ingest(self, snapshot: NodeSnapshot) -> None:
-        completed = self.scorer.add(snapshot, time.monotonic())
+        with self._ingest_lock:
+            # Journalled first: a sample the scorer then refuses is refused again on a replay.
+            self._journal(snapshot)
+            completed = self.scorer.add(snapshot, time.monotonic())
         self.latest_event_s = max(self.latest_event_s, snapshot.time_unix_nano / 1e9)
         if completed:
             with self._work:
                 self._ready += completed
                 self._work.notify()
+
+    def _journal(self, snapshot: NodeSnapshot) -> None:
+        """Write the sample to the journal (the ingest lock held). A disk that refuses it does not
+        stop ingest: the sample is scored all the same, and only a restart before its node's next
+        save would lose it (said once per outage, counted in faultcast_state_write_failures)."""
+        try:
+            segment = self.journal.append(snapshot)
+        except OSError as exc:
+            self.metrics.state_write_failures.labels("journal").inc()
+            if not self._journal_failing:
+                log.error(
+                    "the sample journal %s refuses writes (%s): samples are scored, but a restart before "
+                    "their node's state is saved again would lose them",
+                    self.journal.directory,
+                    exc,
+                )
+            self._journal_failing = True
+            return
+        if self._journal_failing:
+            log.warning("the sample journal takes writes again")
+            self._journal_failing = False
+        self._first_segment.setdefault(snapshot.node, segment)
 
     def score_now(self) -> list[apb.Alert]:
         """Score what is waiting and run the alert policy; the scoring thread's one step. Returns once
@@ -249,6 +300,10 @@ class Service:
                 return []
             alerts = self.book.observe(scored)
             self.drift.observe(scored)
+            # A node whose alerts changed is saved at once (its events are stored: a restart must go
+            # on after them); the others every checkpoint_steps steps.
+            due = self.scorer.due_for_saving({s.node for s in scored}, self.config.checkpoint_steps)
+            self._save_states(sorted({a.node for a in alerts} | due))
         done = time.monotonic()
         for s in scored:
             self.metrics.scoring_latency.observe(done - s.arrival_s)
@@ -268,6 +323,104 @@ class Service:
                     continue  # reported by the store; what moved is saved at the next try
             saved = now
 
+    # -- saved scoring state ------------------------------------------------------------------
+
+    def _save_states(self, nodes: list[str]) -> None:
+        """Save these nodes' scoring state (on the scoring thread, no batch in flight: every step a
+        node completed is either through the alert book or in its saved queue), then forget the
+        journal segments every node's saved state covers. A refused write is logged once; the
+        journal keeps the samples until a later save works."""
+        if not nodes:
+            return
+        features = features_signature(self.model)
+        book = book_signature(self.model, self.config.actions, _TOP_FEATURES)
+        saved: list[SavedState] = []
+        for name in nodes:
+            with self._ingest_lock:
+                segment = self.journal.segment
+                scoring = self.scorer.node_state(name)
+            if scoring is None:
+                continue
+            state = NodeState(scoring, self.book.node_state(name))
+            saved.append(SavedState(name, features, book, self.store.alerts.last_id, segment, encode(state)))
+        try:
+            self.store.scoring.save(saved)
+        except StateWriteError as exc:
+            if not self._saving_failed:
+                log.error("%s; the journal keeps the samples until a save works", exc)
+            self._saving_failed = True
+            return
+        self._saving_failed = False
+        self.metrics.states_saved.inc(len(saved))
+        self._saved_segment.update({s.node: s.segment for s in saved})
+        self._forget_journal()
+
+    def _forget_journal(self) -> None:
+        with self._ingest_lock:
+            pinned = [self._saved_segment.get(n, self._first_segment.get(n)) for n in self.scorer.nodes()]
+            oldest = min((p for p in pinned if p is not None), default=self.journal.segment)
+        self.journal.forget_before(oldest)
+
+    def recover(self) -> int:
+        """Take back what an earlier run left: each node's saved scoring state (under the same
+        features; its alert state under the same model and policy, unless the log holds an event of
+        the node newer than it), then the journalled samples after it. Returns the samples
+        replayed. Once, before any sample is taken (`start` calls it)."""
+        if self._recovered:
+            return 0
+        self._recovered = True
+        started = time.monotonic()
+        features = features_signature(self.model)
+        book = book_signature(self.model, self.config.actions, _TOP_FEATURES)
+        newest = self.store.alerts.newest_by_node()
+        taken: dict[tuple[str, int], int] = {}
+        kept = stale = 0
+        for saved in self.store.scoring.load():
+            if saved.features != features:
+                stale += 1
+                continue
+            try:
+                state = decode(saved.state)
+            except StateRefused as exc:
+                log.error("the saved scoring state of node %s is not taken back: %s", saved.node, exc)
+                continue
+            self.scorer.restore_node(saved.node, state.scoring)
+            if state.book is not None and saved.book == book and newest.get(saved.node, 0) <= saved.log_head:
+                self.book.restore_node(saved.node, state.book)
+            taken.update({(saved.node, spool): seq for spool, seq in state.scoring.cursors.items()})
+            self._saved_segment[saved.node] = saved.segment
+            kept += 1
+        replayed = 0
+        now = time.monotonic()
+        for entry in self.journal.entries():
+            key = (entry.node, entry.spool_id)
+            if entry.sequence <= taken.get(key, 0):
+                continue  # in its node's saved state already
+            taken[key] = entry.sequence
+            self._first_segment.setdefault(entry.node, entry.segment)
+            try:
+                self.scorer.add(entry.snapshot, now)
+            except SampleRejected:
+                continue  # refused the first time too
+            except Exception:  # a sample that broke the scorer breaks no restart
+                log.exception(
+                    "replaying journalled sample %d of %s failed; skipped", entry.sequence, entry.node
+                )
+                continue
+            replayed += 1
+        self.telemetry.advance(taken)
+        with self._work:
+            self._ready += self.scorer.backlog()
+        log.info(
+            "took back the saved scoring state of %d node(s) (%d saved under other features, not taken) and "
+            "replayed %d journalled sample(s) in %.1f s",
+            kept,
+            stale,
+            replayed,
+            time.monotonic() - started,
+        )
+        return replayed
+
     def _loop(self) -> None:
         checked = time.monotonic()
         while not self.stopping.is_set():
@@ -278,7 +431,10 @@ class Service:
                 self.score_now()
                 if time.monotonic() - checked >= _SILENCE_CHECK_S:
                     checked = time.monotonic()
+                    before = set(self.book.silent_nodes())
                     self.book.check_silence()
+                    with self._scoring:  # a node that fell silent is saved: its journal can go
+                        self._save_states(sorted(set(self.book.silent_nodes()) - before))
             except StateWriteError:
                 return  # only while stopping: the alert book logged the events it could not store
             except Exception:  # a scoring bug must not stop ingest; it is logged and counted
@@ -311,8 +467,10 @@ class Service:
                 log.error("model reload refused, the old model keeps serving: %s", exc)
                 return False, model_version(self.model), str(exc)
             self._warn_if_blind(model)
-            carried = self.scorer.swap_model(model)
-            self.book.swap_model(model, carried)
+            with self._scoring:
+                carried = self.scorer.swap_model(model)
+                self.book.swap_model(model, carried)
+                self._restart_saved_states(carried)
             self.model_dir = target
             self._describe(model)
             self.drift.use(target, model)
@@ -324,6 +482,23 @@ class Service:
                 "kept" if carried else "restarted",
             )
             return True, model_version(model), ""
+
+    def _restart_saved_states(self, carried: bool) -> None:
+        """After a reload: states saved under other features can never be taken back (they are
+        dropped, with the journal before now); under the same features every node is saved again at
+        once, its alert state now under the new model."""
+        if carried:
+            self._save_states(self.scorer.nodes())
+            return
+        try:
+            self.store.scoring.clear()
+        except StateWriteError as exc:
+            log.error("%s; the next start finds them saved under other features and skips them", exc)
+        with self._ingest_lock:
+            self._saved_segment.clear()
+            self._first_segment.clear()
+            segment = self.journal.rotate()
+        self.journal.forget_before(segment)
 
     # -- remediation settings (Admin/GetRemediation, SetRemediation) ---------------------------
 
@@ -387,6 +562,7 @@ class Service:
                 "read and acknowledge alerts, reload the model and set remediation",
                 address,
             )
+        self.recover()
         self._thread = start_supervised("scoring", self._loop, self.stopping, self._restarted)
         self._cursor_thread = start_supervised("cursors", self._save_cursors, self.stopping, self._restarted)
         self.remediator.start()
@@ -479,6 +655,9 @@ class Service:
                 thread.join(timeout=10)
         with contextlib.suppress(StateWriteError):  # the alert book logged what it could not store
             self.score_now()
+            with self._scoring:  # a clean stop leaves nothing to replay
+                self._save_states(self.scorer.nodes())
+        self.journal.close()
         self.remediator.stop()
         if self.prescheduler is not None:
             self.prescheduler.stop()

@@ -8,7 +8,9 @@
   until finished, so a remediation a killed service left unfinished is carried on at the next start;
 - `settings` (state_settings.py): what an admin or the service changed at run time;
 - `cursors` (state_cursors.py): the highest sequence accepted per (node, spool id), so a
-  collector's replay after a service restart is not taken twice.
+  collector's replay after a service restart is not taken twice;
+- `scoring` (state_scoring.py): each node's saved scoring state (service/scoring_state.py), from
+  which a restart goes on, with the samples after it replayed from the journal.
 
 The parts share one connection, one lock and one transaction helper (service/state_db.py): a
 damaged database is refused at open (`StateError`), and a failed write (full disk, I/O error)
@@ -27,6 +29,7 @@ from faultcast.service.state_cursors import Cursors
 from faultcast.service.state_db import OnWritable, OnWriteFailed, StateDatabase
 from faultcast.service.state_jobs import JobRegistry
 from faultcast.service.state_remediations import RemediationLedger
+from faultcast.service.state_scoring import SavedStates
 from faultcast.service.state_settings import Settings
 
 DATABASE_NAME = "faultcast-service.sqlite"
@@ -34,7 +37,7 @@ DATABASE_NAME = "faultcast-service.sqlite"
 
 class StateStore:
     """The open state database and its parts: `alerts`, `jobs`, `acks`, `remediations`,
-    `settings`, `cursors`. Every method of a part is safe to call from any thread."""
+    `settings`, `cursors`, `scoring`. Every method of a part is safe to call from any thread."""
 
     def __init__(
         self,
@@ -55,6 +58,7 @@ class StateStore:
         self.remediations = RemediationLedger(self._db)
         self.settings = Settings(self._db)
         self.cursors = Cursors(self._db)
+        self.scoring = SavedStates(self._db)
 
     @classmethod
     def in_dir(

@@ -52,6 +52,11 @@ class AlertLog:
                 out.append(stored)
         return out
 
+    def newest_by_node(self) -> dict[str, int]:
+        """The id of each node's newest event."""
+        rows = self._db.read("SELECT node, MAX(id) FROM alerts GROUP BY node")
+        return {str(node): int(newest) for node, newest in rows}
+
     def read_after(
         self, after_id: int, nodes: Iterable[str] | None = None, limit: int = 1000, through: int | None = None
     ) -> list[apb.Alert]:

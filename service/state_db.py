@@ -65,6 +65,15 @@ CREATE TABLE IF NOT EXISTS cursors (
     PRIMARY KEY (node, spool_id)
 );
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS scoring_state (
+    node TEXT PRIMARY KEY,
+    features TEXT NOT NULL,
+    book TEXT NOT NULL,
+    log_head INTEGER NOT NULL,
+    segment INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    saved_unix REAL NOT NULL
+);
 """
 
 

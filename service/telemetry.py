@@ -152,6 +152,14 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         with self._lock:
             return dict(self._last)
 
+    def advance(self, taken: dict[tuple[str, int], int]) -> None:
+        """Samples taken before a restart that the saved cursors do not cover (the journal holds
+        them): their replay by a collector is a duplicate."""
+        for key, sequence in taken.items():
+            self._remember_spool(key)
+            with self._lock:
+                self._last[key] = max(self._last.get(key, 0), sequence)
+
     def _reject(self, reason: str) -> None:
         self.rejects[reason] += 1
         if self.metrics is not None:
@@ -184,7 +192,7 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
                 )
             else:
                 try:
-                    self._take(wire.from_proto(sample))
+                    self._take(wire.from_proto(sample, spool_id=key[1]))
                 except wire.WireError as exc:
                     reason, message = "malformed", str(exc)
                 except SampleRejected as exc:

@@ -1,0 +1,129 @@
+"""A node's saved scoring state: what a restart goes on from, so that a restart mid-incident gives
+the same alert events as no restart.
+
+A node's state is its features (the windows, baselines, and the step being filled: the scorer's
+`NodeScoringState`) and its alert state (each GPU's runs toward opening and clearing, and the open
+alerts with their shown mode and band: the alert book's `BookNodeState`). The service saves a node's
+state when its alerts change (right after the events are stored), every `checkpoint_steps` scored
+steps, when it falls silent, and at a clean stop; the samples it takes in between are in the sample
+journal (service/sample_journal.py). At start, each node's state is taken back and its journalled
+samples after it replayed: the node goes on exactly where it was.
+
+A saved state is taken back only under what it was computed with: the features' signature (names
+and settings) for the scorer's part, and the alert policy's (model version, threshold, policy,
+actions) for the alert part. A state whose alert part does not match, or that is older than the
+node's newest stored alert event (a kill between the two writes), keeps its features and its open
+alerts are restored from the log as before (`AlertBook`'s restore): nothing is lost, and at worst an
+update is told twice.
+
+The blob is zlib-compressed pickle, read back by an unpickler that admits only the classes a state
+is made of (numpy arrays and the model's and scorer's own classes): the state database is the
+service's own, but a damaged or planted blob must not run code; it is refused and logged, and the
+node starts over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import pickle
+import zlib
+from dataclasses import dataclass
+
+from faultcast.model.alert_content import ActionPolicy
+from faultcast.model.artifact import FaultModel
+from faultcast.service.alert_book import BookNodeState
+from faultcast.service.scoring import NodeScoringState, model_version
+
+log = logging.getLogger(__name__)
+
+FORMAT = b"FCSTATE1"
+# The modules whose classes a saved state is made of, and the numpy functions its arrays need.
+_STATE_MODULES = frozenset(
+    {
+        "faultcast.catalogue",
+        "faultcast.readings",
+        "faultcast.step_summary",
+        "faultcast.model.features",
+        "faultcast.model.feature_inputs",
+        "faultcast.model.feature_relative",
+        "faultcast.model.feature_steps",
+        "faultcast.model.online",
+        "faultcast.model.windows",
+        "faultcast.service.scoring",
+        "faultcast.service.alert_book",
+        "faultcast.service.scoring_state",
+    }
+)
+_NUMPY = frozenset(
+    {
+        ("numpy", "dtype"),
+        ("numpy", "ndarray"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.multiarray", "scalar"),
+    }
+)
+
+
+class StateRefused(ValueError):  # noqa: N818 (a refusal with its reason, not a bug)
+    """A saved state that cannot be taken back (damaged, from another format, or naming a class
+    outside the allowed ones)."""
+
+
+@dataclass
+class NodeState:
+    """Both parts of a node's state; `book` is None when the node had no alert state of its own yet
+    (its open alerts, if any, were still the ones restored from the log)."""
+
+    scoring: NodeScoringState
+    book: BookNodeState | None
+
+
+def features_signature(model: FaultModel) -> str:
+    """What a saved feature state depends on: the feature names and settings."""
+    text = repr((tuple(model.feature_names), model.feature_config))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def book_signature(model: FaultModel, actions: ActionPolicy, top_features: int) -> str:
+    """What a saved alert state depends on: the model (its version names its threshold), the alert
+    policy, and what the events carry."""
+    text = repr((model_version(model), model.threshold, model.policy, actions, top_features))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def encode(state: NodeState) -> bytes:
+    """The blob a node's state is saved as."""
+    return FORMAT + zlib.compress(pickle.dumps(state, protocol=5), 1)
+
+
+class _Admitted(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) in _NUMPY:
+            return super().find_class(module, name)
+        if module in _STATE_MODULES and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise StateRefused(f"a saved state names {module}.{name}, which no saved state holds")
+
+
+def decode(blob: bytes) -> NodeState:
+    """The state a blob holds; StateRefused when it is damaged or not a state."""
+    if not blob.startswith(FORMAT):
+        raise StateRefused("not a saved scoring state of this format")
+    try:
+        raw = zlib.decompress(blob[len(FORMAT) :])
+        state = _Admitted(io.BytesIO(raw)).load()
+    except StateRefused:
+        raise
+    except Exception as exc:  # anything a damaged blob makes pickle or zlib raise
+        raise StateRefused(f"damaged ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, NodeState) or not isinstance(state.scoring, NodeScoringState):
+        raise StateRefused(f"holds a {type(state).__name__}, not a node's state")
+    return state
