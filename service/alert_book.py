@@ -13,9 +13,12 @@ A node that sent samples and then sends none for `silent_after_steps` model step
 clock, while other nodes do, is silent: its open alerts clear (NODE_SILENT; the silence may be the
 predicted failure itself, which the log, the CLEARED event's text and
 `faultcast_node_silent{during_incident="true"}` say), its risk series are removed, and it is
-counted, across restarts, until it speaks again. A node whose samples come late (a clock behind, a
-spool replaying) is not silent; and when every node goes quiet at once it is the service that is cut
-off, so none is marked silent (FaultcastIngestStalled says so instead).
+counted, across restarts, until it speaks again. Any sample taken counts as speaking, not only one
+that completes a step: a node sending many samples a step, or replaying its spool slowly, is never
+silent while it sends, so its alerts do not depend on how fast its samples come. A node whose
+samples come late (a clock behind, a spool replaying) is not silent; and when every node goes quiet
+at once it is the service that is cut off, so none is marked silent (FaultcastIngestStalled says so
+instead).
 
 Events go to the durable log first, then to whoever listens (the remediator, metrics).
 """
@@ -161,6 +164,9 @@ class AlertBook:
         self._risk_child: dict[tuple[str, int], Gauge] = {}
         self._mode_shown: dict[tuple[str, int], str] = {}
         self._heard: dict[str, _Heard] = {}
+        # When each node's newest sample was taken (the service's clock), set by ingest without the
+        # lock (one dict store): a node sending is never silent, however many samples its steps hold.
+        self._arrived: dict[str, float] = {}
         self._silent: dict[str, bool] = {}  # silent node -> whether an alert was open when it fell silent
         # Alerts a previous run left open, by node, until the node is scored (or falls silent).
         self._restored: dict[str, list[apb.Alert]] = {}
@@ -637,10 +643,13 @@ class AlertBook:
             if self._silent_unsaved:
                 self._save_silent()
             now = self.clock()
-            if not any(now - h.clock_s < limit_s for h in self._heard.values()):
+            last = {
+                name: max(h.clock_s, self._arrived.get(name, -math.inf)) for name, h in self._heard.items()
+            }
+            if not any(now - at < limit_s for at in last.values()):
                 return []  # the whole fleet is quiet: the service is cut off, not every node
             for name, heard in sorted(self._heard.items()):
-                if name not in self._silent and now - heard.clock_s >= limit_s:
+                if name not in self._silent and now - last[name] >= limit_s:
                     stored.extend(self._fall_silent(name, heard, limit_s))
         self._announce(stored)
         return stored
@@ -677,6 +686,10 @@ class AlertBook:
         else:
             log.warning("node %s fell silent: no sample for %.0f s", name, limit_s)
         return self._store(events, []) if events else []
+
+    def arrived(self, node: str) -> None:
+        """A sample of `node` was taken now (from ingest, any thread)."""
+        self._arrived[node] = self.clock()
 
     def silent_nodes(self) -> dict[str, bool]:
         """Silent nodes now, each with whether an alert was open when it fell silent."""

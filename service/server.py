@@ -263,6 +263,7 @@ class Service:
             # Journalled first: a sample the scorer then refuses is refused again on a replay.
             self._journal(snapshot)
             completed = self.scorer.add(snapshot, time.monotonic())
+        self.book.arrived(snapshot.node)
         self.latest_event_s = max(self.latest_event_s, snapshot.time_unix_nano / 1e9)
         if completed:
             with self._work:
