@@ -30,6 +30,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -164,6 +165,9 @@ class AlertBook:
         self._risk_child: dict[tuple[str, int], Gauge] = {}
         self._mode_shown: dict[tuple[str, int], str] = {}
         self._heard: dict[str, _Heard] = {}
+        # Per node, events stored before a restart that the replay from its saved state derives
+        # again (`expect`): matched, not stored twice.
+        self._expected: dict[str, deque[apb.Alert]] = {}
         # When each node's newest sample was taken (the service's clock), set by ingest without the
         # lock (one dict store): a node sending is never silent, however many samples its steps hold.
         self._arrived: dict[str, float] = {}
@@ -259,6 +263,13 @@ class AlertBook:
                 self.tracker.runs(slots), saved, heard.event_s if heard is not None else -math.inf
             )
 
+    def expect(self, name: str, stored: Sequence[apb.Alert]) -> None:
+        """Events of the node the log holds after its saved state (a kill came between their write
+        and the save): the replay from that state derives them again, and each is taken as the one
+        stored instead of being stored twice."""
+        with self._lock:
+            self._expected[name] = deque(stored)
+
     def restore_node(self, name: str, state: BookNodeState) -> None:
         """Take a node's saved alert state back, in place of the open alerts the log holds for it
         (the same alerts, with their runs): before the node is scored again."""
@@ -319,8 +330,10 @@ class AlertBook:
             self._alerts[incident.key] = _Open(alert, self._band(ttf))
         return node
 
-    def observe(self, scored: Sequence[ScoredStep]) -> list[apb.Alert]:
-        """Run the state machine over scored steps (oldest first); returns the stored events."""
+    def observe(self, scored: Sequence[ScoredStep], *, announce: bool = True) -> list[apb.Alert]:
+        """Run the state machine over scored steps (oldest first); returns the stored events, told
+        to the listeners unless `announce` is False (the caller then `announce`s them, after
+        saving what must be on disk before anyone acts on them)."""
         stored: list[apb.Alert] = []
         with self._lock:
             for s in scored:
@@ -339,7 +352,8 @@ class AlertBook:
                 if not events and not opening:
                     continue
                 stored.extend(self._store(events, opening))
-        self._announce(stored)
+        if announce:
+            self._announce(stored)
         return stored
 
     def _store(
@@ -371,10 +385,55 @@ class AlertBook:
         return saved
 
     def _append(self, events: list[apb.Alert]) -> list[apb.Alert]:
+        """The events as stored, in order: those the log holds already (`expect`) as the log holds
+        them, the others stored now (`_append_new`)."""
+        recorded = self._recorded(events)
+        fresh = iter(self._append_new([e for e, r in zip(events, recorded, strict=True) if r is None]))
+        return [r if r is not None else next(fresh) for r in recorded]
+
+    def _recorded(self, events: list[apb.Alert]) -> list[apb.Alert | None]:
+        """For each event, the stored one it repeats, if it is the next event `expect` named for
+        its node (the same kind, GPU and event time); None otherwise. An event that differs ends
+        its node's expectations, with a warning: it and those after it are stored as new."""
+        out: list[apb.Alert | None] = []
+        for event in events:
+            waiting = self._expected.get(event.node)
+            if not waiting:
+                out.append(None)
+                continue
+            logged = waiting[0]
+            if (logged.kind, logged.gpu, logged.time_unix_nano) == (
+                event.kind,
+                event.gpu,
+                event.time_unix_nano,
+            ):
+                waiting.popleft()
+                out.append(logged)
+            else:
+                log.warning(
+                    "node %s: after the restart its scores give %s of gpu %d at %d where the log holds %s "
+                    "at %d (alert %d); it and the events after it are stored as new",
+                    event.node,
+                    apb.EventKind.Name(event.kind),
+                    event.gpu,
+                    event.time_unix_nano,
+                    apb.EventKind.Name(logged.kind),
+                    logged.time_unix_nano,
+                    logged.id,
+                )
+                waiting.clear()
+                out.append(None)
+            if not waiting:
+                del self._expected[event.node]
+        return out
+
+    def _append_new(self, events: list[apb.Alert]) -> list[apb.Alert]:
         """Store the events, however long the database refuses them: the scoring thread waits here
         (steps queue in the scorer; once its backlog is full, collectors keep their samples in
         their spools), so no alert is lost and none is published before it is durable. Raises
         StateWriteError only when the service stops first."""
+        if not events:
+            return []
         delay_s, refused_since = _STORE_RETRY_S[0], 0.0
         while True:
             try:
@@ -402,7 +461,12 @@ class AlertBook:
                 )
             return saved
 
-    def _announce(self, stored: list[apb.Alert]) -> None:
+    def announce(self, stored: Sequence[apb.Alert]) -> None:
+        """Tell the listeners of stored events (those `observe` or `check_silence` returned
+        unannounced)."""
+        self._announce(stored)
+
+    def _announce(self, stored: Sequence[apb.Alert]) -> None:
         for alert in stored:
             mode = PB_TO_MODE.get(alert.mode, "unknown")
             where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
@@ -634,9 +698,10 @@ class AlertBook:
         else:
             self._silent_unsaved = False
 
-    def check_silence(self) -> list[apb.Alert]:
+    def check_silence(self, *, announce: bool = True) -> list[apb.Alert]:
         """Mark silent the nodes not heard for `silent_after_steps` model steps by the service's
-        clock while some other node was; returns the events stored (their open alerts clearing)."""
+        clock while some other node was; returns the events stored (their open alerts clearing),
+        told to the listeners unless `announce` is False."""
         limit_s = self.silent_after_steps * self.cadence_s
         stored: list[apb.Alert] = []
         with self._lock:
@@ -651,7 +716,8 @@ class AlertBook:
             for name, heard in sorted(self._heard.items()):
                 if name not in self._silent and now - last[name] >= limit_s:
                     stored.extend(self._fall_silent(name, heard, limit_s))
-        self._announce(stored)
+        if announce:
+            self._announce(stored)
         return stored
 
     def _fall_silent(self, name: str, heard: _Heard, limit_s: float) -> list[apb.Alert]:

@@ -11,10 +11,11 @@ samples after it replayed: the node goes on exactly where it was.
 
 A saved state is taken back only under what it was computed with: the features' signature (names
 and settings) for the scorer's part, and the alert policy's (model version, threshold, policy,
-actions) for the alert part. A state whose alert part does not match, or that is older than the
-node's newest stored alert event (a kill between the two writes), keeps its features and its open
-alerts are restored from the log as before (`AlertBook`'s restore): nothing is lost, and at worst an
-update is told twice.
+actions) for the alert part; a state whose alert part does not match keeps its features, and its
+open alerts are restored from the log as before (`AlertBook`'s restore). A node is saved after its
+events are stored and before anyone hears of them; a kill between the two leaves a state older
+than the node's newest events: the replay from it derives them again and each is matched to the one
+stored (`AlertBook.expect`), none stored twice.
 
 The blob is zlib-compressed pickle, read back by an unpickler that admits only the classes a state
 is made of (numpy arrays and the model's and scorer's own classes): the state database is the

@@ -299,12 +299,13 @@ class Service:
             scored = self.scorer.score_pending()
             if not scored:
                 return []
-            alerts = self.book.observe(scored)
+            alerts = self.book.observe(scored, announce=False)
             self.drift.observe(scored)
-            # A node whose alerts changed is saved at once (its events are stored: a restart must go
-            # on after them); the others every checkpoint_steps steps.
+            # A node whose alerts changed is saved at once, before anyone acts on its events (a
+            # restart must go on after them); the others every checkpoint_steps steps.
             due = self.scorer.due_for_saving({s.node for s in scored}, self.config.checkpoint_steps)
             self._save_states(sorted({a.node for a in alerts} | due))
+            self.book.announce(alerts)
         done = time.monotonic()
         for s in scored:
             self.metrics.scoring_latency.observe(done - s.arrival_s)
@@ -364,9 +365,9 @@ class Service:
 
     def recover(self) -> int:
         """Take back what an earlier run left: each node's saved scoring state (under the same
-        features; its alert state under the same model and policy, unless the log holds an event of
-        the node newer than it), then the journalled samples after it. Returns the samples
-        replayed. Once, before any sample is taken (`start` calls it)."""
+        features; its alert state under the same model and policy, the events the log holds after
+        it expected again from the replay), then the journalled samples after it. Returns the
+        samples replayed. Once, before any sample is taken (`start` calls it)."""
         if self._recovered:
             return 0
         self._recovered = True
@@ -375,7 +376,7 @@ class Service:
         book = book_signature(self.model, self.config.actions, _TOP_FEATURES)
         newest = self.store.alerts.newest_by_node()
         taken: dict[tuple[str, int], int] = {}
-        kept = stale = 0
+        kept = stale = behind = 0
         for saved in self.store.scoring.load():
             if saved.features != features:
                 stale += 1
@@ -386,8 +387,13 @@ class Service:
                 log.error("the saved scoring state of node %s is not taken back: %s", saved.node, exc)
                 continue
             self.scorer.restore_node(saved.node, state.scoring)
-            if state.book is not None and saved.book == book and newest.get(saved.node, 0) <= saved.log_head:
+            if state.book is not None and saved.book == book:
                 self.book.restore_node(saved.node, state.book)
+                if newest.get(saved.node, 0) > saved.log_head:
+                    # Killed between storing the node's events and saving it: the replay derives
+                    # those events again, and takes them as the ones stored.
+                    self.book.expect(saved.node, self.store.alerts.read_after(saved.log_head, [saved.node]))
+                    behind += 1
             taken.update({(saved.node, spool): seq for spool, seq in state.scoring.cursors.items()})
             self._saved_segment[saved.node] = saved.segment
             kept += 1
@@ -413,10 +419,12 @@ class Service:
         with self._work:
             self._ready += self.scorer.backlog()
         log.info(
-            "took back the saved scoring state of %d node(s) (%d saved under other features, not taken) and "
-            "replayed %d journalled sample(s) in %.1f s",
+            "took back the saved scoring state of %d node(s) (%d saved under other features, not taken; %d "
+            "older than their last events, whose events are matched on replay) and replayed %d journalled "
+            "sample(s) in %.1f s",
             kept,
             stale,
+            behind,
             replayed,
             time.monotonic() - started,
         )
@@ -433,9 +441,10 @@ class Service:
                 if time.monotonic() - checked >= _SILENCE_CHECK_S:
                     checked = time.monotonic()
                     before = set(self.book.silent_nodes())
-                    self.book.check_silence()
+                    cleared = self.book.check_silence(announce=False)
                     with self._scoring:  # a node that fell silent is saved: its journal can go
                         self._save_states(sorted(set(self.book.silent_nodes()) - before))
+                    self.book.announce(cleared)
             except StateWriteError:
                 return  # only while stopping: the alert book logged the events it could not store
             except Exception:  # a scoring bug must not stop ingest; it is logged and counted

@@ -1,9 +1,9 @@
 """Saved scoring state (service/scoring_state.py) through real `Service` objects on a real state
 directory: a service stopped cleanly, or dropped without stopping as a killed one is, and started
 again goes on with the very risks of one that never stopped; a state that cannot be trusted
-(damaged, planted, saved under other features, older than the node's newest event) is not taken:
-the node starts over from the samples its journal holds, or its alerts come back from the log, as
-before such states existed."""
+(damaged, planted, saved under other features) is not taken: the node starts over from the samples
+its journal holds; one older than the node's newest stored event (a kill between the event's write
+and the node's save) is taken, and the replay's events matched to the stored ones, none twice."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
+from faultcast.v1 import alerts_pb2 as apb
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU = 2, 3
@@ -172,26 +173,43 @@ def test_a_state_saved_under_other_features_is_left_and_the_node_starts_over(
     second.store.close()
 
 
-def test_a_state_older_than_the_nodes_newest_event_keeps_its_features_and_not_its_alerts(
+def _events(service: Service) -> list[tuple[str, int, int, str]]:
+    """The node's stored events: kind, GPU, event time, and which alert (by order of opening)."""
+    opened: dict[int, int] = {}
+    out = []
+    for e in service.store.alerts.read_after(0, [NAME], 10_000):
+        which = opened.setdefault(e.opened_id, len(opened))
+        out.append((apb.EventKind.Name(e.kind), e.gpu, e.time_unix_nano, str(which)))
+    return out
+
+
+def test_a_kill_between_an_events_write_and_its_nodes_save_stores_no_event_twice(
     service_model: Path, tmp_path: Path, samples: list[NodeSnapshot]
 ) -> None:
-    # A kill between an event's write and its node's save: the alert state is the log's.
+    steady = _service(service_model, tmp_path / "steady")
+    _feed(steady, samples)
+    want = _events(steady)
+    steady.store.close()
+    assert [kind for kind, *_ in want][:1] == ["EVENT_KIND_OPENED"]
+
     state = tmp_path / "state"
     first = _service(service_model, state)
-    _feed(first, samples[:30])
-    first.stop()
+    rest = iter(samples)
+    for sample in rest:  # scored and saved as the service does, until an event is stored ...
+        first._ingest(sample)
+        with first._scoring:
+            scored = first.scorer.score_pending()
+            stored = first.book.observe(scored, announce=False)
+            if stored:
+                break  # ... and killed right after its write, before its node is saved
+            first._save_states(sorted(first.scorer.due_for_saving({s.node for s in scored}, 10)))
     (saved,) = _saved(state)
-    store = StateStore.in_dir(state)
-    from faultcast.v1 import alerts_pb2 as apb
-
-    store.alerts.append(
-        [apb.Alert(node=NAME, gpu=1, state=apb.ALERT_STATE_OPEN, mode=apb.FAILURE_MODE_HBM_WEAR)]
-    )
-    store.close()
+    assert saved.log_head < first.store.alerts.last_id  # the saved state is older than the event
 
     second = _service(service_model, state)
-    assert second.recover() == 0  # its features go on from its saved state
-    assert second.book.node_state(NAME) is None  # its alerts come back from the log when it is scored
-    assert [a.gpu for a in second.book.active()] == [1]
-    assert saved.log_head < second.store.alerts.last_id
+    second.recover()
+    _score(second)
+    _feed(second, list(rest))
+    got = _events(second)
     second.store.close()
+    assert got == want  # the replay derived the stored events again and stored none of them twice
