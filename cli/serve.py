@@ -34,8 +34,6 @@ SPARES = ("none", "slurm", "kubernetes", "webhook")  # --spares: where replaceme
 
 def add_parser(commands: Subcommands) -> None:
     """Add `faultcast serve` and `faultcast token`."""
-    from faultcast.service.config import ServiceConfig  # the service's defaults, read where shown
-
     serve = commands.add_parser(
         "serve",
         help="the prediction service: ingest, scoring, alerts, remediation",
@@ -134,7 +132,7 @@ def add_parser(commands: Subcommands) -> None:
     serve.add_argument(
         "--checkpoint-every",
         type=int,
-        default=ServiceConfig().checkpoint_steps,
+        default=15,
         metavar="STEPS",
         help="save a node's scoring state every this many scored steps (and whenever its alerts change); "
         "a restart replays at most that many steps of journalled samples per node",

@@ -67,7 +67,16 @@ THROTTLED_WHAT: tuple[str, ...] = (
 # The service's background threads (a death restarts the thread and is counted).
 THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator")
 # What the service writes to its state database (a failed write is retried and counted).
-STATE_WRITES: tuple[str, ...] = ("alerts", "cursors", "remediation", "jobs", "acks", "settings")
+STATE_WRITES: tuple[str, ...] = (
+    "alerts",
+    "cursors",
+    "remediation",
+    "jobs",
+    "acks",
+    "settings",
+    "scoring",  # a node's saved scoring state
+    "journal",  # the sample journal (a file beside the database)
+)
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
 ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
@@ -340,6 +349,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_scoring_backlog",
     "faultcast_thread_restarts_total",
     "faultcast_state_write_failures_total",
+    "faultcast_scoring_states_saved_total",
     "faultcast_state_writable",
     "faultcast_state_writes_waiting",
 )

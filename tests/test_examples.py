@@ -49,7 +49,8 @@ def test_the_plain_loop_resumes_after_a_crash_as_if_it_never_stopped(tmp_path: P
     # Killed after step 25 (mid-epoch: 16 batches make one), with whole checkpoints at 10 and 20.
     snapshots = tmp_path / "crashed"
     assert run([*script, "--snapshots", str(snapshots), "--stop-after", "25"], expect_rc=3) == {}
-    assert sorted(p.name for p in snapshots.iterdir()) == ["step-000000010", "step-000000020"]
+    # The two whole snapshots, and the job's signing key (client/job_key.py).
+    assert sorted(p.name for p in snapshots.iterdir()) == ["JOB_KEY", "step-000000010", "step-000000020"]
 
     rerun = run([*script, "--snapshots", str(snapshots), "--final", str(tmp_path / "rerun.pt")])
     assert rerun == {"resumed_from": 20, "steps": 40, "snapshots": [], "checkpoints": [30, 40]}
