@@ -6,10 +6,12 @@ the replay at start.
 Ingest: the service's own telemetry servicer (validation, the scorer, the journal) driven from one
 thread, as bench/service.py's in-process phase does, over `--nodes` twin nodes sending one sample a
 step (what `faultcast collect` ships by default) for `--samples` steps each; the same samples with
-the journal's write skipped, in alternating rounds, so both sides see the same machine. Reported:
-microseconds per node sample each way, and the ratio. Saved states: the bytes and milliseconds of
-saving every node at the end. Replay: a second service on the same state directory, with no saved
-state (the journal from the start) and with them (the usual case): samples replayed per second.
+the journal's write skipped, and with neither the journal nor the periodic saves (a save every
+10^9 steps), in alternating rounds, so every side sees the same machine. Reported: microseconds per
+node sample each way, and the ratios. Saved states: the bytes and milliseconds of
+saving every node at the end. Replay: a second service on the same state directory, with them (the
+usual case after a stop: nothing to replay) and with them dropped (every sample the journal still
+holds is replayed: the worst case of a start): samples replayed per second.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def _samples(nodes: int, steps: int) -> list[tpb.PushRequest]:
     return out
 
 
-def _service(model: Path, state: Path) -> Service:
-    return Service(load(model), StateStore.in_dir(state), CONFIG, model_dir=model)
+def _service(model: Path, state: Path, config: ServiceConfig = CONFIG) -> Service:
+    return Service(load(model), StateStore.in_dir(state), config, model_dir=model)
 
 
 def _ingest(service: Service, requests: list[tpb.PushRequest]) -> float:
@@ -74,28 +76,32 @@ def main() -> None:
     args = p.parse_args()
     requests = _samples(args.nodes, args.samples)
     n = len(requests)
-    timings: dict[str, list[float]] = {"journal": [], "no journal": []}
+    sides = ("journal and saves", "saves only", "neither")
+    timings: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
-            for side in ("journal", "no journal") if round_ % 2 == 0 else ("no journal", "journal"):
-                service = _service(args.model, Path(scratch) / f"{side}-{round_}".replace(" ", "-"))
-                if side == "no journal":
+            for side in sides if round_ % 2 == 0 else sides[::-1]:
+                config = CONFIG if side != "neither" else replace(CONFIG, checkpoint_steps=10**9)
+                service = _service(args.model, Path(scratch) / f"{side}-{round_}".replace(" ", "-"), config)
+                if side != "journal and saves":
                     service.journal.append = lambda snapshot: 1  # type: ignore[method-assign]
                 timings[side].append(_ingest(service, requests))
                 service.store.close()
         for side, seconds in timings.items():
             per = [s / n * 1e6 for s in seconds]
             print(
-                f"ingest with {side:10s}: {statistics.median(per):7.1f} us per node sample "
+                f"ingest, {side:17s}: {statistics.median(per):7.1f} us per node sample "
                 f"(median of {args.rounds}; {min(per):.1f}-{max(per):.1f}), {n} samples of {args.nodes} nodes"
             )
-        ratio = statistics.median(timings["journal"]) / statistics.median(timings["no journal"])
-        print(f"ratio journal / no journal: {ratio:.3f}")
+        base = statistics.median(timings["neither"])
+        for side in sides[:2]:
+            print(f"ratio {side} / neither: {statistics.median(timings[side]) / base:.3f}")
 
         state = Path(scratch) / "replay"
         service = _service(args.model, state)
         _ingest(service, requests)
         journal_bytes = sum(f.stat().st_size for f in (state / "journal").iterdir())
+        kept = sum(1 for _ in SampleJournal(state / "journal").entries())
         started = time.perf_counter()
         with service._scoring:
             service._save_states(service.scorer.nodes())
@@ -103,11 +109,15 @@ def main() -> None:
         saved = service.store.scoring.load()
         blob = statistics.median(len(s.state) for s in saved)
         print(
-            f"journal: {journal_bytes / n:.0f} bytes per node sample; saved states: {len(saved)} nodes in "
+            f"journal: {journal_bytes / kept:.0f} bytes per node sample ({kept} of {n} still held: the "
+            f"segments every saved state covers are gone); saved states: {len(saved)} nodes in "
             f"{save_s * 1e3:.0f} ms ({save_s / len(saved) * 1e3:.2f} ms and {blob / 1024:.0f} KiB a node)"
         )
         service.store.close()
-        for label, keep_states in (("every node saved at the end", True), ("no saved state", False)):
+        for label, keep_states in (
+            ("every node saved at the end", True),
+            ("the saved states dropped", False),
+        ):
             if not keep_states:
                 store = StateStore.in_dir(state)
                 store.scoring.clear()
@@ -119,7 +129,7 @@ def main() -> None:
             again.store.close()
             rate = f"{replayed / took:,.0f} samples/s" if replayed else "nothing to replay"
             print(f"start with {label}: {took:.2f} s, {replayed} journalled samples replayed ({rate})")
-        assert SampleJournal(state / "journal").segments()  # the journal was there to replay
+            assert SampleJournal(state / "journal").segments()  # the journal was there to replay
 
 
 if __name__ == "__main__":

@@ -48,6 +48,16 @@ class Ring:
     def fill_slots(self, slots: np.ndarray, value: np.ndarray | float) -> None:
         self.data[:, slots] = value
 
+    def __getstate__(self) -> dict[str, object]:
+        """One copy of the rows (the second half always equals the first): a saved scoring state
+        (service/scoring_state.py) is half as large."""
+        return {"size": self.size, "pos": self.pos, "rows": self.data[: self.size]}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        rows = np.asarray(state["rows"])
+        self.size, self.pos = int(state["size"]), int(state["pos"])  # type: ignore[call-overload]
+        self.data = np.concatenate([rows, rows])
+
 
 def nan_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
