@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+
+from faultcast.collector.spool import Spool
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 WAIT_S = 60.0
@@ -96,3 +99,21 @@ class ServeProcess:
         if self.process.poll() is None:
             self.kill()
         self.log.close()
+
+
+def spool_waits(spool: Spool, predicate: Callable[[], bool], what: str) -> None:
+    """Wait on the spool's own condition (notified on every append, ack and stream end)."""
+    if not spool.wait(predicate, WAIT_S):
+        raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+@contextmanager
+def serve_processes() -> Iterator[list[ServeProcess]]:
+    """A list to put started `faultcast serve` processes in; each is closed (killed if running) at
+    the end."""
+    started: list[ServeProcess] = []
+    try:
+        yield started
+    finally:
+        for service in started:
+            service.close()

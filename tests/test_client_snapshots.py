@@ -38,6 +38,7 @@ from faultcast.client.protection import Protection
 from faultcast.client.sampler import ResumableDistributedSampler
 from faultcast.client.snapshots import MARKER, SnapshotStore
 from faultcast.client.train_state import TrainState
+from tests.torch_parts import global_rng_kept
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -237,12 +238,8 @@ SAMPLES, BATCH, TOTAL_STEPS, EVERY, KILLED_AFTER = 48, 8, 30, 10, 25  # 6 batche
 
 @pytest.fixture
 def _global_rng() -> Iterator[None]:
-    """These tests seed and draw from the process-wide generators; give the next test them back."""
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    yield
-    random.setstate(saved[0])
-    np.random.set_state(saved[1])
-    torch.set_rng_state(saved[2])
+    with global_rng_kept():
+        yield
 
 
 @dataclass

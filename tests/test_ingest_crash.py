@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from faultcast.demo.feed import twin_snapshots
 from faultcast.service.sample_journal import SampleJournal
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
-from tests.serve_process import ServeProcess
+from tests.serve_process import ServeProcess, serve_processes, spool_waits
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=78, acceleration=1.0)
 NODE = 1
@@ -41,18 +41,10 @@ def _cursor(state: Path, spool_id: int) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def _wait(spool: Spool, predicate: Callable[[], bool], what: str) -> None:
-    """Wait on the spool's own condition (notified on every append, ack and stream end)."""
-    if not spool.wait(predicate, WAIT_S):
-        raise AssertionError(f"not within {WAIT_S} s: {what}")
-
-
 @pytest.fixture
 def services() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    yield started
-    for service in started:
-        service.close()
+    with serve_processes() as started:
+        yield started
 
 
 def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
@@ -85,7 +77,7 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
         append(BEFORE)
         first.until(lambda: _cursor(state, spool.spool_id) > 0)  # the restart has a cursor to load
         append(BURST)
-        _wait(
+        spool_waits(
             spool,
             lambda: spool.acked_through >= BEFORE + BURST // 3,
             "the first service acks some of the burst",
@@ -98,7 +90,9 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
         failures = shipper.stats.stream_failures
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
-        _wait(spool, lambda: shipper.stats.stream_failures > failures, "the shipper sees the stream break")
+        spool_waits(
+            spool, lambda: shipper.stats.stream_failures > failures, "the shipper sees the stream break"
+        )
         acked_at_kill = spool.acked_through
         persisted_at_kill = _cursor(state, spool.spool_id)
         journalled = max(
@@ -116,7 +110,7 @@ def test_a_service_killed_during_ingest_loses_no_sample_and_takes_none_twice(
         services.append(second)
         append(DRAINING)
         last = spool.last_sequence
-        _wait(spool, lambda: spool.acked_through == last, "the spool drains into the second service")
+        spool_waits(spool, lambda: spool.acked_through == last, "the spool drains into the second service")
     finally:
         shipper.close(flush=0)
 

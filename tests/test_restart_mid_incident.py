@@ -24,7 +24,7 @@ from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
-from tests.serve_process import ServeProcess
+from tests.serve_process import ServeProcess, serve_processes, spool_waits
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU = 2, 3
@@ -69,17 +69,10 @@ def _acked(spool: Spool, sequence: int) -> Callable[[], bool]:
     return lambda: spool.acked_through >= sequence
 
 
-def _wait(spool: Spool, predicate: Callable[[], bool], what: str) -> None:
-    if not spool.wait(predicate, WAIT_S):
-        raise AssertionError(f"not within {WAIT_S} s: {what}")
-
-
 @pytest.fixture
 def services() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    yield started
-    for service in started:
-        service.close()
+    with serve_processes() as started:
+        yield started
 
 
 def _run(
@@ -108,14 +101,14 @@ def _run(
         for sample in samples:
             spool.append(wire.to_proto(sample))
             if not killed and kill_after is not None:
-                _wait(spool, _acked(spool, spool.last_sequence), "the sample to be acked")
+                spool_waits(spool, _acked(spool, spool.last_sequence), "the sample to be acked")
                 if kill_after(state):
                     service.kill()  # mid-stream, between two saved states: the journal has the rest
                     service = ServeProcess(model, state, log, *flags, listen=f"127.0.0.1:{port}")
                     services.append(service)
                     killed = True
         last = spool.last_sequence
-        _wait(spool, lambda: spool.acked_through == last, "every sample to be acked")
+        spool_waits(spool, lambda: spool.acked_through == last, "every sample to be acked")
         # Every sample of the stream is through the scorer once the backlog is empty.
         service.until(lambda: service.metric("faultcast_scoring_backlog") == 0.0)
     finally:

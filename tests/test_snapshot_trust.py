@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import shutil
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from faultcast.client.protection import Protection
 from faultcast.client.sampler import ResumableDistributedSampler
 from faultcast.client.snapshots import SnapshotStore
 from faultcast.client.train_state import RANK_KEY, TrainState, capture_rng
+from tests.torch_parts import filled_linear, global_rng_kept
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
@@ -52,12 +52,8 @@ class _Touch:
 
 @pytest.fixture(autouse=True)
 def _global_rng() -> Iterator[None]:
-    """These tests restore generator states: give the next test the process-wide ones back."""
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    yield
-    random.setstate(saved[0])
-    np.random.set_state(saved[1])
-    torch.set_rng_state(saved[2])
+    with global_rng_kept():
+        yield
 
 
 # -- the job's key -----------------------------------------------------------------------------------
@@ -222,11 +218,7 @@ def test_the_restricted_unpickler_names_the_refused_global() -> None:
 
 
 def _model(value: float) -> torch.nn.Linear:
-    model = torch.nn.Linear(3, 2)
-    with torch.no_grad():
-        model.weight.fill_(value)
-        model.bias.fill_(value)
-    return model
+    return filled_linear(value)
 
 
 def _write(directory: Path, step: int, state: dict[str, object]) -> Path:

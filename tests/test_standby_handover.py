@@ -6,14 +6,12 @@ whole snapshot in its store is taken over."""
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 import torch
 
@@ -23,6 +21,7 @@ from faultcast.client.snapshots import Snapshot, SnapshotStore
 from faultcast.client.train_state import TrainState
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from tests.torch_parts import filled_linear, global_rng_kept
 
 CLAIM = "claim-6f1c2e9a-never-logged"
 OLD_JOB, STANDBY_JOB = "41", "77"
@@ -92,19 +91,12 @@ def _standby_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(standby.STANDBY_ALERT, "9")
     monkeypatch.setenv(standby.STANDBY_CLAIM, CLAIM)
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    yield
-    random.setstate(saved[0])
-    np.random.set_state(saved[1])
-    torch.set_rng_state(saved[2])
+    with global_rng_kept():
+        yield
 
 
 def _model(value: float) -> torch.nn.Linear:
-    model = torch.nn.Linear(3, 2)
-    with torch.no_grad():
-        model.weight.fill_(value)
-        model.bias.fill_(value)
-    return model
+    return filled_linear(value)
 
 
 def _snapshot(directory: Path, step: int, value: float) -> Snapshot:

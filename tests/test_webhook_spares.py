@@ -5,11 +5,8 @@ receiver's handle coming back in the release of a false alarm."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -18,47 +15,17 @@ from faultcast.service.spares import Prescheduler, SpareRequest
 from faultcast.service.webhook_spares import WebhookSpares
 from faultcast.v1 import alerts_pb2 as apb
 from tests.conftest import refused_port
+from tests.webhook_receiver import Receiver, receiving
 
 REQUEST = SpareRequest(
     alert_id=42, job_id="1234", node="gpu-17", gpu=3, mode="hbm_wear", risk=0.61, claim="the-claim"
 )
 
 
-@dataclass
-class Receiver:
-    """What the receiver got, and what it answers (status, body) in turn, then `status`/`body`."""
-
-    received: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
-    answers: list[tuple[int, bytes]] = field(default_factory=list)
-    status: int = 200
-    body: bytes = b""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        receiver: Receiver = cast(Any, self.server).receiver
-        raw = self.rfile.read(int(self.headers["Content-Length"]))
-        receiver.received.append((self.path, json.loads(raw), dict(self.headers.items())))
-        code, body = receiver.answers.pop(0) if receiver.answers else (receiver.status, receiver.body)
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def receiver() -> Iterator[tuple[Receiver, str]]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    state = Receiver()
-    cast(Any, httpd).receiver = state
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    yield state, f"http://127.0.0.1:{httpd.server_address[1]}/spares"
-    httpd.shutdown()
-    httpd.server_close()
+    with receiving() as running:
+        yield running
 
 
 def test_prepare_posts_the_event_and_keeps_the_receivers_handle(receiver: tuple[Receiver, str]) -> None:

@@ -11,12 +11,10 @@ restart keeps the refusals (they come from what is on disk: no hand-over was eve
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import pytest
@@ -26,52 +24,24 @@ from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.remediation_parts import migrate_alert
 from tests.attacks.tokened import Tokened, tokened_service
+from tests.webhook_receiver import Receiver, receiving
 
 ATTACKER, VICTIM = "job-a", "job-b"  # trainer identities of tests/attacks/tokened.py
 NODES = {ATTACKER: "node-x", VICTIM: "node-v"}
 WAIT_S = 10.0
 
 
-class Scheduler:
+@pytest.fixture
+def scheduler() -> Iterator[tuple[Receiver, str]]:
     """The webhook receiver: keeps every prepare_spare event, the spare's claim included, as a
     scheduler starting the standby with `standby_env` would."""
-
-    def __init__(self) -> None:
-        self.prepared: dict[str, dict[str, Any]] = {}  # job id -> its newest prepare_spare event
-        self.changed = threading.Condition()
-
-    def event_of(self, job: str) -> dict[str, Any]:
-        with self.changed:
-            assert self.changed.wait_for(lambda: job in self.prepared, WAIT_S), f"no spare for {job}"
-            return self.prepared[job]
+    with receiving() as running:
+        yield running
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        scheduler: Scheduler = cast(Any, self.server).scheduler
-        event = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if event["event"] == "prepare_spare":
-            with scheduler.changed:
-                scheduler.prepared[event["job_id"]] = event
-                scheduler.changed.notify_all()
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def scheduler() -> Iterator[tuple[Scheduler, str]]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    state = Scheduler()
-    cast(Any, httpd).scheduler = state
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    yield state, f"http://127.0.0.1:{httpd.server_address[1]}/spares"
-    httpd.shutdown()
-    httpd.server_close()
+def _prepared(receiver: Receiver, job: str) -> dict[str, Any]:
+    """The prepare_spare event of the job's spare."""
+    return receiver.wait_for(lambda e: e["event"] == "prepare_spare" and e["job_id"] == job, WAIT_S)
 
 
 def _code(call: Callable[[], object]) -> grpc.StatusCode:
@@ -151,7 +121,7 @@ def _await(served: Tokened, who: str, request: apb.AwaitHandOverRequest) -> apb.
 def test_no_trainer_can_make_itself_another_jobs_standby_and_a_restart_keeps_it_so(
     service_model: Path,
     tmp_path: Path,
-    scheduler: tuple[Scheduler, str],
+    scheduler: tuple[Receiver, str],
     trainers_register: bool,
 ) -> None:
     receiver, url = scheduler
@@ -159,7 +129,7 @@ def test_no_trainer_can_make_itself_another_jobs_standby_and_a_restart_keeps_it_
     with tokened_service(service_model, tmp_path, spares=spares) as served:
         _register(served)  # (trainers register here; the admin-registration service is the restart)
         mine, theirs = _warn(served, ATTACKER), _warn(served, VICTIM)
-        own_claim = receiver.event_of(ATTACKER)["standby_env"]["FAULTCAST_STANDBY_CLAIM"]
+        own_claim = _prepared(receiver, ATTACKER)["standby_env"]["FAULTCAST_STANDBY_CLAIM"]
         before = served.counted("faultcast_auth_denied_total", reason="standby_claim")
 
         # 1. The latch: without a claim, with a guess, even with its own spare's claim (the attacker
@@ -195,7 +165,7 @@ def test_no_trainer_can_make_itself_another_jobs_standby_and_a_restart_keeps_it_
 
         # 4. The squat: the victim's spare cannot be taken by its own job's identity without the claim,
         # and its real standby, which has it, waits under the id the scheduler named and goes.
-        event = receiver.event_of(VICTIM)
+        event = _prepared(receiver, VICTIM)
         squat = apb.AwaitHandOverRequest(
             standby_for=VICTIM, job_id=event["standby_job_id"], node="node-q", wait_seconds=0.0
         )
