@@ -144,6 +144,8 @@ SLOW_MODULES = {
     "tests/test_bench_client.py": "the client benchmark",
     "tests/test_ingest_crash.py": "`faultcast serve` killed and restarted",
     "tests/test_service_restart.py": "`faultcast serve` killed and restarted",
+    "tests/test_restart_mid_incident.py": "`faultcast serve` killed and restarted",
+    "tests/test_pace.py": "a node's samples pushed at three paces, one a second: 19,000 pushes",
     "tests/test_prometheus_scrape.py": "a real Prometheus",
     "tests/test_cli.py": "`faultcast` commands in subprocesses",
 }
