@@ -168,9 +168,13 @@ class AlertBook:
         # Per node, events stored before a restart that the replay from its saved state derives
         # again (`expect`): matched, not stored twice.
         self._expected: dict[str, deque[apb.Alert]] = {}
-        # When each node's newest sample was taken (the service's clock), set by ingest without the
-        # lock (one dict store): a node sending is never silent, however many samples its steps hold.
-        self._arrived: dict[str, float] = {}
+        self._quiet: dict[str, float] = {}  # node -> steps up to this event time are not judged again
+        # node -> (event time, alerts of the log to take back before its first step after that time)
+        self._deferred: dict[str, tuple[float, list[apb.Alert]]] = {}
+        # Each node's newest sample that moved its event time on, and when it was taken (the
+        # service's clock), set by ingest without the lock (one dict store): a node sending is never
+        # silent, however many samples its steps hold; one whose clock is stuck is.
+        self._arrived: dict[str, tuple[float, float]] = {}
         self._silent: dict[str, bool] = {}  # silent node -> whether an alert was open when it fell silent
         # Alerts a previous run left open, by node, until the node is scored (or falls silent).
         self._restored: dict[str, list[apb.Alert]] = {}
@@ -268,7 +272,48 @@ class AlertBook:
         and the save): the replay from that state derives them again, and each is taken as the one
         stored instead of being stored twice."""
         with self._lock:
-            self._expected[name] = deque(stored)
+            if stored:
+                self._expected[name] = deque(stored)
+
+    def _still_open(self, stored: Sequence[apb.Alert]) -> list[apb.Alert]:
+        """The newest event of each alert among `stored` that the log leaves open and the book does
+        not hold (the lock held)."""
+        newest: dict[int, apb.Alert] = {}
+        for event in stored:
+            newest[event.opened_id] = event
+        held = {a.latest.opened_id for a in self._alerts.values()}
+        return [e for k, e in newest.items() if e.state == apb.ALERT_STATE_OPEN and k not in held]
+
+    def give_up_after(self, name: str, event_s: float) -> int:
+        """The node's expected events later than `event_s` cannot be derived again (their samples
+        are not in the journal: a power cut took its tail): the alerts they leave open in the log
+        are taken into the tracker as after a restart, before the node's first step after
+        `event_s` (its steps up to then are judged as before), to be judged by the next scores
+        rather than stay open for ever. Returns how many events were given up."""
+        with self._lock:
+            waiting = self._expected.get(name)
+            if not waiting:
+                return 0
+            lost: list[apb.Alert] = []
+            while waiting and waiting[-1].time_unix_nano / 1e9 > event_s:
+                lost.insert(0, waiting.pop())
+            if not waiting:
+                del self._expected[name]
+            if lost:
+                log.warning(
+                    "node %s: %d alert event(s) stored before the restart come after the samples its "
+                    "journal still holds; their open alerts are judged again by the next scores",
+                    name,
+                    len(lost),
+                )
+                self._deferred[name] = (event_s, self._still_open(lost))
+            return len(lost)
+
+    def quiet_until(self, name: str, event_s: float) -> None:
+        """Steps of the node up to `event_s` are not judged again (it fell silent after them, which
+        cleared its alerts and reset its runs: what a replay of them would undo)."""
+        with self._lock:
+            self._quiet[name] = event_s
 
     def restore_node(self, name: str, state: BookNodeState) -> None:
         """Take a node's saved alert state back, in place of the open alerts the log holds for it
@@ -311,9 +356,20 @@ class AlertBook:
         node = self._nodes[name] = len(self._names)
         self._names.append(name)
         self.tracker.grow((node + 1) * self.g)
+        self._take_back(node, self._restored.pop(name, []))
+        return node
+
+    def _take_back(self, node: int, alerts: Sequence[apb.Alert], *, count: bool = False) -> None:
+        """Open alerts of the log (a previous run's, or ones a replay could not derive again) taken
+        into the tracker with fresh runs, so that the next scores decide whether each holds; one
+        whose GPUs another alert holds is cleared as superseded at the next step (the lock held).
+        `count`: not yet counted among the active alerts (those restored at start were)."""
+        if count:
+            for alert in alerts:
+                self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).inc()
         # GPU alerts first: a node-level alert takes back every GPU of the node no GPU alert holds (the
         # GPUs that held it at the restart are not recorded; those with a low risk soon let go).
-        for alert in sorted(self._restored.pop(name, []), key=lambda a: (a.gpu < 0, a.opened_id)):
+        for alert in sorted(alerts, key=lambda a: (a.gpu < 0, a.opened_id)):
             gpus = range(self.g) if alert.gpu < 0 else [alert.gpu] if 0 <= alert.gpu < self.g else []
             opened = int(alert.time_unix_nano // int(self.cadence_s * 1e9))
             incident = self.tracker.restore(
@@ -328,7 +384,6 @@ class AlertBook:
                 continue
             ttf = alert.time_to_failure.p50_seconds if alert.HasField("time_to_failure") else float("inf")
             self._alerts[incident.key] = _Open(alert, self._band(ttf))
-        return node
 
     def observe(self, scored: Sequence[ScoredStep], *, announce: bool = True) -> list[apb.Alert]:
         """Run the state machine over scored steps (oldest first); returns the stored events, told
@@ -337,7 +392,16 @@ class AlertBook:
         stored: list[apb.Alert] = []
         with self._lock:
             for s in scored:
+                quiet = self._quiet.get(s.node)
+                if quiet is not None:
+                    if s.time_s <= quiet:
+                        continue
+                    del self._quiet[s.node]
                 node = self._node(s.node)
+                deferred = self._deferred.get(s.node)
+                if deferred is not None and s.time_s > deferred[0]:
+                    del self._deferred[s.node]
+                    self._take_back(node, deferred[1], count=True)
                 self._hear(s)
                 base = node * self.g
                 (changes,) = self.tracker.update(
@@ -421,6 +485,7 @@ class AlertBook:
                     logged.time_unix_nano,
                     logged.id,
                 )
+                self._take_back(self._nodes[event.node], self._still_open(list(waiting)), count=True)
                 waiting.clear()
                 out.append(None)
             if not waiting:
@@ -709,7 +774,8 @@ class AlertBook:
                 self._save_silent()
             now = self.clock()
             last = {
-                name: max(h.clock_s, self._arrived.get(name, -math.inf)) for name, h in self._heard.items()
+                name: max(h.clock_s, self._arrived.get(name, (0.0, -math.inf))[1])
+                for name, h in self._heard.items()
             }
             if not any(now - at < limit_s for at in last.values()):
                 return []  # the whole fleet is quiet: the service is cut off, not every node
@@ -753,9 +819,13 @@ class AlertBook:
             log.warning("node %s fell silent: no sample for %.0f s", name, limit_s)
         return self._store(events, []) if events else []
 
-    def arrived(self, node: str) -> None:
-        """A sample of `node` was taken now (from ingest, any thread)."""
-        self._arrived[node] = self.clock()
+    def arrived(self, node: str, event_s: float) -> None:
+        """A sample of `node` stamped `event_s` was taken now (from ingest, any thread). It counts
+        as the node speaking only when it moves the node's event time on: samples of a clock that
+        stands still say nothing new, and such a node still falls silent."""
+        last = self._arrived.get(node)
+        if last is None or event_s > last[0]:
+            self._arrived[node] = (event_s, self.clock())
 
     def silent_nodes(self) -> dict[str, bool]:
         """Silent nodes now, each with whether an alert was open when it fell silent."""

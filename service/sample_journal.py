@@ -154,7 +154,8 @@ class SampleJournal:
                 self.damaged += 1
                 log.warning(
                     "journal segment %s ends in %s at byte %d of %d; the samples after it are not "
-                    "replayed (their collectors resend what was never acknowledged)",
+                    "replayed: those acknowledged are lost to scoring (their node's alerts are judged "
+                    "afresh from its next samples), those not acknowledged come again from their collectors",
                     path,
                     problem,
                     at,

@@ -25,6 +25,7 @@ from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
 from faultcast.model.online import MAX_EMPTY_STEPS, LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
+from faultcast.service.state_cursors import SPOOLS_PER_NODE
 from faultcast.service.validation import SampleRejected
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def model_version(model: FaultModel) -> str:
     threshold it serves (two models that alert differently never share a name)."""
     created = model.card.created_at or "unknown"
     revision = (model.card.git_revision or "unknown")[:12]
-    return f"{created}/{revision}@{model.threshold:.6g}"
+    return f"{created}/{revision}@{model.threshold!r}"
 
 
 @dataclass
@@ -142,9 +143,10 @@ class Scorer:
                     node.online.empty_steps,
                 )
             if snapshot.sequence:
-                node.cursors[snapshot.spool_id] = max(
-                    node.cursors.get(snapshot.spool_id, 0), snapshot.sequence
-                )
+                cursors = node.cursors  # most recently used spool last; as many as the service keeps
+                cursors[snapshot.spool_id] = max(cursors.pop(snapshot.spool_id, 0), snapshot.sequence)
+                while len(cursors) > SPOOLS_PER_NODE:
+                    del cursors[next(iter(cursors))]
             node.unsaved_steps += len(steps)
             uuids = tuple(node.uuids)
             for s in steps:
@@ -190,6 +192,16 @@ class Scorer:
             state.online.empty_steps = _empty_steps(self.model)
             self._nodes[name] = _Node(state.online, list(state.uuids), state.jumped, dict(state.cursors))
             self._queue.extend(state.queued)
+
+    def completed_through(self, name: str) -> float | None:
+        """The event time (seconds) of the node's last completed step (scored or queued); None for
+        a node that completed none."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None or node.online.next_step <= 0:
+                return None
+            online = node.online
+            return online.start_s + (online.next_step - 1) * online.config.cadence_s
 
     def due_for_saving(self, names: set[str], every: int) -> set[str]:
         """Those of `names` that completed at least `every` steps since their state was last saved."""

@@ -40,21 +40,31 @@ from faultcast.service.scoring import NodeScoringState, model_version
 log = logging.getLogger(__name__)
 
 FORMAT = b"FCSTATE1"
-# The modules whose classes a saved state is made of, and the numpy functions its arrays need.
-_STATE_MODULES = frozenset(
+# The classes a saved state is made of (module, name), and the numpy functions its arrays need:
+# nothing else is admitted, not even another class of the same modules.
+_STATE_CLASSES = frozenset(
     {
-        "faultcast.catalogue",
-        "faultcast.readings",
-        "faultcast.step_summary",
-        "faultcast.model.features",
-        "faultcast.model.feature_inputs",
-        "faultcast.model.feature_relative",
-        "faultcast.model.feature_steps",
-        "faultcast.model.online",
-        "faultcast.model.windows",
-        "faultcast.service.scoring",
-        "faultcast.service.alert_book",
-        "faultcast.service.scoring_state",
+        ("faultcast.catalogue", "Scope"),
+        ("faultcast.readings", "DeviceReading"),
+        ("faultcast.readings", "GpuReading"),
+        ("faultcast.readings", "NodeSnapshot"),
+        ("faultcast.step_summary", "StepSummary"),
+        ("faultcast.model.features", "FeatureConfig"),
+        ("faultcast.model.features", "FeatureEngine"),
+        ("faultcast.model.features", "_Rates"),
+        ("faultcast.model.feature_inputs", "InputConditioner"),
+        ("faultcast.model.feature_relative", "OwnBaseline"),
+        ("faultcast.model.feature_relative", "RateBaseline"),
+        ("faultcast.model.feature_steps", "StepFeatures"),
+        ("faultcast.model.online", "OnlineFeatures"),
+        ("faultcast.model.online", "_StepSummaries"),
+        ("faultcast.model.windows", "Ring"),
+        ("faultcast.model.windows", "Windowed"),
+        ("faultcast.service.scoring", "NodeScoringState"),
+        ("faultcast.service.scoring", "ScoredStep"),
+        ("faultcast.service.alert_book", "BookNodeState"),
+        ("faultcast.service.alert_book", "SavedIncident"),
+        ("faultcast.service.scoring_state", "NodeState"),
     }
 )
 _NUMPY = frozenset(
@@ -107,10 +117,8 @@ class _Admitted(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> object:
         if (module, name) in _NUMPY:
             return super().find_class(module, name)
-        if module in _STATE_MODULES and "." not in name:
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
+        if (module, name) in _STATE_CLASSES:
+            return super().find_class(module, name)
         raise StateRefused(f"a saved state names {module}.{name}, which no saved state holds")
 
 
@@ -125,6 +133,10 @@ def decode(blob: bytes) -> NodeState:
         raise
     except Exception as exc:  # anything a damaged blob makes pickle or zlib raise
         raise StateRefused(f"damaged ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(state, NodeState) or not isinstance(state.scoring, NodeScoringState):
-        raise StateRefused(f"holds a {type(state).__name__}, not a node's state")
+    if (
+        not isinstance(state, NodeState)
+        or not isinstance(state.scoring, NodeScoringState)
+        or not (state.book is None or isinstance(state.book, BookNodeState))
+    ):
+        raise StateRefused(f"holds a {type(state).__name__} not made of a node's states")
     return state

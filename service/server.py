@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from concurrent import futures
@@ -20,12 +21,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2
 
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.actuators import Actuator, NoopActuator
-from faultcast.service.alert_book import AlertBook
+from faultcast.service.alert_book import AlertBook, BookNodeState
 from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.config import ServiceConfig
@@ -125,8 +127,11 @@ class Service:
         # Taking a sample and writing it to the journal happen together, and a node's state is
         # captured between two of them: a saved state never holds a sample the journal lacks.
         self._ingest_lock = threading.Lock()
-        self._saved_segment: dict[str, int] = {}  # node -> the journal segment its saved state covers to
-        self._first_segment: dict[str, int] = {}  # node -> the segment of its first journalled sample
+        # node -> the journal segment of its first sample since its state was last saved (absent: it
+        # took none, and needs nothing of the journal: a node that died pins no segment), and how many
+        # samples it has taken in all (a save covers what it took up to its capture).
+        self._unsaved_since: dict[str, int] = {}
+        self._taken: dict[str, int] = {}
         self._saving_failed = False
         self._journal_failing = False
         self._recovered = False
@@ -263,7 +268,7 @@ class Service:
             # Journalled first: a sample the scorer then refuses is refused again on a replay.
             self._journal(snapshot)
             completed = self.scorer.add(snapshot, time.monotonic())
-        self.book.arrived(snapshot.node)
+        self.book.arrived(snapshot.node, snapshot.time_unix_nano / 1e9)
         self.latest_event_s = max(self.latest_event_s, snapshot.time_unix_nano / 1e9)
         if completed:
             with self._work:
@@ -290,7 +295,8 @@ class Service:
         if self._journal_failing:
             log.warning("the sample journal takes writes again")
             self._journal_failing = False
-        self._first_segment.setdefault(snapshot.node, segment)
+        self._unsaved_since.setdefault(snapshot.node, segment)
+        self._taken[snapshot.node] = self._taken.get(snapshot.node, 0) + 1
 
     def score_now(self) -> list[apb.Alert]:
         """Score what is waiting and run the alert policy; the scoring thread's one step. Returns once
@@ -337,10 +343,12 @@ class Service:
         features = features_signature(self.model)
         book = book_signature(self.model, self.config.actions, _TOP_FEATURES)
         saved: list[SavedState] = []
+        taken_at_capture: dict[str, int] = {}
         for name in nodes:
             with self._ingest_lock:
                 segment = self.journal.segment
                 scoring = self.scorer.node_state(name)
+                taken_at_capture[name] = self._taken.get(name, 0)
             if scoring is None:
                 continue
             state = NodeState(scoring, self.book.node_state(name))
@@ -354,13 +362,19 @@ class Service:
             return
         self._saving_failed = False
         self.metrics.states_saved.inc(len(saved))
-        self._saved_segment.update({s.node: s.segment for s in saved})
+        with self._ingest_lock:
+            for s in saved:
+                if self._taken.get(s.node, 0) == taken_at_capture[s.node]:
+                    self._unsaved_since.pop(s.node, None)  # nothing taken since: it needs no journal
+                else:
+                    self._unsaved_since[s.node] = s.segment  # what it took after the capture is from here on
         self._forget_journal()
 
     def _forget_journal(self) -> None:
+        """Delete the segments no node needs: older than the first sample any node took since its
+        state was last saved."""
         with self._ingest_lock:
-            pinned = [self._saved_segment.get(n, self._first_segment.get(n)) for n in self.scorer.nodes()]
-            oldest = min((p for p in pinned if p is not None), default=self.journal.segment)
+            oldest = min(self._unsaved_since.values(), default=self.journal.segment)
         self.journal.forget_before(oldest)
 
     def recover(self) -> int:
@@ -376,26 +390,29 @@ class Service:
         book = book_signature(self.model, self.config.actions, _TOP_FEATURES)
         newest = self.store.alerts.newest_by_node()
         taken: dict[tuple[str, int], int] = {}
-        kept = stale = behind = 0
+        kept = stale = 0
+        behind_nodes: list[str] = []
+        restored_nodes: set[str] = set()
         for saved in self.store.scoring.load():
             if saved.features != features:
                 stale += 1
                 continue
             try:
                 state = decode(saved.state)
-            except StateRefused as exc:
+                self.scorer.restore_node(saved.node, state.scoring)
+            except (StateRefused, ValueError, TypeError, AttributeError) as exc:
+                # A blob that decodes but does not fit (planted, or from another version) is refused
+                # like one that does not decode: the node starts over, the service starts.
                 log.error("the saved scoring state of node %s is not taken back: %s", saved.node, exc)
                 continue
-            self.scorer.restore_node(saved.node, state.scoring)
             if state.book is not None and saved.book == book:
-                self.book.restore_node(saved.node, state.book)
                 if newest.get(saved.node, 0) > saved.log_head:
-                    # Killed between storing the node's events and saving it: the replay derives
-                    # those events again, and takes them as the ones stored.
-                    self.book.expect(saved.node, self.store.alerts.read_after(saved.log_head, [saved.node]))
-                    behind += 1
+                    self._restore_behind(saved.node, state.book, saved.log_head)
+                    behind_nodes.append(saved.node)
+                else:
+                    self.book.restore_node(saved.node, state.book)
+            restored_nodes.add(saved.node)
             taken.update({(saved.node, spool): seq for spool, seq in state.scoring.cursors.items()})
-            self._saved_segment[saved.node] = saved.segment
             kept += 1
         replayed = 0
         now = time.monotonic()
@@ -404,7 +421,7 @@ class Service:
             if entry.sequence <= taken.get(key, 0):
                 continue  # in its node's saved state already
             taken[key] = entry.sequence
-            self._first_segment.setdefault(entry.node, entry.segment)
+            self._unsaved_since.setdefault(entry.node, entry.segment)
             try:
                 self.scorer.add(entry.snapshot, now)
             except SampleRejected:
@@ -415,6 +432,15 @@ class Service:
                 )
                 continue
             replayed += 1
+        for name in behind_nodes:  # what the journal could not bring back is judged afresh
+            horizon = self.scorer.completed_through(name)
+            self.book.give_up_after(name, horizon if horizon is not None else -math.inf)
+        for name in set(self.scorer.nodes()) - restored_nodes:
+            # No saved state: its replayed steps were judged before the kill (their events are in
+            # the log); they warm its features, and its open alerts are judged from its next step.
+            horizon = self.scorer.completed_through(name)
+            if horizon is not None:
+                self.book.quiet_until(name, horizon)
         self.telemetry.advance(taken)
         with self._work:
             self._ready += self.scorer.backlog()
@@ -424,11 +450,32 @@ class Service:
             "sample(s) in %.1f s",
             kept,
             stale,
-            behind,
+            len(behind_nodes),
             replayed,
             time.monotonic() - started,
         )
         return replayed
+
+    def _restore_behind(self, name: str, book: BookNodeState, log_head: int) -> None:
+        """A node killed between storing its events and saving its state: its saved alert state is
+        older than the log. The replay derives score events again and takes them as the ones stored
+        (`expect`); a silence it cannot derive: the node fell silent after its last save, which
+        cleared its alerts and reset its runs, so that is its alert state, and its steps up to then
+        are not judged again."""
+        after = self.store.alerts.read_after(log_head, [name], 1_000_000)
+        silences = [
+            i
+            for i, e in enumerate(after)
+            if e.kind == apb.EVENT_KIND_CLEARED and e.clear_reason == apb.CLEAR_REASON_NODE_SILENT
+        ]
+        if not silences:
+            self.book.restore_node(name, book)
+            self.book.expect(name, after)
+            return
+        last = silences[-1]
+        self.book.restore_node(name, BookNodeState(np.zeros_like(book.runs), [], book.heard_event_s))
+        self.book.quiet_until(name, after[last].time_unix_nano / 1e9)
+        self.book.expect(name, after[last + 1 :])
 
     def _loop(self) -> None:
         checked = time.monotonic()
@@ -505,8 +552,7 @@ class Service:
         except StateWriteError as exc:
             log.error("%s; the next start finds them saved under other features and skips them", exc)
         with self._ingest_lock:
-            self._saved_segment.clear()
-            self._first_segment.clear()
+            self._unsaved_since.clear()
             segment = self.journal.rotate()
         self.journal.forget_before(segment)
 

@@ -402,8 +402,8 @@ class Prescheduler:
             if alert_id and alert_id != spare.request.alert_id:
                 return HandOverReply(
                     apb.HAND_OVER_STATE_RELEASED,
-                    reason=f"this standby was started for alert {alert_id}; job {standby_for}'s spare "
-                    f"is for alert {spare.request.alert_id}",
+                    reason=f"this standby was started for alert {alert_id}, not for job {standby_for}'s "
+                    "current spare",
                 )
             if not claim or not hmac.compare_digest(claim.encode(), spare.request.claim.encode()):
                 raise StandbyRefused(

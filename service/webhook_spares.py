@@ -52,6 +52,12 @@ class WebhookSpares:
         if timeout_s <= 0:
             raise ValueError("webhook spares need a positive timeout")
         self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
+        if url.startswith("http://"):
+            log.warning(
+                "spares webhook %s is plain http: each spare's claim (the secret its standby proves "
+                "itself with) crosses the network in clear; use https",
+                url,
+            )
 
     def prepare(self, request: SpareRequest) -> Prepared:
         """POST the prepare_spare event; the handle is the receiver's, else "alert-<id>"; the

@@ -21,7 +21,7 @@ from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
-from faultcast.service.scoring_state import FORMAT, StateRefused, decode
+from faultcast.service.scoring_state import FORMAT, NodeState, StateRefused, decode, encode
 from faultcast.service.server import Service
 from faultcast.service.state import StateStore
 from faultcast.service.state_scoring import SavedState
@@ -213,3 +213,156 @@ def test_a_kill_between_an_events_write_and_its_nodes_save_stores_no_event_twice
     got = _events(second)
     second.store.close()
     assert got == want  # the replay derived the stored events again and stored none of them twice
+
+
+def test_a_node_that_stops_sending_pins_no_journal_segment(
+    service_model: Path, tmp_path: Path, samples: list[NodeSnapshot]
+) -> None:
+    # A dead node is saved once more (its last steps) and then needs nothing of the journal: the
+    # segments go as the live nodes are saved. (Before: it pinned the segment of its last save.)
+    service = _service(service_model, tmp_path / "state")
+    service.journal.segment_bytes = 40_000  # about two samples a segment
+    dead = [replace(s, node="dead-node") for s in samples[:20]]
+    _feed(service, dead)
+    with service._scoring:
+        service._save_states(["dead-node"])
+    _feed(service, samples[:60])  # the live node goes on, saved every 10 steps
+    segments = service.journal.segments()
+    service.store.close()
+    assert service.journal.segment > 30  # many segments were written ...
+    assert len(segments) <= 12  # ... and only those since the live node's last save are kept
+    assert min(segments) > 20  # none of the dead node's
+
+
+def test_a_state_that_decodes_but_is_not_made_of_a_nodes_parts_is_refused(
+    service_model: Path, tmp_path: Path, samples: list[NodeSnapshot], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Planted in the state database: a blob whose alert part is a scorer's state. It stopped every
+    # start with an AttributeError; now the node starts over and the service starts.
+    state = tmp_path / "state"
+    first = _service(service_model, state)
+    _feed(first, samples[:30])
+    first.stop()
+    (saved,) = _saved(state)
+    good = decode(saved.state)
+    _replace_state(state, encode(NodeState(good.scoring, good.scoring)))  # type: ignore[arg-type]
+
+    second = _service(service_model, state)
+    with caplog.at_level(logging.ERROR):
+        second.recover()
+    second.store.close()
+    assert "not made of a node's states" in caplog.text
+
+
+class _Clock:
+    """The service's clock, moved by the test (silence is judged on it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _two_nodes(service_model: Path, state: Path) -> tuple[Service, _Clock]:
+    service = _service(service_model, state)
+    clock = _Clock()
+    service.book.clock = clock
+    return service, clock
+
+
+def _calm(count: int) -> list[NodeSnapshot]:
+    """A healthy node beside the warned one (so that the warned one's silence is its own)."""
+    return [replace(s, spool_id=9) for s in twin_snapshots(TwinSource(FLEET, 0), FLEET.node_name(0), count)]
+
+
+def test_a_kill_between_a_silences_clear_and_the_nodes_save_leaves_no_alert_open(
+    service_model: Path, tmp_path: Path, samples: list[NodeSnapshot]
+) -> None:
+    # The review's repro: the alert came back to life in the book (the log had it CLEARED), the
+    # active gauge stayed at 1, and when the node spoke again a second CLEARED was stored.
+    state = tmp_path / "state"
+    first, clock = _two_nodes(service_model, state)
+    calm = _calm(len(samples))
+    i = 0
+    for i, (node, other) in enumerate(zip(samples, calm, strict=True)):  # noqa: B007 (i read after)
+        clock.now += 60.0
+        first._ingest(node)
+        first._ingest(other)
+        if any(e.kind == apb.EVENT_KIND_OPENED for e in _score_events(first)):
+            break
+    for other in calm[i + 1 : i + 10]:  # the warned node stops; the silence clear is stored ...
+        clock.now += 60.0
+        first._ingest(other)
+        _score_events(first)
+        if first.book.check_silence(announce=False):
+            break  # ... and the service is killed before the node is saved
+    assert first.store.alerts.open_now() == []
+
+    second, clock = _two_nodes(service_model, state)
+    second.recover()
+    assert second.book.active() == []
+    assert NAME in second.book.silent_nodes()
+    later = [replace(s, spool_id=7) for s in _later(samples[i].time_unix_nano)]
+    for node in later:  # it speaks again
+        clock.now += 60.0
+        second._ingest(node)
+        _score_events(second)
+    kinds = [(e.opened_id, e.kind) for e in second.store.alerts.read_after(0, [NAME], 1000)]
+    second.store.close()
+    assert len(kinds) == len(set(kinds))  # no event of an alert stored twice
+    assert sum(kind == apb.EVENT_KIND_CLEARED for _, kind in kinds) == len({o for o, _ in kinds})
+
+
+def test_a_journal_tail_lost_after_an_event_leaves_the_logs_alert_held_not_opened_twice(
+    service_model: Path, tmp_path: Path, samples: list[NodeSnapshot]
+) -> None:
+    # A power cut: the log (fsynced) keeps an OPENED event, the journal (not fsynced) loses its last
+    # samples, and the node was not saved after the event. Its open alert must be held and judged
+    # by the next scores, not left open for ever while a second one opens.
+    state = tmp_path / "state"
+    first = _service(service_model, state)
+    segment = first.journal.directory / f"{first.journal.segment:012d}.log"
+    sizes = []
+    i = 0
+    for i, node in enumerate(samples):  # noqa: B007 (i read after)
+        first._ingest(node)
+        sizes.append(segment.stat().st_size)
+        with first._scoring:
+            scored = first.scorer.score_pending()
+            stored = first.book.observe(scored, announce=False)
+            if any(e.kind == apb.EVENT_KIND_OPENED for e in stored):
+                break  # the power goes before the node is saved
+            first._save_states(sorted(first.scorer.due_for_saving({s.node for s in scored}, 10)))
+    first.store.close()
+    with segment.open("r+b") as journal:
+        journal.truncate(sizes[i - 3])  # the last three samples lost with the power
+    second = _service(service_model, state)
+    second.recover()
+    _score(second)
+    (opened,) = second.store.alerts.open_now()
+    _feed(second, samples[i + 1 : i + 2])  # its next sample: the lost alert is held again
+    assert [a.opened_id for a in second.book.active()] == [opened.opened_id]
+    _feed(second, samples[i + 2 : i + 20])
+    events = second.store.alerts.read_after(0, [NAME], 1000)
+    second.store.close()
+    assert [e.opened_id for e in events if e.kind == apb.EVENT_KIND_OPENED] == [opened.opened_id]
+
+
+def _score_events(service: Service) -> list[apb.Alert]:
+    with service._scoring:
+        scored = service.scorer.score_pending()
+        stored = service.book.observe(scored, announce=False)
+        due = service.scorer.due_for_saving({s.node for s in scored}, CONFIG.checkpoint_steps)
+        service._save_states(sorted({e.node for e in stored} | due))
+    return stored
+
+
+def _later(after_nano: int) -> list[NodeSnapshot]:
+    """The warned node's healthy samples twenty minutes and more after `after_nano`."""
+    source = TwinSource(FLEET, NODE)
+    return [
+        s
+        for s in twin_snapshots(source, NAME, int(FAIL_S / 60) + 40)
+        if s.time_unix_nano > after_nano + 20 * 60e9
+    ][:15]

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from faultcast.catalogue import Scope, index_of
+from faultcast.demo.feed import twin_snapshots
 from faultcast.model.alert_content import ActionPolicy, describe, ttf_quantiles
 from faultcast.model.artifact import FaultModel, load
 from faultcast.model.incidents import AlertPolicy, CloseReason, IncidentTracker
@@ -25,7 +26,7 @@ from faultcast.service.actuators import CircuitBreaker, NoopActuator, Outcome, R
 from faultcast.service.alert_book import AlertBook
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediator import Remediator
-from faultcast.service.scoring import ScoredStep
+from faultcast.service.scoring import ScoredStep, Scorer
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
 from faultcast.service.validation import Limits, SampleRejected, check
@@ -308,6 +309,41 @@ def test_the_time_to_failure_quantiles_come_from_the_buckets() -> None:
     assert np.isnan(hour[1]).all()
     short = ttf_quantiles(np.array([0.5]), np.array([[0.0, 0.0, 0.5]]), 600.0)
     assert (short <= 600.0).all()
+
+
+def test_a_node_sending_is_never_silent_and_one_whose_clock_stands_still_is(
+    model: FaultModel, tmp_path: Path
+) -> None:
+    # Any sample counts as speaking (a step of 60 scrapes completes once a minute), but only one that
+    # moves the node's event time on: a frozen clock sends nothing new.
+    store = StateStore.in_dir(tmp_path)
+    clock = Clock()
+    book = AlertBook(model, store, ServiceMetrics(), silent_after_steps=1, clock=clock)
+    g = model.feature_config.gpus_per_node
+    quiet = [0.0] * g
+    for name in ("scraping", "frozen", "calm"):
+        book.observe([_step(model, name, 300, quiet, "hbm_wear")])
+    for second in range(1, 181):  # three minutes: "calm" completes a step each minute
+        clock.now += 1.0
+        book.arrived("scraping", 300 * 60.0 + second)  # a scrape a second, no step completed
+        book.arrived("frozen", 300 * 60.0 + 1.0)  # the same stamp each time
+        if second % 60 == 0:
+            book.observe([_step(model, "calm", 300 + second // 60, quiet, "hbm_wear")])
+        book.check_silence()
+    assert book.silent_nodes() == {"frozen": False}
+    store.close()
+
+
+def test_the_scorer_keeps_the_cursors_of_a_nodes_newest_spools_only(model: FaultModel) -> None:
+    scorer = Scorer(model)
+    (snapshot,) = twin_snapshots(
+        TwinSource(FleetConfig(nodes=2, days=1.0, seed=3, acceleration=1.0), 1), "n", 1
+    )
+    for spool in range(1, 13):  # a collector restarted twelve times, a spool each
+        scorer.add(
+            replace(snapshot, spool_id=spool, sequence=1, time_unix_nano=snapshot.time_unix_nano + spool), 0.0
+        )
+    assert sorted(spool for _, spool in scorer.cursors()) == list(range(5, 13))
 
 
 def test_a_node_that_falls_silent_clears_its_alerts_and_is_counted_across_a_restart(
