@@ -64,6 +64,28 @@ def add_parsers(commands: Subcommands) -> None:
         "are the same (trying booster settings or exclusions without replaying the worlds)",
     )
     train.add_argument(
+        "--validation-worlds",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="across worlds: the last N --data validate, pooled (calibration, thresholds, the validation "
+        "recall); default 1",
+    )
+    train.add_argument(
+        "--folds",
+        type=_positive,
+        default=1,
+        help="across worlds: early stopping by cross-validation over this many groups of the training "
+        "worlds, then one booster on all of them (default 1: early stopping on the validation worlds)",
+    )
+    train.add_argument(
+        "--jobs",
+        type=_positive,
+        default=1,
+        help="worlds replayed at once by local processes (without --dask-scheduler; with it, the "
+        "cluster's workers replay them)",
+    )
+    train.add_argument(
         "--no-monotone",
         action="store_true",
         help="let the booster treat more hardware errors as less risk where the data says so",
@@ -78,7 +100,8 @@ def add_parsers(commands: Subcommands) -> None:
     train.add_argument(
         "--dask-scheduler",
         metavar="ADDRESS",
-        help="train the booster on this Dask cluster (tcp://host:8786) through lightgbm.dask",
+        help="run on this Dask cluster (tcp://host:8786): each world's replay on its workers, and the "
+        "booster through lightgbm.dask (without --folds)",
     )
     train.set_defaults(handler=run_train)
 
@@ -123,6 +146,17 @@ def add_parsers(commands: Subcommands) -> None:
     evaluate.set_defaults(handler=run_evaluate)
 
 
+def _positive(text: str) -> int:
+    """A whole number of at least 1, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def _booster_param(text: str) -> tuple[str, float | int | str]:
     """NAME=VALUE, the value a number where it reads as one."""
     name, sep, value = text.partition("=")
@@ -154,6 +188,9 @@ def run_train(args: argparse.Namespace) -> int:
             hard_negative_rate=args.hard_negative_rate,
             booster_params=tuple(args.booster_param),
             sample_seed=args.sample_seed,
+            validation_worlds=args.validation_worlds,
+            folds=args.folds,
+            jobs=args.jobs,
         )
         client = None
         if args.dask_scheduler:

@@ -128,6 +128,9 @@ class TrainingMetrics:
     validation_false_alarms_per_1000_gpu_days: FalseAlarms | None
     dropped_columns_for_dcgm_default: tuple[str, ...]
     validation_recall_5min_predictable: ValidationRecall | None = None  # absent from older manifests
+    # Cross-validation over groups of worlds: each fold's best iteration (empty: no folds, or older).
+    fold_best_iterations: tuple[int, ...] = ()
+    validation_worlds: int = 1  # how many worlds (or slices) the validation pooled
 
 
 @dataclass(frozen=True)
@@ -495,7 +498,17 @@ def _metrics(where: Path, data: Mapping[str, object]) -> TrainingMetrics | None:
         validation_false_alarms_per_1000_gpu_days=false_alarms,
         dropped_columns_for_dcgm_default=_names(where, m, "metrics.dropped_columns_for_dcgm_default"),
         validation_recall_5min_predictable=recall,
+        fold_best_iterations=_counts(where, m, "metrics.fold_best_iterations"),
+        validation_worlds=_count(where, m, "metrics.validation_worlds") if "validation_worlds" in m else 1,
     )
+
+
+def _counts(where: Path, data: Mapping[str, object], key: str) -> tuple[int, ...]:
+    """A list of whole numbers; empty where an older manifest lacks it."""
+    value = data.get(_leaf(key), [])
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        refuse(where, key, value, "a list of whole numbers")
+    return tuple(int(v) for v in value)
 
 
 def _timings(where: Path, data: Mapping[str, object]) -> Timings | None:

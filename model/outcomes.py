@@ -347,20 +347,46 @@ def choose_threshold(
 
     On a validation period too small for the budget to allow even one false alarm (under
     1,000 / budget GPU-days), one is allowed: otherwise no threshold but "never" would do."""
-    risk = period.scores[method]
-    finite = risk[period.present & ~np.isnan(risk) & (risk >= floor)]
+    return choose_threshold_pooled(
+        [(period, failures)], method, policy, node_level_modes, budget_per_1000_gpu_days, periods, floor
+    )
+
+
+def choose_threshold_pooled(
+    parts: Sequence[tuple[ScoredPeriod, FailureLog]],
+    method: str,
+    policy: AlertPolicy,
+    node_level_modes: frozenset[str],
+    budget_per_1000_gpu_days: float,
+    periods: PredictionPeriods = DEFAULT_PERIODS,
+    floor: float = 0.0,
+) -> tuple[float, float]:
+    """`choose_threshold` over several periods as one (a group of validation worlds): false alarms
+    summed over the parts against the budget of their GPU-days summed, so that a choice rests on
+    every world's failures and look-alikes, not on one world's."""
+    finite = np.concatenate(
+        [
+            p.scores[method][p.present & ~np.isnan(p.scores[method]) & (p.scores[method] >= floor)]
+            for p, _ in parts
+        ]
+    )
     if finite.size == 0:
         return 1.0, 0.0
-    allowed = max(1, int(budget_per_1000_gpu_days * period.gpu_days / 1000.0))
+    gpu_days = sum(p.gpu_days for p, _ in parts)
+    allowed = max(1, int(budget_per_1000_gpu_days * gpu_days / 1000.0))
     candidates = np.unique(
         np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]])
     )
-    found = incidents(period, method, candidates.tolist(), policy, node_level_modes)
+    found = [incidents(p, method, candidates.tolist(), policy, node_level_modes) for p, _ in parts]
     best = (float(candidates[-1]) + 1e-9, 0.0)
-    for thr, these in sorted(zip(candidates, found, strict=True), key=lambda x: -x[0]):
-        judged = judge(period, failures, these, periods)
-        false = sum(1 for j in judged if j.outcome in (Outcome.PREMATURE, Outcome.FALSE))
+    # From the highest threshold down, while the false alarms stay within what is allowed (judged
+    # lazily: the low thresholds' many incidents are never judged once one is over the budget).
+    for k in range(len(candidates) - 1, -1, -1):
+        false = 0
+        for (period, failures), these in zip(parts, found, strict=True):
+            judged = judge(period, failures, these[k], periods)
+            false += sum(1 for j in judged if j.outcome in (Outcome.PREMATURE, Outcome.FALSE))
         if false > allowed:
             break
-        best = (float(thr), 1000.0 * false / max(period.gpu_days, 1e-9))
+        best = (float(candidates[k]), 1000.0 * false / max(gpu_days, 1e-9))
     return best

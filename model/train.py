@@ -61,12 +61,13 @@ from faultcast.model.outcomes import (
     PredictionPeriods,
     ScoredPeriod,
     catches,
-    choose_threshold,
+    choose_threshold_pooled,
     incidents,
     predictable_counts,
 )
 from faultcast.model.recall_curve import write_curve
 from faultcast.model.rules import RulesBaseline
+from faultcast.model.world_pass import map_worlds
 from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,15 @@ class TrainConfig:
     # bench/worlds.sh passes them); they are not the default because 200 rows a leaf starves a small
     # training set (one small world's model then missed textbook failures).
     booster_params: tuple[tuple[str, float | int | str], ...] = ()
+    # Across worlds: how many of the last datasets validate, pooled (calibration, thresholds, the
+    # validation recall): a choice made on one world of a few dozen failures swings with its seed.
+    validation_worlds: int = 1
+    # Across worlds: early stopping by cross-validation over this many groups of the training worlds
+    # (each group held out in turn; the booster is then refit on all of them for the folds' mean
+    # best iteration). 1: early stopping on the validation worlds.
+    folds: int = 1
+    # Worlds replayed at once by local processes (without a Dask client; with one, its workers do).
+    jobs: int = 1
 
 
 @dataclass(frozen=True)
@@ -272,15 +282,25 @@ def train(
     if len(datasets) == 1:
         split = make_split(dataset, config)
         rows, names = _sample(dataset, features, split, config)
+        validating = [_Validation(dataset, split.train_nodes, split.validation_start_s, split.train_end_s)]
     else:
+        if not 1 <= config.validation_worlds < len(datasets):
+            raise ValueError(
+                f"{config.validation_worlds} validation worlds of {len(datasets)}: at least one must train "
+                "and one validate"
+            )
         split = Split(tuple(range(len(dataset.nodes))), (), dataset.start_s + WARMUP_S, dataset.end_s)
-        rows, names = _sample_worlds(datasets, features, config)
+        rows, names = _sample_worlds(datasets, features, config, dask_client)
+        validating = [
+            _Validation(d, tuple(range(len(d.nodes))), d.start_s + WARMUP_S, d.end_s)
+            for d in datasets[-config.validation_worlds :]
+        ]
     timings = {"feature_build_s": time.perf_counter() - started}
 
     t0 = time.perf_counter()
     dropped = dcgm_missing_columns(features)
     excluded = excluded_columns(names, config.exclude)
-    booster, best = _fit_risk(rows, names, dropped, excluded, config, dask_client)
+    booster, best, fold_best = _fit_risk(rows, names, dropped, excluded, config, dask_client)
     calibration = _calibrate(booster, rows)
     modes, mode_booster = _fit_mode_head(rows, names, config)
     model = FaultModel(
@@ -302,9 +322,9 @@ def train(
 
     t0 = time.perf_counter()
     periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
-    false_alarms, validation = _choose_thresholds(dataset, model, split, config, periods)
-    validation_gpu_days = validation.gpu_days
-    validation_recall = _validation_recall(validation, dataset.failures, model, periods)
+    false_alarms, validation = _choose_thresholds(validating, model, config, periods, dask_client)
+    validation_gpu_days = sum(period.gpu_days for period, _ in validation)
+    validation_recall = _validation_recall(validation, model, periods)
     timings["threshold_selection_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     metrics = TrainingMetrics(
@@ -317,6 +337,8 @@ def train(
         validation_false_alarms_per_1000_gpu_days=false_alarms,
         dropped_columns_for_dcgm_default=tuple(names[i] for i in dropped),
         validation_recall_5min_predictable=validation_recall,
+        fold_best_iterations=fold_best,
+        validation_worlds=len(validating),
     )
     save(
         model,
@@ -330,10 +352,10 @@ def train(
     # What `faultcast calibrate` reads: the training rows' distribution (drift) and the recall to
     # expect at any threshold, measured on the validation world (or slice).
     save_reference(build_reference(rows.x[rows.fit], names, rows.w[rows.fit]), out)
-    thresholds, recall, counted = _recall_curve(validation, dataset.failures, model, periods)
+    thresholds, recall, counted = _recall_curve(validation, model, periods)
     if thresholds:
         basis = {
-            "measured_on": str(dataset.path),
+            "measured_on": ", ".join(str(v.dataset.path) for v in validating),
             "leave_world_out": len(datasets) > 1,
             "failures_with_precursor": counted,
             "warning_s": periods.warning_s,
@@ -386,6 +408,8 @@ class _Sampled:
     val: np.ndarray  # bool: in the validation slice
     # Per row, the data's failure rate relative to hardware's (calibration counts its positives 1/A times).
     acceleration: np.ndarray
+    # Per row, the index of the world (dataset) it came from; all 0 for one dataset.
+    world: np.ndarray
 
 
 def _sample(
@@ -417,7 +441,7 @@ def _sample(
         raise ValueError("both the fit and validation slices need failures: more days or more acceleration")
     sampled = _Sampled(
         x=x, y=y, w=rows["weight"], ttf_s=rows["ttf_s"], mode=rows["mode"], fit=fit, val=val,
-        acceleration=np.full(len(y), acceleration_of(dataset, config)),
+        acceleration=np.full(len(y), acceleration_of(dataset, config)), world=np.zeros(len(y), dtype=np.int64),
     )  # fmt: skip
     return sampled, engine.names
 
@@ -465,27 +489,38 @@ def _world_rows(
 
 
 def _sample_worlds(
-    datasets: Sequence[Dataset], features: FeatureConfig, config: TrainConfig
+    datasets: Sequence[Dataset], features: FeatureConfig, config: TrainConfig, dask_client: Any = None
 ) -> tuple[_Sampled, tuple[str, ...]]:
-    """Every node and day of each world replayed through the features, the sampler's rows kept; the
-    last world's rows validate, the others' fit."""
+    """Every node and day of each world replayed through the features (one call per world, spread
+    over local processes or a Dask cluster: model/world_pass.py), the sampler's rows kept; the last
+    `config.validation_worlds` worlds' rows validate, the others' fit."""
+    base = config.seed if config.sample_seed is None else config.sample_seed
+    calls = [(dataset, features, config, base + k) for k, dataset in enumerate(datasets)]
+    results = map_worlds(_world_rows, calls, jobs=config.jobs, client=dask_client)
+    validating = len(datasets) - config.validation_worlds
     parts: list[tuple[dict[str, np.ndarray], bool, float]] = []
-    names: tuple[str, ...] = ()
-    for k, dataset in enumerate(datasets):
-        base = config.seed if config.sample_seed is None else config.sample_seed
-        rows, names = _world_rows(dataset, features, config, base + k)
+    names = results[0][1]
+    for k, (dataset, (rows, _)) in enumerate(zip(datasets, results, strict=True)):
         if rows["features"].size == 0 or not rows["label"].astype(bool).any():
             raise ValueError(f"{dataset.path}: no failure a warning could precede after the warm-up")
-        parts.append((rows, k == len(datasets) - 1, acceleration_of(dataset, config)))
+        parts.append((rows, k >= validating, acceleration_of(dataset, config)))
         log.info("%s: %d rows, %d positive", dataset.path, len(rows["label"]), int(rows["label"].sum()))
     stack = {key: np.concatenate([p[0][key] for p in parts]) for key in parts[0][0]}
     val = np.concatenate([np.full(len(p[0]["label"]), p[1]) for p in parts])
     accel = np.concatenate([np.full(len(p[0]["label"]), p[2]) for p in parts])
+    world = np.concatenate([np.full(len(p[0]["label"]), k, dtype=np.int64) for k, p in enumerate(parts)])
     sampled = _Sampled(
         x=stack["features"], y=stack["label"].astype(bool), w=stack["weight"], ttf_s=stack["ttf_s"],
-        mode=stack["mode"], fit=~val, val=val, acceleration=accel,
+        mode=stack["mode"], fit=~val, val=val, acceleration=accel, world=world,
     )  # fmt: skip
     return sampled, names
+
+
+def world_folds(worlds: np.ndarray, folds: int) -> np.ndarray:
+    """The fold of each row, from the world it came from: the training worlds dealt round-robin in
+    their order into `folds` groups, so that every world's rows stay together."""
+    order = {w: k for k, w in enumerate(dict.fromkeys(worlds.tolist()))}
+    return np.array([order[w] % folds for w in worlds.tolist()], dtype=np.int64)
 
 
 def _fit_risk(
@@ -495,8 +530,11 @@ def _fit_risk(
     excluded: np.ndarray,
     config: TrainConfig,
     dask_client: Any,
-) -> tuple[lgb.Booster, int]:
-    """The risk booster, early-stopped on the validation slice, and its best iteration."""
+) -> tuple[lgb.Booster, int, tuple[int, ...]]:
+    """The risk booster, its number of trees and, with folds, each fold's best iteration. Early
+    stopping is on the validation slice, or with `config.folds` > 1 by cross-validation over groups
+    of the training worlds: each group in turn is held out and the others fit until its average
+    precision stops rising; the booster is then fit on every training world for the folds' mean."""
     x, y, w, fit, val = rows.x, rows.y, rows.w, rows.fit, rows.val
     # Feature-group dropout: some rows look like a cluster with only dcgm-exporter's default metrics.
     rng = np.random.default_rng(config.seed + 1)
@@ -513,10 +551,12 @@ def _fit_risk(
     # heavy rows decide the splits and stopped it after a handful of trees); the calibration
     # uses the full weights, so risks are still probabilities for the whole population.
     rank_w = np.where(y, w, 1.0)
+    if config.folds > 1:
+        return _fit_by_folds(x_fit, y[fit], rank_w[fit], rows.world[fit], names, params, config)
     if dask_client is not None:
         from faultcast.model.distributed import fit_on_dask
 
-        return fit_on_dask(
+        booster, best = fit_on_dask(
             dask_client,
             x_fit,
             y[fit],
@@ -527,6 +567,7 @@ def _fit_risk(
             params,
             config.num_boost_round,
         )
+        return booster, best, ()
     train_set = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), free_raw_data=False)
     val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
     booster = lgb.train(
@@ -537,7 +578,44 @@ def _fit_risk(
         callbacks=[lgb.early_stopping(50, verbose=False)],
     )
     best = booster.best_iteration or config.num_boost_round
-    return _trimmed(booster, best), best
+    return _trimmed(booster, best), best, ()
+
+
+def _fit_by_folds(
+    x: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    worlds: np.ndarray,
+    names: tuple[str, ...],
+    params: dict[str, Any],
+    config: TrainConfig,
+) -> tuple[lgb.Booster, int, tuple[int, ...]]:
+    """Early stopping by cross-validation over groups of worlds (see `_fit_risk`)."""
+    if len(set(worlds.tolist())) < config.folds:
+        raise ValueError(
+            f"{config.folds} folds need at least {config.folds} training worlds; "
+            f"there are {len(set(worlds.tolist()))}"
+        )
+    fold = world_folds(worlds, config.folds)
+    best: list[int] = []
+    for f in range(config.folds):
+        held = fold == f
+        if not y[held].any() or not y[~held].any():
+            raise ValueError(f"fold {f} of {config.folds} has no failure a warning could precede on one side")
+        part = lgb.Dataset(x[~held], y[~held], weight=w[~held], feature_name=list(names))
+        check = lgb.Dataset(x[held], y[held], weight=w[held], reference=part)
+        booster = lgb.train(
+            params,
+            part,
+            num_boost_round=config.num_boost_round,
+            valid_sets=[check],
+            callbacks=[lgb.early_stopping(50, verbose=False)],
+        )
+        best.append(int(booster.best_iteration or config.num_boost_round))
+        log.info("fold %d of %d: best iteration %d", f + 1, config.folds, best[-1])
+    rounds = max(1, round(float(np.mean(best))))
+    whole = lgb.Dataset(x, y, weight=w, feature_name=list(names))
+    return lgb.train(params, whole, num_boost_round=rounds), rounds, tuple(best)
 
 
 def _calibrate(booster: lgb.Booster, rows: _Sampled) -> tuple[float, float]:
@@ -591,28 +669,53 @@ def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -
     )
 
 
-def _validation_recall(
-    period: ScoredPeriod, failures: FailureLog, model: FaultModel, periods: PredictionPeriods
-) -> ValidationRecall:
+@dataclass(frozen=True)
+class _Validation:
+    """A part of the data the choices are judged on: nodes of a dataset over [start_s, end_s)."""
+
+    dataset: Dataset
+    nodes: tuple[int, ...]
+    start_s: float
+    end_s: float
+
+
+Judged = list[tuple[ScoredPeriod, FailureLog]]
+
+
+def _pooled_catches(
+    parts: Judged, method: str, thresholds: Sequence[float], model: FaultModel, periods: PredictionPeriods
+) -> list[tuple[int, int]]:
+    """(failures that carried a precursor, those caught at >= the warning time) at each threshold,
+    summed over the parts."""
+    totals = [(0, 0)] * len(thresholds)
+    for period, failures in parts:
+        found = incidents(period, method, list(thresholds), model.policy, NODE_LEVEL_MODES)
+        for k, these in enumerate(found):
+            counted, caught, _ = predictable_counts(
+                catches(period, failures, these, periods), periods.warning_s
+            )
+            totals[k] = (totals[k][0] + counted, totals[k][1] + caught)
+    return totals
+
+
+def _validation_recall(parts: Judged, model: FaultModel, periods: PredictionPeriods) -> ValidationRecall:
     """The model's and the logistic baseline's recall of the validation failures that carried a
-    precursor, each at its own threshold."""
+    precursor, each at its own threshold, pooled over the validation worlds."""
     recall = {}
     counted = 0
     for method, threshold in (("model", model.threshold), ("logistic", model.logistic_threshold)):
-        (found,) = incidents(period, method, [threshold], model.policy, NODE_LEVEL_MODES)
-        counted, caught, _ = predictable_counts(catches(period, failures, found, periods), periods.warning_s)
+        ((counted, caught),) = _pooled_catches(parts, method, [threshold], model, periods)
         recall[method] = caught / counted if counted else math.nan
     return ValidationRecall(recall["model"], recall["logistic"], counted)
 
 
 def _recall_curve(
-    period: ScoredPeriod, failures: FailureLog, model: FaultModel, periods: PredictionPeriods
+    parts: Judged, model: FaultModel, periods: PredictionPeriods
 ) -> tuple[list[float], list[float], int]:
     """Recall at >= the warning time of the validation failures that carried a precursor, at a grid of
     thresholds from the median validation score up (with the chosen threshold among them): (thresholds,
     recall, failures counted). Empty when the log says of no failure that it carried a precursor."""
-    risk = period.scores["model"]
-    finite = risk[period.present & ~np.isnan(risk)]
+    finite = np.concatenate([p.scores["model"][p.present & ~np.isnan(p.scores["model"])] for p, _ in parts])
     if finite.size == 0:
         return [], [], 0
     # Alerts live in the top of the scores: the grid is fine there (and takes the highest scores).
@@ -620,28 +723,38 @@ def _recall_curve(
     quantiles = np.quantile(finite, np.concatenate([np.linspace(0.5, 0.99, 20), np.linspace(0.99, 1.0, 41)]))
     grid = np.unique(np.concatenate([quantiles, top, [model.threshold]]))
     grid = grid[grid < 1.0]
-    found = incidents(period, "model", grid.tolist(), model.policy, NODE_LEVEL_MODES)
-    recall: list[float] = []
-    counted = 0
-    for these in found:
-        counted, caught, _ = predictable_counts(catches(period, failures, these, periods), periods.warning_s)
-        recall.append(caught / counted if counted else math.nan)
+    totals = _pooled_catches(parts, "model", grid.tolist(), model, periods)
+    counted = totals[0][0] if totals else 0
     if counted == 0:
         return [], [], 0
+    recall = [caught / counted for _, caught in totals]
     return [float(t) for t in grid], recall, counted
 
 
-def _choose_thresholds(
-    dataset: Dataset, model: FaultModel, split: Split, config: TrainConfig, periods: PredictionPeriods
-) -> tuple[FalseAlarms, ScoredPeriod]:
-    """Sets the model's thresholds, each the lowest that keeps validation false alarms within the
-    budget; returns the false alarms at each and the scored validation period."""
-    period = score_period(dataset, model, split.train_nodes, split.validation_start_s, split.train_end_s)
+def _score_part(part: _Validation, model: FaultModel, masked: tuple[str, ...]) -> ScoredPeriod:
+    """One validation part scored (a top-level function: it runs in other processes too)."""
+    return score_period(part.dataset, model, part.nodes, part.start_s, part.end_s, masked_inputs=masked)
 
-    def chosen(scored: ScoredPeriod, method: str) -> tuple[float, float]:
-        return choose_threshold(
-            scored,
-            dataset.failures,
+
+def _choose_thresholds(
+    parts: Sequence[_Validation],
+    model: FaultModel,
+    config: TrainConfig,
+    periods: PredictionPeriods,
+    dask_client: Any = None,
+) -> tuple[FalseAlarms, Judged]:
+    """Sets the model's thresholds, each the lowest that keeps the validation parts' false alarms,
+    pooled, within the budget; returns the false alarms at each and the scored validation parts.
+    A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
+    chosen the same way with those inputs blanked."""
+    calls = [(part, model, masked) for masked in ((), tuple(DCGM_DEFAULT_MISSING)) for part in parts]
+    scored = map_worlds(_score_part, calls, jobs=config.jobs, client=dask_client)
+    full: Judged = [(p, part.dataset.failures) for p, part in zip(scored[: len(parts)], parts, strict=True)]
+    masked: Judged = [(p, part.dataset.failures) for p, part in zip(scored[len(parts) :], parts, strict=True)]
+
+    def chosen(judged: Judged, method: str) -> tuple[float, float]:
+        return choose_threshold_pooled(
+            judged,
             method,
             model.policy,
             NODE_LEVEL_MODES,
@@ -650,20 +763,10 @@ def _choose_thresholds(
             floor=LOGISTIC_FLOOR if method == "logistic" else MODE_FLOOR,
         )
 
-    model.threshold, model_fa = chosen(period, "model")
-    model.logistic_threshold, logistic_fa = chosen(period, "logistic")
-    # A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
-    # chosen the same way on the validation slice with those inputs blanked.
-    masked = score_period(
-        dataset,
-        model,
-        split.train_nodes,
-        split.validation_start_s,
-        split.train_end_s,
-        masked_inputs=DCGM_DEFAULT_MISSING,
-    )
+    model.threshold, model_fa = chosen(full, "model")
+    model.logistic_threshold, logistic_fa = chosen(full, "logistic")
     model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
-    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), period
+    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), full
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

@@ -148,6 +148,7 @@ SLOW_MODULES = {
     "tests/test_pace.py": "a node's samples pushed at three paces, one a second: 19,000 pushes",
     "tests/test_prometheus_scrape.py": "a real Prometheus",
     "tests/test_cli.py": "`faultcast` commands in subprocesses",
+    "tests/test_train_groups.py": "trains across four worlds with folds and pooled validation",
 }
 SLOW_TESTS = {
     "tests/test_world.py": {

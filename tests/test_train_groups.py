@@ -1,0 +1,110 @@
+"""Choices by groups of worlds (issue 28 item 3): early stopping by cross-validation over groups of the
+training worlds, calibration and thresholds pooled over several validation worlds, and the per-world
+replay spread over local processes with the same rows as in one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightgbm as lgb
+import numpy as np
+import pytest
+
+from faultcast.model.artifact import load
+from faultcast.model.dataset import open_dataset
+from faultcast.model.evaluate import MODE_FLOOR, WARMUP_S, score_period
+from faultcast.model.features import FeatureConfig
+from faultcast.model.outcomes import choose_threshold, choose_threshold_pooled
+from faultcast.model.recall_curve import read_curve
+from faultcast.model.train import (
+    TrainConfig,
+    _world_rows,
+    train,
+    world_folds,
+)
+from faultcast.model.world_pass import map_worlds
+from faultcast.modes import NODE_LEVEL_MODES
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.world import World
+from faultcast.sim.writer import simulate
+
+# Four small worlds at 1000x: two train (one a fold), two validate, pooled.
+WORLDS = (3, 4, 5, 6)
+CONFIG = TrainConfig(num_boost_round=40, negative_rate=0.05, validation_worlds=2, folds=2)
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    out = []
+    for seed in WORLDS:
+        path = tmp_path_factory.mktemp(f"world{seed}")
+        simulate(FleetConfig(nodes=6, days=1.0, seed=seed, acceleration=1000.0, world=World.draw(seed)), path)
+        out.append(path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def grouped(worlds: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("model")
+    train([open_dataset(p) for p in worlds], out, CONFIG)
+    return out
+
+
+def test_folds_keep_each_world_whole_and_deal_worlds_round_robin() -> None:
+    worlds = np.array([7, 7, 2, 2, 2, 9, 4, 4, 7])
+    folds = world_folds(worlds, 2)
+    for w in set(worlds.tolist()):
+        assert len(set(folds[worlds == w].tolist())) == 1  # a world is never split between folds
+    # In the order they first appear: 7, 2, 9, 4 -> folds 0, 1, 0, 1.
+    assert [int(folds[worlds == w][0]) for w in (7, 2, 9, 4)] == [0, 1, 0, 1]
+
+
+def test_cross_validated_early_stopping_and_pooled_validation(worlds: list[Path], grouped: Path) -> None:
+    model = load(grouped)
+    metrics = model.card.metrics
+    assert metrics is not None
+    # One best iteration per fold, and the booster refit on every training world for their mean.
+    assert len(metrics.fold_best_iterations) == 2
+    assert all(1 <= b <= CONFIG.num_boost_round for b in metrics.fold_best_iterations)
+    assert metrics.best_iteration == round(float(np.mean(metrics.fold_best_iterations)))
+    booster = lgb.Booster(model_str=model.booster.model_to_string())
+    assert booster.num_trees() == metrics.best_iteration
+    # The validation pooled the last two worlds, both named.
+    assert metrics.validation_worlds == 2
+    curve = read_curve(grouped)
+    assert curve is not None
+    assert all(str(p) in curve.basis["measured_on"] for p in worlds[2:])
+
+
+def test_pooled_thresholds_judge_every_validation_world(worlds: list[Path], grouped: Path) -> None:
+    """The threshold is the one whose false alarms summed over both validation worlds fit the budget of
+    their GPU-days summed, reproduced here from both worlds scored afresh."""
+    model = load(grouped)
+    parts = [open_dataset(p) for p in worlds[2:]]
+    judged = [
+        (score_period(d, model, range(len(d.nodes)), d.start_s + WARMUP_S, d.end_s), d.failures)
+        for d in parts
+    ]
+    periods = model.card.metrics.prediction_periods  # type: ignore[union-attr]
+    assert periods is not None
+    args = ("model", model.policy, NODE_LEVEL_MODES, CONFIG.false_alarm_budget, periods)
+    assert model.card.metrics.validation_gpu_days == pytest.approx(sum(p.gpu_days for p, _ in judged))  # type: ignore[union-attr]
+    pooled, _ = choose_threshold_pooled(judged, *args, floor=MODE_FLOOR)
+    assert pooled == pytest.approx(model.card.threshold)
+    # One part pooled is the single-period choice.
+    period, failures = judged[0]
+    assert choose_threshold_pooled([judged[0]], *args) == choose_threshold(period, failures, *args)
+
+
+def test_worlds_replayed_in_other_processes_give_the_same_rows(worlds: list[Path]) -> None:
+    datasets = [open_dataset(p) for p in worlds[:2]]
+    features = FeatureConfig(cadence_s=datasets[0].cadence_s)
+    calls = [(d, features, CONFIG, 10 + k) for k, d in enumerate(datasets)]
+    here = map_worlds(_world_rows, calls)
+    spread = map_worlds(_world_rows, calls, jobs=2)
+    for (a, names_a), (b, names_b) in zip(here, spread, strict=True):
+        assert names_a == names_b
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    assert here[0][0]["label"].any()  # rows with failures, not two empty results
