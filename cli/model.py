@@ -86,6 +86,12 @@ def add_parsers(commands: Subcommands) -> None:
         "cluster's workers replay them)",
     )
     train.add_argument(
+        "--no-blend",
+        action="store_true",
+        help="serve the booster alone, even where stacking it with the logistic baseline catches more of "
+        "the validation failures at the same false-alarm budget",
+    )
+    train.add_argument(
         "--no-monotone",
         action="store_true",
         help="let the booster treat more hardware errors as less risk where the data says so",
@@ -191,6 +197,7 @@ def run_train(args: argparse.Namespace) -> int:
             validation_worlds=args.validation_worlds,
             folds=args.folds,
             jobs=args.jobs,
+            blend=not args.no_blend,
         )
         client = None
         if args.dask_scheduler:
@@ -218,11 +225,26 @@ def trained_summary(out: Path, card: ModelManifest) -> str:
         if recall is not None and recall.failures
         else ""
     )
+    served = ""
+    if (
+        m.served is not None
+        and m.validation_recall_booster is not None
+        and m.validation_recall_blend is not None
+    ):
+        served = (
+            f"; serving the {m.served} (booster alone {m.validation_recall_booster:.1%}, stacked with "
+            f"logistic regression {m.validation_recall_blend:.1%})"
+        )
+    folds = (
+        f", early stopping over {len(m.fold_best_iterations)} folds of worlds"
+        if m.fold_best_iterations
+        else ""
+    )
     return (
         f"wrote {out}: {m.training_rows:,} rows ({m.training_positives:,} positive), "
-        f"{m.best_iteration} trees, threshold {card.threshold:.3g} "
+        f"{m.best_iteration} trees{folds}, threshold {card.threshold:.3g} "
         f"({false_alarms:.2f} false alarms per 1,000 GPU-days "
-        f"on {m.validation_gpu_days:.0f} validation GPU-days{judged}), "
+        f"on {m.validation_gpu_days:.0f} validation GPU-days{judged}{served}), "
         f"in {timings.total_s:.0f} s"
     )
 

@@ -131,6 +131,11 @@ class TrainingMetrics:
     # Cross-validation over groups of worlds: each fold's best iteration (empty: no folds, or older).
     fold_best_iterations: tuple[int, ...] = ()
     validation_worlds: int = 1  # how many worlds (or slices) the validation pooled
+    # Which risk serves: "booster", or "blend" (stacked with the logistic baseline); None: older.
+    served: str | None = None
+    # The validation recall at the budget of the booster alone and of the blend (None: not compared).
+    validation_recall_booster: float | None = None
+    validation_recall_blend: float | None = None
 
 
 @dataclass(frozen=True)
@@ -500,7 +505,17 @@ def _metrics(where: Path, data: Mapping[str, object]) -> TrainingMetrics | None:
         validation_recall_5min_predictable=recall,
         fold_best_iterations=_counts(where, m, "metrics.fold_best_iterations"),
         validation_worlds=_count(where, m, "metrics.validation_worlds") if "validation_worlds" in m else 1,
+        served=_optional_text(where, m, "metrics.served"),
+        validation_recall_booster=_optional_measured(where, m, "metrics.validation_recall_booster"),
+        validation_recall_blend=_optional_measured(where, m, "metrics.validation_recall_blend"),
     )
+
+
+def _optional_measured(where: Path, data: Mapping[str, object], key: str) -> float | None:
+    """A measurement that older manifests lack (None there, and where it was null: NaN)."""
+    if data.get(_leaf(key)) is None:
+        return None
+    return _measured(where, data, key)
 
 
 def _counts(where: Path, data: Mapping[str, object], key: str) -> tuple[int, ...]:

@@ -41,8 +41,14 @@ def _sigmoid_scale(booster: lgb.Booster) -> float | None:
     return 1.0
 
 
-def risk_range(booster: lgb.Booster, calibration: tuple[float, float]) -> tuple[float, float]:
-    """The lowest and highest calibrated risk the model can give (bounds: reached or not)."""
+def risk_range(
+    booster: lgb.Booster,
+    calibration: tuple[float, float],
+    logistic_logits: tuple[float, float] | None = None,
+    blend: float = 0.0,
+) -> tuple[float, float]:
+    """The lowest and highest calibrated risk the model can give (bounds: reached or not). A blend
+    adds `blend` times the logistic baseline's log-odds, which lie within `logistic_logits`."""
     a, b = calibration
     scale = _sigmoid_scale(booster)
     if scale is None:
@@ -53,7 +59,10 @@ def risk_range(booster: lgb.Booster, calibration: tuple[float, float]) -> tuple[
             tree_low, tree_high = _extreme_leaves(tree["tree_structure"])
             low, high = low + tree_low, high + tree_high
         raw_low, raw_high = (_clipped(1.0 / (1.0 + math.exp(-scale * margin))) for margin in (low, high))
-    risks = [_calibrated(raw, a, b) for raw in (raw_low, raw_high)]
+    shifts = [0.0]
+    if blend and logistic_logits is not None:
+        shifts = [blend * logistic_logits[0], blend * logistic_logits[1]]
+    risks = [_calibrated(raw, a, b + shift) for raw in (raw_low, raw_high) for shift in shifts]
     return min(risks), max(risks)
 
 
@@ -63,6 +72,8 @@ def _clipped(raw: float) -> float:
 
 def _calibrated(raw: float, a: float, b: float) -> float:
     z = a * math.log(raw / (1.0 - raw)) + b
+    if z > 700:
+        return 1.0
     return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
 

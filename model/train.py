@@ -27,7 +27,7 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,9 @@ class TrainConfig:
     folds: int = 1
     # Worlds replayed at once by local processes (without a Dask client; with one, its workers do).
     jobs: int = 1
+    # Stack the booster with the logistic baseline and serve the blend where it catches more on the
+    # validation worlds at the same budget (off: the booster alone, as before issue 28).
+    blend: bool = True
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,12 @@ def train(
 
     t0 = time.perf_counter()
     periods = PredictionPeriods(config.warning_s, config.prediction_period_s)
-    false_alarms, validation = _choose_thresholds(validating, model, config, periods, dask_client)
+    false_alarms, validation, masked = _choose_thresholds(validating, model, config, periods, dask_client)
+    served = _choose_blend(rows, model, validation, masked, config, periods) if config.blend else None
+    if served is not None and served.blend:
+        false_alarms = replace(
+            false_alarms, model=served.false_alarms, model_dcgm_default=served.dcgm_false_alarms
+        )
     validation_gpu_days = sum(period.gpu_days for period, _ in validation)
     validation_recall = _validation_recall(validation, model, periods)
     timings["threshold_selection_s"] = time.perf_counter() - t0
@@ -338,6 +346,9 @@ def train(
         dropped_columns_for_dcgm_default=tuple(names[i] for i in dropped),
         validation_recall_5min_predictable=validation_recall,
         fold_best_iterations=fold_best,
+        served="blend" if served is not None and served.blend else "booster",
+        validation_recall_booster=served.booster_recall if served is not None else None,
+        validation_recall_blend=served.blend_recall if served is not None else None,
         validation_worlds=len(validating),
     )
     save(
@@ -742,7 +753,7 @@ def _choose_thresholds(
     config: TrainConfig,
     periods: PredictionPeriods,
     dask_client: Any = None,
-) -> tuple[FalseAlarms, Judged]:
+) -> tuple[FalseAlarms, Judged, Judged]:
     """Sets the model's thresholds, each the lowest that keeps the validation parts' false alarms,
     pooled, within the budget; returns the false alarms at each and the scored validation parts.
     A cluster with only dcgm-exporter's defaults scores differently: it gets its own threshold,
@@ -766,7 +777,96 @@ def _choose_thresholds(
     model.threshold, model_fa = chosen(full, "model")
     model.logistic_threshold, logistic_fa = chosen(full, "logistic")
     model.dcgm_default_threshold, dcgm_fa = chosen(masked, "model")
-    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), full
+    return FalseAlarms(model_fa, logistic_fa, dcgm_fa), full, masked
+
+
+@dataclass(frozen=True)
+class _BlendChoice:
+    """What the validation worlds said of the booster alone and of the blend, and which serves."""
+
+    blend: bool  # the blend serves
+    booster_recall: float
+    blend_recall: float
+    false_alarms: float  # the served risk's, per 1,000 GPU-days on validation
+    dcgm_false_alarms: float
+
+
+def _fit_blend(model: FaultModel, rows: _Sampled) -> tuple[float, float, float]:
+    """(a, b, c): risk = sigmoid(a * logit(booster) + b + c * logistic log-odds), fit like Platt's
+    scaling on the validation rows (positives counted 1/A times): the two learners stacked."""
+    x = rows.x[rows.val]
+    raw = _logit(np.asarray(model.booster.predict(x)))
+    linear = model.logistic.logit(x.astype(np.float64))
+    y, w = rows.y[rows.val], rows.w[rows.val]
+    w = np.where(y, w / rows.acceleration[rows.val], w)
+    stack = LogisticRegression(C=1e6, max_iter=1000).fit(
+        np.column_stack([raw, linear]), y, sample_weight=w / w.mean()
+    )
+    return float(stack.coef_[0][0]), float(stack.intercept_[0]), float(stack.coef_[0][1])
+
+
+def _blended(
+    period: ScoredPeriod, calibration: tuple[float, float], blend: tuple[float, float, float]
+) -> np.ndarray:
+    """The blend's risk on a scored period, from the booster's calibrated risk (inverted through
+    its calibration) and the logistic baseline's probability there: no second pass over the data.
+    The logistic's log-odds beyond +-36 (a probability of 1 in float64) read as 36."""
+    a, b = calibration
+    risk = np.clip(period.scores["model"], 1e-300, 1 - 1e-16)
+    raw = (np.log(risk / (1 - risk)) - b) / a
+    p = np.clip(period.scores["logistic"], 1e-300, 1 - 1e-16)
+    z = blend[0] * raw + blend[1] + blend[2] * np.log(p / (1 - p))
+    return np.asarray(1.0 / (1.0 + np.exp(-z)))
+
+
+def _choose_blend(
+    rows: _Sampled,
+    model: FaultModel,
+    full: Judged,
+    masked: Judged,
+    config: TrainConfig,
+    periods: PredictionPeriods,
+) -> _BlendChoice | None:
+    """Serve the booster stacked with the logistic baseline when, on the validation worlds pooled and at
+    the same false-alarm budget, it catches more of the failures that carried a precursor than the
+    booster alone (LightGBM has not always beaten logistic regression: docs/model.md). Sets the
+    model's calibration, blend and thresholds when it does. None: the calibration cannot be inverted."""
+    if abs(model.calibration[0]) < 1e-6 or not rows.val.any():
+        return None
+    blend = _fit_blend(model, rows)
+    for period, _ in [*full, *masked]:
+        period.scores["blend"] = _blended(period, model.calibration, blend)
+
+    def chosen(judged: Judged) -> tuple[float, float]:
+        return choose_threshold_pooled(
+            judged,
+            "blend",
+            model.policy,
+            NODE_LEVEL_MODES,
+            config.false_alarm_budget,
+            periods,
+            floor=MODE_FLOOR,
+        )
+
+    threshold, false_alarms = chosen(full)
+    ((counted, booster_caught),) = _pooled_catches(full, "model", [model.threshold], model, periods)
+    ((_, blend_caught),) = _pooled_catches(full, "blend", [threshold], model, periods)
+    booster_recall = booster_caught / counted if counted else math.nan
+    blend_recall = blend_caught / counted if counted else math.nan
+    serve = blend_caught > booster_caught
+    dcgm_false_alarms = math.nan
+    if serve:
+        model.dcgm_default_threshold, dcgm_false_alarms = chosen(masked)
+        model.calibration, model.blend, model.threshold = (blend[0], blend[1]), blend[2], threshold
+        for period, _ in full:  # what the recall curve and the validation recall read from here on
+            period.scores["model"] = period.scores["blend"]
+    log.info(
+        "validation recall at the budget: booster %.3f, blend with logistic regression %.3f: serving the %s",
+        booster_recall,
+        blend_recall,
+        "blend" if serve else "booster",
+    )
+    return _BlendChoice(serve, booster_recall, blend_recall, false_alarms, dcgm_false_alarms)
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

@@ -13,7 +13,9 @@ from sklearn.metrics import average_precision_score
 from faultcast.model.artifact import load
 from faultcast.model.dataset import open_dataset
 from faultcast.model.distributed import fit_on_dask
-from faultcast.model.train import TrainConfig, train
+from faultcast.model.features import FeatureConfig
+from faultcast.model.train import TrainConfig, _world_rows, train
+from faultcast.model.world_pass import map_worlds
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.writer import simulate
 
@@ -53,3 +55,22 @@ def test_faultcast_train_on_dask_writes_a_loadable_model(client: object, tmp_pat
     loaded = load(tmp_path / "model")
     x = np.zeros((2, len(loaded.feature_names)))
     assert loaded.risk(x).shape == (2,)
+
+
+def test_each_worlds_replay_runs_on_the_cluster_with_the_same_rows(client: object, tmp_path: Path) -> None:
+    """The per-world pass (`faultcast train --dask-scheduler`): each world's rows built on a worker are
+    the rows built here, in the order of the worlds."""
+    datasets = []
+    for seed in (6, 7):
+        simulate(FleetConfig(nodes=2, days=1.0, seed=seed, acceleration=1000.0), tmp_path / f"w{seed}")
+        datasets.append(open_dataset(tmp_path / f"w{seed}"))
+    features = FeatureConfig(cadence_s=datasets[0].cadence_s)
+    config = TrainConfig(negative_rate=0.05)
+    calls = [(d, features, config, k) for k, d in enumerate(datasets)]
+    here = map_worlds(_world_rows, calls)
+    there = map_worlds(_world_rows, calls, client=client)
+    assert [len(rows["label"]) for rows, _ in here] == [len(rows["label"]) for rows, _ in there]
+    for (a, _), (b, _) in zip(here, there, strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    assert any(rows["label"].any() for rows, _ in here)

@@ -10,12 +10,13 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-from faultcast.model.artifact import load
+from faultcast.model.artifact import load, save
 from faultcast.model.dataset import open_dataset
 from faultcast.model.evaluate import MODE_FLOOR, WARMUP_S, score_period
 from faultcast.model.features import FeatureConfig
 from faultcast.model.outcomes import choose_threshold, choose_threshold_pooled
 from faultcast.model.recall_curve import read_curve
+from faultcast.model.risk_range import risk_range
 from faultcast.model.train import (
     TrainConfig,
     _world_rows,
@@ -73,7 +74,7 @@ def test_cross_validated_early_stopping_and_pooled_validation(worlds: list[Path]
     assert metrics.validation_worlds == 2
     curve = read_curve(grouped)
     assert curve is not None
-    assert all(str(p) in curve.basis["measured_on"] for p in worlds[2:])
+    assert all(str(p) in str(curve.basis["measured_on"]) for p in worlds[2:])
 
 
 def test_pooled_thresholds_judge_every_validation_world(worlds: list[Path], grouped: Path) -> None:
@@ -108,3 +109,49 @@ def test_worlds_replayed_in_other_processes_give_the_same_rows(worlds: list[Path
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
     assert here[0][0]["label"].any()  # rows with failures, not two empty results
+
+
+def test_the_served_risk_is_the_learner_that_caught_more_on_validation(grouped: Path) -> None:
+    model = load(grouped)
+    metrics = model.card.metrics
+    assert metrics is not None
+    assert metrics.served in ("booster", "blend")
+    assert metrics.validation_recall_booster is not None
+    assert metrics.validation_recall_blend is not None
+    served = metrics.validation_recall_5min_predictable
+    assert served is not None
+    if metrics.served == "blend":  # chosen only where it caught strictly more, and that is what serves
+        assert metrics.validation_recall_blend > metrics.validation_recall_booster
+        assert served.model == pytest.approx(metrics.validation_recall_blend)
+        assert model.blend != 0.0
+    else:
+        assert metrics.validation_recall_blend <= metrics.validation_recall_booster
+        assert served.model == pytest.approx(metrics.validation_recall_booster)
+        assert model.blend == 0.0
+
+
+def test_a_blend_saves_loads_and_bounds_its_risks(grouped: Path, tmp_path: Path) -> None:
+    """The blend's risk adds the logistic log-odds at its weight; it survives save and load, and the
+    lowest risk the model can give (the threshold floor) bounds it on extreme inputs."""
+    model = load(grouped)
+    model.blend, model.calibration = 0.8, (0.9, -3.0)
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 50, (400, len(model.feature_names)))
+    x[rng.random(x.shape) < 0.2] = np.nan
+    a, b = model.calibration
+    raw = np.clip(model.raw(x), 1e-9, 1 - 1e-9)
+    expected = 1 / (1 + np.exp(-(a * np.log(raw / (1 - raw)) + b + 0.8 * model.logistic.logit(x))))
+    np.testing.assert_allclose(model.risk(x), expected)
+    saved = tmp_path / "blend"
+    model.threshold = float(np.quantile(expected, 0.99))
+    save(model, saved)
+    back = load(saved)
+    assert back.blend == 0.8
+    np.testing.assert_allclose(back.risk(x), model.risk(x))
+    low, high = risk_range(back.booster, back.calibration, back.logistic.logit_range(), back.blend)
+    risks = back.risk(x)
+    assert low <= risks.min()
+    assert risks.max() <= high
+    # Without the logistic part in the bound, the blend's risks would escape it.
+    plain_low, plain_high = risk_range(back.booster, back.calibration)
+    assert risks.min() < plain_low or risks.max() > plain_high
