@@ -249,7 +249,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         for d in datasets:  # refused before anything is scored
             if d.path.resolve() in references:
                 ref, where = references[d.path.resolve()]
-                check_reference(d, ref.card.training_data, where)
+                check_reference(d, ref.card.training_data, where, apart)
     except (ModelError, DataError, ValueError) as exc:  # CeilingError is a ValueError
         print(f"faultcast evaluate: {exc}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ from faultcast.modes import NODE_LEVEL_MODES
 
 RECALL = "recall_5min_predictable"
 USED = "matched"  # the row share_of_ceiling reads: the reference at the model's false alarms
+OWN = "own_threshold"  # the reference at its own trained threshold
 DEFINITION = (
     "an in-world reference (the same recipe trained on other fleets of the evaluated world) scored on the "
     "same evaluated part; 'matched' sets its threshold where it raises no more false alarms than the model "
@@ -108,9 +109,12 @@ def check_not_trained_on(dataset: Dataset, training: TrainingData, reference: Pa
     return unread
 
 
-def check_reference(dataset: Dataset, training: TrainingData | None, reference: Path) -> ReferenceCheck:
+def check_reference(
+    dataset: Dataset, training: TrainingData | None, reference: Path, false_alarm_data: Sequence[Dataset] = ()
+) -> ReferenceCheck:
     """The reference must have trained on the world of `dataset` (its id among the card's training
-    worlds) and not on `dataset` itself; CeilingError saying why otherwise."""
+    worlds) and not on `dataset` itself, nor on the false-alarm data of its world that will measure its
+    false alarms; CeilingError saying why otherwise."""
     if training is None:
         raise CeilingError(
             f"the reference {reference} does not record its training data: its world is unknown"
@@ -129,6 +133,10 @@ def check_reference(dataset: Dataset, training: TrainingData | None, reference: 
             "the ceiling is the same recipe trained on the evaluated world"
         )
     unread = check_not_trained_on(dataset, training, reference)
+    for other in false_alarm_data:
+        world = world_of(other.manifest)
+        if world is not None and world.id in ids:
+            check_not_trained_on(other, training, reference)
     return ReferenceCheck(ids, tuple(unread))
 
 
@@ -192,7 +200,7 @@ def _summary(model: Measured, used: Measured, own: Measured, resamples: int, see
             "row": USED,
             RECALL: _share(model.metrics[RECALL], used.metrics[RECALL]),
             "ci95": _share_interval(model.tallies, used.tallies, resamples, seed),
-            "own_threshold": _share(model.metrics[RECALL], own.metrics[RECALL]),
+            OWN: _share(model.metrics[RECALL], own.metrics[RECALL]),
             "by_mode": {mode: m["share_of_ceiling"] for mode, m in modes.items()},
         },
         "by_mode": modes,
@@ -211,12 +219,12 @@ class Ceiling:
 
 def _rows(
     reference: FaultModel, period: ScoredPeriod, failures: FailureLog, target: int, periods: PredictionPeriods
-) -> tuple[tuple[Row, Measured], tuple[Row, Measured], bool]:
+) -> tuple[tuple[Row, Measured], tuple[Row, Measured]]:
     """The reference at its own threshold, and matched to `target` false alarms (with its own threshold
     among the candidates: where that raises exactly the model's, no grid point is needed)."""
     policy = reference.policy
     own = Row(
-        "ceiling",
+        OWN,
         "in-world ceiling, reference at its own threshold",
         Setting("model", reference.threshold, policy),
     )
@@ -234,7 +242,7 @@ def _rows(
         Setting("model", best.setting, policy),
         about={"matched_to_false_alarms_per_1000_gpu_days": rate, "within_target": within},
     )
-    return (own, own_measured), (matched, measure(matched, period, failures, periods, best.found)), within
+    return (own, own_measured), (matched, measure(matched, period, failures, periods, best.found))
 
 
 def _reference_json(reference: FaultModel, where: Path, check: ReferenceCheck) -> dict[str, Any]:
@@ -280,8 +288,6 @@ def _apart(
         if world is None or world.id not in world_ids:
             skipped.append(str(scored.dataset.path))
             continue
-        if reference.card.training_data is not None:
-            check_not_trained_on(scored.dataset, reference.card.training_data, where)
         mine.append((scored.dataset, score_like(scored, reference)))
     if not mine:
         return None
@@ -307,11 +313,12 @@ def measure_ceiling(
 ) -> Ceiling:
     """The ceiling block of one evaluated dataset (`evaluation` is the model's on `scored`), the
     reference model loaded from `where`; CeilingError when it cannot serve (check_reference)."""
-    check = check_reference(scored.dataset, reference.card.training_data, where)
+    apart_data = [s.dataset for s in false_alarm_data]
+    check = check_reference(scored.dataset, reference.card.training_data, where, apart_data)
     period, failures = score_like(scored, reference), scored.dataset.failures
     model = evaluation.rows["model"]
     target = int(model.metrics["false_alarms"])
-    (own_row, own), (matched_row, used), _ = _rows(reference, period, failures, target, periods)
+    (own_row, own), (matched_row, used) = _rows(reference, period, failures, target, periods)
     apart = _apart(
         false_alarm_data, reference, where, check.world_ids, (own_row, matched_row), periods, resamples, seed
     )
@@ -326,7 +333,7 @@ def measure_ceiling(
             apart["methods"][USED]["false_alarms_per_1000_gpu_days"] if apart is not None else None
         ),
         **_summary(model, used, own, resamples, seed),
-        "own_threshold": _row_json(own_row, own, resamples, seed),
+        OWN: _row_json(own_row, own, resamples, seed),
         USED: used_json,
         "false_alarm_data": apart,
     }
@@ -357,7 +364,7 @@ def pooled_ceiling(
         "ci95": {RECALL: used.metrics["ci95"][RECALL]},
         "false_alarms_per_1000_gpu_days": used.metrics["false_alarms_per_1000_gpu_days"],
         **_summary(model, used, own, resamples, seed),
-        "own_threshold": {"label": "in-world ceiling, reference at its own threshold", **own.metrics},
+        OWN: {"label": "in-world ceiling, reference at its own threshold", **own.metrics},
         USED: {
             "label": "in-world ceiling, matched to the model's false alarms (each dataset's own match)",
             **used.metrics,

@@ -112,7 +112,7 @@ def test_the_ceiling_names_its_reference_and_measures_false_alarms_on_its_own_wo
     assert apart["data"] == [str(fleets["calm"])]
     assert apart["skipped_other_worlds"] == [str(fleets["elsewhere"])]
     # The main block pools both calm fleets (the same size); the ceiling's only the one of its world.
-    own = apart["methods"]["ceiling"]
+    own = apart["methods"]["own_threshold"]
     assert own["gpu_days"] == pytest.approx(one["false_alarm_data"]["methods"]["model"]["gpu_days"] / 2)
     assert (
         one["ceiling"]["false_alarms_apart_per_1000_gpu_days"]
@@ -157,7 +157,18 @@ def test_a_reference_trained_on_the_data_or_another_world_is_refused(
         check_reference(open_dataset(copy), training, where)
     with pytest.raises(CeilingError, match="not on world"):
         check_reference(open_dataset(fleets["elsewhere"]), training, where)
-    assert check_reference(open_dataset(fleets["evaluated"]), training, where).fleets_unchecked == ()
+    evaluated = open_dataset(fleets["evaluated"])
+    assert check_reference(evaluated, training, where).fleets_unchecked == ()
+    # Its false alarms are not measured on its own training data either (another world's is not used).
+    with pytest.raises(CeilingError, match="itself"):
+        check_reference(evaluated, training, where, [open_dataset(fleets["train"])])
+    check_reference(evaluated, training, where, [open_dataset(fleets["elsewhere"])])
+    # Data that names no world (an import) cannot be checked: refused, not trusted.
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["world"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CeilingError, match="names no world"):
+        check_reference(open_dataset(copy), training, where)
 
 
 def test_evaluate_refuses_a_bad_reference_before_scoring(
