@@ -149,6 +149,16 @@ def add_parsers(commands: Subcommands) -> None:
         "--resamples", type=int, default=1000, help="bootstrap resamples of the nodes for the 95%% intervals"
     )
     evaluate.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap")
+    evaluate.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        type=_reference,
+        metavar="DATA_DIR=MODEL_DIR",
+        help="the in-world ceiling of one --data: a model trained with the same recipe on other fleets of that "
+        "data's world (bench/ceiling.sh); its recall at the model's false alarms is the ceiling, and the "
+        "model's recall is reported as a share of it (repeatable, one per --data)",
+    )
     evaluate.set_defaults(handler=run_evaluate)
 
 
@@ -174,6 +184,29 @@ def _booster_param(text: str) -> tuple[str, float | int | str]:
         except ValueError:
             continue
     return name, value
+
+
+def _reference(text: str) -> tuple[Path, Path]:
+    """DATA_DIR=MODEL_DIR."""
+    data, sep, model = text.partition("=")
+    if not sep or not data or not model:
+        raise argparse.ArgumentTypeError(f"{text!r} is not DATA_DIR=MODEL_DIR")
+    return Path(data), Path(model)
+
+
+def references_by_data(pairs: list[tuple[Path, Path]], data: list[Path]) -> dict[Path, Path]:
+    """--reference as {resolved data dir: model dir}; ValueError when a DATA_DIR is not one of --data
+    or has two references."""
+    given = {p.resolve() for p in data}
+    out: dict[Path, Path] = {}
+    for where, model in pairs:
+        key = where.resolve()
+        if key not in given:
+            raise ValueError(f"--reference {where}={model}: {where} is not one of the --data directories")
+        if key in out:
+            raise ValueError(f"--reference: {where} has two references ({out[key]} and {model})")
+        out[key] = model
+    return out
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -264,11 +297,19 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.resamples < 1:
         print("faultcast evaluate: --resamples must be at least 1", file=sys.stderr)
         return 2
+    from faultcast.model.ceiling import CeilingError, check_reference, measure_ceiling, pooled_ceiling
+
     try:
         model = load(args.model)
         datasets = [open_dataset(path) for path in args.data]
         apart = [open_dataset(path) for path in args.false_alarm_data]
-    except (ModelError, DataError) as exc:
+        wanted = references_by_data(args.reference, args.data)
+        references = {key: (load(where), where) for key, where in wanted.items()}
+        for d in datasets:  # refused before anything is scored
+            if d.path.resolve() in references:
+                ref, where = references[d.path.resolve()]
+                check_reference(d, ref.card.training_data, where, apart)
+    except (ModelError, DataError, ValueError) as exc:  # CeilingError is a ValueError
         print(f"faultcast evaluate: {exc}", file=sys.stderr)
         return 2
     from faultcast.model.evaluate import WARMUP_S
@@ -294,6 +335,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     scored_apart = [scored_once(d) for d in apart]
     done = [evaluate(scored_once(d), model, periods, scored_apart, *resampling) for d in datasets]
+    ceilings = []
+    try:
+        for d, e in zip(datasets, done, strict=True):
+            if d.path.resolve() in references:
+                ref, where = references[d.path.resolve()]
+                ceiling = measure_ceiling(scored_once(d), e, ref, where, periods, scored_apart, *resampling)
+                e.report["ceiling"] = ceiling.report
+                ceilings.append(ceiling)
+    except CeilingError as exc:
+        print(f"faultcast evaluate: {exc}", file=sys.stderr)
+        return 2
     report: dict[str, Any]
     if len(done) == 1:
         report = done[0].report  # one dataset: the report as it always was
@@ -303,6 +355,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "datasets": [e.report for e in done],
             "pooled": pooled_report(done, *resampling),
         }
+        if ceilings and len(ceilings) == len(done):  # a pooled ceiling only where every dataset has one
+            report["pooled"]["ceiling"] = pooled_ceiling(ceilings, *resampling)
     report["evaluation_seconds"] = time.perf_counter() - started
     text = json.dumps(json_safe(report), indent=2)
     if args.json:
@@ -417,19 +471,22 @@ def render_table(report: dict[str, Any]) -> str:
     figure with its 95% interval, the false alarms measured apart, and the notes."""
     d = report["definitions"]
     warning, period = d["warning_s"] / 60, d["period_s"] / 60
+    ceiling = report.get("ceiling")
     lines = [
         f"{report['world']['evaluation']}: {report['test_gpu_days']:.0f} GPU-days on "
         f"{len(report['test_nodes'])} nodes, {report['test_failures']} failures; minimal warning "
         f"{warning:.0f} min, prediction period {period:.0f} min",
         _data_line(report),
         f"(lo-hi): {d['ci95']}",
-        *_table(_rows(report), warning),
+        *_table(_rows(report) + _ceiling_rows(ceiling), warning),
         f"recall at >={warning:.0f} min by mode (model): "
         + (
             ", ".join(f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items())
             or "no failure"
         ),
     ]
+    if ceiling:
+        lines += _ceiling_lines(ceiling, warning)
     if report.get("false_alarm_data"):
         lines += ["", *_false_alarm_lines(report["false_alarm_data"])]
     lines += [f"note: {note}" for note in report.get("notes", [])]
@@ -444,6 +501,58 @@ def render_pooled(pooled: dict[str, Any], warning_min: float) -> str:
         f"pooled over {len(pooled['data'])} datasets ({paths}; unseen world: {unseen}): "
         f"{pooled['test_gpu_days']:.0f} GPU-days, {pooled['test_failures']} failures; a matched row sums "
         "each dataset's own match",
-        *_table(_rows(pooled), warning_min),
+        *_table(_rows(pooled) + _ceiling_rows(pooled.get("ceiling")), warning_min),
     ]
+    if pooled.get("ceiling"):
+        lines += _ceiling_lines(pooled["ceiling"], warning_min)
     return "\n".join(lines)
+
+
+def _ceiling_rows(block: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """The in-world ceiling's rows for the method table: the reference at its own threshold and matched."""
+    if not block:
+        return []
+    return [(block[key]["label"], block[key]) for key in ("own_threshold", "matched") if key in block]
+
+
+def _ceiling_lines(block: dict[str, Any], warning_min: float) -> list[str]:
+    """What the ceiling is, the model's share of it, and the per-mode rows beside it."""
+    w = f"{warning_min:.0f}"
+    share = block["share_of_ceiling"]
+    lo, hi = share.get("ci95") or (None, None)
+    spread = f" ({100 * lo:.1f}-{100 * hi:.1f})" if lo is not None and hi is not None else ""
+    lines = []
+    ref = block.get("reference")
+    if ref:
+        worlds = ", ".join(ref["training_worlds"])
+        size = ref.get("training_gpu_days")
+        days = f", {size:,.0f} GPU-days" if isinstance(size, int | float) else ""
+        lines.append(
+            f"in-world ceiling: reference {ref['model']}, trained on world {worlds} "
+            f"({len(ref['training_data'])} datasets{days}; a lower bound of what is learnable)"
+        )
+    lines.append(
+        f"share of the in-world ceiling (the model's recall >={w} min of predictable failures over the "
+        f"reference's at no more false alarms than the model): {_fmt(share['recall_5min_predictable'], True)}"
+        f"{spread}; over the reference at its own threshold: {_fmt(share['own_threshold'], True)}"
+    )
+    apart = block.get("false_alarm_data")
+    if apart:
+        methods = apart["methods"]
+        lines.append(
+            "the ceiling's false alarms on the false-alarm data: "
+            + ", ".join(
+                f"{m['label']} {_cell(m, 'false_alarms_per_1000_gpu_days')}" for m in methods.values()
+            )
+            + " per 1,000 GPU-days"
+        )
+    lines += [
+        f"| mode | failures | model recall >={w} min | ceiling recall >={w} min | share of ceiling |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for mode, m in block["by_mode"].items():
+        lines.append(
+            f"| {mode} | {m['failures']} | {_fmt(m['model_recall'], True)} | {_fmt(m['ceiling_recall'], True)} "
+            f"| {_fmt(m['share_of_ceiling'], True)} |"
+        )
+    return lines

@@ -39,7 +39,8 @@ def add_parser(commands: Subcommands) -> None:
         choices=["faultcast-twin", "independent"],
         default="faultcast-twin",
         help="which generator: the fleet twin (default), or the independent one written from the "
-        "literature alone (faultcast.sim.independent; it takes no world, scenario, confounder or h100 flags)",
+        "literature alone (faultcast.sim.independent; of the world flags it takes --world-seed only, and no "
+        "scenario, confounder or h100 flags)",
     )
     p.add_argument(
         "--scenario",
@@ -102,7 +103,6 @@ def _independent(args: argparse.Namespace) -> int:
     """The independent generator: the same files, another author's physics."""
     given = {
         "--scenario": bool(args.scenario),
-        "--world-seed": args.world_seed is not None,
         "--world-file": args.world_file is not None,
         "--no-confounders": args.no_confounders,
         "--h100-fraction": args.h100_fraction != 0.5,
@@ -114,7 +114,7 @@ def _independent(args: argparse.Namespace) -> int:
     from faultcast.sim.independent import IndependentConfig, generate
 
     try:
-        config = IndependentConfig(**_fleet_size(args))
+        config = IndependentConfig(**_fleet_size(args), world_seed=args.world_seed)
         manifest = generate(args.out, config)
     except ValueError as exc:
         print(f"faultcast simulate: {exc}", file=sys.stderr)

@@ -133,6 +133,7 @@ SLOW_FIXTURES = {
     "tests/test_dcgm_parity.py::prometheus": "a real Prometheus scraping two `faultcast collect`",
     "tests/test_calibrate.py::fleet": "simulates a 4-day fleet (and `calibrated` scores it)",
     "tests/test_calibrate.py::twin": "simulates a fleet twin and replays it through the features",
+    "tests/test_ceiling.py::fleets": "simulates fleet twins (`reference` trains on them, `evaluated` scores)",
 }
 SLOW_MODULES = {
     "tests/test_client_e2e.py": "torchrun jobs on a real Slurm cluster",

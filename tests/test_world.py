@@ -316,8 +316,14 @@ def test_the_simulate_command_runs_either_family_and_refuses_what_the_independen
     assert main([*base, "--world-seed", "5", "--out", str(tmp_path / "drawn")]) == 0
     assert json.loads((tmp_path / "drawn" / "manifest.json").read_text())["world"]["id"] == World.draw(5).id
     capsys.readouterr()
-    assert main([*base, "--family", "independent", "--world-seed", "5", "--out", str(tmp_path / "x")]) == 2
-    assert "takes no --world-seed" in capsys.readouterr().err
+    # Its world comes from its own priors: a world seed draws one of them, a twin's world file is refused.
+    world = tmp_path / "world.json"
+    world.write_text("{}")
+    assert (
+        main([*base, "--family", "independent", "--world-file", str(world), "--out", str(tmp_path / "x")])
+        == 2
+    )
+    assert "takes no --world-file" in capsys.readouterr().err
 
 
 def test_the_thermal_stages_answer_a_power_step_with_their_time_constants_at_any_cadence() -> None:

@@ -83,7 +83,7 @@ def _iso(unix_s: float) -> str:
 def generate(out: Path, config: IndependentConfig) -> dict[str, Any]:
     """Write a run of `config` into `out` (created if needed); returns the manifest it wrote."""
     out.mkdir(parents=True, exist_ok=True)
-    world: World = draw_world(config.seed)
+    world: World = draw_world(config.drawn_world_seed)
     schedule = build(config, world)
     fleet = Fleet(config, world, schedule)
     names = [f"node-{i:04d}" for i in range(config.nodes)]
@@ -133,7 +133,7 @@ def generate(out: Path, config: IndependentConfig) -> dict[str, Any]:
         "nodes": names,
         "world": {
             "family": "independent",
-            "seed": config.seed,
+            "seed": config.drawn_world_seed,
             "id": world.id,
             "parameters": world.parameters,
         },

@@ -39,7 +39,9 @@ START_UNIX_S = 1_767_571_200  # 2026-01-05 00:00:00 UTC, a Monday
 
 @dataclass(frozen=True)
 class IndependentConfig:
-    """What a run is asked for; everything else about the world is drawn from `seed`.
+    """What a run is asked for; everything else about the world is drawn from `world_seed` (by
+    default `seed`), and the fleet's own draws (jobs, failures, noise, cards) from `seed`: two seeds
+    under one world seed are two fleets of the same world (an in-world reference's training data).
 
     `acceleration` multiplies the failure rates and, with them, the near-miss degradations (the same
     processes stopping short of a failure), so accelerated data keeps its share of look-alikes; the
@@ -53,6 +55,7 @@ class IndependentConfig:
     acceleration: float = 1.0
     start_unix_s: int = START_UNIX_S
     rows_per_group: int = 131_072  # telemetry rows per chunk (one Parquet row group); memory bound
+    world_seed: int | None = None  # None: the world of `seed` (the family's behaviour before world seeds)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -61,6 +64,11 @@ class IndependentConfig:
             raise ValueError("days and cadence_s must be positive")
         if self.acceleration <= 0:
             raise ValueError("acceleration must be positive")
+
+    @property
+    def drawn_world_seed(self) -> int:
+        """The seed the world is drawn from."""
+        return self.seed if self.world_seed is None else self.world_seed
 
     @property
     def steps(self) -> int:
@@ -78,6 +86,8 @@ class IndependentConfig:
             "acceleration": self.acceleration,
             "start_unix_s": self.start_unix_s,
             "rows_per_group": self.rows_per_group,
+            # Written only when given, so a run without one keeps its manifest byte for byte.
+            **({} if self.world_seed is None else {"world_seed": self.world_seed}),
         }
 
 
