@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Training at scale (issue 28 item 2): worlds 201..(200+WORLDS) drawn from the twin's priors (16 nodes x
+# 10 days at acceleration 100 each, 1,280 GPU-days), the last VALIDATE of them validating together,
+# early stopping by cross-validation over FOLDS groups of the others, JOBS worlds replayed at once, with
+# bench/worlds.sh's chosen booster settings; then the evaluation on twin worlds 901-904 (never used by
+# any choice) with false alarms on each at acceleration 1.
+#   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
+set -euo pipefail
+out=${1:-out/scale-run}
+shift $(( $# > 0 ? 1 : 0 ))
+worlds=${WORLDS:-64} validate=${VALIDATE:-8} folds=${FOLDS:-4} jobs=${JOBS:-2}
+mkdir -p "$out" out/scale out/eval
+bin=.venv/bin
+data=()
+for s in $(seq 201 $((200 + worlds))); do
+  [ -f "out/scale/w$s/manifest.json" ] || "$bin/faultcast" simulate --world-seed "$s" --seed "$s" --nodes 16 \
+    --days 10 --acceleration 100 --out "out/scale/w$s" > "out/scale/w$s.log"
+  data+=(--data "out/scale/w$s")
+done
+evaluated=() calm=()
+for w in 901 902 903 904; do
+  [ -f "out/eval/t$w/manifest.json" ] || "$bin/faultcast" simulate --world-seed "$w" --seed 2 --nodes 24 \
+    --days 14 --acceleration 100 --out "out/eval/t$w" > "out/eval/t$w.log"
+  [ -f "out/eval/t$w-calm/manifest.json" ] || "$bin/faultcast" simulate --world-seed "$w" --seed 4 --nodes 32 \
+    --days 14 --acceleration 1 --out "out/eval/t$w-calm" > "out/eval/t$w-calm.log"
+  evaluated+=(--data "out/eval/t$w") calm+=(--false-alarm-data "out/eval/t$w-calm")
+done
+chosen=(--hard-negative-rate 0.25 --booster-param num_leaves=15 --booster-param min_data_in_leaf=200
+  --booster-param lambda_l2=10 --booster-param feature_fraction=0.5)
+/usr/bin/time -v "$bin/faultcast" train "${data[@]}" "${chosen[@]}" --validation-worlds "$validate" \
+  --folds "$folds" --jobs "$jobs" --rows-cache out/scale-rows --out "$out/model" "$@" \
+  2> "$out/train.time" | tee "$out/train.log"
+/usr/bin/time -v "$bin/faultcast" evaluate --model "$out/model" "${evaluated[@]}" "${calm[@]}" \
+  --resamples 500 --json "$out/evaluation.json" 2> "$out/evaluate.time" | tee "$out/evaluate.log"
+for step in train evaluate; do
+  printf '%s: wall %s, peak RSS %s KiB\n' "$step" \
+    "$(grep 'Elapsed (wall clock)' "$out/$step.time" | awk '{print $NF}')" \
+    "$(grep 'Maximum resident set size' "$out/$step.time" | awk '{print $NF}')"
+done
