@@ -329,8 +329,8 @@ def _uuid_changes(
     """Steps (relative to the group) at which a slot's UUID changes; updates last_uuid and is_h100."""
     units = rows["_unit"].to_numpy(np.int64)
     steps = rows["_step"].to_numpy(np.int64)
-    uuid_names, uuid_codes = np.unique(rows["uuid"].astype(str).to_numpy(), return_inverse=True)
-    model_names, model_codes = np.unique(rows["model"].astype(str).to_numpy(), return_inverse=True)
+    uuid_names, uuid_codes = _str_codes(rows["uuid"])
+    model_names, model_codes = _str_codes(rows["model"])
     order = np.lexsort((steps, units))
     u, st, c, m = units[order], steps[order], uuid_codes[order], model_codes[order]
     first = np.ones(len(u), dtype=bool)
@@ -347,6 +347,15 @@ def _uuid_changes(
     for i in np.nonzero(last)[0].tolist():
         is_h100[int(u[i])] = 1.0 if "H100" in str(model_names[m[i]]) else 0.0
     return changes
+
+
+def _str_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values as str, each row's index into them): np.unique of the column as str, found by
+    hashing (pd.factorize) and converting only the distinct values: sorting a row group's strings
+    cost more than the rest of its gridding."""
+    codes, distinct = pd.factorize(column, use_na_sentinel=False)
+    names, inverse = np.unique(np.array([str(v) for v in distinct], dtype=str), return_inverse=True)
+    return names, inverse[codes]
 
 
 def _widen(dense: np.ndarray, units: int, blank: np.ndarray | float = np.nan) -> np.ndarray:

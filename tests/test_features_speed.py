@@ -8,8 +8,10 @@ import pickle
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from faultcast.model.dataset import _str_codes
 from faultcast.model.feature_relative import node_mean, node_median
 from faultcast.model.features import FeatureConfig, FeatureEngine
 from faultcast.model.windows import Windowed
@@ -93,3 +95,14 @@ def test_the_node_median_and_mean_are_numpys_nanmedian_and_nanmean() -> None:
             mean = np.nanmean(values, axis=1)
         _equal(node_median(values), expected, f"{g} GPUs a node")
         _equal(node_mean(values), mean, f"{g} GPUs a node")
+
+
+def test_uuid_codes_are_numpys_unique_of_the_strings() -> None:
+    """replay's identity codes (found by hashing) equal np.unique over the column as str."""
+    rng = np.random.default_rng(2)
+    values = np.array([f"GPU-{i:03d}" for i in rng.integers(0, 40, 500)], dtype=object)
+    for column in (pd.Series(values, dtype="category"), pd.Series(values, dtype=object), pd.Series(values)):
+        names, codes = _str_codes(column)
+        expected_names, expected_codes = np.unique(column.astype(str).to_numpy(), return_inverse=True)
+        assert names.tolist() == expected_names.tolist()
+        assert codes.tolist() == expected_codes.tolist()
