@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -447,6 +448,11 @@ class Labels:
     horizon_s: float
     failures: FailureLog
 
+    @functools.cached_property
+    def _sorted(self) -> bool:
+        """Whether the log is in time order, as FailureLog.of leaves it."""
+        return bool(np.all(np.diff(self.failures.time_s) >= 0))
+
     def at(
         self, time_s: float, nodes: Sequence[int], gpus_per_node: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -455,6 +461,11 @@ class Labels:
         positive = np.zeros(slots, dtype=bool)
         ttf = np.full(slots, np.nan)
         mode = np.full(slots, "", dtype=object)
+        times = self.failures.time_s
+        if self._sorted:  # the failures within the horizon by bisection: most steps have none
+            lo, hi = np.searchsorted(times, (time_s, time_s + self.horizon_s), side="right")
+            if lo == hi:
+                return positive, ttf, mode
         local = {n: i for i, n in enumerate(nodes)}
         for f in self.failures.between(time_s, time_s + self.horizon_s, nodes):
             base = local[f.node] * gpus_per_node

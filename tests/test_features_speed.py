@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from faultcast.model.dataset import _str_codes
+from faultcast.model.dataset import Failure, FailureLog, Labels, _str_codes
 from faultcast.model.feature_relative import node_mean, node_median
 from faultcast.model.features import FeatureConfig, FeatureEngine
 from faultcast.model.windows import Windowed
@@ -106,3 +106,20 @@ def test_uuid_codes_are_numpys_unique_of_the_strings() -> None:
         expected_names, expected_codes = np.unique(column.astype(str).to_numpy(), return_inverse=True)
         assert names.tolist() == expected_names.tolist()
         assert codes.tolist() == expected_codes.tolist()
+
+
+def test_labels_found_by_bisection_are_those_of_the_whole_log() -> None:
+    rng = np.random.default_rng(1)
+    modes = ["hbm_wear", "host", "infiniband"]
+    rows = [
+        Failure(float(rng.uniform(0, 1e5)), int(rng.integers(0, 6)), int(rng.integers(-1, 8)), modes[k % 3])
+        for k in range(60)
+    ]
+    labels = Labels(1800.0, FailureLog.of(rows))
+    whole = Labels(1800.0, FailureLog.of(rows))
+    whole.__dict__["_sorted"] = False  # the path that reads every failure of the log
+    for t in np.arange(0.0, 1.1e5, 97.0):
+        for nodes in ([0, 1, 2, 3, 4, 5], [4, 2]):
+            fast, slow = labels.at(float(t), nodes, 8), whole.at(float(t), nodes, 8)
+            for a, b in zip(fast, slow, strict=True):
+                np.testing.assert_array_equal(a, b)
