@@ -65,8 +65,8 @@ class InputConditioner:
         self._same_since[slots] = -1
         self.interval_s[slots] = math.nan
 
-    def condition(self, step: int, gpu: np.ndarray) -> np.ndarray:
-        """The rows to compute on (a new array); updates the state."""
+    def condition(self, step: int, gpu: np.ndarray, *, in_place: bool = False) -> np.ndarray:
+        """The rows to compute on (a new array, or `gpu` itself with `in_place`); updates the state."""
         real = ~np.isnan(gpu[:, self._presence]).all(axis=1)
         watched, before = gpu[:, self._watch], self._last[:, self._watch]
         same = (
@@ -74,7 +74,7 @@ class InputConditioner:
             & (self.last_step >= 0)
             & np.all((watched == before) | (np.isnan(watched) & np.isnan(before)), axis=1)
         )
-        self._same_since = np.where(real & ~same, step, self._same_since)
+        np.copyto(self._same_since, step, where=real & ~same)
         self.frozen = same & (step - self._same_since >= self.frozen_steps)
         live = real & ~self.frozen
         gap = (step - self.last_step) * self.cadence_s
@@ -91,10 +91,12 @@ class InputConditioner:
             ),
             self.interval_s,
         )
-        self._last = np.where(real[:, None], gpu, self._last)  # frozen ones too: they must change to thaw
-        self.last_step = np.where(live, step, self.last_step)
+        np.copyto(self._last, gpu, where=real[:, None])  # frozen ones too: they must change to thaw
+        np.copyto(self.last_step, step, where=live)
         self.sampled = live
-        out = np.where(self.frozen[:, None], math.nan, gpu)
+        out = gpu if in_place else gpu.copy()
+        if self.frozen.any():
+            out[self.frozen] = math.nan
         # Held for the GPU's own expected gap (1.5 intervals), at most hold_s: on a grid as fine as the
         # sampling a missed sample or two is held, on a sparse export the whole gap between samples.
         hold = ~real & (self.last_step >= 0) & ((step - self.last_step) * self.cadence_s <= self._span())

@@ -16,12 +16,17 @@ not zero, so the model knows what it lacks.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
-from faultcast.model.feature_relative import BASELINE_TAU_S, RateBaseline, log_hourly, minus_node_mean
-from faultcast.model.windows import Ring, Windowed
+from faultcast.model.feature_relative import (
+    BASELINE_TAU_S,
+    RateBaseline,
+    log_hourly,
+    minus_node_mean,
+    node_median,
+)
+from faultcast.model.windows import DerivedState, Ring, RunningExtremes, Windowed
 from faultcast.step_summary import MIN_SCRAPES, SUMMARISED, SUMMARY_COLUMNS
 
 RANGED = ("gpu_temp", "power_usage", "sm_clock")
@@ -33,8 +38,10 @@ _MAX = _MIN + 1
 _MEAN = np.array([1 + 3 * SUMMARISED.index(m) + 2 for m in SHARED])
 
 
-class StepFeatures:
+class StepFeatures(DerivedState):
     """Per slot: the step-summary features over a middle and a long window (in steps)."""
+
+    _DERIVED = ("_widest",)
 
     def __init__(self, slots: int, gpus_per_node: int, cadence_s: float, mid: int, long: int) -> None:
         self.slots, self.g = slots, gpus_per_node
@@ -42,6 +49,16 @@ class StepFeatures:
         self._ranges = Ring(mid, slots, len(RANGED), math.nan)
         self._shares = Windowed(slots, len(SHARED), (long,), cadence_s, full=False)
         self._baseline = RateBaseline(slots, len(SHARED), cadence_s, BASELINE_TAU_S, long)
+        self._derive()
+
+    def _derive(self) -> None:
+        self._widest = RunningExtremes(self.mid, self.slots, len(RANGED))  # of the ranges in the window
+        self._widest.rebuild(self._ranges)
+
+    @property
+    def width(self) -> int:
+        """Columns of the output (`names`)."""
+        return 4 * len(RANGED) + 3 * len(SHARED)
 
     @staticmethod
     def names(mid: str, long: str) -> list[str]:
@@ -63,30 +80,44 @@ class StepFeatures:
     def reset(self, slots: np.ndarray) -> None:
         """A new GPU in these slots: its history starts over."""
         self._ranges.fill_slots(slots, math.nan)
+        self._widest.rebuild(self._ranges)
         self._shares.reset(slots)
         self._baseline.reset(slots)
 
     def update(self, step: int, summary: np.ndarray) -> list[np.ndarray]:
-        """summary: (slots, WIDTH); rows of fewer than MIN_SCRAPES scrapes count as none."""
+        """summary: (slots, WIDTH); rows of fewer than MIN_SCRAPES scrapes count as none. The features
+        in `names`' order, one (slots, 3) array each."""
+        out = np.empty((self.slots, self.width))
+        self.write(step, summary, out)
+        return [out[:, i : i + 3] for i in range(0, self.width, 3)]
+
+    def write(self, step: int, summary: np.ndarray, out: np.ndarray) -> None:
+        """`update`'s arrays side by side into `out` (slots, width)."""
+        r, f = len(RANGED), len(SHARED)
         read = summary[:, 0] >= MIN_SCRAPES
-        ranges = np.where(read[:, None], summary[:, _MAX] - summary[:, _MIN], math.nan)
-        shares = np.where(read[:, None], summary[:, _MEAN], math.nan)
+        ranges, widest, vs_node = out[:, :r], out[:, r : 2 * r], out[:, 2 * r : 3 * r]
+        shares, share_long = out[:, 3 * r : 3 * r + f], out[:, 3 * r + f : 3 * r + 2 * f]
+        np.subtract(summary[:, _MAX], summary[:, _MIN], out=ranges)
+        ranges[~read] = math.nan
+        shares[...] = summary[:, _MEAN]
+        shares[~read] = math.nan
         self._ranges.push(ranges)
-        widest = np.fmax.reduce(self._ranges.last(self.mid), axis=0)
-        by_node = ranges.reshape(-1, self.g, len(RANGED))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a node with no summary this step: all-NaN
-            median = np.nanmedian(by_node, axis=1)
-        vs_node = (by_node - median[:, None, :]).reshape(ranges.shape)
-        (share_long,) = self._shares.update(shares)
+        low = np.empty_like(widest)
+        self._widest.push(ranges, self._ranges, low, widest)
+        by_node = ranges.reshape(-1, self.g, r)
+        np.subtract(
+            by_node, node_median(by_node)[:, None, :], out=np.reshape(vs_node, by_node.shape, copy=False)
+        )
+        self._shares.write(shares, share_long)
         # Seconds an hour on a log scale, like the counters' events an hour (feature_relative.log_hourly).
         log_long = log_hourly(share_long)
-        excess = self._baseline.excess(log_long)
+        out[:, 3 * r + 2 * f : 3 * r + 3 * f] = minus_node_mean(log_long, self.g)
+        out[:, 3 * r + 3 * f :] = self._baseline.excess(log_long)
         self._baseline.update(step, np.where(read[:, None], log_long, math.nan))
-        return [ranges, widest, vs_node, shares, share_long, minus_node_mean(log_long, self.g), excess]
 
     def skip(self, count: int) -> None:
         """The state `count` updates without a summary would leave (O(window) work)."""
         kept = min(count, self._ranges.size)
         self._ranges.push_many(np.full((kept, self.slots, len(RANGED)), math.nan), count)
+        self._widest.rebuild(self._ranges)
         self._shares.skip(count, np.full((self.slots, len(SHARED)), math.nan))

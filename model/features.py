@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,9 +32,10 @@ from faultcast.model.feature_relative import (
     RateBaseline,
     log_hourly,
     minus_node_mean,
+    node_median,
 )
 from faultcast.model.feature_steps import StepFeatures
-from faultcast.model.windows import Ring, Windowed
+from faultcast.model.windows import DerivedState, Ring, Windowed, split_columns
 
 # -- the raw inputs ------------------------------------------------------------------------------
 
@@ -137,8 +137,10 @@ def _group_sum(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(part).all(axis=1), np.nan, np.nansum(part, axis=1))
 
 
-class _Rates:
+class _Rates(DerivedState):
     """Counter groups as rates per second, robust to resets and gaps, plus per-window rates."""
+
+    _DERIVED = ("_single", "_single_columns", "_multi", "_ago", "_seconds")
 
     def __init__(
         self,
@@ -159,6 +161,21 @@ class _Rates:
         self.total = np.zeros((n, 2 * g))
         self.totals = Ring(max(self.windows) + 1, n, 2 * g, 0.0)
         self.known_now = np.zeros((n, g), dtype=bool)
+        self._derive()
+
+    def _derive(self) -> None:
+        # Groups of one counter are read in one gather; the others summed as they always were.
+        single = [i for i, idx in enumerate(self.column_index) if len(idx) == 1]
+        self._single = np.array(single, dtype=np.int64)
+        self._single_columns = np.array([self.column_index[i][0] for i in single], dtype=np.int64)
+        self._multi = [(i, idx) for i, idx in enumerate(self.column_index) if len(idx) > 1]
+        self._ago = np.array(self.windows) + 1
+        self._seconds = (np.array(self.windows) * self.cadence_s)[:, None, None]
+
+    @property
+    def width(self) -> int:
+        """Columns of the output: the rate now, then the rate over each window, per group."""
+        return (1 + len(self.windows)) * len(self.column_index)
 
     def reset(self, slots: np.ndarray) -> None:
         self.last[slots] = math.nan
@@ -166,6 +183,14 @@ class _Rates:
         self.totals.fill_slots(slots, self.total[slots])
 
     def update(self, step: int, x: np.ndarray) -> list[np.ndarray]:
+        """The rate now and over each window, one (n, groups) array each."""
+        out = np.empty((len(x), self.width))
+        self.write(step, x, out)
+        g = len(self.column_index)
+        return [out[:, i * g : (i + 1) * g] for i in range(1 + len(self.windows))]
+
+    def write(self, step: int, x: np.ndarray, out: np.ndarray) -> None:
+        """Read a step's counters (n, columns); `update`'s arrays side by side into `out` (n, width)."""
         seen = ~np.isnan(x)
         delta = x - self.last
         delta = np.where(delta < 0, x, delta)  # a counter reset (driver reload): it restarted from zero
@@ -173,21 +198,30 @@ class _Rates:
         known = seen & ~np.isnan(self.last)
         rate = np.where(known, delta / np.where(known, elapsed, 1.0), np.nan)
         inc = np.where(known, delta, 0.0)
-        self.last = np.where(seen, x, self.last)
-        self.last_step = np.where(seen, step, self.last_step)
-        group_rate = np.stack([_group_sum(rate, idx) for idx in self.column_index], axis=1)
-        group_inc = np.stack([inc[:, idx].sum(axis=1) for idx in self.column_index], axis=1)
-        group_known = np.stack([known[:, idx].any(axis=1) for idx in self.column_index], axis=1)
+        np.copyto(self.last, x, where=seen)
+        np.copyto(self.last_step, step, where=seen)
+        g = len(self.column_index)
+        parts = split_columns(out, 1 + len(self.windows), g)
+        now = parts[:, 0]
+        group_inc = np.empty((len(x), g))
+        group_known = np.empty((len(x), g), dtype=bool)
+        now[:, self._single] = rate[:, self._single_columns]
+        group_inc[:, self._single] = inc[:, self._single_columns]
+        group_known[:, self._single] = known[:, self._single_columns]
+        for i, idx in self._multi:
+            now[:, i] = _group_sum(rate, idx)
+            group_inc[:, i] = inc[:, idx].sum(axis=1)
+            group_known[:, i] = known[:, idx].any(axis=1)
         self.known_now = group_known  # which groups had a known increment in this step
-        g = group_inc.shape[1]
-        self.total += np.concatenate([group_inc, group_known], axis=1)
+        self.total[:, :g] += group_inc
+        self.total[:, g:] += group_known
         self.totals.push(self.total)
-        out = [group_rate]
-        for w in self.windows:
-            window = self.totals.ago(1) - self.totals.ago(w + 1)
-            # Events per second over the window; missing when the counter was never read in it.
-            out.append(np.where(window[:, g:] > 0, window[:, :g] / (w * self.cadence_s), np.nan))
-        return out
+        ring, at = self.totals.data, self.totals.pos + self.totals.size
+        window = ring[at - 1] - ring[at - self._ago]  # (windows, n, 2g)
+        # Events per second over the window; missing when the counter was never read in it.
+        rates = parts[:, 1:].transpose(1, 0, 2)
+        rates[...] = math.nan
+        np.divide(window[..., :g], self._seconds, out=rates, where=window[..., g:] > 0)
 
     def skip(self, count: int) -> None:
         """The state `count` updates reading nothing would leave: the last values stay, the totals
@@ -204,8 +238,25 @@ class _Rates:
         return out
 
 
-class FeatureEngine:
-    """Per-slot streaming state for `nodes` nodes of `config.gpus_per_node` GPUs."""
+class _Columns:
+    """Hands out a step's output array a block of columns at a time, in the names' order."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out, self.at = out, 0
+
+    def take(self, width: int) -> np.ndarray:
+        block = self.out[:, self.at : self.at + width]
+        self.at += width
+        return block
+
+
+class FeatureEngine(DerivedState):
+    """Per-slot streaming state for `nodes` nodes of `config.gpus_per_node` GPUs.
+
+    A step's features are written straight into the one array it returns, block by block; index arrays
+    and scratch come from `_derive` and are not part of a saved state."""
+
+    _DERIVED = ("_d",)
 
     def __init__(self, config: FeatureConfig, nodes: int, gpus_per_node: int | None = None) -> None:
         """`gpus_per_node`: the data's node size (default: the config's); the features do not depend on it."""
@@ -268,6 +319,24 @@ class FeatureEngine:
         names += [f"node_{r}_excess_{long}" for r, _ in NODE_RATES]
         names += StepFeatures.names(mid, long)
         self.names: tuple[str, ...] = tuple(names)
+        self._derive()
+
+    def _derive(self) -> None:
+        """Index arrays into the inputs, computed once (a saved state from before them gets them too)."""
+        col, node_col = self._col, self._node_col
+        gauge_at = [i for i, s in enumerate(WINDOW_GAUGES) if s in col]
+        self._d = _Indexes(
+            gauge_at=np.array(gauge_at),
+            gauge_columns=np.array([col[WINDOW_GAUGES[i]] for i in gauge_at]),
+            residual_at=WINDOW_GAUGES.index("thermal_residual"),
+            deficit_at=WINDOW_GAUGES.index("pcie_width_deficit"),
+            flags=np.array([col[f] for f in FLAGS]),
+            core=np.array([col[c] for c in _CORE_INPUTS]),
+            vs_node=np.array([WINDOW_GAUGES.index(s) for s in _VS_NODE]),
+            relative=np.array([WINDOW_GAUGES.index(s) for s, _ in RELATIVE_GAUGES]),
+            node_gauges=np.array([node_col[s] for s in NODE_GAUGES]),
+            mid_means=6 * self._mid * len(WINDOW_GAUGES),
+        )
 
     @property
     def schema_hash(self) -> str:
@@ -326,10 +395,10 @@ class FeatureEngine:
     ) -> np.ndarray:
         """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this
         step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,); summary: (slots, feature_steps.WIDTH),
-        each GPU's step summary (faultcast.step_summary; None: no summaries). Returns (slots, features);
-        rows of absent GPUs are computed too but mean little (callers keep the present ones,
-        `self.present`: live or held readings). NaN, infinities and gaps are data here, not faults: no
-        warnings."""
+        each GPU's step summary (faultcast.step_summary; None: no summaries). Returns (slots, features),
+        a new array; rows of absent GPUs are computed too but mean little (callers keep the present
+        ones, `self.present`: live or held readings). The inputs are not modified. NaN, infinities and
+        gaps are data here, not faults: no warnings."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return self._update(step, gpu, node, is_h100, summary)
 
@@ -341,111 +410,117 @@ class FeatureEngine:
         is_h100: np.ndarray,
         summary: np.ndarray | None = None,
     ) -> np.ndarray:
-        col = self._col
-        gpu = self._inputs.condition(step, np.where(np.isinf(gpu), np.nan, gpu))
+        col, d = self._col, self._d
+        # The engine's own copy of the inputs, infinities as missing; the conditioner works on it in place.
+        gpu = self._inputs.condition(step, np.where(np.isinf(gpu), np.nan, gpu), in_place=True)
         summary = self._steps.blank() if summary is None else np.where(np.isinf(summary), np.nan, summary)
         summary[self._inputs.frozen, 0] = 0.0  # a frozen exporter's summary is no reading either
-        present = ~np.isnan(gpu[:, col["gpu_temp"]]) | ~np.isnan(gpu[:, col["power_usage"]])
+        temp, power = gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]]
+        present = ~np.isnan(temp) | ~np.isnan(power)
         self.present = present
-        residual = self._thermal_residual(gpu[:, col["gpu_temp"]], gpu[:, col["power_usage"]])
-        deficit = gpu[:, col["pcie_link_width_max"]] - gpu[:, col["pcie_link_width"]]
-        derived = {"thermal_residual": residual, "pcie_width_deficit": deficit}
-        gauges = np.stack([gpu[:, col[s]] if s in col else derived[s] for s in WINDOW_GAUGES], axis=1)
-        flags = gpu[:, [col[f] for f in FLAGS]]
+        residual = self._thermal_residual(temp, power)
 
-        out: list[np.ndarray] = [is_h100[:, None].astype(np.float64), gpu[:, [col["power_limit"]]], gauges]
-        windowed = self._gauges.update(gauges)
-        self._last_gauge_means = windowed[6 * self._mid]  # the middle window's means (6 outputs a window)
-        out += windowed
-        out.append(flags)
-        out += self._flags.update(flags)
-        rates = self._rates.update(step, gpu)
-        out += rates
-        out.append(self._health(step, gpu, present))
-        share = self._present.update(present[:, None].astype(np.float64))
-        out += [1.0 - s for s in share]
-        out.append(self._relative_to_node(gpu, residual))
-        node_rates = self._node_rates.update(step, node)
-        out += self._node_features(node, node_rates)
-        out += self._relative(step, gpu, residual, rates, node_rates)
-        out += self._steps.update(step, summary)
-        return np.concatenate([a if a.ndim == 2 else a[:, None] for a in out], axis=1)
+        out = np.empty((self.slots, len(self.names)))
+        columns = _Columns(out)
+        columns.take(1)[:, 0] = is_h100
+        columns.take(1)[:, 0] = gpu[:, col["power_limit"]]
+        gauges = columns.take(len(WINDOW_GAUGES))
+        gauges[:, d.gauge_at] = gpu[:, d.gauge_columns]
+        gauges[:, d.residual_at] = residual
+        gauges[:, d.deficit_at] = gpu[:, col["pcie_link_width_max"]] - gpu[:, col["pcie_link_width"]]
+        windowed = columns.take(self._gauges.width)
+        self._gauges.write(gauges, windowed)
+        # The middle window's means (Windowed's order: per window, the means first).
+        self._last_gauge_means = windowed[:, d.mid_means : d.mid_means + len(WINDOW_GAUGES)]
+        flags = columns.take(len(FLAGS))
+        flags[...] = gpu[:, d.flags]
+        self._flags.write(flags, columns.take(self._flags.width))
+        rates = columns.take(self._rates.width)
+        self._rates.write(step, gpu, rates)
+        self._health(step, gpu, present, columns.take(5))
+        share = columns.take(self._present.width)
+        self._present.write(present[:, None].astype(np.float64), share)
+        np.subtract(1.0, share, out=share)
+        self._relative_to_node(gauges, columns.take(len(_VS_NODE)))
+        node_long = self._node_features(step, node, columns)
+        self._relative(step, gauges, rates, node_long, columns)
+        self._steps.write(step, summary, columns.take(self._steps.width))
+        assert columns.at == out.shape[1]
+        return out
+
+    def _per_node(self, columns: _Columns, width: int) -> np.ndarray:
+        """The next `width` columns as (nodes, gpus per node, width): a node's value for each GPU."""
+        return np.reshape(columns.take(width), (self.nodes, self.gpus_per_node, width), copy=False)
 
     def _relative(
-        self,
-        step: int,
-        gpu: np.ndarray,
-        residual: np.ndarray,
-        rates: list[np.ndarray],
-        node_rates: list[np.ndarray],
-    ) -> list[np.ndarray]:
-        """The own-history and node-relative counter features (faultcast.model.feature_relative)."""
-        col = self._col
-        now = np.stack(
-            [residual if s == "thermal_residual" else gpu[:, col[s]] for s, _ in RELATIVE_GAUGES], axis=1
-        )
-        # The middle window's mean of each series (Windowed's output order: per window, the means first).
-        means = self._last_gauge_means
-        recent = np.stack([means[:, WINDOW_GAUGES.index(s)] for s, _ in RELATIVE_GAUGES], axis=1)
-        z_own = self._own.z(recent)
+        self, step: int, gauges: np.ndarray, rates: np.ndarray, node_long: np.ndarray, columns: _Columns
+    ) -> None:
+        """The own-history and node-relative counter features (faultcast.model.feature_relative);
+        `node_long`: the nodes' rates over the longest window."""
+        d = self._d
+        now = gauges[:, d.relative]
+        # The middle window's mean of each series.
+        recent = self._last_gauge_means[:, d.relative]
+        columns.take(len(RELATIVE_GAUGES))[...] = self._own.z(recent)
         self._own.update(now)
-        e = self._error_index
+        e, groups = self._error_index, len(RATES)
         # rates: the rate now, then one per window; the mid and long windows' rates on a log scale.
-        log_mid, log_long = log_hourly(rates[1 + self._mid][:, e]), log_hourly(rates[1 + self._long][:, e])
-        excess = [self._rate_base.excess(log_mid)] if self._mid != self._long else []
-        excess.append(self._rate_base.excess(log_long))
+        by_window = split_columns(rates, 1 + len(self._rates.windows), groups)
+        log_mid = log_hourly(by_window[:, 1 + self._mid, e])
+        log_long = log_hourly(by_window[:, 1 + self._long, e])
+        if self._mid != self._long:
+            columns.take(len(e))[...] = self._rate_base.excess(log_mid)
+        columns.take(len(e))[...] = self._rate_base.excess(log_long)
         # The baseline learns only from steps where the counter was read: gaps leave it where it was.
         self._rate_base.update(step, np.where(self._rates.known_now[:, e], log_long, np.nan))
-        node_long = log_hourly(node_rates[1 + self._long])
-        node_excess = self._node_rate_base.excess(node_long)
+        columns.take(len(e))[...] = minus_node_mean(log_long, self.gpus_per_node)
+        node_long = log_hourly(node_long)
+        self._per_node(columns, len(NODE_RATES))[...] = self._node_rate_base.excess(node_long)[:, None, :]
         self._node_rate_base.update(step, np.where(self._node_rates.known_now, node_long, np.nan))
-        g = self.gpus_per_node
-        return [z_own, *excess, minus_node_mean(log_long, g), np.repeat(node_excess, g, axis=0)]
 
-    def _health(self, step: int, gpu: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """(slots, 5): PCIe generations below the maximum, unsupported NVML fields, how many of the
-        core inputs are missing (NaN when the GPU is absent), the time since the last live sample in
-        the GPU's own intervals between samples, and whether its exporter is frozen."""
+    def _health(self, step: int, gpu: np.ndarray, present: np.ndarray, out: np.ndarray) -> None:
+        """(slots, 5) into `out`: PCIe generations below the maximum, unsupported NVML fields, how many
+        of the core inputs are missing (NaN when the GPU is absent), the time since the last live sample
+        in the GPU's own intervals between samples, and whether its exporter is frozen."""
         col = self._col
-        self._last_seen = np.where(present, step, self._last_seen)
-        missing = np.isnan(gpu[:, [col[c] for c in _CORE_INPUTS]]).sum(axis=1)
-        return np.stack(
-            [
-                gpu[:, col["pcie_link_gen_max"]] - gpu[:, col["pcie_link_gen"]],
-                gpu[:, col["nvml_unsupported_fields"]],
-                np.where(present, missing, np.nan),
-                self._inputs.late.copy(),
-                self._inputs.frozen.astype(np.float64),
-            ],
-            axis=1,
-        )
+        np.copyto(self._last_seen, step, where=present)
+        missing = np.isnan(gpu[:, self._d.core]).sum(axis=1)
+        np.subtract(gpu[:, col["pcie_link_gen_max"]], gpu[:, col["pcie_link_gen"]], out=out[:, 0])
+        out[:, 1] = gpu[:, col["nvml_unsupported_fields"]]
+        out[:, 2] = np.where(present, missing, np.nan)
+        out[:, 3] = self._inputs.late
+        out[:, 4] = self._inputs.frozen
 
-    def _relative_to_node(self, gpu: np.ndarray, residual: np.ndarray) -> np.ndarray:
-        """(slots, 6): each GPU's temperatures, power, residual, use and clock minus its node's median."""
-        col = self._col
-        relative = np.stack(
-            [residual if s == "thermal_residual" else gpu[:, col[s]] for s in _VS_NODE], axis=1
-        )
-        by_node = relative.reshape(self.nodes, self.gpus_per_node, -1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a node with no GPU this step: all-NaN
-            median = np.nanmedian(by_node, axis=1)
-        return np.asarray((by_node - median[:, None, :]).reshape(self.slots, -1))
+    def _relative_to_node(self, gauges: np.ndarray, out: np.ndarray) -> None:
+        """(slots, 6) into `out`: each GPU's temperatures, power, residual, use and clock minus its
+        node's median."""
+        by_node = gauges[:, self._d.vs_node].reshape(self.nodes, self.gpus_per_node, -1)
+        median = node_median(by_node)
+        np.subtract(by_node, median[:, None, :], out=np.reshape(out, by_node.shape, copy=False))
 
-    def _node_features(self, node: np.ndarray, node_rates: list[np.ndarray]) -> list[np.ndarray]:
-        """The node's rates, windowed gauges and gauges now, repeated for each of its GPUs."""
-        node_parts = list(node_rates)
-        node_gauges = node[:, [self._node_col[s] for s in NODE_GAUGES]]
-        node_parts += self._node_gauges.update(node_gauges)
-        node_parts.append(node_gauges)
-        return [np.repeat(p, self.gpus_per_node, axis=0) for p in node_parts]
+    def _node_features(self, step: int, node: np.ndarray, columns: _Columns) -> np.ndarray:
+        """The node's rates, windowed gauges and gauges now, repeated for each of its GPUs; returns the
+        nodes' rates over the longest window."""
+        rates, windowed = self._node_rates, self._node_gauges
+        node_gauges = node[:, self._d.node_gauges]
+        width = rates.width + windowed.width + len(NODE_GAUGES)
+        block = np.empty((self.nodes, width))
+        rates.write(step, node, block[:, : rates.width])
+        windowed.write(node_gauges, block[:, rates.width : rates.width + windowed.width])
+        block[:, rates.width + windowed.width :] = node_gauges
+        self._per_node(columns, width)[...] = block[:, None, :]
+        long = len(NODE_RATES) * (1 + self._long)
+        return block[:, long : long + len(NODE_RATES)]
 
     def _thermal_residual(self, temp: np.ndarray, power: np.ndarray) -> np.ndarray:
         """Temperature minus what this GPU's own recent power-temperature relation predicts."""
         b, a = self._base, self._base_alpha
         seen = ~np.isnan(temp) & ~np.isnan(power)
         first = seen & np.isnan(b[:, 0])
-        b[first] = np.stack([power[first], temp[first], np.zeros(first.sum()), np.zeros(first.sum())], axis=1)
+        if first.any():
+            b[first] = np.stack(
+                [power[first], temp[first], np.zeros(first.sum()), np.zeros(first.sum())], axis=1
+            )
         mp, mt, vp, cv = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
         slope = np.where(vp > 1.0, cv / np.where(vp > 1.0, vp, 1.0), 0.0)
         residual = np.where(seen, temp - (mt + slope * (power - mp)), np.nan)
@@ -456,6 +531,22 @@ class FeatureEngine:
         b[update, 2] = (1 - a) * (vp[update] + a * dp[update] ** 2)
         b[update, 3] = (1 - a) * (cv[update] + a * dp[update] * dt[update])
         return residual
+
+
+@dataclass(frozen=True)
+class _Indexes:
+    """The engine's index arrays into its inputs and its gauges (derived, never saved)."""
+
+    gauge_at: np.ndarray  # WINDOW_GAUGES read straight from an input column...
+    gauge_columns: np.ndarray  # ...and those columns
+    residual_at: int
+    deficit_at: int
+    flags: np.ndarray  # FLAGS' input columns
+    core: np.ndarray  # _CORE_INPUTS' input columns
+    vs_node: np.ndarray  # _VS_NODE in WINDOW_GAUGES
+    relative: np.ndarray  # RELATIVE_GAUGES in WINDOW_GAUGES
+    node_gauges: np.ndarray  # NODE_GAUGES' node input columns
+    mid_means: int  # the first column of the middle window's means in the gauges' windowed block
 
 
 def feature_schema_hash(names: Sequence[str], config: FeatureConfig) -> str:
