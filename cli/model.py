@@ -86,6 +86,11 @@ def add_parsers(commands: Subcommands) -> None:
         "cluster's workers replay them)",
     )
     train.add_argument(
+        "--balance-modes",
+        action="store_true",
+        help="weigh each failure mode's positive rows alike in the booster (rare modes up to 10x)",
+    )
+    train.add_argument(
         "--no-blend",
         action="store_true",
         help="serve the booster alone, even where stacking it with the logistic baseline catches more of "
@@ -231,6 +236,7 @@ def run_train(args: argparse.Namespace) -> int:
             folds=args.folds,
             jobs=args.jobs,
             blend=not args.no_blend,
+            balance_modes=args.balance_modes,
         )
         client = None
         if args.dask_scheduler:

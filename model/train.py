@@ -131,6 +131,9 @@ class TrainConfig:
     folds: int = 1
     # Worlds replayed at once by local processes (without a Dask client; with one, its workers do).
     jobs: int = 1
+    # Weigh each failure mode's positive rows alike in the booster's ranking (capped at 10x): a mode with a
+    # handful of failures otherwise gets a handful of leaves, and its risk never reaches a threshold.
+    balance_modes: bool = False
     # Stack the booster with the logistic baseline and serve the blend where it catches more on the
     # validation worlds at the same budget (off: the booster alone, as before issue 28).
     blend: bool = True
@@ -527,6 +530,19 @@ def _sample_worlds(
     return sampled, names
 
 
+def mode_balance(modes: np.ndarray, positive: np.ndarray, cap: float = 10.0) -> np.ndarray:
+    """Per row, the factor that gives every failure mode's positive rows the same total weight as the
+    average mode's (negatives 1): rare modes up, common ones down, never more than `cap` up."""
+    factor = np.ones(len(modes))
+    names, counts = np.unique(modes[positive].astype(str), return_counts=True)
+    if len(names) < 2:
+        return factor
+    mean = counts.mean()
+    for name, count in zip(names, counts, strict=True):
+        factor[positive & (modes.astype(str) == name)] = min(cap, mean / count)
+    return factor
+
+
 def world_folds(worlds: np.ndarray, folds: int) -> np.ndarray:
     """The fold of each row, from the world it came from: the training worlds dealt round-robin in
     their order into `folds` groups, so that every world's rows stay together."""
@@ -562,6 +578,8 @@ def _fit_risk(
     # heavy rows decide the splits and stopped it after a handful of trees); the calibration
     # uses the full weights, so risks are still probabilities for the whole population.
     rank_w = np.where(y, w, 1.0)
+    if config.balance_modes:
+        rank_w = rank_w * mode_balance(rows.mode, y)
     if config.folds > 1:
         return _fit_by_folds(x_fit, y[fit], rank_w[fit], rows.world[fit], names, params, config)
     if dask_client is not None:

@@ -20,6 +20,7 @@ from faultcast.model.risk_range import risk_range
 from faultcast.model.train import (
     TrainConfig,
     _world_rows,
+    mode_balance,
     train,
     world_folds,
 )
@@ -155,3 +156,18 @@ def test_a_blend_saves_loads_and_bounds_its_risks(grouped: Path, tmp_path: Path)
     # Without the logistic part in the bound, the blend's risks would escape it.
     plain_low, plain_high = risk_range(back.booster, back.calibration)
     assert risks.min() < plain_low or risks.max() > plain_high
+
+
+def test_mode_balance_gives_each_mode_the_average_modes_weight() -> None:
+    modes = np.array(["hbm"] * 30 + ["nvlink"] * 3 + ["pcie"] * 6 + [""] * 50, dtype=object)
+    positive = modes != ""
+    factor = mode_balance(modes, positive)
+    totals = {m: float(factor[positive & (modes == m)].sum()) for m in ("hbm", "nvlink", "pcie")}
+    assert totals["hbm"] == pytest.approx(13.0)  # the mean count: 39 positives over three modes
+    assert totals["nvlink"] == pytest.approx(13.0)  # 3 rows, 13/3 each: under the cap
+    assert totals["pcie"] == pytest.approx(13.0)
+    assert np.all(factor[~positive] == 1.0)  # negatives untouched
+    capped = mode_balance(modes, positive, cap=2.0)
+    assert capped[modes == "nvlink"].max() == 2.0
+    single = mode_balance(np.array(["hbm", "hbm", ""], dtype=object), np.array([True, True, False]))
+    assert np.all(single == 1.0)  # one mode: nothing to balance
