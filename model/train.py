@@ -510,19 +510,37 @@ def _sample_worlds(
     `config.validation_worlds` worlds' rows validate, the others' fit."""
     base = config.seed if config.sample_seed is None else config.sample_seed
     calls = [(dataset, features, config, base + k) for k, dataset in enumerate(datasets)]
-    results = map_worlds(_world_rows, calls, jobs=config.jobs, client=dask_client)
+    results: list[tuple[dict[str, np.ndarray], tuple[str, ...]] | None] = list(
+        map_worlds(_world_rows, calls, jobs=config.jobs, client=dask_client)
+    )
     validating = len(datasets) - config.validation_worlds
-    parts: list[tuple[dict[str, np.ndarray], bool, float]] = []
-    names = results[0][1]
-    for k, (dataset, (rows, _)) in enumerate(zip(datasets, results, strict=True)):
+    names = results[0][1] if results[0] is not None else ()
+    sizes = []
+    for dataset, result in zip(datasets, results, strict=True):
+        assert result is not None
+        rows = result[0]
         if rows["features"].size == 0 or not rows["label"].astype(bool).any():
             raise ValueError(f"{dataset.path}: no failure a warning could precede after the warm-up")
-        parts.append((rows, k >= validating, acceleration_of(dataset, config)))
-        log.info("%s: %d rows, %d positive", dataset.path, len(rows["label"]), int(rows["label"].sum()))
-    stack = {key: np.concatenate([p[0][key] for p in parts]) for key in parts[0][0]}
-    val = np.concatenate([np.full(len(p[0]["label"]), p[1]) for p in parts])
-    accel = np.concatenate([np.full(len(p[0]["label"]), p[2]) for p in parts])
-    world = np.concatenate([np.full(len(p[0]["label"]), k, dtype=np.int64) for k, p in enumerate(parts)])
+        sizes.append(len(rows["label"]))
+        log.info("%s: %d rows, %d positive", dataset.path, sizes[-1], int(rows["label"].sum()))
+    # The worlds' rows moved into one array world by world, each freed once copied: at 64 worlds the
+    # features are gigabytes, and holding them twice (the parts and their concatenation) ran out of memory.
+    first = results[0]
+    assert first is not None
+    kinds = {key: np.result_type(*(r[0][key].dtype for r in results if r is not None)) for key in first[0]}
+    stack: dict[str, np.ndarray] = {}
+    ends = np.cumsum(sizes)
+    for k, end in enumerate(ends):
+        result = results[k]
+        assert result is not None
+        for key, part in result[0].items():
+            if key not in stack:
+                stack[key] = np.empty((int(ends[-1]), *part.shape[1:]), dtype=kinds[key])
+            stack[key][end - sizes[k] : end] = part
+        results[k] = None
+    val = np.repeat([k >= validating for k in range(len(datasets))], sizes)
+    accel = np.repeat([acceleration_of(d, config) for d in datasets], sizes)
+    world = np.repeat(np.arange(len(datasets), dtype=np.int64), sizes)
     sampled = _Sampled(
         x=stack["features"], y=stack["label"].astype(bool), w=stack["weight"], ttf_s=stack["ttf_s"],
         mode=stack["mode"], fit=~val, val=val, acceleration=accel, world=world,
@@ -565,7 +583,7 @@ def _fit_risk(
     x, y, w, fit, val = rows.x, rows.y, rows.w, rows.fit, rows.val
     # Feature-group dropout: some rows look like a cluster with only dcgm-exporter's default metrics.
     rng = np.random.default_rng(config.seed + 1)
-    x_fit = x[fit].copy()
+    x_fit = x[fit]  # a copy already (boolean indexing): the dropout below changes it, not x
     blank = rng.random(len(x_fit)) < config.group_dropout
     x_fit[np.ix_(blank, dropped)] = np.nan
     x_fit[:, excluded] = np.nan  # a column that is always missing is never split on
@@ -597,7 +615,7 @@ def _fit_risk(
             config.num_boost_round,
         )
         return booster, best, ()
-    train_set = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), free_raw_data=False)
+    train_set = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names))
     val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
     booster = lgb.train(
         params,
@@ -626,13 +644,17 @@ def _fit_by_folds(
             f"there are {len(set(worlds.tolist()))}"
         )
     fold = world_folds(worlds, config.folds)
+    # Binned once; each fold's sides are subsets of it (no copy of the rows per fold).
+    whole = lgb.Dataset(
+        x, y, weight=w, feature_name=list(names), params=params, free_raw_data=False
+    ).construct()
     best: list[int] = []
     for f in range(config.folds):
         held = fold == f
         if not y[held].any() or not y[~held].any():
             raise ValueError(f"fold {f} of {config.folds} has no failure a warning could precede on one side")
-        part = lgb.Dataset(x[~held], y[~held], weight=w[~held], feature_name=list(names))
-        check = lgb.Dataset(x[held], y[held], weight=w[held], reference=part)
+        part = whole.subset(np.nonzero(~held)[0].tolist())
+        check = whole.subset(np.nonzero(held)[0].tolist())
         booster = lgb.train(
             params,
             part,
@@ -643,7 +665,6 @@ def _fit_by_folds(
         best.append(int(booster.best_iteration or config.num_boost_round))
         log.info("fold %d of %d: best iteration %d", f + 1, config.folds, best[-1])
     rounds = max(1, round(float(np.mean(best))))
-    whole = lgb.Dataset(x, y, weight=w, feature_name=list(names))
     return lgb.train(params, whole, num_boost_round=rounds), rounds, tuple(best)
 
 
@@ -898,10 +919,10 @@ def _trimmed(booster: lgb.Booster, best: int) -> lgb.Booster:
 
 
 def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Logistic:
-    """Median imputation, standardisation and a regularised linear model on the fit rows. One float32
-    working copy, changed in place: at 64 worlds the rows are millions, and three float64 copies of
-    them were most of training's peak memory."""
-    z = np.array(x, dtype=np.float32)
+    """Median imputation, standardisation and a regularised linear model on the fit rows, worked on in
+    place (float32 `x` is changed: pass a copy): at 64 worlds the rows are millions, and three float64
+    copies of them were most of training's peak memory."""
+    z = np.asarray(x, dtype=np.float32)  # x is changed in place: callers pass a copy (rows.x[rows.fit])
     z[~np.isfinite(z)] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a column no row has (a group never collected)
