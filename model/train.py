@@ -599,7 +599,12 @@ def _fit_risk(
     if config.balance_modes:
         rank_w = rank_w * mode_balance(rows.mode, y)
     if config.folds > 1:
-        return _fit_by_folds(x_fit, y[fit], rank_w[fit], rows.world[fit], names, params, config)
+        # Binned once (the rows then freed: the bins are a quarter of their size); each fold's sides
+        # are subsets of it, no copy of the rows per fold.
+        whole = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), params=params)
+        whole.construct()
+        del x_fit
+        return _fit_by_folds(whole, y[fit], rows.world[fit], params, config)
     if dask_client is not None:
         from faultcast.model.distributed import fit_on_dask
 
@@ -615,7 +620,9 @@ def _fit_risk(
             config.num_boost_round,
         )
         return booster, best, ()
-    train_set = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names))
+    train_set = lgb.Dataset(x_fit, y[fit], weight=rank_w[fit], feature_name=list(names), params=params)
+    train_set.construct()
+    del x_fit  # LightGBM keeps its bins, not the rows: gigabytes at 64 worlds
     val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
     booster = lgb.train(
         params,
@@ -629,11 +636,9 @@ def _fit_risk(
 
 
 def _fit_by_folds(
-    x: np.ndarray,
+    whole: lgb.Dataset,
     y: np.ndarray,
-    w: np.ndarray,
     worlds: np.ndarray,
-    names: tuple[str, ...],
     params: dict[str, Any],
     config: TrainConfig,
 ) -> tuple[lgb.Booster, int, tuple[int, ...]]:
@@ -644,10 +649,6 @@ def _fit_by_folds(
             f"there are {len(set(worlds.tolist()))}"
         )
     fold = world_folds(worlds, config.folds)
-    # Binned once; each fold's sides are subsets of it (no copy of the rows per fold).
-    whole = lgb.Dataset(
-        x, y, weight=w, feature_name=list(names), params=params, free_raw_data=False
-    ).construct()
     best: list[int] = []
     for f in range(config.folds):
         held = fold == f
@@ -920,25 +921,41 @@ def _trimmed(booster: lgb.Booster, best: int) -> lgb.Booster:
 
 def _fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int) -> Logistic:
     """Median imputation, standardisation and a regularised linear model on the fit rows, worked on in
-    place (float32 `x` is changed: pass a copy): at 64 worlds the rows are millions, and three float64
-    copies of them were most of training's peak memory."""
+    place (float32 `x` is changed: pass a copy) and summarised in blocks of columns or rows: at 64
+    worlds the rows are gigabytes, and numpy's nanmedian and std each made a full copy (std's in
+    float64), which ran the machine out of memory."""
     z = np.asarray(x, dtype=np.float32)  # x is changed in place: callers pass a copy (rows.x[rows.fit])
     z[~np.isfinite(z)] = np.nan
+    medians = np.zeros(z.shape[1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a column no row has (a group never collected)
-        medians = np.nanmedian(z, axis=0).astype(np.float64)
+        for lo in range(0, z.shape[1], _COLUMN_BLOCK):
+            medians[lo : lo + _COLUMN_BLOCK] = np.nanmedian(z[:, lo : lo + _COLUMN_BLOCK], axis=0)
     medians = np.where(np.isnan(medians), 0.0, medians)
-    missing = np.isnan(z)
-    z[missing] = np.broadcast_to(medians.astype(np.float32), z.shape)[missing]
-    del missing
-    means = z.mean(axis=0, dtype=np.float64)
-    scales = z.std(axis=0, dtype=np.float64)
+    for lo in range(0, len(z), _ROW_BLOCK):
+        block = z[lo : lo + _ROW_BLOCK]
+        missing = np.isnan(block)
+        block[missing] = np.broadcast_to(medians.astype(np.float32), block.shape)[missing]
+    means = np.zeros(z.shape[1])
+    for lo in range(0, len(z), _ROW_BLOCK):
+        means += z[lo : lo + _ROW_BLOCK].sum(axis=0, dtype=np.float64)
+    means /= max(len(z), 1)
+    squares = np.zeros(z.shape[1])
+    for lo in range(0, len(z), _ROW_BLOCK):
+        squares += ((z[lo : lo + _ROW_BLOCK] - means) ** 2).sum(axis=0)
+    scales = np.sqrt(squares / max(len(z), 1))
     scales = np.where(scales > 0, scales, 1.0)
-    z -= means.astype(np.float32)
-    z /= scales.astype(np.float32)
-    np.clip(z, -20, 20, out=z)
+    for lo in range(0, len(z), _ROW_BLOCK):
+        block = z[lo : lo + _ROW_BLOCK]
+        block -= means.astype(np.float32)
+        block /= scales.astype(np.float32)
+        np.clip(block, -20, 20, out=block)
     clf = LogisticRegression(C=0.1, max_iter=500, random_state=seed).fit(z, y, sample_weight=w)
     return Logistic(medians, means, scales, clf.coef_[0].astype(np.float64), float(clf.intercept_[0]))
+
+
+_COLUMN_BLOCK = 16  # columns a median is taken over at once
+_ROW_BLOCK = 65_536  # rows imputed, summed and standardised at once
 
 
 def _config_record(config: TrainConfig) -> dict[str, JsonScalar]:
