@@ -624,15 +624,22 @@ def _fit_risk(
     train_set.construct()
     del x_fit  # LightGBM keeps its bins, not the rows: gigabytes at 64 worlds
     val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
+    booster, best = _early_stopped(params, train_set, val_set, config)
+    return _trimmed(booster, best), best, ()
+
+
+def _early_stopped(
+    params: dict[str, Any], train_set: lgb.Dataset, check: lgb.Dataset, config: TrainConfig
+) -> tuple[lgb.Booster, int]:
+    """The booster fit on `train_set` until `check`'s metric stops improving, and its best iteration."""
     booster = lgb.train(
         params,
         train_set,
         num_boost_round=config.num_boost_round,
-        valid_sets=[val_set],
+        valid_sets=[check],
         callbacks=[lgb.early_stopping(50, verbose=False)],
     )
-    best = booster.best_iteration or config.num_boost_round
-    return _trimmed(booster, best), best, ()
+    return booster, int(booster.best_iteration or config.num_boost_round)
 
 
 def _fit_by_folds(
@@ -656,14 +663,7 @@ def _fit_by_folds(
             raise ValueError(f"fold {f} of {config.folds} has no failure a warning could precede on one side")
         part = whole.subset(np.nonzero(~held)[0].tolist())
         check = whole.subset(np.nonzero(held)[0].tolist())
-        booster = lgb.train(
-            params,
-            part,
-            num_boost_round=config.num_boost_round,
-            valid_sets=[check],
-            callbacks=[lgb.early_stopping(50, verbose=False)],
-        )
-        best.append(int(booster.best_iteration or config.num_boost_round))
+        best.append(_early_stopped(params, part, check, config)[1])
         log.info("fold %d of %d: best iteration %d", f + 1, config.folds, best[-1])
     rounds = max(1, round(float(np.mean(best))))
     return lgb.train(params, whole, num_boost_round=rounds), rounds, tuple(best)
@@ -874,7 +874,7 @@ def _choose_blend(
     if abs(model.calibration[0]) < 1e-6 or not rows.val.any():
         return None
     blend = _fit_blend(model, rows)
-    for period, _ in [*full, *masked]:
+    for period, _ in full:
         period.scores["blend"] = _blended(period, model.calibration, blend)
 
     def chosen(judged: Judged) -> tuple[float, float]:
@@ -895,7 +895,9 @@ def _choose_blend(
     blend_recall = blend_caught / counted if counted else math.nan
     serve = blend_caught > booster_caught
     dcgm_false_alarms = math.nan
-    if serve:
+    if serve:  # the dcgm-default periods matter only then
+        for period, _ in masked:
+            period.scores["blend"] = _blended(period, model.calibration, blend)
         model.dcgm_default_threshold, dcgm_false_alarms = chosen(masked)
         model.calibration, model.blend, model.threshold = (blend[0], blend[1]), blend[2], threshold
         for period, _ in full:  # what the recall curve and the validation recall read from here on
