@@ -364,19 +364,11 @@ def choose_threshold_pooled(
     """`choose_threshold` over several periods as one (a group of validation worlds): false alarms
     summed over the parts against the budget of their GPU-days summed, so that a choice rests on
     every world's failures and look-alikes, not on one world's."""
-    finite = np.concatenate(
-        [
-            p.scores[method][p.present & ~np.isnan(p.scores[method]) & (p.scores[method] >= floor)]
-            for p, _ in parts
-        ]
-    )
-    if finite.size == 0:
+    candidates = candidate_thresholds([p for p, _ in parts], method, floor)
+    if candidates.size == 0:
         return 1.0, 0.0
     gpu_days = sum(p.gpu_days for p, _ in parts)
     allowed = max(1, int(budget_per_1000_gpu_days * gpu_days / 1000.0))
-    candidates = np.unique(
-        np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]])
-    )
     found = [incidents(p, method, candidates.tolist(), policy, node_level_modes) for p, _ in parts]
     best = (float(candidates[-1]) + 1e-9, 0.0)
     # From the highest threshold down, while the false alarms stay within what is allowed (judged
@@ -390,3 +382,19 @@ def choose_threshold_pooled(
             break
         best = (float(candidates[k]), 1000.0 * false / max(gpu_days, 1e-9))
     return best
+
+
+def candidate_thresholds(periods: Sequence[ScoredPeriod], method: str, floor: float = 0.0) -> np.ndarray:
+    """The thresholds a choice tries, ascending: 201 quantiles of the top tenth of the scores (not
+    under `floor`) and the 300 highest distinct scores. Empty when no row scores."""
+    finite = np.concatenate(
+        [
+            p.scores[method][p.present & ~np.isnan(p.scores[method]) & (p.scores[method] >= floor)]
+            for p in periods
+        ]
+    )
+    if finite.size == 0:
+        return finite
+    return np.unique(
+        np.concatenate([np.quantile(finite, np.linspace(0.90, 1.0, 201)), np.unique(finite)[-300:]])
+    )
