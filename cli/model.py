@@ -435,6 +435,34 @@ def _table(rows: list[tuple[str, dict[str, Any]]], warning_min: float) -> list[s
     return lines
 
 
+def _mode_table(rows: list[tuple[str, dict[str, Any]]], warning_min: float) -> list[str]:
+    """Per failure mode, every method: of the failures that carried a precursor, how many it caught at
+    >= the warning time, and their median lead (minutes)."""
+    rows = [(name, m) for name, m in rows if "by_mode" in m]
+    if not rows:
+        return []
+    modes = sorted({mode for _, m in rows for mode in m["by_mode"]})
+    lines = [
+        f"by mode: caught >={warning_min:.0f} min of the failures that carried a precursor (median lead, min)",
+        "| mode | failures | with a precursor | " + " | ".join(name for name, _ in rows) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in rows) + " |",
+    ]
+    for mode in modes:
+        first = next(m["by_mode"][mode] for _, m in rows if mode in m["by_mode"])
+        cells = []
+        for _, m in rows:
+            t = m["by_mode"].get(mode)
+            if t is None or not t["predictable"]:
+                cells.append("-")
+                continue
+            lead = f" ({t['median_lead_min']:.0f})" if t["predictable_caught"] else ""
+            cells.append(f"{t['predictable_caught']}/{t['predictable']}{lead}")
+        lines.append(
+            f"| {mode} | {first['failures']} | {_count(first['predictable'])} | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
 def _acceleration(source: dict[str, Any]) -> str:
     a = source.get("acceleration")
     return f"acceleration {a:g}" if isinstance(a, int | float) else "acceleration unknown"
@@ -485,11 +513,8 @@ def render_table(report: dict[str, Any]) -> str:
         _data_line(report),
         f"(lo-hi): {d['ci95']}",
         *_table(_rows(report) + _ceiling_rows(ceiling), warning),
-        f"recall at >={warning:.0f} min by mode (model): "
-        + (
-            ", ".join(f"{mode} {_fmt(v, True)}" for mode, v in report["model"]["recall_by_mode"].items())
-            or "no failure"
-        ),
+        "",
+        *_mode_table(_rows(report) + _ceiling_rows(ceiling), warning),
     ]
     if ceiling:
         lines += _ceiling_lines(ceiling, warning)
@@ -508,6 +533,8 @@ def render_pooled(pooled: dict[str, Any], warning_min: float) -> str:
         f"{pooled['test_gpu_days']:.0f} GPU-days, {pooled['test_failures']} failures; a matched row sums "
         "each dataset's own match",
         *_table(_rows(pooled) + _ceiling_rows(pooled.get("ceiling")), warning_min),
+        "",
+        *_mode_table(_rows(pooled) + _ceiling_rows(pooled.get("ceiling")), warning_min),
     ]
     if pooled.get("ceiling"):
         lines += _ceiling_lines(pooled["ceiling"], warning_min)
@@ -553,12 +580,13 @@ def _ceiling_lines(block: dict[str, Any], warning_min: float) -> list[str]:
             + " per 1,000 GPU-days"
         )
     lines += [
-        f"| mode | failures | model recall >={w} min | ceiling recall >={w} min | share of ceiling |",
-        "| --- | --- | --- | --- | --- |",
+        f"| mode | failures | with a precursor | model recall >={w} min | ceiling recall >={w} min "
+        "| share of ceiling |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for mode, m in block["by_mode"].items():
         lines.append(
-            f"| {mode} | {m['failures']} | {_fmt(m['model_recall'], True)} | {_fmt(m['ceiling_recall'], True)} "
-            f"| {_fmt(m['share_of_ceiling'], True)} |"
+            f"| {mode} | {m['failures']} | {_count(m['predictable'])} | {_fmt(m['model_recall'], True)} "
+            f"| {_fmt(m['ceiling_recall'], True)} | {_fmt(m['share_of_ceiling'], True)} |"
         )
     return lines

@@ -35,8 +35,8 @@ from faultcast.model.intervals import (
 )
 from faultcast.model.manifest import TrainingData
 from faultcast.model.matching import Candidate, Setting, matched_threshold, pick
-from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod
-from faultcast.model.rows import Measured, Row, false_alarm_figures, intervals, measure, pooled
+from faultcast.model.outcomes import ModeTally, PredictionPeriods, ScoredPeriod
+from faultcast.model.rows import Measured, Row, false_alarm_figures, intervals, measure, pooled, pooled_modes
 from faultcast.model.worlds import training_world_ids, world_of
 from faultcast.modes import NODE_LEVEL_MODES
 
@@ -173,21 +173,20 @@ def _share_interval(
     return [float(np.percentile(finite, LOW)), float(np.percentile(finite, HIGH))]
 
 
-def by_mode(model: Mapping[str, tuple[int, int]], ceiling: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
-    """Per failure mode: its failures, caught by the model and by the ceiling, both recalls, the share."""
+def by_mode(model: Mapping[str, ModeTally], ceiling: Mapping[str, ModeTally]) -> dict[str, Any]:
+    """Per failure mode: its failures, those with a precursor, how many of those the model and the
+    ceiling caught, both recalls of them and the share (the overall share's terms, mode by mode)."""
     out = {}
     for mode in sorted({*model, *ceiling}):
-        hits, total = model.get(mode, (0, 0))
-        best, count = ceiling.get(mode, (0, 0))
-        recall = hits / total if total else math.nan
-        top = best / count if count else math.nan
+        ours, best = model.get(mode, ModeTally()), ceiling.get(mode, ModeTally())
         out[mode] = {
-            "failures": max(total, count),  # the same failures on both sides
-            "model_caught": hits,
-            "ceiling_caught": best,
-            "model_recall": recall,
-            "ceiling_recall": top,
-            "share_of_ceiling": _share(recall, top),
+            "failures": max(ours.failures, best.failures),  # the same failures on both sides
+            "predictable": None if ours.unknown else max(ours.predictable, best.predictable),
+            "model_caught": ours.predictable_caught,
+            "ceiling_caught": best.predictable_caught,
+            "model_recall": ours.recall,
+            "ceiling_recall": best.recall,
+            "share_of_ceiling": _share(ours.recall, best.recall),
         }
     return out
 
@@ -342,12 +341,8 @@ def measure_ceiling(
 
 def _pool(parts: Sequence[Measured], resamples: int, seed: int) -> Measured:
     """Several datasets' measurements of a row as one: pooled figures, tallies side by side, modes summed."""
-    by_mode: dict[str, tuple[int, int]] = {}
-    for p in parts:
-        for mode, (hits, total) in p.by_mode.items():
-            h, t = by_mode.get(mode, (0, 0))
-            by_mode[mode] = (h + hits, t + total)
-    return Measured(pooled(parts, resamples, seed), NodeTallies.concat([p.tallies for p in parts]), by_mode)
+    tallies = NodeTallies.concat([p.tallies for p in parts])
+    return Measured(pooled(parts, resamples, seed), tallies, pooled_modes(parts))
 
 
 def pooled_ceiling(

@@ -234,6 +234,7 @@ def metrics_of(
     warned = [c for c in caught if c.caught(periods.warning_s)]
     leads_min = [c.lead_s / 60.0 for c in warned if c.lead_s is not None]
     predictable, predictable_caught, unknown = predictable_counts(caught, periods.warning_s)
+    modes = mode_tallies(caught, periods)
     count = {o: sum(1 for j in judged if j.outcome is o) for o in Outcome}
     per_1000 = 1000.0 / max(period.gpu_days, 1e-9)
     n = len(caught)
@@ -264,19 +265,73 @@ def metrics_of(
         "failures_predictable": None if unknown else predictable,
         "failures_precursor_unknown": unknown,
         "pr_auc": pr_auc,
-        "recall_by_mode": {
-            mode: hits / total for mode, (hits, total) in sorted(mode_counts(caught, periods).items())
-        },
+        "recall_by_mode": recall_by_mode(modes),
+        "by_mode": mode_report(modes),
     }
 
 
-def mode_counts(caught: Sequence[Catch], periods: PredictionPeriods) -> dict[str, tuple[int, int]]:
-    """Per failure mode: (caught at the minimal warning time, failures)."""
-    by_mode: dict[str, tuple[int, int]] = {}
+@dataclass(frozen=True, slots=True)
+class ModeTally:
+    """One failure mode's failures over a period and what a method caught of them (at the minimal
+    warning time, within the prediction period)."""
+
+    failures: int = 0
+    caught: int = 0  # of all its failures
+    predictable: int = 0  # failures the log says carried a precursor
+    predictable_caught: int = 0
+    unknown: int = 0  # failures the log does not say about
+    leads_min: tuple[float, ...] = ()  # the caught predictable failures' leads
+
+    def __add__(self, other: ModeTally) -> ModeTally:
+        return ModeTally(
+            self.failures + other.failures,
+            self.caught + other.caught,
+            self.predictable + other.predictable,
+            self.predictable_caught + other.predictable_caught,
+            self.unknown + other.unknown,
+            self.leads_min + other.leads_min,
+        )
+
+    @property
+    def recall(self) -> float:
+        """Recall of the predictable failures (NaN: none, or the log does not say for some)."""
+        return (
+            self.predictable_caught / self.predictable if self.predictable and not self.unknown else math.nan
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The mode's row as the report writes it."""
+        return {
+            "failures": self.failures,
+            "predictable": None if self.unknown else self.predictable,
+            "predictable_caught": self.predictable_caught,
+            "recall_5min_predictable": self.recall,
+            "median_lead_min": _quantile(self.leads_min, 50),
+        }
+
+
+def mode_tallies(caught: Sequence[Catch], periods: PredictionPeriods) -> dict[str, ModeTally]:
+    """Per failure mode, its failures and what was caught of them (see `predictable_counts` for which
+    failures were predictable: the log's word)."""
+    out: dict[str, ModeTally] = {}
     for c in caught:
-        hits, total = by_mode.get(c.failure.mode, (0, 0))
-        by_mode[c.failure.mode] = (hits + c.caught(periods.warning_s), total + 1)
-    return by_mode
+        precursor = c.failure.precursor_s
+        known, carried, hit = not math.isnan(precursor), precursor > 0, c.caught(periods.warning_s)
+        lead = (c.lead_s / 60.0,) if hit and carried and c.lead_s is not None else ()
+        out[c.failure.mode] = out.get(c.failure.mode, ModeTally()) + ModeTally(
+            1, int(hit), int(known and carried), int(known and carried and hit), int(not known), lead
+        )
+    return out
+
+
+def mode_report(tallies: dict[str, ModeTally]) -> dict[str, dict[str, object]]:
+    """The per-mode rows of a method (`by_mode` in the report), by mode name."""
+    return {mode: tallies[mode].to_json() for mode in sorted(tallies)}
+
+
+def recall_by_mode(tallies: dict[str, ModeTally]) -> dict[str, float]:
+    """Per mode, the share of all its failures caught (`recall_by_mode` in the report)."""
+    return {mode: t.caught / t.failures for mode, t in sorted(tallies.items()) if t.failures}
 
 
 _COUNTED = (

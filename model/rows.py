@@ -22,13 +22,16 @@ from faultcast.model.intervals import (
 )
 from faultcast.model.matching import MARGIN, Setting
 from faultcast.model.outcomes import (
+    ModeTally,
     PredictionPeriods,
     ScoredPeriod,
     events,
     incidents,
     metrics_of,
-    mode_counts,
+    mode_report,
+    mode_tallies,
     node_tallies,
+    recall_by_mode,
 )
 from faultcast.modes import NODE_LEVEL_MODES
 
@@ -56,7 +59,7 @@ class Measured:
 
     metrics: dict[str, Any]
     tallies: NodeTallies
-    by_mode: dict[str, tuple[int, int]]
+    by_mode: dict[str, ModeTally]
 
 
 def _score(period: ScoredPeriod, at: Setting) -> np.ndarray:
@@ -77,7 +80,7 @@ def measure(
     """The row's metrics on the period (its incidents `found`, when already tracked)."""
     judged = events(period, failures, row.found(period) if found is None else found, periods)
     metrics = metrics_of(period, judged, periods, _score(period, row.setting))
-    return Measured(metrics, node_tallies(period, judged, periods), mode_counts(judged.caught, periods))
+    return Measured(metrics, node_tallies(period, judged, periods), mode_tallies(judged.caught, periods))
 
 
 def intervals(tallies: NodeTallies, resamples: int = RESAMPLES, seed: int = SEED) -> dict[str, Any]:
@@ -95,11 +98,7 @@ def pooled(parts: Sequence[Measured], resamples: int = RESAMPLES, seed: int = SE
     """A row over several periods as one: counts summed, figures of the summed counts, intervals by
     resampling the nodes of every period."""
     tallies = NodeTallies.concat([p.tallies for p in parts])
-    by_mode: dict[str, tuple[int, int]] = {}
-    for p in parts:
-        for mode, (hits, total) in p.by_mode.items():
-            h, t = by_mode.get(mode, (0, 0))
-            by_mode[mode] = (h + hits, t + total)
+    by_mode = pooled_modes(parts)
     counts = {
         "failures": int(tallies.failures.sum()),
         "failures_caught": int(tallies.caught.sum()),
@@ -116,9 +115,19 @@ def pooled(parts: Sequence[Measured], resamples: int = RESAMPLES, seed: int = SE
     return {
         **point(tallies),
         **counts,
-        "recall_by_mode": {m: hits / total for m, (hits, total) in sorted(by_mode.items())},
+        "recall_by_mode": recall_by_mode(by_mode),
+        "by_mode": mode_report(by_mode),
         **intervals(tallies, resamples, seed),
     }
+
+
+def pooled_modes(parts: Sequence[Measured]) -> dict[str, ModeTally]:
+    """The parts' per-mode tallies summed."""
+    out: dict[str, ModeTally] = {}
+    for p in parts:
+        for mode, tally in p.by_mode.items():
+            out[mode] = out.get(mode, ModeTally()) + tally
+    return out
 
 
 def false_alarm_figures(tallies: NodeTallies, resamples: int = RESAMPLES, seed: int = SEED) -> dict[str, Any]:

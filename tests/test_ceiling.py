@@ -15,6 +15,7 @@ from faultcast.cli.app import main
 from faultcast.model.artifact import FaultModel
 from faultcast.model.ceiling import CeilingError, by_mode, check_reference
 from faultcast.model.dataset import open_dataset
+from faultcast.model.outcomes import ModeTally
 from faultcast.model.train import TrainConfig, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.independent import IndependentConfig, generate
@@ -87,7 +88,8 @@ def test_a_reference_equal_to_the_model_is_exactly_its_ceiling(evaluated: tuple[
         assert ceiling["recall_5min_predictable"] == matched["recall_5min_predictable"]
         for mode, row in ceiling["by_mode"].items():
             assert row["failures"] == round(row["failures"])
-            assert row["model_caught"] <= row["failures"], mode
+            assert row["model_caught"] <= row["predictable"] <= row["failures"], mode
+            assert row["model_caught"] == model["by_mode"][mode]["predictable_caught"]
             share = ceiling["share_of_ceiling"]["by_mode"][mode]
             assert share == (
                 None if row["ceiling_caught"] == 0 else row["model_recall"] / row["ceiling_recall"]
@@ -133,13 +135,28 @@ def test_the_table_prints_the_ceiling_rows_the_share_and_the_modes(
     evaluated: tuple[dict[str, Any], str],
 ) -> None:
     report, printed = evaluated
-    assert printed.count("| in-world ceiling, reference at its own threshold |") == 3  # two datasets, pooled
-    assert printed.count("| in-world ceiling, matched to the model's false alarms") == 3
+    lines = printed.splitlines()
+    own = [line for line in lines if line.startswith("| in-world ceiling, reference at its own threshold |")]
+    matched = [
+        line for line in lines if line.startswith("| in-world ceiling, matched to the model's false alarms")
+    ]
+    assert len(own) == len(matched) == 3  # two datasets, pooled
     assert "share of the in-world ceiling" in printed
     assert "over the reference at its own threshold: 100.0%" in printed
-    assert "| mode | failures | model recall >=5 min | ceiling recall >=5 min | share of ceiling |" in printed
+    assert (
+        "| mode | failures | with a precursor | model recall >=5 min | ceiling recall >=5 min | share of ceiling |"
+        in printed
+    )
     mode, row = next(iter(report["datasets"][0]["ceiling"]["by_mode"].items()))
-    assert f"| {mode} | {row['failures']} |" in printed
+    assert f"| {mode} | {row['failures']} | {row['predictable']} |" in printed
+    # Every method's per-mode row, the ceiling's beside them.
+    assert printed.count("by mode: caught >=5 min of the failures that carried a precursor") == 3
+    header = next(
+        line
+        for line in printed.splitlines()
+        if line.startswith("| mode | failures | with a precursor | model |")
+    )
+    assert header.endswith("| in-world ceiling, matched to the model's false alarms |")
     assert "the ceiling's false alarms on the false-alarm data" in printed
 
 
@@ -183,9 +200,14 @@ def test_evaluate_refuses_a_bad_reference_before_scoring(
     assert "is not one of the --data directories" in capsys.readouterr().err
 
 
-def test_per_mode_shares_are_null_without_a_ceiling() -> None:
-    modes = by_mode({"hbm_wear": (1, 2), "power": (0, 3)}, {"hbm_wear": (2, 2), "power": (0, 3)})
+def test_per_mode_shares_are_over_the_predictable_failures_and_null_without_a_ceiling() -> None:
+    # hbm_wear: 3 failures, 2 with a precursor; the model caught 1 of those, the ceiling both.
+    ours = {"hbm_wear": ModeTally(3, 1, 2, 1, 0, (20.0,)), "power": ModeTally(3, 0, 3, 0)}
+    best = {"hbm_wear": ModeTally(3, 2, 2, 2, 0, (20.0, 30.0)), "power": ModeTally(3, 0, 3, 0)}
+    modes = by_mode(ours, best)
+    assert (modes["hbm_wear"]["model_recall"], modes["hbm_wear"]["ceiling_recall"]) == (0.5, 1.0)
     assert modes["hbm_wear"]["share_of_ceiling"] == 0.5
+    assert modes["hbm_wear"]["predictable"] == 2
     assert modes["power"]["share_of_ceiling"] is None
     assert modes["power"]["failures"] == 3
 

@@ -265,12 +265,26 @@ def test_predictable_recall_counts_only_failures_the_log_says_had_a_precursor() 
 
     known = metrics(0.0)
     assert known["recall_5min"] == pytest.approx(2 / 3)
+    # Per mode, the same accounting: 3 failures, 2 predictable, 1 of them caught (the spike at step 170
+    # opens an alert at 171, its second score: 29 min before the failure at 200).
+    assert known["by_mode"] == {
+        "hbm_wear": {
+            "failures": 3,
+            "predictable": 2,
+            "predictable_caught": 1,
+            "recall_5min_predictable": 0.5,
+            "median_lead_min": pytest.approx(29.0),
+        }
+    }
+    assert known["recall_by_mode"] == {"hbm_wear": pytest.approx(2 / 3)}
     assert known["recall_5min_predictable"] == pytest.approx(1 / 2)  # the same mode, yet left out
     assert (known["failures_predictable"], known["failures_precursor_unknown"]) == (2, 0)
     assert not any(PRECURSOR_UNKNOWN in n for n in report_notes(known, {"acceleration": 1.0}, False))
 
     unknown = metrics(math.nan)
     assert math.isnan(float(unknown["recall_5min_predictable"]))  # type: ignore[arg-type]
+    assert json_safe(unknown)["by_mode"]["hbm_wear"]["predictable"] is None
+    assert json_safe(unknown)["by_mode"]["hbm_wear"]["recall_5min_predictable"] is None
     assert json_safe(unknown)["recall_5min_predictable"] is None
     assert (unknown["failures_predictable"], unknown["failures_precursor_unknown"]) == (None, 1)
     assert any(PRECURSOR_UNKNOWN in n for n in report_notes(unknown, {"acceleration": 1.0}, False))
