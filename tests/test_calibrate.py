@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from faultcast.cli.app import main
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.model import calibrate as cal
+from faultcast.model import train as train_module
 from faultcast.model.artifact import FaultModel, load
 from faultcast.model.dataset import Dataset, Step, open_dataset, replay
 from faultcast.model.drift import (
@@ -88,6 +89,26 @@ def test_every_feature_the_engine_builds_has_a_named_group() -> None:
     # Names that do not exist yet land by pattern: a fleet-relative feature joins its signal's group.
     assert feature_group("gpu_temp_vs_rack") == "thermal"
     assert feature_group("node_peer_rtt_p99_seconds_vs_fleet") == "network"
+
+
+def test_many_training_rows_give_the_reference_a_uniform_sample_with_the_same_deciles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(1)
+    fit = rng.random(40_000) < 0.8
+    assert np.array_equal(train_module._reference_rows(fit, 0), np.flatnonzero(fit))  # few: every fit row
+    monkeypatch.setattr(train_module, "_REFERENCE_ROWS", 8_000)
+    kept = train_module._reference_rows(fit, 0)
+    assert len(kept) == 8_000
+    assert fit[kept].all()
+    assert np.all(np.diff(kept) > 0)  # sorted, no row twice
+    assert np.array_equal(kept, train_module._reference_rows(fit, 0))  # seeded
+    x = rng.lognormal(size=(40_000, 1))
+    whole, sample = build_reference(x[fit], ["gpu_temp_now"]), build_reference(x[kept], ["gpu_temp_now"])
+    # Each sampled decile within two percentile points of the whole's (its standard error here is half of one).
+    ranks = np.searchsorted(np.sort(x[fit, 0]), sample.edges[0]) / fit.sum()
+    assert np.abs(ranks - np.linspace(0.1, 0.9, 9)).max() < 0.02
+    assert len(whole.edges[0]) == len(sample.edges[0]) == 9
 
 
 def test_a_reference_round_trips_and_a_corrupt_one_is_refused(tmp_path: Path) -> None:
