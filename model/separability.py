@@ -35,6 +35,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from faultcast.model.dataset import Dataset, Failure, unix_seconds
+from faultcast.model.evaluate import json_safe
+from faultcast.model.feature_relative import node_median
 
 Kind = Literal["counter", "gauge", "events"]
 Level = Literal["gpu", "node"]
@@ -145,17 +147,6 @@ def statistic(x: np.ndarray, kind: Kind, cadence_s: float) -> np.ndarray:
 # -- episodes and the budget level -------------------------------------------------------------------
 
 
-def count_episodes(crossing: np.ndarray, merge: int) -> int:
-    """Alarm episodes in a (T, U) crossing mask: runs of one unit, merged when fewer than `merge`
-    steps apart (a run starts where none of the `merge` steps before it crossed)."""
-    units, steps = np.nonzero(crossing.T)  # unit-major: runs of one unit are adjacent
-    if len(steps) == 0:
-        return 0
-    new = np.ones(len(steps), dtype=bool)
-    new[1:] = (units[1:] != units[:-1]) | (steps[1:] - steps[:-1] > merge)
-    return int(new.sum())
-
-
 def episode_intervals(healthy: np.ndarray, merge: int) -> tuple[np.ndarray, np.ndarray]:
     """Each step that starts an episode for some thresholds: the thresholds thr with lo <= thr < hi.
     A healthy value hi (NaN where not healthy) starts one when thr < hi and none of the `merge`
@@ -238,16 +229,6 @@ def _cells(data: Dataset, steps: int, path: Path, per_gpu: bool) -> tuple[np.nda
     return rows[last], flat[last], units
 
 
-def node_median(per_gpu: np.ndarray, gpus: int) -> np.ndarray:
-    """(T, N*G) -> (T, N): each node's median over its reporting GPUs (NaN when none reports)."""
-    t, units = per_gpu.shape
-    ordered = np.sort(per_gpu.reshape(t, units // gpus, gpus), axis=2)  # NaN sort last
-    n = np.isfinite(ordered).sum(axis=2)
-    low = np.take_along_axis(ordered, np.maximum(n - 1, 0)[..., None] // 2, axis=2)[..., 0]
-    high = np.take_along_axis(ordered, (n // 2)[..., None], axis=2)[..., 0]
-    return np.where(n > 0, (low + high) / 2.0, np.nan)
-
-
 def signal_grid(grid: _Grid, signal: Signal) -> np.ndarray | None:
     """The signal per unit of its level on the grid; None when the data lacks it."""
     values = grid.column(signal.source, signal.column)
@@ -256,7 +237,10 @@ def signal_grid(grid: _Grid, signal: Signal) -> np.ndarray | None:
     if values is None:
         return None
     if signal.level == "node" and signal.source == "telemetry":
-        return node_median(values, grid.data.gpus_per_node)
+        # (T, N*G) -> (N, G, T): each node's median over its reporting GPUs, the engine's own median.
+        steps, gpus = len(values), grid.data.gpus_per_node
+        by_node = values.reshape(steps, -1, gpus).transpose(1, 2, 0)
+        return np.asarray(node_median(by_node).T)
     return values
 
 
@@ -432,23 +416,20 @@ def pooled(
 
 
 def report_rows(result: Sequence[ModeSeparability]) -> list[dict[str, object]]:
-    """JSON-ready rows (without the episode intervals)."""
-    return [
+    """JSON-ready rows (without the episode intervals; NaN as null)."""
+    rows: list[dict[str, object]] = json_safe([
         {
             "mode": m.mode, "statistic": m.statistic, "level": m.level,
             "precursor_failures": m.failures, "above_loudest": m.above_loudest,
             "above_budget": m.above_budget, "no_data": m.no_data,
-            "loudest_healthy": _finite(m.loudest), "budget_level": _finite(m.budget_level),
+            "loudest_healthy": m.loudest, "budget_level": m.budget_level,
             "healthy_unit_days": round(m.healthy_days, 2), "allowed_episodes": m.allowed,
             "peaks": [
                 {"time_s": p.time_s, "node": p.node, "gpu": p.gpu, "precursor_s": p.precursor_s,
-                 "peak": _finite(p.peak)}
+                 "peak": p.peak}
                 for p in m.peaks
             ],
         }
         for m in result
-    ]  # fmt: skip
-
-
-def _finite(x: float) -> float | None:
-    return None if math.isnan(x) else x
+    ])  # fmt: skip
+    return rows

@@ -19,7 +19,6 @@ from faultcast.model.dataset import open_dataset
 from faultcast.model.separability import (
     allowed_episodes,
     budget_level,
-    count_episodes,
     counter_increase,
     episode_intervals,
     event_minutes,
@@ -30,6 +29,18 @@ from faultcast.model.separability import (
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario
 from faultcast.sim.writer import simulate
+
+
+def count_episodes(crossing: np.ndarray, merge: int) -> int:
+    """The brute-force reference of the episode count: runs of one unit in a (T, U) crossing mask,
+    merged when fewer than `merge` steps apart."""
+    units, steps = np.nonzero(crossing.T)  # unit-major: runs of one unit are adjacent
+    if len(steps) == 0:
+        return 0
+    new = np.ones(len(steps), dtype=bool)
+    new[1:] = (units[1:] != units[:-1]) | (steps[1:] - steps[:-1] > merge)
+    return int(new.sum())
+
 
 # -- the statistics ----------------------------------------------------------------------------------
 
