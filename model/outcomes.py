@@ -202,11 +202,9 @@ def events(
 
 def predictable_counts(caught: Sequence[Catch], warning_s: float) -> tuple[int, int, int]:
     """(failures that carried a precursor, how many of them were caught, failures the log does not
-    say about). Which failures were predictable is the failure log's word (`precursor_s`), never
-    inferred from the mode's name: a mode with a precursor can still strike without one."""
-    known = [c for c in caught if not math.isnan(c.failure.precursor_s)]
-    predictable = [c for c in known if c.failure.precursor_s > 0]
-    return len(predictable), sum(c.caught(warning_s) for c in predictable), len(caught) - len(known)
+    say about): the per-mode tallies (`mode_tallies`) summed."""
+    total = sum(mode_tallies(caught, warning_s).values(), ModeTally())
+    return total.predictable, total.predictable_caught, total.unknown
 
 
 def event_metrics(
@@ -233,8 +231,9 @@ def metrics_of(
     caught, judged = found.caught, found.judged
     warned = [c for c in caught if c.caught(periods.warning_s)]
     leads_min = [c.lead_s / 60.0 for c in warned if c.lead_s is not None]
-    predictable, predictable_caught, unknown = predictable_counts(caught, periods.warning_s)
-    modes = mode_tallies(caught, periods)
+    modes = mode_tallies(caught, periods.warning_s)
+    total = sum(modes.values(), ModeTally())
+    predictable, predictable_caught, unknown = total.predictable, total.predictable_caught, total.unknown
     count = {o: sum(1 for j in judged if j.outcome is o) for o in Outcome}
     per_1000 = 1000.0 / max(period.gpu_days, 1e-9)
     n = len(caught)
@@ -310,13 +309,14 @@ class ModeTally:
         }
 
 
-def mode_tallies(caught: Sequence[Catch], periods: PredictionPeriods) -> dict[str, ModeTally]:
-    """Per failure mode, its failures and what was caught of them (see `predictable_counts` for which
-    failures were predictable: the log's word)."""
+def mode_tallies(caught: Sequence[Catch], warning_s: float) -> dict[str, ModeTally]:
+    """Per failure mode, its failures and what was caught of them at >= `warning_s`. Which failures
+    were predictable is the failure log's word (`precursor_s`), never inferred from the mode's name: a
+    mode with a precursor can still strike without one."""
     out: dict[str, ModeTally] = {}
     for c in caught:
         precursor = c.failure.precursor_s
-        known, carried, hit = not math.isnan(precursor), precursor > 0, c.caught(periods.warning_s)
+        known, carried, hit = not math.isnan(precursor), precursor > 0, c.caught(warning_s)
         lead = (c.lead_s / 60.0,) if hit and carried and c.lead_s is not None else ()
         out[c.failure.mode] = out.get(c.failure.mode, ModeTally()) + ModeTally(
             1, int(hit), int(known and carried), int(known and carried and hit), int(not known), lead

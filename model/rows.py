@@ -80,7 +80,9 @@ def measure(
     """The row's metrics on the period (its incidents `found`, when already tracked)."""
     judged = events(period, failures, row.found(period) if found is None else found, periods)
     metrics = metrics_of(period, judged, periods, _score(period, row.setting))
-    return Measured(metrics, node_tallies(period, judged, periods), mode_tallies(judged.caught, periods))
+    return Measured(
+        metrics, node_tallies(period, judged, periods), mode_tallies(judged.caught, periods.warning_s)
+    )
 
 
 def intervals(tallies: NodeTallies, resamples: int = RESAMPLES, seed: int = SEED) -> dict[str, Any]:
