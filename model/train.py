@@ -20,8 +20,6 @@ the evidence in the features does not change). A risk of 0.3 means three in ten.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 import logging
 import math
 import time
@@ -35,6 +33,7 @@ import lightgbm as lgb
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
+from faultcast.model import rows_cache
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
 from faultcast.model.dataset import Dataset, FailureLog, Labels, Sink, Step, replay
 from faultcast.model.drift import build_reference, save_reference
@@ -472,25 +471,30 @@ def _after(start_s: float, sink: Sink) -> Sink:
     return kept
 
 
+def world_rows_key(dataset: Dataset, features: FeatureConfig, config: TrainConfig, seed: int) -> str:
+    """The rows cache's key of one world's rows: the data, the feature schema, the horizon and the
+    sampling seed (the rates are the file's name within it)."""
+    schema = FeatureEngine(features, 1).schema_hash
+    return rows_cache.world_key(
+        [str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
+         schema, config.horizon_s, seed]
+    )  # fmt: skip
+
+
 def _world_rows(
     dataset: Dataset, features: FeatureConfig, config: TrainConfig, seed: int
 ) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
     """The sampler's rows over every node and day of one world after the warm-up, from the rows
-    cache when it holds them for the same data, features and sampling."""
-    engine = FeatureEngine(features, 1)  # for its names and schema hash only
-    names = engine.names
-    key = hashlib.sha256(
-        json.dumps(
-            [str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
-             engine.schema_hash, config.horizon_s, config.negative_rate,
-             config.hard_negative_rate, seed],
-            default=str,
-        ).encode()
-    ).hexdigest()[:20]  # fmt: skip
-    cached = Path(config.rows_cache) / f"{key}.npz" if config.rows_cache else None
-    if cached is not None and cached.is_file():
-        with np.load(cached, allow_pickle=True) as held:
-            return {name: held[name] for name in held.files}, names
+    cache when it holds them for the same data, features and seed at these or higher rates (then
+    thinned: model/rows_cache.py)."""
+    names = FeatureEngine(features, 1).names
+    rates = rows_cache.Rates.of(config.negative_rate, config.hard_negative_rate)
+    key = world_rows_key(dataset, features, config, seed)
+    cache = Path(config.rows_cache) if config.rows_cache else None
+    found = rows_cache.find(cache, key, rates) if cache is not None else None
+    if found is not None:
+        path, held = found
+        return rows_cache.thin(rows_cache.load(path), held, rates, seed), names
     labels = Labels(config.horizon_s, dataset.failures.learnable())
     nodes = tuple(range(len(dataset.nodes)))
     sampler = _Sampler(
@@ -498,9 +502,8 @@ def _world_rows(
     )
     replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
     rows = sampler.rows.stack()
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(cached, **rows)  # type: ignore[arg-type]  # numpy's stub reads **rows as allow_pickle
+    if cache is not None:
+        rows_cache.save(cache, key, rates, rows)
     return rows, names
 
 

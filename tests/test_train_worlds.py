@@ -11,12 +11,15 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
+from faultcast.model import rows_cache
+from faultcast.model import train as train_module
 from faultcast.model.artifact import load
 from faultcast.model.dataset import open_dataset
 from faultcast.model.drift import load_reference
 from faultcast.model.evaluate import WARMUP_S, held_out_part
 from faultcast.model.features import FeatureConfig, FeatureEngine
 from faultcast.model.recall_curve import read_curve
+from faultcast.model.rows_cache import Rates
 from faultcast.model.train import (
     TrainConfig,
     _calibrate,
@@ -95,11 +98,34 @@ def test_training_writes_the_drift_reference_and_the_validation_recall_curve(acr
 def test_cached_rows_give_the_same_model(worlds: list[Path], across: Path, tmp_path: Path) -> None:
     """A second training on the same worlds and sampling reads the cache and writes the same booster."""
     cache = Path(json.loads((across / "manifest.json").read_text())["train_config"]["rows_cache"])
-    assert len(list(cache.glob("*.npz"))) == len(WORLDS)
+    assert len(list(cache.glob("*/*.npz"))) == len(WORLDS)
     again = tmp_path / "again"
     train([open_dataset(p) for p in worlds], again, replace(CONFIG, rows_cache=str(cache)))
     assert (again / "model.txt").read_text() == (across / "model.txt").read_text()
-    assert len(list(cache.glob("*.npz"))) == len(WORLDS)
+    assert len(list(cache.glob("*/*.npz"))) == len(WORLDS)
+
+
+def test_fewer_negatives_are_thinned_from_the_cache_not_replayed(
+    worlds: list[Path], across: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows cached at 5% of the negatives serve a training at 2%: the cached rows thinned, no replay."""
+    cache = Path(json.loads((across / "manifest.json").read_text())["train_config"]["rows_cache"])
+    dataset = open_dataset(worlds[0])
+    key = train_module.world_rows_key(dataset, FeatureConfig(), CONFIG, 0)
+    held = rows_cache.load(cache / key / Rates.of(0.05, 0.0).file_name())
+
+    def no_replay(*_: object, **__: object) -> None:
+        raise AssertionError("the cache should have served these rows")
+
+    monkeypatch.setattr(train_module, "replay", no_replay)
+    lower = replace(CONFIG, rows_cache=str(cache), negative_rate=0.02)
+    rows, _ = train_module._world_rows(dataset, FeatureConfig(), lower, 0)
+    expected = rows_cache.thin(held, Rates.of(0.05, 0.0), Rates.of(0.02, 0.0), 0)
+    np.testing.assert_array_equal(rows["time_s"], expected["time_s"])
+    assert rows["label"].sum() == held["label"].sum()  # every positive kept
+    assert len(rows["label"]) < 0.6 * len(held["label"])  # negatives are nearly all of the rows
+    np.testing.assert_allclose(rows["weight"][~rows["label"].astype(bool)], 1 / 0.02)
+    assert len(list(cache.glob("*/*.npz"))) == len(WORLDS)  # nothing new written
 
 
 def test_risk_is_the_probability_at_the_real_failure_rate() -> None:
