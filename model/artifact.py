@@ -65,7 +65,11 @@ class Logistic:
         # In place: the same arithmetic without three more arrays the size of the batch.
         x -= self.means
         x /= self.scales
-        z = np.clip(x, -20, 20, out=x) @ self.coef + self.intercept
+        np.clip(x, -20, 20, out=x)
+        # Each row's own sum, not a matrix product: BLAS blocks a product by the batch's size, so a
+        # row's score moved in the last bits with the rows beside it; this one depends on the row alone
+        # (a scoring split over processes is then the same scoring: model/score_jobs.py).
+        z = np.multiply(x, self.coef, out=x).sum(axis=1) + self.intercept
         return np.asarray(np.clip(z, -50, 50))
 
     def logit_range(self) -> tuple[float, float]:

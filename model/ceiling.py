@@ -265,8 +265,13 @@ def _reference_json(reference: FaultModel, where: Path, check: ReferenceCheck) -
     }
 
 
-def score_like(scored: Scored, reference: FaultModel) -> ScoredPeriod:
-    """The reference's scores on exactly the part `scored` covers (its nodes and start), every input."""
+def score_like(
+    scored: Scored, reference: FaultModel, done: Mapping[Path, ScoredPeriod] | None = None
+) -> ScoredPeriod:
+    """The reference's scores on exactly the part `scored` covers (its nodes and start), every input;
+    from `done` (keyed by the data's resolved path) where it was scored already (model/score_jobs.py)."""
+    if done is not None and scored.dataset.path.resolve() in done:
+        return done[scored.dataset.path.resolve()]
     return score_period(scored.dataset, reference, scored.period.nodes, scored.start_s, scored.dataset.end_s)
 
 
@@ -279,6 +284,7 @@ def _apart(
     periods: PredictionPeriods,
     resamples: int,
     seed: int,
+    done: Mapping[Path, ScoredPeriod] | None = None,
 ) -> dict[str, Any] | None:
     """The reference's false alarms on the false-alarm data of its own world(s), at each row's setting."""
     mine, skipped = [], []
@@ -287,7 +293,7 @@ def _apart(
         if world is None or world.id not in world_ids:
             skipped.append(str(scored.dataset.path))
             continue
-        mine.append((scored.dataset, score_like(scored, reference)))
+        mine.append((scored.dataset, score_like(scored, reference, done)))
     if not mine:
         return None
     methods = {}
@@ -309,17 +315,27 @@ def measure_ceiling(
     false_alarm_data: Sequence[Scored] = (),
     resamples: int = RESAMPLES,
     seed: int = SEED,
+    done: Mapping[Path, ScoredPeriod] | None = None,
 ) -> Ceiling:
     """The ceiling block of one evaluated dataset (`evaluation` is the model's on `scored`), the
-    reference model loaded from `where`; CeilingError when it cannot serve (check_reference)."""
+    reference model loaded from `where`; CeilingError when it cannot serve (check_reference). `done`:
+    the reference's scorings made beforehand, by the data's resolved path (the rest are made here)."""
     apart_data = [s.dataset for s in false_alarm_data]
     check = check_reference(scored.dataset, reference.card.training_data, where, apart_data)
-    period, failures = score_like(scored, reference), scored.dataset.failures
+    period, failures = score_like(scored, reference, done), scored.dataset.failures
     model = evaluation.rows["model"]
     target = int(model.metrics["false_alarms"])
     (own_row, own), (matched_row, used) = _rows(reference, period, failures, target, periods)
     apart = _apart(
-        false_alarm_data, reference, where, check.world_ids, (own_row, matched_row), periods, resamples, seed
+        false_alarm_data,
+        reference,
+        where,
+        check.world_ids,
+        (own_row, matched_row),
+        periods,
+        resamples,
+        seed,
+        done,
     )
     used_json = _row_json(matched_row, used, resamples, seed)
     report = {

@@ -9,13 +9,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from faultcast.cli.app import main
 from faultcast.model.artifact import FaultModel
 from faultcast.model.ceiling import CeilingError, by_mode, check_reference
 from faultcast.model.dataset import open_dataset
+from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, held_out_part, score_period
 from faultcast.model.outcomes import ModeTally
+from faultcast.model.score_jobs import ScoreJob, score_all, split
 from faultcast.model.train import TrainConfig, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.independent import IndependentConfig, generate
@@ -256,3 +259,51 @@ def test_simulate_takes_a_world_seed_for_the_independent_family_but_no_world_fil
     world.write_text("{}")
     assert main(["simulate", *tiny, "--world-file", str(world), "--out", str(tmp_path / "b")]) == 2
     assert "takes no --world-file" in capsys.readouterr().err
+
+
+def test_scoring_split_by_nodes_over_processes_is_the_scoring_itself(
+    fleets: dict[str, Path], reference: tuple[FaultModel, Path]
+) -> None:
+    """Features never look across nodes: one job cut into three parts of nodes, scored in three
+    processes and joined, gives score_period's arrays (and the masked inputs stay masked)."""
+    model, _ = reference
+    dataset = open_dataset(fleets["evaluated"])
+    nodes, start, _ = held_out_part(dataset, model)
+    jobs = [
+        ScoreJob(dataset, model, tuple(nodes), start, dataset.end_s, masked)
+        for masked in ((), DCGM_DEFAULT_MISSING)
+    ]
+    assert [len(parts) for parts in split(jobs[:1], 3)] == [3]
+    alone = [score_period(dataset, model, nodes, start, dataset.end_s, masked_inputs=j.masked) for j in jobs]
+    apart = score_all(jobs[:1], processes=3) + score_all(jobs[1:], processes=1)
+    for one, other in zip(alone, apart, strict=True):
+        assert other.nodes == one.nodes
+        np.testing.assert_array_equal(other.times_s, one.times_s)
+        np.testing.assert_array_equal(other.present, one.present)
+        np.testing.assert_array_equal(other.labels, one.labels)
+        np.testing.assert_array_equal(other.modes, one.modes)
+        assert other.scores.keys() == one.scores.keys()
+        for method in one.scores:
+            np.testing.assert_array_equal(other.scores[method], one.scores[method], err_msg=method)
+    # The two inputs differ (else the comparison could not tell a mask lost on the way).
+    assert not np.array_equal(alone[0].scores["model"], alone[1].scores["model"], equal_nan=True)
+
+
+def test_evaluate_with_processes_prints_the_same_report(
+    fleets: dict[str, Path], reference: tuple[FaultModel, Path], evaluated: tuple[dict[str, Any], str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """`--jobs 3`: every scoring (the model's two, the reference's) in other processes; the same JSON."""
+    report, _ = evaluated
+    _, model = reference
+    out = tmp_path / "report.json"
+    first, second = fleets["evaluated"], fleets["second"]
+    argv = ["evaluate", "--model", str(model), "--data", str(first), "--data", str(second),
+            "--false-alarm-data", str(fleets["calm"]), "--false-alarm-data", str(fleets["elsewhere"]),
+            "--reference", f"{first}={model}", "--reference", f"{second}={model}",
+            "--resamples", "50", "--json", str(out), "--jobs", "3"]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0
+    again = json.loads(out.read_text())
+    assert again.pop("evaluation_seconds") >= 0
+    assert again == {k: v for k, v in report.items() if k != "evaluation_seconds"}
