@@ -53,6 +53,14 @@ def add_parsers(commands: Subcommands) -> None:
         help="share kept of the healthy rows on which a shipped rule fires (look-alikes of a failing part)",
     )
     train.add_argument(
+        "--ignore-before-failure",
+        type=duration,
+        default=0.0,
+        metavar="DURATION",
+        help="leave out of training the rows this long before a failure that carried a precursor, beyond "
+        "the 30-min horizon (a precursor already running there is no negative), e.g. 2h; default 0: none",
+    )
+    train.add_argument(
         "--sample-seed",
         type=int,
         help="seed of the negatives' sampling (default: --seed); fixed while --seed varies, the rows stay "
@@ -260,6 +268,7 @@ def run_train(args: argparse.Namespace) -> int:
             exclude=tuple(args.exclude),
             rows_cache=args.rows_cache,
             hard_negative_rate=args.hard_negative_rate,
+            ignore_before_failure_s=args.ignore_before_failure,
             booster_params=tuple(args.booster_param),
             sample_seed=args.sample_seed,
             validation_worlds=args.validation_worlds,

@@ -86,6 +86,10 @@ class TrainConfig:
     # Share of the hard negatives kept: healthy rows on which a shipped rule fires (look-alikes). Off
     # by default (at most negative_rate); bench/worlds.sh keeps 25% across worlds (docs/model.md).
     hard_negative_rate: float = 0.0
+    # Rows up to this long before a failure a warning could precede, but beyond the horizon, are left
+    # out (neither positive nor negative): a precursor already running there looks like the positives,
+    # and a "no failure within 30 min" label taught the model to alert late. 0: every row labelled.
+    ignore_before_failure_s: float = 0.0
     seed: int = 0
     test_node_fraction: float = 0.25
     test_time_fraction: float = 1 / 3
@@ -209,8 +213,10 @@ class _Sampler:
         seed: int,
         hard_rate: float = 0.0,
         names: Sequence[str] = (),
+        ignored: Labels | None = None,
     ) -> None:
         self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
+        self.ignored = ignored  # failures this far ahead leave the row out (unless it is positive)
         self.hard_rate = max(hard_rate, rate)
         self.rules = RulesBaseline(names) if hard_rate > rate else None
         self.rng = np.random.default_rng(seed)
@@ -223,6 +229,8 @@ class _Sampler:
         if self.rules is not None:
             rate = np.where(self.rules.score(step.features) > 0, self.hard_rate, rate)
         keep = step.present & (positive | (self.rng.random(len(positive)) < rate))
+        if self.ignored is not None:
+            keep &= positive | ~self.ignored.at(step.time_s, self.nodes, self.g)[0]
         if not keep.any():
             return
         r = self.rows
@@ -443,6 +451,7 @@ def _sample(
         config.seed,
         config.hard_negative_rate,
         names,
+        _ignored(dataset, config),
     )
     engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
     rows = sampler.rows.stack()
@@ -461,6 +470,13 @@ def _sample(
     return sampled, engine.names
 
 
+def _ignored(dataset: Dataset, config: TrainConfig) -> Labels | None:
+    """The failures whose approach leaves rows out of training (`ignore_before_failure_s`), or None."""
+    if config.ignore_before_failure_s <= 0:
+        return None
+    return Labels(max(config.ignore_before_failure_s, config.horizon_s), dataset.failures.learnable())
+
+
 def _after(start_s: float, sink: Sink) -> Sink:
     """`sink` for the steps from `start_s` on: rows before the windows and baselines fill are not kept."""
 
@@ -475,10 +491,13 @@ def world_rows_key(dataset: Dataset, features: FeatureConfig, config: TrainConfi
     """The rows cache's key of one world's rows: the data, the feature schema, the horizon and the
     sampling seed (the rates are the file's name within it)."""
     schema = FeatureEngine(features, 1).schema_hash
-    return rows_cache.world_key(
-        [str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
-         schema, config.horizon_s, seed]
-    )  # fmt: skip
+    parts: list[object] = [
+        str(dataset.path.resolve()), dataset.manifest.get("created"), dataset.manifest.get("world"),
+        schema, config.horizon_s, seed,
+    ]  # fmt: skip
+    if config.ignore_before_failure_s > 0:  # other rows (and the keys of rows cached before it, kept)
+        parts.append(["ignore_before_failure_s", config.ignore_before_failure_s])
+    return rows_cache.world_key(parts)
 
 
 def _world_rows(
@@ -498,8 +517,9 @@ def _world_rows(
     labels = Labels(config.horizon_s, dataset.failures.learnable())
     nodes = tuple(range(len(dataset.nodes)))
     sampler = _Sampler(
-        labels, nodes, dataset.gpus_per_node, config.negative_rate, seed, config.hard_negative_rate, names
-    )
+        labels, nodes, dataset.gpus_per_node, config.negative_rate, seed, config.hard_negative_rate, names,
+        _ignored(dataset, config),
+    )  # fmt: skip
     replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
     rows = sampler.rows.stack()
     if cache is not None:
