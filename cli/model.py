@@ -194,7 +194,7 @@ def _dask_client(address: str | None) -> Any:
         return None
     from distributed import Client
 
-    return Client(address)  # type: ignore[no-untyped-call]  # distributed ships no annotations here
+    return Client(address)
 
 
 def _of_worlds(dataset: Any, world_ids: Sequence[str]) -> bool:

@@ -39,7 +39,7 @@ def _rows(held: Rates) -> rows_cache.Rows:
 
 def _within(count: int, n: int, p: float) -> bool:
     """`count` of `n` Bernoulli(p) draws, within five standard deviations of n*p."""
-    return abs(count - n * p) <= 5 * np.sqrt(n * p * (1 - p))
+    return bool(abs(count - n * p) <= 5 * np.sqrt(n * p * (1 - p)))
 
 
 def test_thinning_keeps_each_kind_at_its_new_rate_and_weighs_it_back() -> None:
