@@ -46,6 +46,7 @@ TEST_WORLD = 11
 RETRAIN_TWINS: dict[str, Any] = {
     "WORLD_SEEDS": TRAINING_WORLDS, "TEST_WORLD_SEED": TEST_WORLD, "INDEPENDENT_SEED": 3, "NODES": 12,
     "DAYS": 1.0, "ACCELERATION": 1000, "INTERVAL_S": 300, "HISTORY_DAYS": 1.25, "NUM_BOOST_ROUND": 30,
+    "CEILING_FLEETS": 2,
 }  # fmt: skip
 # The exploration notebook's twin.
 TWIN = {"NODES": 8, "DAYS": 3, "ACCELERATION": 400, "SEED": 0}
@@ -201,7 +202,8 @@ def test_retrain_notebook_trains_across_worlds_evaluates_calibrates_and_exports(
     """A failure log from driver-format Xid lines and a Slurm capture; the fleet's own failure log
     built the same way and its Prometheus export imported with it; training across drawn worlds
     (the last validating); leave-world-out evaluation on an unseen world and the independent family
-    with false alarms at acceleration 1, and on the imported fleet; calibration on unlabelled history
+    with false alarms at acceleration 1, and on the imported fleet; the unseen world's in-world
+    ceiling from a reference trained on other fleets of it; calibration on unlabelled history
     applied beside the model; and a model the service loads."""
     model_dir, work = tmp_path / "model", tmp_path / "work"
     notebook = run_notebook(
@@ -249,6 +251,23 @@ def test_retrain_notebook_trains_across_worlds_evaluates_calibrates_and_exports(
         assert [d["acceleration"] for d in calm["data"]] == [1]
         assert "false_alarms" in calm["methods"]["model"]
     assert evaluation["pooled"]["unseen_world"] == [True, True, None]
+    # The unseen world's in-world ceiling: a reference trained on CEILING_FLEETS other fleets of world
+    # TEST_WORLD alone, held to the model's false alarms on the same fleet, and the model's share of it.
+    ceiling = reports[0]["ceiling"]
+    fleets = [str(work / f"world{TEST_WORLD}-fleet{seed}") for seed in (1001, 1002)]
+    assert ceiling["reference"]["training_data"] == fleets
+    assert ceiling["reference"]["only_the_evaluated_world"] is True
+    assert ceiling["matched"]["false_alarms"] <= reports[0]["model"]["false_alarms"]
+    share = ceiling["share_of_ceiling"]["recall_5min_predictable"]
+    recalls = (reports[0]["model"]["recall_5min_predictable"], ceiling["recall_5min_predictable"])
+    assert share is None if recalls[1] == 0 else share == pytest.approx(recalls[0] / recalls[1])
+    assert ceiling["by_mode"]
+    assert all(
+        m["model_caught"] <= m["failures"] and m["ceiling_caught"] <= m["failures"]
+        for m in ceiling["by_mode"].values()
+    )
+    assert "in-world ceiling" in stdout
+    assert "of the in-world ceiling" in stdout
     # The imported fleet, with its one failure from the kernel log (the planned drain is not one).
     imported = reports[2]
     assert imported["data"]["path"] == str(work / "fleet")
