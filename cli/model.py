@@ -396,10 +396,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     scored_apart = [scored_once(d) for d in apart]
     done = [evaluate(scored_once(d), model, periods, scored_apart, *resampling) for d in datasets]
-    ceilings = []
+    ceilings, with_reference = [], []
     try:
         for d, e in zip(datasets, done, strict=True):
             if d.path.resolve() in references:
+                with_reference.append(str(d.path))
                 ref, where = references[d.path.resolve()]
                 ceiling = measure_ceiling(
                     scored_once(d), e, ref, where, periods, scored_apart, *resampling,
@@ -419,8 +420,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
             "datasets": [e.report for e in done],
             "pooled": pooled_report(done, *resampling),
         }
-        if ceilings and len(ceilings) == len(done):  # a pooled ceiling only where every dataset has one
-            report["pooled"]["ceiling"] = pooled_ceiling(ceilings, *resampling)
+        if ceilings:  # over the datasets that have a reference (all of them, or say which)
+            every = len(ceilings) == len(done)
+            report["pooled"]["ceiling"] = pooled_ceiling(ceilings, with_reference, every, *resampling)
     report["evaluation_seconds"] = time.perf_counter() - started
     text = json.dumps(json_safe(report), indent=2)
     if args.json:
@@ -586,16 +588,26 @@ def render_pooled(pooled: dict[str, Any], warning_min: float) -> str:
     """The pooled summary of several datasets as Markdown."""
     unseen = ", ".join("unknown" if u is None else str(u).lower() for u in pooled["unseen_world"])
     paths = ", ".join(d["path"] for d in pooled["data"])
+    ceiling = pooled.get("ceiling")
+    beside = ceiling if ceiling and ceiling.get("every_dataset", True) else None  # the same data only
     lines = [
         f"pooled over {len(pooled['data'])} datasets ({paths}; unseen world: {unseen}): "
         f"{pooled['test_gpu_days']:.0f} GPU-days, {pooled['test_failures']} failures; a matched row sums "
         "each dataset's own match",
-        *_table(_rows(pooled) + _ceiling_rows(pooled.get("ceiling")), warning_min),
+        *_table(_rows(pooled) + _ceiling_rows(beside), warning_min),
         "",
-        *_mode_table(_rows(pooled) + _ceiling_rows(pooled.get("ceiling")), warning_min),
+        *_mode_table(_rows(pooled) + _ceiling_rows(beside), warning_min),
     ]
-    if pooled.get("ceiling"):
-        lines += _ceiling_lines(pooled["ceiling"], warning_min)
+    if ceiling and beside is None:
+        rows = [(ceiling["model"]["label"], ceiling["model"]), *_ceiling_rows(ceiling)]
+        lines += [
+            "",
+            f"the in-world ceiling pooled over the {len(ceiling['data'])} datasets with a reference "
+            f"({', '.join(ceiling['data'])}):",
+            *_table(rows, warning_min),
+        ]
+    if ceiling:
+        lines += _ceiling_lines(ceiling, warning_min)
     return "\n".join(lines)
 
 

@@ -362,15 +362,24 @@ def _pool(parts: Sequence[Measured], resamples: int, seed: int) -> Measured:
 
 
 def pooled_ceiling(
-    ceilings: Sequence[Ceiling], resamples: int = RESAMPLES, seed: int = SEED
+    ceilings: Sequence[Ceiling],
+    data: Sequence[str],
+    every_dataset: bool,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
 ) -> dict[str, Any]:
-    """The ceiling over several datasets as one (each dataset's own match summed), and the pooled
-    model's share of it; `pooled_report`'s "ceiling" when every dataset has a reference."""
+    """The ceiling over the datasets that have a reference (`data`, in their order) as one (each
+    dataset's own match summed), the model pooled over the same datasets, and its share of the
+    ceiling; `pooled_report`'s "ceiling". `every_dataset`: whether those are all the evaluated ones
+    (else the pooled table's other rows cover more data than these)."""
     model = _pool([c.model for c in ceilings], resamples, seed)
     used = _pool([c.used for c in ceilings], resamples, seed)
     own = _pool([c.own for c in ceilings], resamples, seed)
     return {
         "definition": DEFINITION,
+        "data": list(data),
+        "every_dataset": every_dataset,
+        "model": {"label": "model, over the datasets with a reference", **model.metrics},
         RECALL: used.metrics[RECALL],
         "ci95": {RECALL: used.metrics["ci95"][RECALL]},
         "false_alarms_per_1000_gpu_days": used.metrics["false_alarms_per_1000_gpu_days"],

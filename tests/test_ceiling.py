@@ -134,6 +134,42 @@ def test_the_pooled_ceiling_sums_each_datasets_match(evaluated: tuple[dict[str, 
     assert pooled["recall_5min_predictable"] == pooled["matched"]["recall_5min_predictable"]
 
 
+def test_a_pooled_ceiling_over_the_datasets_with_a_reference_says_which(
+    fleets: dict[str, Path],
+    reference: tuple[FaultModel, Path],
+    evaluated: tuple[dict[str, Any], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One of two datasets with a reference: the pooled ceiling covers that one alone, with the model
+    pooled over the same data beside it, and stays out of the table of both datasets."""
+    _, model = reference
+    out = tmp_path / "report.json"
+    first, second = fleets["evaluated"], fleets["second"]
+    argv = ["evaluate", "--model", str(model), "--data", str(first), "--data", str(second),
+            "--reference", f"{first}={model}", "--resamples", "50", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    pooled, (one, two) = report["pooled"]["ceiling"], report["datasets"]
+    assert "ceiling" not in two
+    assert pooled["data"] == [str(first)]
+    assert pooled["every_dataset"] is False
+    assert pooled["matched"]["failures"] == one["ceiling"]["matched"]["failures"]
+    assert pooled["model"]["failures"] == one["model"]["failures"] < report["pooled"]["model"]["failures"]
+    assert pooled["model"]["recall_5min_predictable"] == one["model"]["recall_5min_predictable"]
+    # The both-datasets table has no ceiling rows; the one-dataset pooled table does, the model beside it.
+    assert f"the in-world ceiling pooled over the 1 datasets with a reference ({first}):" in printed
+    lines = printed.splitlines()
+    matched = [line for line in lines if line.startswith("| in-world ceiling, matched to the model's")]
+    assert len(matched) == 2  # the dataset's table and the subset's, not the pooled table of both
+    assert sum(line.startswith("| model, over the datasets with a reference |") for line in lines) == 1
+    # With every dataset referenced (the module's evaluation) the pooled ceiling says so.
+    everything = evaluated[0]["pooled"]["ceiling"]
+    assert everything["every_dataset"] is True
+    assert everything["data"] == [str(first), str(second)]
+
+
 def test_the_table_prints_the_ceiling_rows_the_share_and_the_modes(
     evaluated: tuple[dict[str, Any], str],
 ) -> None:
