@@ -4,7 +4,10 @@
 # early stopping by cross-validation over FOLDS groups of the others, JOBS worlds replayed at once, with
 # bench/worlds.sh's chosen booster settings (fewer negatives); then the evaluation on twin worlds
 # 901-904 (never used by any choice) with false alarms on each at acceleration 1, JOBS processes.
-#   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
+# The evaluation adds the in-world ceiling of every evaluation world whose reference is under
+# out/ceiling/twin-wN/model; CEILINGS="901 902" trains those first (bench/ceiling.sh on 24 fleets of the
+# world, about 15-20 minutes each here).
+#   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 CEILINGS="" bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
 set -euo pipefail
 out=${1:-out/scale-run}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -33,7 +36,16 @@ chosen=(--negative-rate 0.01 --hard-negative-rate 0.1 --booster-param num_leaves
 /usr/bin/time -v "$bin/faultcast" train "${data[@]}" "${chosen[@]}" --validation-worlds "$validate" \
   --folds "$folds" --jobs "$jobs" --rows-cache out/scale-rows --out "$out/model" "$@" \
   2> "$out/train.time" | tee "$out/train.log"
-/usr/bin/time -v "$bin/faultcast" evaluate --model "$out/model" "${evaluated[@]}" "${calm[@]}" \
+references=()
+for w in ${CEILINGS:-}; do
+  [ -f "out/ceiling/twin-w$w/model/manifest.json" ] || FLEETS=24 \
+    EXTRA="--validation-worlds 4 --jobs $jobs --rows-cache out/ceiling-rows" bash bench/ceiling.sh "$w"
+done
+for w in 901 902 903 904; do
+  [ ! -f "out/ceiling/twin-w$w/model/manifest.json" ] ||
+    references+=(--reference "out/eval/t$w=out/ceiling/twin-w$w/model")
+done
+/usr/bin/time -v "$bin/faultcast" evaluate --model "$out/model" "${evaluated[@]}" "${calm[@]}" "${references[@]}" \
   --resamples 500 --jobs "$jobs" --json "$out/evaluation.json" 2> "$out/evaluate.time" | tee "$out/evaluate.log"
 for step in train evaluate; do
   printf '%s: wall %s, peak RSS %s KiB\n' "$step" \
