@@ -28,6 +28,15 @@ def add_parser(commands: Subcommands) -> None:
         help="multiply every failure rate (recorded in the manifest); 1 = the published base rates",
     )
     p.add_argument(
+        "--mode-acceleration",
+        action="append",
+        type=mode_factor,
+        default=[],
+        metavar="MODE=FACTOR",
+        help="multiply one mode's rate by FACTOR on top of --acceleration, e.g. cooling=6 (repeatable; "
+        "recorded in the manifest, and `faultcast train` weights those failures' rows back down)",
+    )
+    p.add_argument(
         "--h100-fraction", type=float, default=0.5, help="share of nodes with H100 (the rest A100)"
     )
     p.add_argument(
@@ -63,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         config = FleetConfig(
             **_fleet_size(args),
             h100_fraction=args.h100_fraction,
+            mode_acceleration=tuple(args.mode_acceleration),
             confounders=not args.no_confounders,
             world=world_from_args(args),
         )
@@ -80,11 +90,22 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.out}: {manifest['rows']['telemetry']:,} GPU rows, {manifest['rows']['network']:,} node rows, "
         f"{manifest['rows']['failures']} failures ({counts}) over {manifest['gpu_days']:g} GPU-days "
-        f"at acceleration {config.acceleration:g}, world {config.world.id} ({config.world.family}"
+        f"at acceleration {config.acceleration:g}{_factors(config)}, world {config.world.id} ({config.world.family}"
         f"{'' if config.world.seed is None else f', seed {config.world.seed}'}), "
         f"{manifest['failures_with_precursor']} with a precursor, in {manifest['generation_seconds']:.1f} s"
     )
     return 0
+
+
+def mode_factor(text: str) -> tuple[str, float]:
+    """MODE=FACTOR as a pair (FleetConfig checks the mode and the factor)."""
+    mode, sep, factor = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return mode.strip(), float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MODE=FACTOR (e.g. cooling=6), got {text!r}") from None
 
 
 def _fleet_size(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,6 +127,7 @@ def _independent(args: argparse.Namespace) -> int:
         "--world-file": args.world_file is not None,
         "--no-confounders": args.no_confounders,
         "--h100-fraction": args.h100_fraction != 0.5,
+        "--mode-acceleration": bool(args.mode_acceleration),
     }
     ignored = [flag for flag, present in given.items() if present]
     if ignored:
@@ -125,3 +147,10 @@ def _independent(args: argparse.Namespace) -> int:
         f"({manifest['failures_with_precursor']} with a precursor): {manifest['failure_counts']}"
     )
     return 0
+
+
+def _factors(config: FleetConfig) -> str:
+    """The mode factors for the summary line ("" when none)."""
+    if not config.mode_acceleration:
+        return ""
+    return " (" + ", ".join(f"{mode} x{factor:g} more" for mode, factor in config.mode_acceleration) + ")"

@@ -35,7 +35,7 @@ from sklearn.linear_model import LogisticRegression
 
 from faultcast.model import rows_cache
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
-from faultcast.model.dataset import Dataset, FailureLog, Labels, Sink, Step, replay
+from faultcast.model.dataset import DataError, Dataset, FailureLog, Labels, Sink, Step, replay
 from faultcast.model.drift import build_reference, save_reference
 from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, LOGISTIC_FLOOR, MODE_FLOOR, WARMUP_S, score_period
 from faultcast.model.features import (
@@ -293,6 +293,9 @@ def train(
     features = FeatureConfig(
         cadence_s=config.cadence_s or dataset.cadence_s, gpus_per_node=dataset.gpus_per_node
     )
+    # The choices (calibration, thresholds, the validation recall) read the validation data's mode mix.
+    checked = datasets[-1:] if len(datasets) == 1 else datasets[-config.validation_worlds :]
+    check_plain_rates(checked, "its failures validate (calibration, thresholds, recall)")
     if len(datasets) == 1:
         split = make_split(dataset, config)
         rows, names = _sample(dataset, features, split, config)
@@ -433,6 +436,9 @@ class _Sampled:
     acceleration: np.ndarray
     # Per row, the index of the world (dataset) it came from; all 0 for one dataset.
     world: np.ndarray
+    # Per row, how much more often than `acceleration` its failure's mode was drawn (1: not boosted;
+    # negatives 1): its weight was divided by it, so each mode counts as at its plain rate.
+    boost: np.ndarray
 
 
 def _sample(
@@ -466,6 +472,7 @@ def _sample(
     sampled = _Sampled(
         x=x, y=y, w=rows["weight"], ttf_s=rows["ttf_s"], mode=rows["mode"], fit=fit, val=val,
         acceleration=np.full(len(y), acceleration_of(dataset, config)), world=np.zeros(len(y), dtype=np.int64),
+        boost=np.ones(len(y)),
     )  # fmt: skip
     return sampled, engine.names
 
@@ -566,11 +573,47 @@ def _sample_worlds(
     val = np.repeat([k >= validating for k in range(len(datasets))], sizes)
     accel = np.repeat([acceleration_of(d, config) for d in datasets], sizes)
     world = np.repeat(np.arange(len(datasets), dtype=np.int64), sizes)
+    y = stack["label"].astype(bool)
+    boost = _boosts(datasets, world, y, stack["mode"])
+    weight = stack["weight"]
+    if (boost != 1.0).any():  # a boosted mode's rows weighted back to its plain rate
+        weight = weight / boost
     sampled = _Sampled(
-        x=stack["features"], y=stack["label"].astype(bool), w=stack["weight"], ttf_s=stack["ttf_s"],
-        mode=stack["mode"], fit=~val, val=val, acceleration=accel, world=world,
+        x=stack["features"], y=y, w=weight, ttf_s=stack["ttf_s"],
+        mode=stack["mode"], fit=~val, val=val, acceleration=accel, world=world, boost=boost,
     )  # fmt: skip
     return sampled, names
+
+
+def mode_acceleration_of(dataset: Dataset) -> dict[str, float]:
+    """The modes the data's generator drew more often than its acceleration, and by how much (the
+    manifest's `mode_acceleration`, `faultcast simulate --mode-acceleration`); {} when none."""
+    given = dataset.manifest.get("mode_acceleration") or {}
+    if not isinstance(given, dict) or not all(
+        isinstance(f, int | float) and math.isfinite(f) and f > 0 for f in given.values()
+    ):
+        raise DataError(f"{dataset.path}: manifest mode_acceleration must map modes to positive factors")
+    return {str(mode): float(factor) for mode, factor in given.items()}
+
+
+def check_plain_rates(datasets: Sequence[Dataset], why: str) -> None:
+    """Refuse boosted data where the mode mix must be the plain one (validation, evaluation)."""
+    for dataset in datasets:
+        boosted = mode_acceleration_of(dataset)
+        if boosted:
+            modes = ", ".join(f"{m} x{f:g}" for m, f in sorted(boosted.items()))
+            raise ValueError(
+                f"{dataset.path} draws some modes more often ({modes}): {why}; use data at plain rates"
+            )
+
+
+def _boosts(datasets: Sequence[Dataset], world: np.ndarray, y: np.ndarray, mode: np.ndarray) -> np.ndarray:
+    """Per row, the boost of its failure's mode in its world (1 for negatives and plain modes)."""
+    boost = np.ones(len(y))
+    for k, dataset in enumerate(datasets):
+        for name, factor in mode_acceleration_of(dataset).items():
+            boost[(world == k) & y & (mode == name)] = factor
+    return boost
 
 
 def mode_balance(modes: np.ndarray, positive: np.ndarray, cap: float = 10.0) -> np.ndarray:
@@ -717,6 +760,7 @@ def _fit_mode_head(
     if len(modes) <= 1:
         return modes, None
     mode_ids = np.array([modes.index(m) for m in rows.mode[positive]])
+    weight = _head_weight(rows, positive)
     params = _lgb_params(
         config,
         objective="multiclass",
@@ -725,7 +769,7 @@ def _fit_mode_head(
         learning_rate=0.1,
         num_leaves=15,
     )
-    dataset = lgb.Dataset(rows.x[positive], mode_ids, feature_name=list(names))
+    dataset = lgb.Dataset(rows.x[positive], mode_ids, weight=weight, feature_name=list(names))
     # A tree per class and round, run on every row near an alert: 80 rounds at 0.1 keep it affordable.
     return modes, lgb.train(params, dataset, num_boost_round=_HEAD_ROUNDS)
 
@@ -740,9 +784,16 @@ def _fit_ttf_head(rows: _Sampled, names: tuple[str, ...], config: TrainConfig) -
     params = _lgb_params(
         config, objective="multiclass", num_class=len(TTF_BUCKETS_S), min_data_in_leaf=10, learning_rate=0.1
     )
-    return lgb.train(
-        params, lgb.Dataset(rows.x[positive], bucket, feature_name=list(names)), num_boost_round=_HEAD_ROUNDS
+    data = lgb.Dataset(
+        rows.x[positive], bucket, weight=_head_weight(rows, positive), feature_name=list(names)
     )
+    return lgb.train(params, data, num_boost_round=_HEAD_ROUNDS)
+
+
+def _head_weight(rows: _Sampled, positive: np.ndarray) -> np.ndarray | None:
+    """The heads' weights: None (every positive alike) unless some mode was boosted, then 1/boost."""
+    boost = rows.boost[positive]
+    return None if (boost == 1.0).all() else 1.0 / boost
 
 
 @dataclass(frozen=True)
@@ -1019,6 +1070,13 @@ def _training_data(datasets: Sequence[Dataset]) -> TrainingData:
         "validation": str(datasets[-1].path),
         "gpu_days": sum(_number(s.get("gpu_days")) for s in summaries),
     }
+    boosted = {
+        str(d.path): s["mode_acceleration"]
+        for d, s in zip(datasets, summaries, strict=True)
+        if "mode_acceleration" in s
+    }
+    if boosted:  # the worlds that drew some modes more often (their rows weighted back)
+        manifest["mode_acceleration"] = boosted
     return TrainingData(path=str(datasets[-1].path), manifest=manifest)
 
 
@@ -1032,6 +1090,7 @@ def _data_summary(dataset: Dataset) -> dict[str, object]:
         "config",
         "seed",
         "acceleration",
+        "mode_acceleration",
         "start",
         "end",
         "gpu_days",

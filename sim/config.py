@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from faultcast.sim.modes import MODES
 from faultcast.sim.world import World
 
 # 2026-01-05 00:00 UTC, a Monday: the default start of simulated time.
@@ -50,6 +51,9 @@ class FleetConfig:
     seed: int = 0
     # Multiplies every failure rate, so a small fleet yields enough failures to learn from.
     acceleration: float = 1.0
+    # Further multiplies the rates of some modes, as (mode, factor) pairs: training data with rare modes
+    # weighted up (`faultcast train` weights their rows back down). Look-alikes are not multiplied.
+    mode_acceleration: tuple[tuple[str, float], ...] = ()
     start_unix_s: int = DEFAULT_START_UNIX_S
     nodes_per_rack: int = 4
     nodes_per_job_pod: int = 2  # multi-node jobs run on pods of this many consecutive nodes
@@ -74,6 +78,17 @@ class FleetConfig:
             problems.append(f"cadence_s must be positive, got {self.cadence_s}")
         if self.acceleration < 0:
             problems.append(f"acceleration must be >= 0, got {self.acceleration}")
+        # As pairs, whatever was given (a JSON manifest gives lists): hashable and in one order.
+        pairs = tuple(sorted((str(m), float(f)) for m, f in self.mode_acceleration))
+        object.__setattr__(self, "mode_acceleration", pairs)
+        known = {m.name for m in MODES}
+        for mode, factor in pairs:
+            if mode not in known:
+                problems.append(f"mode_acceleration: no mode {mode!r} (modes: {', '.join(sorted(known))})")
+            if not (factor > 0 and math.isfinite(factor)):
+                problems.append(f"mode_acceleration: {mode}'s factor must be positive, got {factor}")
+        if len({m for m, _ in pairs}) < len(pairs):
+            problems.append("mode_acceleration: a mode given twice")
         if not 0.0 <= self.h100_fraction <= 1.0:
             problems.append(f"h100_fraction must be within [0, 1], got {self.h100_fraction}")
         try:
@@ -104,5 +119,13 @@ class FleetConfig:
 
     def to_json(self) -> dict[str, Any]:
         """Every field by name, JSON-ready; FleetConfig(**config.to_json()) rebuilds the config.
-        (dict[str, Any], not a TypedDict, so callers can override fields in that call.)"""
-        return asdict(self)
+        (dict[str, Any], not a TypedDict, so callers can override fields in that call.) Without mode
+        factors the key is left out: such a config's JSON is what it was before they existed."""
+        out = asdict(self)
+        if not self.mode_acceleration:
+            del out["mode_acceleration"]
+        return out
+
+    def mode_factor(self, mode: str) -> float:
+        """How much more than `acceleration` the rate of `mode` is multiplied (1 unless given)."""
+        return dict(self.mode_acceleration).get(mode, 1.0)

@@ -12,7 +12,7 @@ the same way, at the world's `aborted_per_precursor` times the rate of precursor
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -215,9 +215,13 @@ def _arrivals(
     horizon: float,
     blocked: Sequence[tuple[float, float]],
     target: tuple[int, int | None],
+    mode_factor: Callable[[str], float],
 ) -> list[ScheduledFailure]:
-    """Poisson arrivals over [0, horizon) for one GPU (or node), skipping its dark periods and `blocked`."""
-    rates = np.array([s.rate_per_day * world.rate_scale(s.name) * accel / 86_400.0 for s in specs])
+    """Poisson arrivals over [0, horizon) for one GPU (or node), skipping its dark periods and `blocked`;
+    each mode's rate times `accel` and its `mode_factor` (1.0 multiplies exactly: the same draws)."""
+    rates = np.array(
+        [s.rate_per_day * world.rate_scale(s.name) * accel * mode_factor(s.name) / 86_400.0 for s in specs]
+    )
     total = float(rates.sum())
     out: list[ScheduledFailure] = []
     if total <= 0:
@@ -266,13 +270,16 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
     gpu_specs = [m for m in MODES if m.level is Level.GPU]
     world = config.world
     node_level = _arrivals(
-        rng(config.seed, Stream.SCHEDULE, node, 0), node_specs, world, accel, horizon, (), (node, None)
-    )
+        rng(config.seed, Stream.SCHEDULE, node, 0), node_specs, world, accel, horizon, (), (node, None),
+        config.mode_factor,
+    )  # fmt: skip
     blocked = [(f.fail_s, f.return_s) for f in node_level]
     failures = list(node_level)
     for gpu in range(config.gpus_per_node):
         r = rng(config.seed, Stream.SCHEDULE, node, 1 + gpu)
-        failures.extend(_arrivals(r, gpu_specs, world, accel, horizon, blocked, (node, gpu)))
+        failures.extend(
+            _arrivals(r, gpu_specs, world, accel, horizon, blocked, (node, gpu), config.mode_factor)
+        )
     aborted = _aborted(config, node, node_specs, None) if config.confounders else []
     for gpu in range(config.gpus_per_node if config.confounders else 0):
         aborted.extend(_aborted(config, node, gpu_specs, gpu))

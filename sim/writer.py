@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +86,9 @@ class TwinManifest(TypedDict):
     config: dict[str, Any]  # FleetConfig.to_json()
     seed: int
     acceleration: float
+    # Modes whose rates were multiplied further (`faultcast train` weights their rows back down);
+    # absent when none were, as before.
+    mode_acceleration: NotRequired[dict[str, float]]
     start: str
     end: str
     gpu_days: float
@@ -243,7 +246,7 @@ def _manifest(
     rows, network_rows, aborted = counts_written  # telemetry rows, network rows, aborted degradations
     counts = Counter(f.mode for f in failures)
     gpu_days = config.nodes * config.gpus_per_node * config.days
-    return {
+    manifest: TwinManifest = {
         "kind": "faultcast fleet twin",
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "config": config.to_json(),
@@ -266,6 +269,7 @@ def _manifest(
                 "accelerated_rate_per_gpu_day": m.rate_per_day
                 * config.world.rate_scale(m.name)
                 * config.acceleration
+                * config.mode_factor(m.name)
                 / (config.gpus_per_node if m.level is Level.NODE else 1),
                 "lead_median_minutes": m.lead_median_s * config.world.lead_scale / 60.0,
                 "lead_sigma": m.lead_sigma,
@@ -291,6 +295,9 @@ def _manifest(
         "telemetry_columns": SUMMARISED_TELEMETRY_SCHEMA.names,
         "network_columns": ["timestamp", "node", *NETWORK_COLUMNS],
     }
+    if config.mode_acceleration:
+        manifest["mode_acceleration"] = dict(config.mode_acceleration)
+    return manifest
 
 
 def _slots(obj: Scenario) -> dict[str, object]:

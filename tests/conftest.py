@@ -134,6 +134,7 @@ SLOW_FIXTURES = {
     "tests/test_calibrate.py::fleet": "simulates a 4-day fleet (and `calibrated` scores it)",
     "tests/test_calibrate.py::twin": "simulates a fleet twin and replays it through the features",
     "tests/test_ceiling.py::fleets": "simulates fleet twins (`reference` trains on them, `evaluated` scores)",
+    "tests/test_mode_acceleration.py::worlds": "simulates two fleet twins (a test trains on them)",
 }
 SLOW_MODULES = {
     "tests/test_client_e2e.py": "torchrun jobs on a real Slurm cluster",
@@ -152,6 +153,9 @@ SLOW_MODULES = {
     "tests/test_train_groups.py": "trains across four worlds with folds and pooled validation",
 }
 SLOW_TESTS = {
+    "tests/test_mode_acceleration.py": {
+        "test_a_boosted_mode_is_drawn_that_much_more_often_and_the_others_are_not": "400 nodes' schedules",
+    },
     "tests/test_world.py": {
         "test_precursors_are_drawn_per_failure_and_some_degradations_stop": "128 nodes' schedules",
         "test_degradations_that_stop_without_failing_come_at_the_real_rate": "512 nodes' schedules",
