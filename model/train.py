@@ -1063,7 +1063,7 @@ def _training_data(datasets: Sequence[Dataset]) -> TrainingData:
     if len(datasets) == 1:
         return TrainingData(path=str(datasets[0].path), manifest=_data_summary(datasets[0]))
     summaries = [_data_summary(d) for d in datasets]
-    manifest = {
+    manifest: dict[str, object] = {
         "kind": "worlds",
         "worlds": [s.get("world") for s in summaries if s.get("world") is not None],
         "datasets": [str(d.path) for d in datasets],

@@ -144,6 +144,7 @@ def test_risk_is_the_probability_at_the_real_failure_rate() -> None:
         rows = _Sampled(
             x=x, y=y, w=w, ttf_s=np.zeros(n), mode=np.zeros(n), fit=np.zeros(n, dtype=bool),
             val=np.ones(n, dtype=bool), acceleration=np.full(n, acceleration), world=np.zeros(n, dtype=np.int64),
+            boost=np.ones(n),
         )  # fmt: skip
         a, b = _calibrate(booster, rows)
         raw = np.clip(np.asarray(booster.predict(x)), 1e-9, 1 - 1e-9)
