@@ -7,18 +7,26 @@
 # The evaluation adds the in-world ceiling of every evaluation world whose reference is under
 # out/ceiling/twin-wN/model; CEILINGS="901 902" trains those first (bench/ceiling.sh on 24 fleets of the
 # world, about 15-20 minutes each here).
-#   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 CEILINGS="" bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
+# BOOST="cooling=4 gpu_sram=7 nccl_timeout=7 host=3 detachment=2" draws those modes that much more often
+# in the training worlds (out/scale-boost/wN; `faultcast simulate --mode-acceleration`, rows weighted
+# back in training), enough for >= 100 of each with a precursor over 56 training worlds; the
+# validation worlds stay at plain rates (remove out/scale-boost after changing BOOST).
+#   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 CEILINGS="" BOOST="" bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
 set -euo pipefail
 out=${1:-out/scale-run}
 shift $(( $# > 0 ? 1 : 0 ))
 worlds=${WORLDS:-64} validate=${VALIDATE:-8} folds=${FOLDS:-4} jobs=${JOBS:-2}
 mkdir -p "$out" out/scale out/eval
 bin=.venv/bin
-data=()
+data=() boost=()
+for factor in ${BOOST:-}; do boost+=(--mode-acceleration "$factor"); done
 for s in $(seq 201 $((200 + worlds))); do
-  [ -f "out/scale/w$s/manifest.json" ] || "$bin/faultcast" simulate --world-seed "$s" --seed "$s" --nodes 16 \
-    --days 10 --acceleration 100 --out "out/scale/w$s" > "out/scale/w$s.log"
-  data+=(--data "out/scale/w$s")
+  where=out/scale
+  if (( ${#boost[@]} && s <= 200 + worlds - validate )); then where=out/scale-boost; fi
+  mkdir -p "$where"
+  [ -f "$where/w$s/manifest.json" ] || "$bin/faultcast" simulate --world-seed "$s" --seed "$s" --nodes 16 \
+    --days 10 --acceleration 100 "${boost[@]}" --out "$where/w$s" > "$where/w$s.log"
+  data+=(--data "$where/w$s")
 done
 evaluated=() calm=()
 for w in 901 902 903 904; do
