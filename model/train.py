@@ -293,19 +293,17 @@ def train(
     features = FeatureConfig(
         cadence_s=config.cadence_s or dataset.cadence_s, gpus_per_node=dataset.gpus_per_node
     )
-    # The choices (calibration, thresholds, the validation recall) read the validation data's mode mix.
-    checked = datasets[-1:] if len(datasets) == 1 else datasets[-config.validation_worlds :]
-    check_plain_rates(checked, "its failures validate (calibration, thresholds, recall)")
+    if len(datasets) > 1 and not 1 <= config.validation_worlds < len(datasets):
+        raise ValueError(
+            f"{config.validation_worlds} validation worlds of {len(datasets)}: at least one must train "
+            "and one validate"
+        )
+    check_mode_factors(datasets, 1 if len(datasets) == 1 else config.validation_worlds)
     if len(datasets) == 1:
         split = make_split(dataset, config)
         rows, names = _sample(dataset, features, split, config)
         validating = [_Validation(dataset, split.train_nodes, split.validation_start_s, split.train_end_s)]
     else:
-        if not 1 <= config.validation_worlds < len(datasets):
-            raise ValueError(
-                f"{config.validation_worlds} validation worlds of {len(datasets)}: at least one must train "
-                "and one validate"
-            )
         split = Split(tuple(range(len(dataset.nodes))), (), dataset.start_s + WARMUP_S, dataset.end_s)
         rows, names = _sample_worlds(datasets, features, config, dask_client)
         validating = [
@@ -596,14 +594,17 @@ def mode_acceleration_of(dataset: Dataset) -> dict[str, float]:
     return {str(mode): float(factor) for mode, factor in given.items()}
 
 
-def check_plain_rates(datasets: Sequence[Dataset], why: str) -> None:
-    """Refuse boosted data where the mode mix must be the plain one (validation, evaluation)."""
-    for dataset in datasets:
+def check_mode_factors(datasets: Sequence[Dataset], validating: int) -> None:
+    """Before any replay: every dataset's mode factors readable (DataError), and none in the last
+    `validating` datasets, whose mode mix the choices read (calibration, thresholds, the validation
+    recall)."""
+    for k, dataset in enumerate(datasets):
         boosted = mode_acceleration_of(dataset)
-        if boosted:
+        if boosted and k >= len(datasets) - validating:
             modes = ", ".join(f"{m} x{f:g}" for m, f in sorted(boosted.items()))
             raise ValueError(
-                f"{dataset.path} draws some modes more often ({modes}): {why}; use data at plain rates"
+                f"{dataset.path} draws some modes more often ({modes}): its failures validate (calibration, "
+                "thresholds, recall); validate on data at plain rates"
             )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from faultcast.cli.app import main
-from faultcast.model.dataset import open_dataset
+from faultcast.model.dataset import DataError, open_dataset
 from faultcast.model.features import FeatureConfig
 from faultcast.model.train import TrainConfig, _sample_worlds, _world_rows, train
 from faultcast.sim.config import FleetConfig
@@ -20,7 +21,7 @@ from faultcast.sim.schedule import node_schedule
 from faultcast.sim.world import World
 from faultcast.sim.writer import simulate
 
-BOOSTED = "cooling"  # rare in the published mixes (32 of 4,085 failures over 64 drawn worlds)
+BOOSTED = "cooling"  # rare: 32 of the 1,270 failures with a precursor in 64 drawn worlds
 FACTOR = 40.0
 # Small worlds at 1000x (test_ceiling.py's sizes): the first draws cooling 40 times more often.
 PLAIN = FleetConfig(nodes=8, days=1.0, seed=2, acceleration=1000.0, world=World.draw(7))
@@ -130,3 +131,11 @@ def test_training_weights_a_boosted_modes_rows_back_and_refuses_to_validate_on_t
     # Validating on a boosted world would count its extra failures in every choice: refused, named.
     with pytest.raises(ValueError, match=r"draws some modes more often \(cooling x40\)"):
         train([plain, boosted], tmp_path / "refused", config)
+    # A training world whose factors cannot be read is refused too (before any world is replayed).
+    broken = tmp_path / "broken"
+    shutil.copytree(worlds[0], broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["mode_acceleration"] = {BOOSTED: -1}
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="must map modes to positive factors"):
+        train([open_dataset(broken), plain], tmp_path / "broken-model", config)
