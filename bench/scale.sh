@@ -9,7 +9,8 @@
 # world, about 15-20 minutes each here).
 # BOOST="cooling=4 gpu_sram=7 nccl_timeout=7 host=3 detachment=2" draws those modes that much more often
 # in the training worlds (out/scale-boost/wN; `faultcast simulate --mode-acceleration`, rows weighted
-# back in training), enough for >= 100 of each with a precursor over 56 training worlds; the
+# back in training): by the plain 64 worlds' counts, >= 100 of each with a precursor over the 56
+# training worlds (not yet run); the
 # validation worlds stay at plain rates (remove out/scale-boost after changing BOOST).
 #   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 CEILINGS="" BOOST="" bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
 set -euo pipefail
