@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model.artifact import FaultModel, ModelError, load
+from faultcast.model.artifact import FaultModel, Logistic, ModelError, load
 from faultcast.model.dataset import Failure, FailureLog, Labels, open_dataset
 from faultcast.model.evaluate import held_out_part
 from faultcast.model.features import FeatureConfig, FeatureEngine
@@ -80,6 +80,33 @@ def test_the_artifact_loads_and_predicts(trained: tuple[FaultModel, Path]) -> No
     top = loaded.contributions(x[:1], top=3)[0]
     assert len(top) == 3
     assert all(name in loaded.feature_names for name, _, _ in top)
+
+
+def test_logistic_scores_a_large_batch_row_by_row_as_each_row_alone() -> None:
+    """The logistic head works through a batch in blocks of rows: a batch larger than a block gets
+    each row's score exactly as that row scored alone would, NaN taking the median, clipped."""
+    rng = np.random.default_rng(3)
+    width = 7
+    logistic = Logistic(
+        medians=rng.normal(size=width),
+        means=rng.normal(size=width),
+        scales=rng.uniform(0.5, 2.0, size=width),
+        coef=rng.normal(size=width),
+        intercept=-1.5,
+    )
+    x = rng.normal(scale=3.0, size=(2_500, width))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    x[7] = 1e6  # clipped: every standardised feature at +20, then the log-odds at +-50
+    batch = logistic.logit(x)
+    alone = np.concatenate([logistic.logit(x[i : i + 1]) for i in range(len(x))])
+    assert np.array_equal(batch, alone)
+    filled = np.where(np.isnan(x), logistic.medians, x)
+    standardised = np.clip((filled - logistic.means) / logistic.scales, -20, 20)
+    direct = np.clip((standardised * logistic.coef).sum(axis=1) - 1.5, -50, 50)
+    np.testing.assert_allclose(batch, direct, rtol=1e-12, atol=1e-12)
+    assert batch[7] == pytest.approx(np.clip(20.0 * logistic.coef.sum() - 1.5, -50, 50))
+    np.testing.assert_allclose(logistic.predict(x), 1.0 / (1.0 + np.exp(-batch)))
+    assert logistic.logit(x[:0]).shape == (0,)
 
 
 def test_a_corrupt_or_mismatched_artifact_is_refused(
