@@ -12,7 +12,7 @@
 # under out/scale-boost-<the factors>/wN so that other factors never reuse these worlds; the validation
 # worlds stay at plain rates. Failures with a precursor over the 56 training worlds (2026-12-06): plain
 # cooling 29, detachment 60, GPU SRAM 17, host 45, NCCL timeout 18; with nccl_timeout=7 instead of 10,
-# 110, 101, 124, 129 and 87 (the boosted modes take failures from the others: HBM wear 378 -> 348,
+# 110, 101, 124, 129 and 87 (and the other modes came out fewer, same seeds: HBM wear 378 -> 348,
 # InfiniBand 213 -> 177, NVLink 155 -> 133, PCIe 137 -> 117, power 113 -> 105), hence 10 for NCCL.
 # Not yet trained on at scale.
 #   WORLDS=64 VALIDATE=8 FOLDS=4 JOBS=2 CEILINGS="" BOOST="" bash bench/scale.sh [OUT_DIR] [EXTRA TRAIN FLAGS...]
