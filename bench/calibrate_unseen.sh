@@ -11,8 +11,9 @@
 set -euo pipefail
 model=${1:?a trained model directory}
 seed=${SEED:-3}
-out=${2:-out/calibrate-unseen$([ "$seed" = 3 ] || echo "-s$seed")}
-accelerated=out/lwo/independent$([ "$seed" = 3 ] || echo "-s$seed")
+suffix=$([ "$seed" = 3 ] || echo "-s$seed")  # seed 3 keeps the folders it always had
+out=${2:-out/calibrate-unseen$suffix}
+accelerated=out/lwo/independent$suffix
 bin=.venv/bin
 mkdir -p "$out" out/lwo
 [ -f "$out/calm/manifest.json" ] || "$bin/faultcast" simulate --family independent --seed "$seed" --nodes 32 \

@@ -32,7 +32,7 @@ from tests.engine_inputs import engine_steps
 from tests.reference_features import features as reference
 
 
-def _cpu(run: Callable[[], object], repeats: int) -> float:
+def cpu_seconds(run: Callable[[], object], repeats: int) -> float:
     """The median CPU seconds of `repeats` runs."""
     times = []
     for _ in range(repeats):
@@ -51,7 +51,7 @@ def engine_ms(nodes: int, steps: int, repeats: int, make: Callable[[int], Any]) 
         for s in inputs:
             engine.update(s.step, s.gpu, s.node, s.is_h100, s.summary)
 
-    return 1000.0 * _cpu(run, repeats) / steps
+    return 1000.0 * cpu_seconds(run, repeats) / steps
 
 
 def gpu_days(dataset: Dataset, start_s: float) -> float:
@@ -87,13 +87,13 @@ def main() -> None:
     features = FeatureConfig(cadence_s=dataset.cadence_s, gpus_per_node=dataset.gpus_per_node)
     days = gpu_days(dataset, dataset.start_s)
     train_config = TrainConfig(hard_negative_rate=0.25)
-    seconds = _cpu(lambda: _world_rows(dataset, features, train_config, 0), args.repeats)
+    seconds = cpu_seconds(lambda: _world_rows(dataset, features, train_config, 0), args.repeats)
     print(f"training rows: {days:,.0f} GPU-days in {seconds:.2f} CPU s: {days / seconds:,.0f} GPU-days/s")
     if args.model is not None:
         model = load(args.model)
         every = list(range(len(dataset.nodes)))
         start = dataset.start_s + WARMUP_S
-        seconds = _cpu(lambda: score_period(dataset, model, every, start, dataset.end_s), args.repeats)
+        seconds = cpu_seconds(lambda: score_period(dataset, model, every, start, dataset.end_s), args.repeats)
         print(
             f"scoring: {days:,.0f} GPU-days replayed ({gpu_days(dataset, start):,.0f} scored) in "
             f"{seconds:.2f} CPU s: {days / seconds:,.0f} GPU-days/s"

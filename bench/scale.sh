@@ -24,9 +24,10 @@ mkdir -p "$out" out/scale out/eval
 bin=.venv/bin
 data=() boost=()
 for factor in ${BOOST:-}; do boost+=(--mode-acceleration "$factor"); done
+boosted=out/scale-boost-$(tr ' =' '_-' <<< "${BOOST:-}")
 for s in $(seq 201 $((200 + worlds))); do
   where=out/scale
-  if (( ${#boost[@]} && s <= 200 + worlds - validate )); then where=out/scale-boost-$(tr ' =' '_-' <<< "$BOOST"); fi
+  if (( ${#boost[@]} && s <= 200 + worlds - validate )); then where=$boosted; fi
   mkdir -p "$where"
   [ -f "$where/w$s/manifest.json" ] || "$bin/faultcast" simulate --world-seed "$s" --seed "$s" --nodes 16 \
     --days 10 --acceleration 100 "${boost[@]}" --out "$where/w$s" > "$where/w$s.log"

@@ -18,28 +18,23 @@ code around it.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from bench.feature_path import cpu_seconds, engine_ms
 from faultcast.model.artifact import load
 from faultcast.model.evaluate import WARMUP_S
 from faultcast.model.features import FeatureConfig, FeatureEngine
 from faultcast.model.rules import RulesBaseline
-from tests.engine_inputs import engine_steps
+
+BOOSTER = "model risk (booster + calibration)"
 
 
 def _cpu_us(run: Callable[[], object], rows: int, repeats: int) -> float:
     """The median CPU microseconds a row of `repeats` runs of `run`, which handles `rows` rows."""
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        run()
-        times.append(time.process_time() - start)
-    return 1e6 * float(statistics.median(times)) / rows
+    return 1e6 * cpu_seconds(run, repeats) / rows
 
 
 def main() -> None:
@@ -64,19 +59,14 @@ def main() -> None:
     rules = RulesBaseline(model.feature_names)
     n = len(x)
     parts = {
-        "model risk (booster + calibration)": _cpu_us(lambda: model.risk(x), n, args.repeats),
+        BOOSTER: _cpu_us(lambda: model.risk(x), n, args.repeats),
         "logistic regression": _cpu_us(lambda: model.logistic.predict(x), n, args.repeats),
         "rules (score and margin)": _cpu_us(lambda: (rules.score(x), rules.margin(x)), n, args.repeats),
     }
-    nodes, steps = 128, 120
-    inputs = list(engine_steps(1, nodes, 8, steps, messy=False))
-
-    def replay() -> None:
-        engine = FeatureEngine(FeatureConfig(cadence_s=model.feature_config.cadence_s), nodes)
-        for s in inputs:
-            engine.update(s.step, s.gpu, s.node, s.is_h100, s.summary)
-
-    parts = {"feature engine (1,024 GPUs a step)": _cpu_us(replay, nodes * 8 * steps, args.repeats), **parts}
+    # The engine at 128 nodes of 8 GPUs: its ms a step over 1,024 GPUs is us a GPU-step.
+    config = FeatureConfig(cadence_s=model.feature_config.cadence_s)
+    engine_us = engine_ms(128, 120, args.repeats, lambda nodes: FeatureEngine(config, nodes)) * 1000 / 1024
+    parts = {"feature engine (1,024 GPUs a step)": engine_us, **parts}
     mode_us = _cpu_us(lambda: model.mode_probabilities(x), n, args.repeats) if model.modes else 0.0
 
     print(f"{model.booster.num_trees()} trees, {x.shape[1]} features, {n:,} real rows; CPU us a GPU-step:")
@@ -90,7 +80,7 @@ def main() -> None:
     per_gpu_day = 86_400.0 / cadence * (1.0 + WARMUP_S / 86_400.0 / args.days)
     gpu_steps = args.gpu_days * per_gpu_day * args.passes
     floor_s = gpu_steps * total * 1e-6 / args.cores
-    booster_s = gpu_steps * parts["model risk (booster + calibration)"] * 1e-6 / args.cores
+    booster_s = gpu_steps * parts[BOOSTER] * 1e-6 / args.cores
     print(
         f"floor for {args.gpu_days:,.0f} GPU-days x {args.passes} passes ({gpu_steps / 1e6:,.1f} M GPU-steps) on "
         f"{args.cores} cores: {floor_s / 60:.1f} min, of which the model's predictions {booster_s / 60:.1f} min"
