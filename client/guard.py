@@ -12,6 +12,11 @@ and a warning (log line, `faultcast_client_connected` 0) says so.
         if guard.should_snapshot():
             uri = save_snapshot(step)
             guard.snapshot_done(step, uri)
+
+A failure that has happened on a watched node (a FAILED event: a critical Xid, a GPU lost, the node
+gone silent, or another rank's report through `report_failure`) is kept in `failures` and handed to
+`on_failure` at once, on the guard's thread: the place to end a collective that will never complete
+(the NCCL watchdog would wait minutes) so the job restarts now.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import grpc
@@ -65,13 +70,16 @@ class Guard:
         rpc_timeout_s: float = 5.0,
         registry: CollectorRegistry | None = None,
         stands_by: bool = False,
+        on_failure: Callable[[apb.Alert], None] | None = None,
     ) -> None:
         """`nodes`: the nodes this process watches (default: this host); `register`: tell the service
         the job runs on `job_nodes` (default: `nodes`; a multi-node job names all of its nodes, since
         each registration replaces the last); `stands_by`: the trainer can stand by on a spare and
-        take over at a snapshot (faultcast.client.standby), so the service may ready one. No I/O
-        here: `start()` connects."""
-        self.stands_by = stands_by
+        take over at a snapshot (faultcast.client.standby), so the service may ready one;
+        `on_failure`: called with each FAILED event of a watched node, on the guard's thread (an
+        exception it raises is logged). No I/O here: `start()` connects."""
+        self.stands_by, self.on_failure = stands_by, on_failure
+        self.failures: list[apb.Alert] = []  # FAILED events of the watched nodes, oldest first
         self.target, self.job_id = target, job_id
         self.nodes = list(nodes) if nodes is not None else [socket.gethostname()]
         self.job_nodes = list(job_nodes) if job_nodes is not None else self.nodes
@@ -207,6 +215,31 @@ class Guard:
         with self._changed:
             return self._changed.wait_for(lambda: self.last_id >= event_id, timeout_s)
 
+    def wait_failed(self, timeout_s: float) -> apb.Alert | None:
+        """Block until a FAILED event of a watched node has come; the newest, or None on timeout."""
+        with self._changed:
+            self._changed.wait_for(lambda: bool(self.failures), timeout_s)
+            return self.failures[-1] if self.failures else None
+
+    def report_failure(
+        self, what: apb.TrainerFailure.ValueType, *, node: str | None = None, rank: int = -1, detail: str = ""
+    ) -> int:
+        """Tell the service a rank died or the NCCL watchdog fired on `node` (default: the first
+        watched node): every rank of the job hears it as a FAILED event. Returns the event's id
+        (that of the failure the node already has, when one is known), 0 when not sent (logged)."""
+        channel = self._channel
+        if channel is None:
+            log.warning("faultcast: not connected: failure report not sent")
+            return 0
+        request = apb.ReportFailureRequest(
+            job_id=self.job_id, node=node or self.nodes[0], what=what, rank=rank, detail=detail
+        )
+        try:
+            return apb_grpc.AlertsStub(channel).ReportFailure(request, timeout=self.rpc_timeout_s).alert_id
+        except grpc.RpcError as exc:
+            log.warning("faultcast: reporting the failure failed: %s", _describe(exc))
+            return 0
+
     def wait_for_alert(self, timeout_s: float) -> apb.Alert | None:
         """Block until a snapshot request is pending; None on timeout."""
         with self._changed:
@@ -310,6 +343,9 @@ class Guard:
 
     def _take(self, alert: apb.Alert) -> None:
         self.metric_alerts.labels(apb.AlertState.Name(alert.state)).inc()
+        if alert.kind == apb.EVENT_KIND_FAILED:
+            self._failed(alert)
+            return
         with self._changed:
             self.last_id = max(self.last_id, alert.id)
             pending = self._pending
@@ -347,6 +383,27 @@ class Guard:
             ):
                 self._pending = None  # the risk fell back before the snapshot: nothing to do
             self._changed.notify_all()
+
+    def _failed(self, alert: apb.Alert) -> None:
+        """A failure happened on a watched node: kept (once, whatever the replays), told to on_failure."""
+        with self._changed:
+            if any(seen.id == alert.id for seen in self.failures):
+                return
+            self.last_id = max(self.last_id, alert.id)
+            self.failures.append(alert)
+            self._changed.notify_all()
+        log.error(
+            "faultcast: FAILED on %s gpu %d (alert %d): %s",
+            alert.node,
+            alert.gpu,
+            alert.id,
+            alert.failure.detail,
+        )
+        if self.on_failure is not None:
+            try:
+                self.on_failure(alert)
+            except Exception:  # the job's handler must not end the subscription
+                log.exception("faultcast: on_failure raised")
 
     def _set_connected(self, connected: bool, error: str) -> None:
         with self._changed:

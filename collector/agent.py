@@ -1,7 +1,12 @@
 """One node's collector: reads every source each interval and hands the snapshot to the outputs.
 
 The exporter sees every scrape; the spool gets every scrape too, or (with `ship_step_s`) one sample
-per epoch-aligned window of that many seconds, summarised by `StepSummariser`."""
+per epoch-aligned window of that many seconds, summarised by `StepSummariser`. A scrape that shows a
+failure has happened (faultcast.failure_signs: a critical Xid, a GPU lost, an uncorrectable error, a
+port down) ships its window so far at once (as a partial sample, `window_s` 0, which does not close
+the step), so the service hears of the failure in seconds rather than at the window's end; the
+window's later scrapes ship at its end as usual, and the service's features combine the two as they
+would the whole window."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from faultcast import wire
 from faultcast.collector.source import Source
 from faultcast.collector.spool import Spool
 from faultcast.collector.summariser import StepSummariser
+from faultcast.failure_signs import failure_signs
 from faultcast.readings import NodeSnapshot, Reading
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,8 @@ class NodeCollector:
         self.scrape_seconds_max = 0.0
         self._latest: NodeSnapshot | None = None
         self.samples_spooled = 0  # samples handed to the spool: every scrape, or one per window
+        self.early_windows = 0  # windows shipped before their end because a scrape showed a failure
+        self._previous: NodeSnapshot | None = None  # the scrape before, to compare for failure signs
         self.summariser = StepSummariser(ship_step_s) if ship_step_s > 0 and spool is not None else None
 
     def latest(self) -> NodeSnapshot | None:
@@ -99,12 +107,23 @@ class NodeCollector:
             closed = self.summariser.add(snapshot)
             if closed is not None:
                 self._spool(closed)
+            signs = failure_signs(self._previous, snapshot)
+            if signs:
+                log.warning(
+                    "node %s: %s; shipping the window now",
+                    self.node,
+                    "; ".join(sign.detail for sign in signs),
+                )
+                self.early_windows += 1
+                partial = self.summariser.flush(partial=True)
+                if partial is not None:
+                    self._spool(partial)
         elif self.spool is not None:
             snapshot = self._spool(snapshot)
         self.scrapes += 1
         self.scrape_seconds_total += elapsed
         self.scrape_seconds_max = max(self.scrape_seconds_max, elapsed)
-        self._latest = snapshot
+        self._latest = self._previous = snapshot
         return snapshot
 
     def _spool(self, snapshot: NodeSnapshot) -> NodeSnapshot:

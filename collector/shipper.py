@@ -25,6 +25,9 @@ from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 
+_GOODBYE_S = 1.0  # how long `close` waits for the service to end a stream closed cleanly
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Reconnection delays: exponential from `initial` to `maximum`, each with +-`jitter` noise."""
@@ -97,6 +100,11 @@ class Shipper:
         self._stop.set()
         with self.spool.changed:
             self.spool.changed.notify_all()
+        # The request stream ends at once (stop is set): the service sees the stream closed, a
+        # goodbye, not a broken stream (which it would take for a dead node). Cancelled only when
+        # the service does not answer the close within `goodbye`.
+        if self._thread is not None:
+            self._thread.join(min(timeout, _GOODBYE_S))
         call = self._call
         if call is not None:
             call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves RpcContext.cancel untyped
@@ -173,3 +181,5 @@ class Shipper:
                 yield pb.PushRequest(sample=pb.NodeSample.FromString(payload))
                 sent = sequence
                 self.stats.samples_sent += 1
+        # Stopping on purpose: say so, or the service takes the closed stream for a node gone dark.
+        yield pb.PushRequest(goodbye=pb.PushGoodbye())

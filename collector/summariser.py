@@ -62,15 +62,18 @@ class StepSummariser:
             self._parts[gpu.index] = (gpu.uuid, parts)
         return closed
 
-    def flush(self) -> NodeSnapshot | None:
-        """The open window's sample (None when no scrape is waiting); the next scrape opens a new window."""
+    def flush(self, *, partial: bool = False) -> NodeSnapshot | None:
+        """The open window's sample (None when no scrape is waiting); the next scrape opens a new window.
+        `partial`: the window goes on after it (a failure seen mid-window ships what came so far): its
+        `window_s` is 0, so that it does not close the step; the window's last sample does, and the
+        service combines the two summaries as it would the whole window's."""
         last = self._last
         if last is None:
             return None
         gpus = tuple(self._summarised(g) for g in last.gpus)
         self._window, self._last, self._parts = None, None, {}
         self.samples += 1
-        return dataclasses.replace(last, gpus=gpus, window_s=self.step_s, sequence=0)
+        return dataclasses.replace(last, gpus=gpus, window_s=0.0 if partial else self.step_s, sequence=0)
 
     def _summarised(self, gpu: GpuReading) -> GpuReading:
         uuid, parts = self._parts.get(gpu.index, ("", []))

@@ -526,6 +526,26 @@ class AlertBook:
                 )
             return saved
 
+    def failed(self, events: Sequence[apb.Alert], *, wait: bool = True) -> list[apb.Alert]:
+        """Store FAILED events (service/failure_events.py), each naming the alerts open on its node
+        now (`Failure.foreseen_by`), and tell the listeners. `wait`: hold them while the database
+        refuses writes, as scored events are held; else StateWriteError at once (an RPC answers)."""
+        with self._lock:
+            for event in events:
+                open_here = {
+                    a.latest.opened_id for a in self._alerts.values() if a.latest.node == event.node
+                } | {a.opened_id for a in self._restored.get(event.node, [])}
+                event.failure.foreseen_by[:] = sorted(open_here)
+            stored = self._append_new(list(events)) if wait else self.store.alerts.append(list(events))
+        for event in stored:
+            evidence = (
+                apb.FailureEvidence.Name(event.failure.evidence).removeprefix("FAILURE_EVIDENCE_").lower()
+            )
+            foreseen = "true" if event.failure.foreseen_by else "false"
+            self.metrics.failures.labels(evidence, foreseen).inc()
+        self._announce(stored)
+        return stored
+
     def announce(self, stored: Sequence[apb.Alert]) -> None:
         """Tell the listeners of stored events (those `observe` or `check_silence` returned
         unannounced)."""
@@ -554,6 +574,17 @@ class AlertBook:
                     mode,
                     alert.risk,
                     apb.RecommendedAction.Name(alert.action),
+                )
+            elif alert.kind == apb.EVENT_KIND_FAILED:
+                log.error(
+                    "alert %d: FAILED %s: %s (%s)%s",
+                    alert.id,
+                    where,
+                    alert.failure.detail,
+                    mode,
+                    f", foreseen by alert {', '.join(map(str, alert.failure.foreseen_by))}"
+                    if alert.failure.foreseen_by
+                    else ", not foreseen",
                 )
         if stored:
             for listener in self._listeners:

@@ -20,15 +20,17 @@ from typing import Protocol, TypeVar, TypeVarTuple
 
 import grpc
 
+from faultcast.failure_signs import Evidence, FailureSign
 from faultcast.model.artifact import FaultModel
 from faultcast.service.auth import AccessPolicy, AuthError, Principal, Role, current, refuse
+from faultcast.service.failure_events import TrainerReport
 from faultcast.service.limits import CallerLimits, OpenCount
 from faultcast.service.model_info import model_info
 from faultcast.service.remediator import Remediator
 from faultcast.service.spares import MAX_WAIT_S, HandOverReply, Prescheduler, StandbyRefused
 from faultcast.service.state import StateStore
 from faultcast.service.state_acks import Ack
-from faultcast.service.state_db import MAX_STORED_INT
+from faultcast.service.state_db import MAX_STORED_INT, StateWriteError
 from faultcast.service.validation import is_host_name
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -40,8 +42,14 @@ _SQL_NODES = 64  # a live stream's nodes are filtered by SQLite up to this many,
 HEAD_ID_KEY = "faultcast-head-id"  # trailing metadata of an OUT_OF_RANGE refusal: the log's head
 _ACK_ACTIONS = ", ".join(name for name, value in apb.AckAction.items() if value != apb.ACK_ACTION_UNSPECIFIED)
 _STARTS = ", ".join(apb.StartFrom.keys())
+_TRAINER_FAILURES = ", ".join(
+    name for name, value in apb.TrainerFailure.items() if value != apb.TRAINER_FAILURE_UNSPECIFIED
+)
+_DETAIL_CHARS = 1024  # of a reported failure's words, kept in its event
 
 Refusal = tuple[grpc.StatusCode, str]
+# A trainer's report in, (its FAILED event's id, whether the node's failure was known already) out.
+ReportFailure = Callable[[FailureSign, TrainerReport], tuple[int, bool]]
 SubscribeContext = grpc.aio.ServicerContext[apb.SubscribeRequest, apb.SubscribeResponse]
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -77,13 +85,15 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         limits: CallerLimits | None = None,
         on_throttle: Callable[[str], None] = lambda what: None,
         prescheduler: Prescheduler | None = None,
+        report_failure: ReportFailure | None = None,
     ) -> None:
         """`policy`: who may read and acknowledge what (None: no checks, a servicer under test);
         `serving_model`: the model serving now (it changes on reload), described in CaughtUp;
         `limits`: nodes per job and subscriptions per job, refusals reported to `on_throttle`;
-        `prescheduler`: the spares AwaitHandOver answers for (None: every standby is released)."""
+        `prescheduler`: the spares AwaitHandOver answers for (None: every standby is released);
+        `report_failure`: where a trainer's ReportFailure goes (None: refused, UNIMPLEMENTED)."""
         self.store, self.remediator, self.stopping = store, remediator, stopping
-        self.prescheduler = prescheduler
+        self.prescheduler, self.report_failure = prescheduler, report_failure
         self.on_subscribers, self.policy, self.serving_model = on_subscribers, policy, serving_model
         self.limits, self.on_throttle = limits or CallerLimits(), on_throttle
         self.job_subscribers = OpenCount(self.limits.job_subscribers)
@@ -366,6 +376,58 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         if self.prescheduler is not None:
             self.prescheduler.note_job(request.job_id, stands_by=request.stands_by)
         return apb.RegisterJobResponse()
+
+    def ReportFailure(  # noqa: N802
+        self, request: apb.ReportFailureRequest, context: grpc.ServicerContext
+    ) -> apb.ReportFailureResponse:
+        """A trainer's word that a rank died or the NCCL watchdog fired on one of its job's nodes:
+        a FAILED event at once (or the one the node already has), checked as Acknowledge is."""
+        refusal = self._check_report(request, context.peer())
+        if refusal is not None:
+            context.abort(*refusal)
+        if self.report_failure is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this service takes no failure reports")
+        what = (
+            apb.TrainerFailure.Name(request.what).removeprefix("TRAINER_FAILURE_").lower().replace("_", " ")
+        )
+        rank = f"rank {request.rank}" if request.rank >= 0 else "a rank"
+        words = f"job {request.job_id} reports {what} ({rank})"
+        if request.detail:
+            words += f": {request.detail[:_DETAIL_CHARS]}"
+        sign = FailureSign(request.node, -1, "", Evidence.TRAINER_REPORT, words, time.time_ns())
+        report = TrainerReport(request.job_id, request.what, request.rank, request.detail[:_DETAIL_CHARS])
+        try:
+            alert_id, known = self.report_failure(sign, report)
+        except StateWriteError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the report is not stored ({exc}); send it again")
+        return apb.ReportFailureResponse(alert_id=alert_id, repeated=known)
+
+    def _check_report(self, request: apb.ReportFailureRequest, peer: str) -> Refusal | None:
+        """Why the report is refused, or None: what happened must be named, by a registered job
+        for one of its own nodes."""
+        if request.what not in apb.TrainerFailure.values() or request.what == apb.TRAINER_FAILURE_UNSPECIFIED:
+            return (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"what {request.what} is not a failure a trainer reports; one of {_TRAINER_FAILURES}",
+            )
+        if not request.job_id or not is_host_name(request.node):
+            return grpc.StatusCode.INVALID_ARGUMENT, "job_id and node (a host name) are required"
+        refusal = self._authorize(request.job_id, [request.node], peer)
+        if refusal is not None:
+            return refusal
+        registered = self.store.jobs.all().get(request.job_id)
+        if registered is None:
+            return (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {request.job_id!r} is not registered: RegisterJob with its nodes first",
+            )
+        if request.node not in registered:
+            return (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job {request.job_id!r} is not registered on node {request.node!r} (its nodes: "
+                f"{', '.join(registered)}): a job reports failures of its own nodes only",
+            )
+        return None
 
     async def AwaitHandOver(  # noqa: N802
         self,

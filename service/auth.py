@@ -67,6 +67,7 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _ALERTS + "ListActiveAlerts": _READERS,
     _ALERTS + "RegisterJob": _READERS,
     _ALERTS + "AwaitHandOver": _READERS,  # a standby, with its job's identity
+    _ALERTS + "ReportFailure": _READERS,  # a trainer, for its own job's nodes
     _ADMIN + "ReloadModel": frozenset({Role.ADMIN}),
     _ADMIN + "SetRemediation": frozenset({Role.ADMIN}),
     _ADMIN + "GetRemediation": frozenset({Role.ADMIN}),

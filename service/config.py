@@ -43,9 +43,22 @@ class ServiceConfig:
     # A node's scoring state is saved every this many scored steps (and whenever its alerts change):
     # a restart replays at most this many steps of its samples from the journal.
     checkpoint_steps: int = 15
+    # A failure that happened (a FAILED event) holds its GPU, or its node, this long: the evidence
+    # that follows it (the "GPU lost" after the Xid 79, every rank reporting one death) is folded in.
+    failure_hold_s: float = 600.0
+    # A node whose collector stream broke and that opened none again within this long has failed.
+    silence_grace_s: float = 3.0
+    # The service pings every stream's peer this often, and a peer that answers none within twice
+    # this long is gone (a node powered off sends no reset): what detects a silent node in seconds.
+    keepalive_s: float = 1.0
 
     def __post_init__(self) -> None:
         CircuitBreaker.check(self.max_drains, self.drain_window_s)
+        if self.failure_hold_s < 0 or self.silence_grace_s <= 0 or self.keepalive_s <= 0:
+            raise ValueError(
+                f"failure_hold_s must be >= 0, silence_grace_s and keepalive_s > 0; got {self.failure_hold_s}, "
+                f"{self.silence_grace_s} and {self.keepalive_s}"
+            )
         if self.checkpoint_steps < 1:
             raise ValueError(f"checkpoint_steps must be at least 1, not {self.checkpoint_steps}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from faultcast.failure_signs import Evidence
 from faultcast.modes import FailureMode
 
 # Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).
@@ -139,6 +140,13 @@ class ServiceMetrics:
             "faultcast_active_alerts", "Alerts open now, by failure mode.", ["mode"], registry=r
         )
         self.alerts = Counter("faultcast_alerts", "Alerts raised, by failure mode.", ["mode"], registry=r)
+        self.failures = Counter(
+            "faultcast_failures",
+            "Failures seen happen (FAILED events), by what showed them and whether an alert was open on "
+            "the node (foreseen).",
+            ["evidence", "foreseen"],
+            registry=r,
+        )
 
     def _add_ingest_and_scoring(self, r: CollectorRegistry) -> None:
         """Samples taken, refused and blanked; lag and clock skew; scoring latency."""
@@ -312,6 +320,9 @@ class ServiceMetrics:
         ):
             for value in values:
                 metric.labels(value)
+        for evidence in Evidence:
+            for foreseen in ("true", "false"):
+                self.failures.labels(evidence.value, foreseen)
 
 
 # Every metric family name as Prometheus exposes it: what rules and dashboards may use.
@@ -321,6 +332,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_alert_threshold",
     "faultcast_alert_hold_threshold",
     "faultcast_node_silent",
+    "faultcast_failures_total",
     "faultcast_silent_nodes",
     "faultcast_active_alerts",
     "faultcast_alerts_total",

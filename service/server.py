@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2
 
+from faultcast.failure_signs import FailureSign
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.actuators import Actuator, NoopActuator
@@ -32,6 +33,8 @@ from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.config import ServiceConfig
 from faultcast.service.drift_monitor import DriftMonitor
+from faultcast.service.failure_events import TrainerReport, failure_event
+from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.health import ALL, Health
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.reflection import enable_reflection
@@ -123,6 +126,10 @@ class Service:
             silent_after_steps=config.silent_after_steps,
             stopping=self.stopping,
         )
+        self.failure_watch = FailureWatch(
+            hold_s=config.failure_hold_s, silence_grace_s=config.silence_grace_s
+        )
+        self._failures: list[FailureSign] = []  # signs taken at ingest, for the scoring thread to publish
         self.journal = SampleJournal(journal_dir or store.path.parent / JOURNAL_DIR)
         # Taking a sample and writing it to the journal happen together, and a node's state is
         # captured between two of them: a saved state never holds a sample the journal lacks.
@@ -264,6 +271,12 @@ class Service:
     # -- ingest and scoring -------------------------------------------------------------------
 
     def _ingest(self, snapshot: NodeSnapshot) -> None:
+        # Evidence of a failure counts even in a sample the scorer refuses (one come after its step).
+        signs = self.failure_watch.observe(snapshot)
+        if signs:
+            with self._work:
+                self._failures += signs
+                self._work.notify()
         with self._ingest_lock:
             # Journalled first: a sample the scorer then refuses is refused again on a replay.
             self._journal(snapshot)
@@ -480,10 +493,15 @@ class Service:
     def _loop(self) -> None:
         checked = time.monotonic()
         while not self.stopping.is_set():
+            wait_s = min(_SILENCE_CHECK_S, self.failure_watch.next_silence_check() or _SILENCE_CHECK_S)
             with self._work:
-                self._work.wait_for(lambda: self._ready > 0 or self.stopping.is_set(), _SILENCE_CHECK_S)
+                self._work.wait_for(
+                    lambda: self._ready > 0 or bool(self._failures) or self.stopping.is_set(), wait_s
+                )
                 self._ready = 0
+                signs, self._failures = self._failures, []
             try:
+                self._publish_failures(signs + self.failure_watch.silent())
                 self.score_now()
                 if time.monotonic() - checked >= _SILENCE_CHECK_S:
                     checked = time.monotonic()
@@ -499,6 +517,25 @@ class Service:
                 self.metrics.rejects.labels("scoring_error").inc()
 
     # -- model reload -------------------------------------------------------------------------
+
+    def _publish_failures(self, signs: list[FailureSign]) -> None:
+        """FAILED events for failures seen happen (the scoring thread: before the steps waiting, which
+        cannot be as urgent); each holds its GPU or node (FailureWatch.hold)."""
+        if not signs:
+            return
+        stored = self.book.failed([failure_event(sign, [], self.book.info) for sign in signs])
+        for sign, event in zip(signs, stored, strict=True):
+            self.failure_watch.hold(sign, event.id)
+
+    def report_failure(self, sign: FailureSign, report: TrainerReport) -> tuple[int, bool]:
+        """A trainer's report (ReportFailure): its FAILED event's id, or that of the failure already
+        known on the node (True). StateWriteError when the database refuses it now."""
+        known = self.failure_watch.held_on_node(sign.node)
+        if known:
+            return known, True
+        (stored,) = self.book.failed([failure_event(sign, [], self.book.info, report)], wait=False)
+        self.failure_watch.hold(sign, stored.id)
+        return stored.id, False
 
     def reload(self, path: str | None = None) -> tuple[bool, str, str]:
         """Load and check the artifact at `path` (None: the directory the service was started with,
@@ -641,7 +678,10 @@ class Service:
         server = grpc.aio.server(
             migration_thread_pool=self._pool,
             interceptors=[AuthInterceptor(self.policy, self.caller_limits, self._throttled, self._malformed)],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                *_keepalive(self.config.keepalive_s),
+            ],
         )
         telemetry = AsyncTelemetryServicer(
             self.telemetry,
@@ -649,6 +689,7 @@ class Service:
             limits=self.caller_limits,
             backlog=self.scorer.backlog,
             on_throttle=self._throttled,
+            streams=self.failure_watch,
         )
         tpb_grpc.add_TelemetryServicer_to_server(telemetry, server)
         alerts = AlertsServicer(
@@ -661,6 +702,7 @@ class Service:
             limits=self.caller_limits,
             on_throttle=self._throttled,
             prescheduler=self.prescheduler,
+            report_failure=self.report_failure,
         )
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
         apb_grpc.add_AdminServicer_to_server(AdminServicer(self, self._admin_pool), server)
@@ -727,3 +769,17 @@ class Service:
         """Block until the gRPC server has stopped."""
         if self._server is not None and self._aio_loop is not None:
             asyncio.run_coroutine_threadsafe(self._server.wait_for_termination(), self._aio_loop).result()
+
+
+def _keepalive(every_s: float) -> list[tuple[str, int]]:
+    """Server options that ping every stream's peer every `every_s` and drop one that answers none
+    within twice that: a collector's node that lost power sends no reset, and its stream must still
+    end within seconds (FailureWatch then calls the node silent). Pings go out whether or not data
+    does: a collector shipping one sample a minute is pinged every `every_s` all the same."""
+    every_ms = max(1, round(every_s * 1000))
+    return [
+        ("grpc.keepalive_time_ms", every_ms),
+        ("grpc.keepalive_timeout_ms", 2 * every_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]

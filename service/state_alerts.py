@@ -1,4 +1,4 @@
-"""The durable alert log: every OPEN and CLEARED event, in the state database.
+"""The durable alert log: every OPEN, CLEARED and FAILED event, in the state database.
 
 Ids come from SQLite's AUTOINCREMENT, seeded from the clock at every open (service/state_db.py):
 never reused, so they increase across restarts, and a subscriber resumes after the last id it saw
@@ -12,6 +12,9 @@ from collections.abc import Iterable, Sequence
 
 from faultcast.service.state_db import MAX_STORED_INT, Row, StateDatabase
 from faultcast.v1 import alerts_pb2 as apb
+
+# Events that start an alert of their own: an OPENED event, and a FAILED event (an alert in one event).
+_STARTS = (apb.ALERT_STATE_OPEN, apb.ALERT_STATE_FAILED)
 
 
 class AlertLog:
@@ -43,7 +46,7 @@ class AlertLog:
                     (alert.node, alert.gpu, int(alert.state), int(alert.opened_id)),
                 )
                 stored.id = int(cursor.lastrowid or 0)
-                if stored.state == apb.ALERT_STATE_OPEN and stored.opened_id == 0:
+                if stored.state in _STARTS and stored.opened_id == 0:
                     stored.opened_id = stored.id  # a new alert; an update names the one it updates
                 db.execute(
                     "UPDATE alerts SET payload = ?, opened_id = ? WHERE id = ?",

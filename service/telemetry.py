@@ -16,6 +16,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
+from typing import Protocol
 
 import grpc
 
@@ -34,6 +35,14 @@ from faultcast.v1 import telemetry_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 Sink = Callable[[NodeSnapshot], None]
+
+
+class StreamWatch(Protocol):
+    """Hears each node's Push streams open and end (service/failure_watch.py)."""
+
+    def stream_opened(self, node: str) -> None: ...
+
+    def stream_ended(self, node: str, *, goodbye: bool) -> None: ...
 
 
 class TelemetryServicer(pb_grpc.TelemetryServicer):
@@ -79,6 +88,8 @@ class TelemetryServicer(pb_grpc.TelemetryServicer):
         if refusal is not None:
             context.abort(*refusal)
         for request in request_iterator:
+            if request.HasField("goodbye"):
+                return
             yield self.take(key, request)
 
     def GetSchema(  # noqa: N802 (gRPC method name)
@@ -290,11 +301,14 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
         limits: CallerLimits | None = None,
         backlog: Callable[[], int] = lambda: 0,
         on_throttle: Callable[[str], None] = lambda what: None,
+        streams: StreamWatch | None = None,
     ) -> None:
         """`policy`: a collector pushes only for its own node (None: no checks); `limits`: each
         stream's pace, streams per node, and `backlog()` (steps waiting to be scored) held under
-        `limits.max_backlog` by making every stream wait."""
+        `limits.max_backlog` by making every stream wait; `streams` hears each accepted stream open
+        and end, and whether its collector closed it (a goodbye) or it broke."""
         self.core, self.policy, self.backlog, self.on_throttle = core, policy, backlog, on_throttle
+        self.watch = streams
         self.limits = limits or CallerLimits()
         self.streams = OpenCount(self.limits.streams_per_node)
 
@@ -308,6 +322,10 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
         key: tuple[str, int] | None = None
         bucket = TokenBucket(self.limits.push_samples_per_s, self.limits.push_burst)
         counted = ""  # the node whose open-stream count this stream holds
+        watched = ""  # the node whose stream the watch heard open
+        # Ended by the collector's goodbye, or refused: nothing happened to the node. Anything else
+        # broke (a reset, keepalive pings unanswered; on a lost connection the requests simply end).
+        broke = True
         principal = current() if self.policy is not None else None  # one caller per stream
         try:
             async for request in request_iterator:
@@ -329,7 +347,13 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
                             )
                     if refusal is not None:
                         await context.abort(*refusal)
+                    if self.watch is not None:
+                        watched = key[0]
+                        self.watch.stream_opened(watched)
                     continue
+                if request.HasField("goodbye"):
+                    broke = False
+                    break
                 if (
                     principal is not None
                     and self.policy is not None
@@ -338,9 +362,14 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
                 await self._pace(bucket)
                 yield self.core.take(key, request)
+        except grpc.aio.AbortError:
+            broke = False  # the service refused the stream
+            raise
         finally:
             if counted:
                 self.streams.leave(counted)
+            if watched and self.watch is not None:
+                self.watch.stream_ended(watched, goodbye=not broke)
 
     async def GetSchema(  # noqa: N802 (the aio form of the same method)
         self,

@@ -72,6 +72,11 @@ class FakeAlerts(apb_grpc.AlertsServicer):
     ) -> apb.HandOver:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "no standbys here")
 
+    def ReportFailure(  # noqa: N802 (gRPC method name)
+        self, request: apb.ReportFailureRequest, context: grpc.ServicerContext
+    ) -> apb.ReportFailureResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "no failure reports here")
+
 
 def _alert() -> apb.Alert:
     return apb.Alert(

@@ -66,6 +66,11 @@ class HandOverService(apb_grpc.AlertsServicer):
     ) -> apb.AcknowledgeResponse:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "only AwaitHandOver here")
 
+    def ReportFailure(  # noqa: N802 (gRPC method name)
+        self, request: apb.ReportFailureRequest, context: grpc.ServicerContext
+    ) -> apb.ReportFailureResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "only AwaitHandOver here")
+
 
 @pytest.fixture
 def serve() -> Iterator[Callable[[HandOverService], str]]:

@@ -145,6 +145,8 @@ class _AlertStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AlertState
     ALERT_STATE_UNSPECIFIED: _AlertState.ValueType  # 0
     ALERT_STATE_OPEN: _AlertState.ValueType  # 1
     ALERT_STATE_CLEARED: _AlertState.ValueType  # 2
+    ALERT_STATE_FAILED: _AlertState.ValueType  # 3
+    """A failure has happened (an EVENT_KIND_FAILED event): the alert is over as it begins."""
 
 class AlertState(_AlertState, metaclass=_AlertStateEnumTypeWrapper):
     """The state of the alert after this event."""
@@ -152,6 +154,8 @@ class AlertState(_AlertState, metaclass=_AlertStateEnumTypeWrapper):
 ALERT_STATE_UNSPECIFIED: AlertState.ValueType  # 0
 ALERT_STATE_OPEN: AlertState.ValueType  # 1
 ALERT_STATE_CLEARED: AlertState.ValueType  # 2
+ALERT_STATE_FAILED: AlertState.ValueType  # 3
+"""A failure has happened (an EVENT_KIND_FAILED event): the alert is over as it begins."""
 Global___AlertState: _TypeAlias = AlertState  # noqa: Y015
 
 class _EventKind:
@@ -169,10 +173,16 @@ class _EventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventKind.V
     """
     EVENT_KIND_CLEARED: _EventKind.ValueType  # 3
     """the incident is over; see clear_reason"""
+    EVENT_KIND_FAILED: _EventKind.ValueType  # 4
+    """Not a prediction: evidence that a failure has just happened on the node (Alert.failure says
+    which). Sent as soon as the service sees it, whether or not an alert foresaw it; the alerts
+    open on the node at that moment are named in Failure.foreseen_by and clear later as usual.
+    """
 
 class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper):
     """What this event is in the alert's life. An alert (one incident) has exactly one OPENED event,
-    any number of UPDATED events, and at most one CLEARED event, all with the same opened_id.
+    any number of UPDATED events, and at most one CLEARED event, all with the same opened_id. A FAILED
+    event is an alert of its own (id == opened_id, state FAILED), with no other event.
     """
 
 EVENT_KIND_UNSPECIFIED: EventKind.ValueType  # 0
@@ -184,7 +194,94 @@ change is an update, never a new alert. Act on the newest event of an alert.
 """
 EVENT_KIND_CLEARED: EventKind.ValueType  # 3
 """the incident is over; see clear_reason"""
+EVENT_KIND_FAILED: EventKind.ValueType  # 4
+"""Not a prediction: evidence that a failure has just happened on the node (Alert.failure says
+which). Sent as soon as the service sees it, whether or not an alert foresaw it; the alerts
+open on the node at that moment are named in Failure.foreseen_by and clear later as usual.
+"""
 Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
+
+class _FailureEvidence:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailureEvidenceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureEvidence.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_EVIDENCE_UNSPECIFIED: _FailureEvidence.ValueType  # 0
+    FAILURE_EVIDENCE_XID: _FailureEvidence.ValueType  # 1
+    """A critical Xid the driver raises when the GPU has failed (48, 64, 74, 79, 94, 95, 119, 120; see
+    Failure.xid). Application Xids (13, 31, 43, 45) never are evidence: they follow user code.
+    """
+    FAILURE_EVIDENCE_GPU_LOST: _FailureEvidence.ValueType  # 2
+    """NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: off the bus)."""
+    FAILURE_EVIDENCE_NVML_UNREACHABLE: _FailureEvidence.ValueType  # 3
+    """Every NVML call for the GPU failed or timed out in the newest sample, after one that read it:
+    the driver no longer answers for it.
+    """
+    FAILURE_EVIDENCE_UNCORRECTABLE_ECC: _FailureEvidence.ValueType  # 4
+    """An uncorrectable memory error: the volatile double-bit ECC count rose, or a row remap failed."""
+    FAILURE_EVIDENCE_IB_PORT_DOWN: _FailureEvidence.ValueType  # 5
+    """An InfiniBand/RoCE port that was ACTIVE is not."""
+    FAILURE_EVIDENCE_NODE_SILENT: _FailureEvidence.ValueType  # 6
+    """The node's collector stream broke (a reset, or keepalive pings unanswered) and the node did not
+    come back within the service's grace; a collector that closes its stream cleanly says goodbye
+    and is not a failure.
+    """
+    FAILURE_EVIDENCE_TRAINER_REPORT: _FailureEvidence.ValueType  # 7
+    """The job said so (ReportFailure): a rank died or the NCCL watchdog fired. The node is not taken
+    out for it (the cause may be software); the job's other ranks learn of it at once.
+    """
+
+class FailureEvidence(_FailureEvidence, metaclass=_FailureEvidenceEnumTypeWrapper):
+    """What showed that a failure happened."""
+
+FAILURE_EVIDENCE_UNSPECIFIED: FailureEvidence.ValueType  # 0
+FAILURE_EVIDENCE_XID: FailureEvidence.ValueType  # 1
+"""A critical Xid the driver raises when the GPU has failed (48, 64, 74, 79, 94, 95, 119, 120; see
+Failure.xid). Application Xids (13, 31, 43, 45) never are evidence: they follow user code.
+"""
+FAILURE_EVIDENCE_GPU_LOST: FailureEvidence.ValueType  # 2
+"""NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: off the bus)."""
+FAILURE_EVIDENCE_NVML_UNREACHABLE: FailureEvidence.ValueType  # 3
+"""Every NVML call for the GPU failed or timed out in the newest sample, after one that read it:
+the driver no longer answers for it.
+"""
+FAILURE_EVIDENCE_UNCORRECTABLE_ECC: FailureEvidence.ValueType  # 4
+"""An uncorrectable memory error: the volatile double-bit ECC count rose, or a row remap failed."""
+FAILURE_EVIDENCE_IB_PORT_DOWN: FailureEvidence.ValueType  # 5
+"""An InfiniBand/RoCE port that was ACTIVE is not."""
+FAILURE_EVIDENCE_NODE_SILENT: FailureEvidence.ValueType  # 6
+"""The node's collector stream broke (a reset, or keepalive pings unanswered) and the node did not
+come back within the service's grace; a collector that closes its stream cleanly says goodbye
+and is not a failure.
+"""
+FAILURE_EVIDENCE_TRAINER_REPORT: FailureEvidence.ValueType  # 7
+"""The job said so (ReportFailure): a rank died or the NCCL watchdog fired. The node is not taken
+out for it (the cause may be software); the job's other ranks learn of it at once.
+"""
+Global___FailureEvidence: _TypeAlias = FailureEvidence  # noqa: Y015
+
+class _TrainerFailure:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TrainerFailureEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TrainerFailure.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRAINER_FAILURE_UNSPECIFIED: _TrainerFailure.ValueType  # 0
+    TRAINER_FAILURE_DEAD_RANK: _TrainerFailure.ValueType  # 1
+    """a rank of the job died (its process exited or stopped answering)"""
+    TRAINER_FAILURE_NCCL_WATCHDOG: _TrainerFailure.ValueType  # 2
+    """the NCCL watchdog timed out a collective"""
+
+class TrainerFailure(_TrainerFailure, metaclass=_TrainerFailureEnumTypeWrapper):
+    """What a trainer reports through ReportFailure."""
+
+TRAINER_FAILURE_UNSPECIFIED: TrainerFailure.ValueType  # 0
+TRAINER_FAILURE_DEAD_RANK: TrainerFailure.ValueType  # 1
+"""a rank of the job died (its process exited or stopped answering)"""
+TRAINER_FAILURE_NCCL_WATCHDOG: TrainerFailure.ValueType  # 2
+"""the NCCL watchdog timed out a collective"""
+Global___TrainerFailure: _TypeAlias = TrainerFailure  # noqa: Y015
 
 class _ClearReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -319,6 +416,57 @@ HAND_OVER_STATE_GO: HandOverState.ValueType  # 2
 HAND_OVER_STATE_RELEASED: HandOverState.ValueType  # 3
 """Not needed (a false alarm, the job went the usual way, no spare asked): exit."""
 Global___HandOverState: _TypeAlias = HandOverState  # noqa: Y015
+
+@_typing.final
+class Failure(_message.Message):
+    """A failure that happened (EVENT_KIND_FAILED events only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    XID_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    DRAINS_NODE_FIELD_NUMBER: _builtins.int
+    FORESEEN_BY_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TRAINER_FAILURE_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    evidence: Global___FailureEvidence.ValueType
+    xid: _builtins.int
+    """The Xid code (FAILURE_EVIDENCE_XID), else 0."""
+    detail: _builtins.str
+    """What was seen, in words ("Xid 79 (GPU has fallen off the bus)", "port mlx5_0:1 state 1")."""
+    drains_node: _builtins.bool
+    """The service takes the node out of service for it (hardware evidence); false for a trainer's
+    report, whose cause may be software.
+    """
+    job_id: _builtins.str
+    """FAILURE_EVIDENCE_TRAINER_REPORT: who reported it, what, and which rank."""
+    trainer_failure: Global___TrainerFailure.ValueType
+    rank: _builtins.int
+    @_builtins.property
+    def foreseen_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The alerts (opened ids) open on the node when the failure came: the failures that were foreseen."""
+
+    def __init__(
+        self,
+        *,
+        evidence: Global___FailureEvidence.ValueType = ...,
+        xid: _builtins.int = ...,
+        detail: _builtins.str = ...,
+        drains_node: _builtins.bool = ...,
+        foreseen_by: _abc.Iterable[_builtins.int] | None = ...,
+        job_id: _builtins.str = ...,
+        trainer_failure: Global___TrainerFailure.ValueType = ...,
+        rank: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "drains_node", b"drains_node", "evidence", b"evidence", "foreseen_by", b"foreseen_by", "job_id", b"job_id", "rank", b"rank", "trainer_failure", b"trainer_failure", "xid", b"xid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Failure: _TypeAlias = Failure  # noqa: Y015
 
 @_typing.final
 class FeatureContribution(_message.Message):
@@ -489,6 +637,7 @@ class Alert(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     CLEAR_REASON_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """This event's position in the service's durable log: unique, increasing across restarts, never
     reused. It is the cursor for Subscribe.resume_after.
@@ -554,6 +703,10 @@ class Alert(_message.Message):
         a node-level alert.
         """
 
+    @_builtins.property
+    def failure(self) -> Global___Failure:
+        """FAILED events only: what happened."""
+
     def __init__(
         self,
         *,
@@ -576,10 +729,11 @@ class Alert(_message.Message):
         model: Global___ModelInfo | None = ...,
         clear_reason: Global___ClearReason.ValueType = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
+        failure: Global___Failure | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "time_to_failure", b"time_to_failure"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "model", b"model", "time_to_failure", b"time_to_failure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "clear_reason", b"clear_reason", "cleared_reason", b"cleared_reason", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "gpus", b"gpus", "id", b"id", "kind", b"kind", "mode", b"mode", "model", b"model", "model_version", b"model_version", "node", b"node", "opened_id", b"opened_id", "risk", b"risk", "state", b"state", "time_to_failure", b"time_to_failure", "time_to_failure_seconds", b"time_to_failure_seconds", "time_unix_nano", b"time_unix_nano", "top_features", b"top_features"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "clear_reason", b"clear_reason", "cleared_reason", b"cleared_reason", "failure", b"failure", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "gpus", b"gpus", "id", b"id", "kind", b"kind", "mode", b"mode", "model", b"model", "model_version", b"model_version", "node", b"node", "opened_id", b"opened_id", "risk", b"risk", "state", b"state", "time_to_failure", b"time_to_failure", "time_to_failure_seconds", b"time_to_failure_seconds", "time_unix_nano", b"time_unix_nano", "top_features", b"top_features"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -937,6 +1091,67 @@ class HandOver(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HandOver: _TypeAlias = HandOver  # noqa: Y015
+
+@_typing.final
+class ReportFailureRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    WHAT_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Required: a registered job whose nodes include `node` (checked as for Acknowledge)."""
+    node: _builtins.str
+    what: Global___TrainerFailure.ValueType
+    """Required: what happened (not UNSPECIFIED)."""
+    rank: _builtins.int
+    """The rank that died or saw the timeout; -1 when unknown."""
+    detail: _builtins.str
+    """Free text for the log and the event (at most 1,024 characters are kept)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        node: _builtins.str = ...,
+        what: Global___TrainerFailure.ValueType = ...,
+        rank: _builtins.int = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "job_id", b"job_id", "node", b"node", "rank", b"rank", "what", b"what"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportFailureRequest: _TypeAlias = ReportFailureRequest  # noqa: Y015
+
+@_typing.final
+class ReportFailureResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALERT_ID_FIELD_NUMBER: _builtins.int
+    REPEATED_FIELD_NUMBER: _builtins.int
+    alert_id: _builtins.int
+    """The FAILED event that carries the report, or, when the node already has one from the last
+    `ServiceConfig.failure_hold_s` seconds, that one (`repeated` is then true): the job's ranks may
+    all report the same death.
+    """
+    repeated: _builtins.bool
+    def __init__(
+        self,
+        *,
+        alert_id: _builtins.int = ...,
+        repeated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "repeated", b"repeated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportFailureResponse: _TypeAlias = ReportFailureResponse  # noqa: Y015
 
 @_typing.final
 class ReloadModelRequest(_message.Message):

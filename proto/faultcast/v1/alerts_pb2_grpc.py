@@ -224,6 +224,11 @@ class AlertsStub:
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.AwaitHandOverRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_alerts__pb2.HandOver.FromString,
                 _registered_method=True)
+        self.ReportFailure = channel.unary_unary(
+                '/faultcast.v1.Alerts/ReportFailure',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.ReportFailureRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ReportFailureResponse.FromString,
+                _registered_method=True)
 
 
 class AlertsServicer:
@@ -268,6 +273,14 @@ class AlertsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportFailure(self, request, context):
+        """A trainer reports a failure the service cannot see (a dead rank, an NCCL watchdog): it becomes
+        a FAILED event on the alert stream at once, so every rank of the job hears of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AlertsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -295,6 +308,11 @@ def add_AlertsServicer_to_server(servicer, server):
                     servicer.AwaitHandOver,
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.AwaitHandOverRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_alerts__pb2.HandOver.SerializeToString,
+            ),
+            'ReportFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportFailure,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ReportFailureRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ReportFailureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +451,33 @@ class Alerts:
             '/faultcast.v1.Alerts/AwaitHandOver',
             faultcast_dot_v1_dot_alerts__pb2.AwaitHandOverRequest.SerializeToString,
             faultcast_dot_v1_dot_alerts__pb2.HandOver.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Alerts/ReportFailure',
+            faultcast_dot_v1_dot_alerts__pb2.ReportFailureRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ReportFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -116,6 +116,10 @@ class AlertsStub:
     """
     AwaitHandOver: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.AwaitHandOverRequest, _alerts_pb2.HandOver]
     """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s)."""
+    ReportFailure: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ReportFailureRequest, _alerts_pb2.ReportFailureResponse]
+    """A trainer reports a failure the service cannot see (a dead rank, an NCCL watchdog): it becomes
+    a FAILED event on the alert stream at once, so every rank of the job hears of it.
+    """
 
 @_typing.type_check_only
 class AlertsAsyncStub(AlertsStub):
@@ -137,6 +141,10 @@ class AlertsAsyncStub(AlertsStub):
     """
     AwaitHandOver: _aio.UnaryUnaryMultiCallable[_alerts_pb2.AwaitHandOverRequest, _alerts_pb2.HandOver]  # type: ignore[assignment]
     """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s)."""
+    ReportFailure: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ReportFailureRequest, _alerts_pb2.ReportFailureResponse]  # type: ignore[assignment]
+    """A trainer reports a failure the service cannot see (a dead rank, an NCCL watchdog): it becomes
+    a FAILED event on the alert stream at once, so every rank of the job hears of it.
+    """
 
 class AlertsServicer(metaclass=_abc_1.ABCMeta):
     """Trainers (role trainer) and operators (role admin)."""
@@ -185,5 +193,15 @@ class AlertsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_alerts_pb2.HandOver, _abc.Awaitable[_alerts_pb2.HandOver]]:
         """A standby of a warned job waits for its hand-over (held up to wait_seconds, at most 30 s)."""
+
+    @_abc_1.abstractmethod
+    def ReportFailure(
+        self,
+        request: _alerts_pb2.ReportFailureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ReportFailureResponse, _abc.Awaitable[_alerts_pb2.ReportFailureResponse]]:
+        """A trainer reports a failure the service cannot see (a dead rank, an NCCL watchdog): it becomes
+        a FAILED event on the alert stream at once, so every rank of the job hears of it.
+        """
 
 def add_AlertsServicer_to_server(servicer: AlertsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _faultcast_pool.POOL.AddSerializedFile(b'\n faultcast_api/v1/telemetry.proto\x12\x0c\x66\x61ultcast.v1\"e\n\x11MetricDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.faultcast.v1.MetricKind\x12\x0c\n\x04help\x18\x04 \x01(\t\"y\n\x0bScopeSchema\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0f\n\x07metrics\x18\x02 \x03(\t\x12\x35\n\x0c\x64\x65scriptions\x18\x03 \x03(\x0b\x32\x1f.faultcast.v1.MetricDescription\"i\n\x0cMetricSchema\x12\x19\n\x11\x63\x61talogue_version\x18\x01 \x01(\t\x12\x13\n\x0bschema_hash\x18\x02 \x01(\x06\x12)\n\x06scopes\x18\x03 \x03(\x0b\x32\x19.faultcast.v1.ScopeSchema\"\x12\n\x10GetSchemaRequest\"\xc3\x01\n\tGpuSample\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x12\n\x06values\x18\x04 \x03(\x01\x42\x02\x10\x01\x12\x0c\n\x04lost\x18\x05 \x01(\x08\x12\x17\n\x0fsummary_scrapes\x18\x06 \x01(\r\x12\x17\n\x0bsummary_min\x18\x07 \x03(\x01\x42\x02\x10\x01\x12\x17\n\x0bsummary_max\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x18\n\x0csummary_mean\x18\t \x03(\x01\x42\x02\x10\x01\"V\n\x0c\x44\x65viceSample\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x12\n\x06values\x18\x03 \x03(\x01\x42\x02\x10\x01\"\xf6\x01\n\nNodeSample\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x16\n\x0etime_unix_nano\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x13\n\x0bschema_hash\x18\x04 \x01(\x06\x12%\n\x04gpus\x18\x05 \x03(\x0b\x32\x17.faultcast.v1.GpuSample\x12+\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x1a.faultcast.v1.DeviceSample\x12\x17\n\x0bhost_values\x18\x07 \x03(\x01\x42\x02\x10\x01\x12\x1c\n\x10\x63ollector_values\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x10\n\x08window_s\x18\t \x01(\x01\"r\n\tPushHello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x19\n\x11\x63ollector_version\x18\x02 \x01(\t\x12*\n\x06schema\x18\x03 \x01(\x0b\x32\x1a.faultcast.v1.MetricSchema\x12\x10\n\x08spool_id\x18\x04 \x01(\x06\"k\n\x0bPushRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.faultcast.v1.PushHelloH\x00\x12*\n\x06sample\x18\x02 \x01(\x0b\x32\x18.faultcast.v1.NodeSampleH\x00\x42\x06\n\x04\x62ody\"M\n\x07PushAck\x12\x15\n\racked_through\x18\x01 \x01(\x04\x12+\n\nrejections\x18\x02 \x03(\x0b\x32\x17.faultcast.v1.Rejection\"-\n\tRejection\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x8a\x01\n\x05Scope\x12\x15\n\x11SCOPE_UNSPECIFIED\x10\x00\x12\r\n\tSCOPE_GPU\x10\x01\x12\x13\n\x0fSCOPE_INTERFACE\x10\x02\x12\x11\n\rSCOPE_IB_PORT\x10\x03\x12\x0e\n\nSCOPE_PEER\x10\x04\x12\x0e\n\nSCOPE_HOST\x10\x05\x12\x13\n\x0fSCOPE_COLLECTOR\x10\x06*Y\n\nMetricKind\x12\x1b\n\x17METRIC_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11METRIC_KIND_GAUGE\x10\x01\x12\x17\n\x13METRIC_KIND_COUNTER\x10\x02\x32\x92\x01\n\tTelemetry\x12<\n\x04Push\x12\x19.faultcast.v1.PushRequest\x1a\x15.faultcast.v1.PushAck(\x01\x30\x01\x12G\n\tGetSchema\x12\x1e.faultcast.v1.GetSchemaRequest\x1a\x1a.faultcast.v1.MetricSchemaBr\n\x0fio.faultcast.v1B\x0eTelemetryProtoP\x01Z>github.com/faultcast/faultcast/gen/go/faultcast/v1;faultcastv1\xaa\x02\x0c\x46\x61ultcast.V1b\x06proto3')
+DESCRIPTOR = _faultcast_pool.POOL.AddSerializedFile(b'\n faultcast_api/v1/telemetry.proto\x12\x0c\x66\x61ultcast.v1\"e\n\x11MetricDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.faultcast.v1.MetricKind\x12\x0c\n\x04help\x18\x04 \x01(\t\"y\n\x0bScopeSchema\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0f\n\x07metrics\x18\x02 \x03(\t\x12\x35\n\x0c\x64\x65scriptions\x18\x03 \x03(\x0b\x32\x1f.faultcast.v1.MetricDescription\"i\n\x0cMetricSchema\x12\x19\n\x11\x63\x61talogue_version\x18\x01 \x01(\t\x12\x13\n\x0bschema_hash\x18\x02 \x01(\x06\x12)\n\x06scopes\x18\x03 \x03(\x0b\x32\x19.faultcast.v1.ScopeSchema\"\x12\n\x10GetSchemaRequest\"\xc3\x01\n\tGpuSample\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x12\n\x06values\x18\x04 \x03(\x01\x42\x02\x10\x01\x12\x0c\n\x04lost\x18\x05 \x01(\x08\x12\x17\n\x0fsummary_scrapes\x18\x06 \x01(\r\x12\x17\n\x0bsummary_min\x18\x07 \x03(\x01\x42\x02\x10\x01\x12\x17\n\x0bsummary_max\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x18\n\x0csummary_mean\x18\t \x03(\x01\x42\x02\x10\x01\"V\n\x0c\x44\x65viceSample\x12\"\n\x05scope\x18\x01 \x01(\x0e\x32\x13.faultcast.v1.Scope\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x12\n\x06values\x18\x03 \x03(\x01\x42\x02\x10\x01\"\xf6\x01\n\nNodeSample\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x16\n\x0etime_unix_nano\x18\x02 \x01(\x03\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x13\n\x0bschema_hash\x18\x04 \x01(\x06\x12%\n\x04gpus\x18\x05 \x03(\x0b\x32\x17.faultcast.v1.GpuSample\x12+\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x1a.faultcast.v1.DeviceSample\x12\x17\n\x0bhost_values\x18\x07 \x03(\x01\x42\x02\x10\x01\x12\x1c\n\x10\x63ollector_values\x18\x08 \x03(\x01\x42\x02\x10\x01\x12\x10\n\x08window_s\x18\t \x01(\x01\"r\n\tPushHello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x19\n\x11\x63ollector_version\x18\x02 \x01(\t\x12*\n\x06schema\x18\x03 \x01(\x0b\x32\x1a.faultcast.v1.MetricSchema\x12\x10\n\x08spool_id\x18\x04 \x01(\x06\"\r\n\x0bPushGoodbye\"\x99\x01\n\x0bPushRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.faultcast.v1.PushHelloH\x00\x12*\n\x06sample\x18\x02 \x01(\x0b\x32\x18.faultcast.v1.NodeSampleH\x00\x12,\n\x07goodbye\x18\x03 \x01(\x0b\x32\x19.faultcast.v1.PushGoodbyeH\x00\x42\x06\n\x04\x62ody\"M\n\x07PushAck\x12\x15\n\racked_through\x18\x01 \x01(\x04\x12+\n\nrejections\x18\x02 \x03(\x0b\x32\x17.faultcast.v1.Rejection\"-\n\tRejection\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t*\x8a\x01\n\x05Scope\x12\x15\n\x11SCOPE_UNSPECIFIED\x10\x00\x12\r\n\tSCOPE_GPU\x10\x01\x12\x13\n\x0fSCOPE_INTERFACE\x10\x02\x12\x11\n\rSCOPE_IB_PORT\x10\x03\x12\x0e\n\nSCOPE_PEER\x10\x04\x12\x0e\n\nSCOPE_HOST\x10\x05\x12\x13\n\x0fSCOPE_COLLECTOR\x10\x06*Y\n\nMetricKind\x12\x1b\n\x17METRIC_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11METRIC_KIND_GAUGE\x10\x01\x12\x17\n\x13METRIC_KIND_COUNTER\x10\x02\x32\x92\x01\n\tTelemetry\x12<\n\x04Push\x12\x19.faultcast.v1.PushRequest\x1a\x15.faultcast.v1.PushAck(\x01\x30\x01\x12G\n\tGetSchema\x12\x1e.faultcast.v1.GetSchemaRequest\x1a\x1a.faultcast.v1.MetricSchemaBr\n\x0fio.faultcast.v1B\x0eTelemetryProtoP\x01Z>github.com/faultcast/faultcast/gen/go/faultcast/v1;faultcastv1\xaa\x02\x0c\x46\x61ultcast.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,10 +47,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODESAMPLE'].fields_by_name['host_values']._serialized_options = b'\020\001'
   _globals['_NODESAMPLE'].fields_by_name['collector_values']._loaded_options = None
   _globals['_NODESAMPLE'].fields_by_name['collector_values']._serialized_options = b'\020\001'
-  _globals['_SCOPE']._serialized_start=1290
-  _globals['_SCOPE']._serialized_end=1428
-  _globals['_METRICKIND']._serialized_start=1430
-  _globals['_METRICKIND']._serialized_end=1519
+  _globals['_SCOPE']._serialized_start=1352
+  _globals['_SCOPE']._serialized_end=1490
+  _globals['_METRICKIND']._serialized_start=1492
+  _globals['_METRICKIND']._serialized_end=1581
   _globals['_METRICDESCRIPTION']._serialized_start=50
   _globals['_METRICDESCRIPTION']._serialized_end=151
   _globals['_SCOPESCHEMA']._serialized_start=153
@@ -67,12 +67,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODESAMPLE']._serialized_end=936
   _globals['_PUSHHELLO']._serialized_start=938
   _globals['_PUSHHELLO']._serialized_end=1052
-  _globals['_PUSHREQUEST']._serialized_start=1054
-  _globals['_PUSHREQUEST']._serialized_end=1161
-  _globals['_PUSHACK']._serialized_start=1163
-  _globals['_PUSHACK']._serialized_end=1240
-  _globals['_REJECTION']._serialized_start=1242
-  _globals['_REJECTION']._serialized_end=1287
-  _globals['_TELEMETRY']._serialized_start=1522
-  _globals['_TELEMETRY']._serialized_end=1668
+  _globals['_PUSHGOODBYE']._serialized_start=1054
+  _globals['_PUSHGOODBYE']._serialized_end=1067
+  _globals['_PUSHREQUEST']._serialized_start=1070
+  _globals['_PUSHREQUEST']._serialized_end=1223
+  _globals['_PUSHACK']._serialized_start=1225
+  _globals['_PUSHACK']._serialized_end=1302
+  _globals['_REJECTION']._serialized_start=1304
+  _globals['_REJECTION']._serialized_end=1349
+  _globals['_TELEMETRY']._serialized_start=1584
+  _globals['_TELEMETRY']._serialized_end=1730
 # @@protoc_insertion_point(module_scope)

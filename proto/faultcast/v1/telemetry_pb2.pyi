@@ -395,26 +395,51 @@ class PushHello(_message.Message):
 Global___PushHello: _TypeAlias = PushHello  # noqa: Y015
 
 @_typing.final
+class PushGoodbye(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushGoodbye: _TypeAlias = PushGoodbye  # noqa: Y015
+
+@_typing.final
 class PushRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HELLO_FIELD_NUMBER: _builtins.int
     SAMPLE_FIELD_NUMBER: _builtins.int
+    GOODBYE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___PushHello: ...
     @_builtins.property
     def sample(self) -> Global___NodeSample: ...
+    @_builtins.property
+    def goodbye(self) -> Global___PushGoodbye:
+        """The collector is stopping: the last message of a stream it closes on purpose. A stream that
+        ends without it (a process killed, a node gone, a connection lost) tells the service the
+        node may have failed: unless the node opens a stream again within a few seconds, the service
+        raises a FAILED event (NODE_SILENT) for it.
+        """
+
     def __init__(
         self,
         *,
         hello: Global___PushHello | None = ...,
         sample: Global___NodeSample | None = ...,
+        goodbye: Global___PushGoodbye | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "hello", b"hello", "sample", b"sample"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "goodbye", b"goodbye", "hello", b"hello", "sample", b"sample"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "hello", b"hello", "sample", b"sample"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "goodbye", b"goodbye", "hello", b"hello", "sample", b"sample"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "sample"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "sample", "goodbye"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

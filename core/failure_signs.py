@@ -1,0 +1,136 @@
+"""Evidence in a node's samples that a failure has just happened (not a prediction: the event itself).
+
+One rule, used in two places: the collector compares each scrape with the one before and ships its
+open window at once when a scrape shows a sign (collector/agent.py), and the service compares each
+sample with the node's previous one and turns the signs into FAILED events (service/failure_watch.py).
+
+A sign is a change between two readings of the same GPU (same index, same UUID: a swapped GPU starts
+its counters again) or the same InfiniBand port:
+
+- a critical Xid counter rose (FATAL_XIDS); application Xids (13, 31, 43) and the warnings of wear
+  (63, 92) never are signs: they follow user code or announce a failure still to come;
+- NVML reports the GPU lost (off the bus) where it did not before;
+- every NVML reading of the GPU is missing where the reading before had some (the driver no longer
+  answers for it; a GPU merely absent from one sample is a lost scrape, not a sign);
+- the volatile double-bit ECC count rose, or a row remap failed (an uncorrectable memory error);
+- an InfiniBand/RoCE port that was ACTIVE (state 4) is not.
+
+A counter that fell (a driver reload resets volatile counters) and a value missing on either side
+are no sign: nothing is inferred from what was not read.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from faultcast.catalogue import Scope, Source, metrics_for
+from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+
+FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    64: "row remap failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+"""Xids the driver raises when the GPU has failed (../shared/FAILURE_MODES.md, "Xid codes that matter")."""
+
+PORT_ACTIVE = 4.0  # /sys/class/infiniband/*/ports/N/state: 4 = ACTIVE
+
+
+class Evidence(enum.Enum):
+    """What a sign shows; the service adds the two it sees itself (a node gone silent, a trainer's report)."""
+
+    XID = "xid"
+    GPU_LOST = "gpu_lost"
+    NVML_UNREACHABLE = "nvml_unreachable"
+    UNCORRECTABLE_ECC = "uncorrectable_ecc"
+    IB_PORT_DOWN = "ib_port_down"
+    NODE_SILENT = "node_silent"
+    TRAINER_REPORT = "trainer_report"
+
+
+@dataclass(frozen=True, slots=True)
+class FailureSign:
+    """One piece of evidence: on a GPU (gpu >= 0) or on the node (gpu -1, a port or the node itself)."""
+
+    node: str
+    gpu: int
+    uuid: str
+    evidence: Evidence
+    detail: str
+    time_unix_nano: int
+    xid: int = 0
+
+
+# What the driver answers for a GPU; the collector's own bookkeeping (call times, failures) is not.
+_NVML_READ = tuple(
+    m.name for m in metrics_for(Scope.GPU) if m.source is Source.NVML and not m.name.startswith("xid_")
+)
+
+
+def _rose(before: float, now: float) -> bool:
+    return math.isfinite(before) and math.isfinite(now) and now > before
+
+
+def _reads_nothing(gpu: GpuReading) -> bool:
+    return all(math.isnan(gpu.get(name)) for name in _NVML_READ)
+
+
+def gpu_signs(node: str, time_unix_nano: int, before: GpuReading, now: GpuReading) -> list[FailureSign]:
+    """The signs between two readings of one GPU (none when the slot holds another GPU now)."""
+    if before.uuid != now.uuid:
+        return []
+
+    def sign(evidence: Evidence, detail: str, xid: int = 0) -> FailureSign:
+        return FailureSign(node, now.index, now.uuid, evidence, detail, time_unix_nano, xid)
+
+    out = [
+        sign(Evidence.XID, f"Xid {code} ({meaning})", code)
+        for code, meaning in FATAL_XIDS.items()
+        if _rose(before.get(f"xid_{code}_events"), now.get(f"xid_{code}_events"))
+    ]
+    if now.lost and not before.lost:
+        out.append(sign(Evidence.GPU_LOST, "NVML reports the GPU lost (off the bus)"))
+    elif not now.lost and not before.lost and _reads_nothing(now) and not _reads_nothing(before):
+        out.append(sign(Evidence.NVML_UNREACHABLE, "every NVML reading of the GPU is missing"))
+    if _rose(before.get("ecc_dbe_volatile"), now.get("ecc_dbe_volatile")):
+        rise = now.get("ecc_dbe_volatile") - before.get("ecc_dbe_volatile")
+        out.append(sign(Evidence.UNCORRECTABLE_ECC, f"{rise:.0f} new double-bit ECC error(s)"))
+    elif before.get("row_remap_failure") == 0.0 and now.get("row_remap_failure") > 0.0:
+        out.append(sign(Evidence.UNCORRECTABLE_ECC, "a row remap failed"))
+    return out
+
+
+def port_signs(
+    node: str, time_unix_nano: int, before: DeviceReading, now: DeviceReading
+) -> list[FailureSign]:
+    """A port that was ACTIVE and is not (a value missing on either side says nothing)."""
+    was, state = before.get("ib_port_state"), now.get("ib_port_state")
+    if was == PORT_ACTIVE and math.isfinite(state) and state != PORT_ACTIVE:
+        detail = f"InfiniBand port {now.device} left ACTIVE (state {state:.0f})"
+        return [FailureSign(node, -1, "", Evidence.IB_PORT_DOWN, detail, time_unix_nano)]
+    return []
+
+
+def failure_signs(before: NodeSnapshot | None, now: NodeSnapshot) -> list[FailureSign]:
+    """Every sign between a node's previous reading and its newest (none without a previous one)."""
+    if before is None:
+        return []
+    out: list[FailureSign] = []
+    gpus = {g.index: g for g in before.gpus}
+    for gpu in now.gpus:
+        previous = gpus.get(gpu.index)
+        if previous is not None:
+            out += gpu_signs(now.node, now.time_unix_nano, previous, gpu)
+    ports = {d.device: d for d in before.devices if d.scope is Scope.IB_PORT}
+    for device in now.devices:
+        previous_port = ports.get(device.device) if device.scope is Scope.IB_PORT else None
+        if previous_port is not None:
+            out += port_signs(now.node, now.time_unix_nano, previous_port, device)
+    return out

@@ -1,0 +1,96 @@
+"""FAILED events: a failure that happened, as an alert event of its own (proto: EVENT_KIND_FAILED).
+
+The event names what showed it (Failure.evidence and its words), the most likely failure mode that
+evidence points to, and the alerts open on the node at that moment (`foreseen_by`): what tells a
+failure the model foresaw from one nobody did. Hardware evidence takes the node out of service
+(`drains_node`); a trainer's report does not (a dead rank may be a software bug).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from faultcast.failure_signs import Evidence, FailureSign
+from faultcast.modes import FailureMode
+from faultcast.v1 import alerts_pb2 as apb
+
+EVIDENCE_TO_PB: dict[Evidence, apb.FailureEvidence.ValueType] = {
+    Evidence.XID: apb.FAILURE_EVIDENCE_XID,
+    Evidence.GPU_LOST: apb.FAILURE_EVIDENCE_GPU_LOST,
+    Evidence.NVML_UNREACHABLE: apb.FAILURE_EVIDENCE_NVML_UNREACHABLE,
+    Evidence.UNCORRECTABLE_ECC: apb.FAILURE_EVIDENCE_UNCORRECTABLE_ECC,
+    Evidence.IB_PORT_DOWN: apb.FAILURE_EVIDENCE_IB_PORT_DOWN,
+    Evidence.NODE_SILENT: apb.FAILURE_EVIDENCE_NODE_SILENT,
+    Evidence.TRAINER_REPORT: apb.FAILURE_EVIDENCE_TRAINER_REPORT,
+}
+
+# The mode each Xid points to (../shared/FAILURE_MODES.md); 94/95 may be HBM or on-chip SRAM: the
+# HBM counters (a rising SBE rate, pending remaps) tell them apart, which the alert before it says.
+_XID_MODE: dict[int, FailureMode] = {
+    48: FailureMode.HBM_WEAR,
+    64: FailureMode.HBM_WEAR,
+    74: FailureMode.NVLINK,
+    79: FailureMode.DETACHMENT,
+    94: FailureMode.GPU_SRAM,
+    95: FailureMode.GPU_SRAM,
+    119: FailureMode.FIRMWARE,
+    120: FailureMode.FIRMWARE,
+}
+_EVIDENCE_MODE: dict[Evidence, FailureMode | None] = {
+    Evidence.GPU_LOST: FailureMode.DETACHMENT,
+    Evidence.NVML_UNREACHABLE: None,
+    Evidence.UNCORRECTABLE_ECC: FailureMode.HBM_WEAR,
+    Evidence.IB_PORT_DOWN: FailureMode.INFINIBAND,
+    Evidence.NODE_SILENT: FailureMode.HOST,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerReport:
+    """What a job said through ReportFailure."""
+
+    job_id: str
+    what: apb.TrainerFailure.ValueType
+    rank: int
+    detail: str
+
+
+def failure_mode(sign: FailureSign, report: TrainerReport | None = None) -> FailureMode | None:
+    """The mode the evidence points to (None: it does not say)."""
+    if sign.evidence is Evidence.XID:
+        return _XID_MODE.get(sign.xid)
+    if report is not None:
+        return FailureMode.NCCL_TIMEOUT if report.what == apb.TRAINER_FAILURE_NCCL_WATCHDOG else None
+    return _EVIDENCE_MODE.get(sign.evidence)
+
+
+def failure_event(
+    sign: FailureSign,
+    foreseen_by: Sequence[int],
+    model: apb.ModelInfo,
+    report: TrainerReport | None = None,
+) -> apb.Alert:
+    """The FAILED event of one sign, before it is stored (the log gives it its id and opened_id)."""
+    mode = failure_mode(sign, report)
+    failure = apb.Failure(
+        evidence=EVIDENCE_TO_PB[sign.evidence],
+        xid=sign.xid,
+        detail=sign.detail,
+        drains_node=sign.evidence is not Evidence.TRAINER_REPORT,
+        foreseen_by=sorted(foreseen_by),
+    )
+    if report is not None:
+        failure.job_id, failure.trainer_failure, failure.rank = report.job_id, report.what, report.rank
+    return apb.Alert(
+        node=sign.node,
+        gpu=sign.gpu,
+        gpu_uuid=sign.uuid,
+        mode=apb.FailureMode.Value(mode.proto_name) if mode is not None else apb.FAILURE_MODE_UNSPECIFIED,
+        kind=apb.EVENT_KIND_FAILED,
+        state=apb.ALERT_STATE_FAILED,
+        time_unix_nano=sign.time_unix_nano,
+        model=model,
+        gpus=[sign.gpu] if sign.gpu >= 0 else [],
+        failure=failure,
+    )

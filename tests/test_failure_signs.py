@@ -1,0 +1,169 @@
+"""Evidence that a failure has happened (faultcast.failure_signs), the collector shipping its window at
+once when a scrape shows it, and the service's FailureWatch that holds, folds and times silences."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from faultcast.catalogue import Scope
+from faultcast.collector.agent import NodeCollector
+from faultcast.collector.fake_nvml import FakeNvml
+from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.spool import Spool
+from faultcast.failure_signs import FATAL_XIDS, Evidence, failure_signs
+from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot, pack
+from faultcast.service.failure_watch import FailureWatch
+
+HEALTHY = {
+    "gpu_temp": 60.0,
+    "power_usage": 500.0,
+    "ecc_dbe_volatile": 0.0,
+    "row_remap_failure": 0.0,
+    **{f"xid_{code}_events": 0.0 for code in (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)},
+}
+
+
+def _gpu(index: int = 0, uuid: str = "GPU-a", lost: bool = False, **values: float) -> GpuReading:
+    return GpuReading(index, uuid, "H100", pack(Scope.GPU, {**HEALTHY, **values}), lost=lost)
+
+
+def _with(name: str, value: float) -> GpuReading:
+    return GpuReading(0, "GPU-a", "H100", pack(Scope.GPU, {**HEALTHY, name: value}))
+
+
+def _port(state: float, device: str = "mlx5_0:1") -> DeviceReading:
+    return DeviceReading(Scope.IB_PORT, device, pack(Scope.IB_PORT, {"ib_port_state": state}))
+
+
+def _snapshot(*gpus: GpuReading, t: int = 1, ports: tuple[DeviceReading, ...] = ()) -> NodeSnapshot:
+    return NodeSnapshot("node-1", t, gpus, ports, (), ())
+
+
+def _signs(before: GpuReading, now: GpuReading) -> list[tuple[Evidence, int]]:
+    return [(s.evidence, s.xid) for s in failure_signs(_snapshot(before), _snapshot(now, t=2))]
+
+
+@pytest.mark.parametrize("code", sorted(FATAL_XIDS))
+def test_a_critical_xid_that_rises_is_a_sign(code: int) -> None:
+    assert _signs(_gpu(), _with(f"xid_{code}_events", 1.0)) == [(Evidence.XID, code)]
+
+
+@pytest.mark.parametrize("code", [13, 31, 43, 63, 92])
+def test_application_and_wear_xids_are_no_sign(code: int) -> None:
+    assert _signs(_gpu(), _with(f"xid_{code}_events", 3.0)) == []
+
+
+def test_the_rules_for_lost_unreachable_and_uncorrectable() -> None:
+    assert _signs(_gpu(), _gpu(lost=True)) == [(Evidence.GPU_LOST, 0)]
+    assert _signs(_gpu(lost=True), _gpu(lost=True)) == []  # only when it goes
+    nothing = GpuReading(0, "GPU-a", "H100", pack(Scope.GPU, {}))
+    assert _signs(_gpu(), nothing) == [(Evidence.NVML_UNREACHABLE, 0)]
+    assert _signs(nothing, nothing) == []
+    assert _signs(_gpu(), _gpu(ecc_dbe_volatile=2.0)) == [(Evidence.UNCORRECTABLE_ECC, 0)]
+    assert _signs(_gpu(), _gpu(row_remap_failure=1.0)) == [(Evidence.UNCORRECTABLE_ECC, 0)]
+
+
+def test_resets_swaps_missing_values_and_a_first_sample_are_no_sign() -> None:
+    assert _signs(_gpu(ecc_dbe_volatile=5.0), _gpu(ecc_dbe_volatile=0.0)) == []  # a driver reload
+    assert _signs(_gpu(xid_79_events=float("nan")), _gpu(xid_79_events=1.0)) == []  # unread before
+    assert _signs(_gpu(uuid="GPU-a"), _gpu(uuid="GPU-b", xid_79_events=4.0)) == []  # another GPU
+    assert failure_signs(None, _snapshot(_gpu(lost=True))) == []
+
+
+def test_a_port_that_leaves_active_is_a_node_level_sign() -> None:
+    before, after = _snapshot(ports=(_port(4.0),)), _snapshot(ports=(_port(1.0),), t=2)
+    (sign,) = failure_signs(before, after)
+    assert (sign.evidence, sign.gpu, sign.time_unix_nano) == (Evidence.IB_PORT_DOWN, -1, 2)
+    assert "mlx5_0:1" in sign.detail
+    assert failure_signs(after, dataclasses.replace(after, time_unix_nano=3)) == []  # down, not going
+
+
+def test_a_collector_ships_its_window_at_once_when_a_scrape_shows_a_failure(tmp_path: Path) -> None:
+    fake = FakeNvml(gpus=2)
+    clock = iter(range(10**9, 10**12, 10**9))  # a scrape a second, in one 60 s window
+    spool = Spool(tmp_path / "spool.sqlite")
+    collector = NodeCollector(
+        "node-1", [NvmlSource(fake)], spool=spool, ship_step_s=60.0, wall_clock_ns=lambda: next(clock)
+    )
+    for _ in range(5):
+        collector.scrape()
+    assert spool.last_sequence == 0  # the window is still open
+    fake.inject_xid(1, 79)
+    collector.scrape()
+    assert (spool.last_sequence, collector.early_windows) == (1, 1)
+    collector.scrape()  # the same window goes on; its later scrapes ship at its end
+    assert spool.last_sequence == 1
+    collector.close()
+    spool.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_watch_gives_one_sign_per_gpu_and_folds_what_follows_within_the_hold() -> None:
+    clock = Clock()
+    watch = FailureWatch(hold_s=600.0, clock=clock)
+    assert watch.observe(_snapshot(_gpu(), _gpu(1, "GPU-b"))) == []
+    xid_and_dbe = _gpu(xid_79_events=1.0, ecc_dbe_volatile=1.0)
+    (sign,) = watch.observe(_snapshot(xid_and_dbe, _gpu(1, "GPU-b"), t=2))  # two signs, one GPU
+    assert (sign.gpu, sign.evidence, sign.xid) == (0, Evidence.XID, 79)
+    watch.hold(sign, 41)
+    assert watch.observe(_snapshot(_gpu(lost=True, xid_79_events=1.0), _gpu(1, "GPU-b"), t=3)) == []
+    assert (watch.held_on_node("node-1"), watch.folded) == (41, 2)
+    (other,) = watch.observe(_snapshot(_gpu(lost=True), _gpu(1, "GPU-b", lost=True), t=4))
+    assert other.gpu == 1  # another GPU is not held by the first one's failure
+    assert (
+        watch.observe(_snapshot(_gpu(), _gpu(1, "GPU-b"), t=3)) == []
+    )  # a late sample: compared with nothing
+    clock.now += 601
+    assert watch.held_on_node("node-1") == 0
+
+
+def test_a_broken_stream_not_back_within_the_grace_is_a_silent_node_and_a_goodbye_is_not() -> None:
+    clock = Clock()
+    watch = FailureWatch(silence_grace_s=3.0, clock=clock, wall_clock_ns=lambda: 7)
+    for node in ("a", "b", "c", "d", "e"):
+        watch.stream_opened(node)
+    watch.stream_ended("a", goodbye=False)
+    watch.stream_ended("b", goodbye=True)
+    assert watch.next_silence_check() == 3.0
+    clock.now += 2.9
+    assert watch.silent() == []
+    clock.now += 0.1
+    (sign,) = watch.silent()
+    assert (sign.node, sign.gpu, sign.evidence, sign.time_unix_nano) == ("a", -1, Evidence.NODE_SILENT, 7)
+    assert watch.next_silence_check() is None  # b said goodbye
+    watch.stream_ended("c", goodbye=False)
+    watch.stream_opened("c")  # back (a collector restarting) before the grace ends
+    clock.now += 10
+    assert watch.silent() == []
+
+
+def test_when_half_the_nodes_break_at_once_it_is_the_service_that_was_cut_off() -> None:
+    clock = Clock()
+    watch = FailureWatch(silence_grace_s=3.0, clock=clock)
+    for node in ("a", "b", "c", "d"):
+        watch.stream_opened(node)
+    watch.stream_ended("a", goodbye=False)
+    clock.now += 1
+    watch.stream_ended("b", goodbye=False)
+    clock.now += 5
+    assert (watch.silent(), watch.cut_off) == ([], 2)
+
+
+def test_a_node_with_a_second_stream_open_is_not_silent_when_one_breaks() -> None:
+    clock = Clock()
+    watch = FailureWatch(silence_grace_s=3.0, clock=clock)
+    for node in ("a", "a", "b", "c"):
+        watch.stream_opened(node)
+    watch.stream_ended("a", goodbye=False)
+    clock.now += 10
+    assert watch.silent() == []
