@@ -5,6 +5,10 @@ such event with no SNAPSHOT_DONE (the hardware must go anyway; the job restarts 
 checkpoint) unless the alert cleared because the risk fell. A DECLINED acknowledgement leaves the
 node to the operator; a SNAPSHOT_DONE for a snapshot-only alert is noted and the node stays.
 
+A FAILED event (a failure that happened, with hardware evidence) on a node that runs a registered job
+is remediated at once, as a grace timer already due: the node is drained and the job requeued from
+its last checkpoint, unless the node is already being taken out (for the alert that foresaw it).
+
 One incident, one drain: each alert is claimed once, across restarts, whatever its updates; an
 acknowledgement of any of its events counts for the alert; and a node already being drained for
 another alert still open is not drained again. The circuit breaker caps nodes per window; actuators
@@ -282,6 +286,13 @@ class Remediator:
         its events recommends snapshot-and-migrate; forget it once the risk fell."""
         with self._cv:
             for alert in alerts:
+                if alert.kind == apb.EVENT_KIND_FAILED:
+                    # It has happened: no grace to wait for a snapshot. The node goes now (unless it
+                    # is being taken out already) and the job is requeued from its last checkpoint.
+                    if alert.failure.drains_node and self._may_have_job(alert.node):
+                        self._arm(alert.id, self.clock())
+                        self._grace_dirty = True
+                    continue
                 migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
                 key = alert.opened_id or alert.id
                 if alert.state == apb.ALERT_STATE_CLEARED and alert.clear_reason in _RISK_FELL:
@@ -620,7 +631,10 @@ class Remediator:
             log.info("alert %d: the risk fell back before the grace period ended; nothing to do", alert_id)
             self._settle(alert_id)
             return
-        log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
+        if alert.kind == apb.EVENT_KIND_FAILED:
+            log.warning("alert %d: %s failed (%s); remediating", alert_id, alert.node, alert.failure.detail)
+        else:
+            log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
         queued, _ = self._queue(alert, "", "", grace=True)
         if not queued:
             self._settle(alert_id)

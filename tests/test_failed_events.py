@@ -106,6 +106,9 @@ def test_a_critical_xid_reaches_the_trainer_as_one_failed_event(
         _until(lambda: spool.acked_through >= spool.last_sequence)
         service.score_now()
         assert [f.id for f in guard.failures] == [failed.id]
+        # It happened: the node is taken out and the job requeued at once, no grace to wait out.
+        _until(lambda: (service.store.remediations.of(failed.id) or ("pending",))[0] != "pending")
+        assert service.store.remediations.of(failed.id) == ("ok", f"noop: would drain {node}")
         assert service.failure_watch.folded >= 1
         listing = apb_grpc.AlertsStub(grpc.insecure_channel(target)).ListActiveAlerts(
             apb.ListActiveAlertsRequest(nodes=[node])
