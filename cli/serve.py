@@ -130,6 +130,27 @@ def add_parser(commands: Subcommands) -> None:
         help="model steps without a sample after which a node is silent: its alerts clear and it is counted",
     )
     serve.add_argument(
+        "--failure-grace",
+        type=duration,
+        default=2.0,
+        help="a node whose collector stream broke (not closed with its goodbye) and did not come back "
+        "within this long has failed: a FAILED event (node silent)",
+    )
+    serve.add_argument(
+        "--keepalive",
+        type=duration,
+        default=1.0,
+        help="ping every stream's peer this often; one that does not answer a ping within this long is "
+        "gone (a hung or powered-off node sends no reset)",
+    )
+    serve.add_argument(
+        "--failure-hold",
+        type=duration,
+        default=600.0,
+        help="after a FAILED event, further evidence of the same GPU (or node) within this long is "
+        "folded into it, not sent again",
+    )
+    serve.add_argument(
         "--checkpoint-every",
         type=int,
         default=15,
@@ -323,6 +344,9 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
         ),
         silent_after_steps=args.silent_after,
         checkpoint_steps=args.checkpoint_every,
+        silence_grace_s=args.failure_grace,
+        keepalive_s=args.keepalive,
+        failure_hold_s=args.failure_hold,
     )
 
 

@@ -46,10 +46,12 @@ class ServiceConfig:
     # A failure that happened (a FAILED event) holds its GPU, or its node, this long: the evidence
     # that follows it (the "GPU lost" after the Xid 79, every rank reporting one death) is folded in.
     failure_hold_s: float = 600.0
-    # A node whose collector stream broke and that opened none again within this long has failed.
-    silence_grace_s: float = 3.0
-    # The service pings every stream's peer this often, and a peer that answers none within twice
-    # this long is gone (a node powered off sends no reset): what detects a silent node in seconds.
+    # A node whose collector stream broke and that opened none again within this long has failed
+    # (a collector stopped on purpose says goodbye and never counts; this is for crashes and blips).
+    silence_grace_s: float = 2.0
+    # The service pings every stream's peer this often, and a peer that answers a ping not within
+    # this long is gone (a node powered off or hung sends no reset): with the grace, a node that
+    # stops answering is FAILED within 2 x keepalive_s + silence_grace_s.
     keepalive_s: float = 1.0
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from faultcast.failure_signs import Evidence, FailureSign, failure_signs
 from faultcast.readings import NodeSnapshot
 
 DEFAULT_HOLD_S = 600.0
-DEFAULT_SILENCE_GRACE_S = 3.0
+DEFAULT_SILENCE_GRACE_S = 2.0
 
 
 class FailureWatch:

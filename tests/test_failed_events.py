@@ -121,12 +121,11 @@ def test_a_critical_xid_reaches_the_trainer_as_one_failed_event(
         spool.close()
 
 
-def test_a_collector_killed_is_a_silent_node_and_one_that_stops_cleanly_is_not(
+def test_a_collector_killed_or_hung_is_a_silent_node_and_one_that_stops_cleanly_is_not(
     served: tuple[Service, str], tmp_path: Path
 ) -> None:
     service, target = served
-    killed, stopped = _node(), _node()
-    guard = _guard(target, "job-silent", killed)
+    stopped = _node()
     watch = service.failure_watch
     spool = Spool(tmp_path / "clean.sqlite")
     shipper = Shipper(target, spool, stopped)
@@ -137,40 +136,36 @@ def test_a_collector_killed_is_a_silent_node_and_one_that_stops_cleanly_is_not(
     assert watch.next_silence_check() is None
     spool.close()
 
+    for how in (signal.SIGKILL, signal.SIGSTOP):  # a reset; a process (or node) that answers nothing
+        failed = _silenced(service, target, tmp_path, how)
+        assert (failed.gpu, failed.failure.evidence, failed.mode) == (
+            -1,
+            apb.FAILURE_EVIDENCE_NODE_SILENT,
+            apb.FAILURE_MODE_HOST,
+        )
+    assert service.store.alerts.read_after(0, [stopped]) == []
+
+
+def _silenced(service: Service, target: str, tmp_path: Path, how: signal.Signals) -> apb.Alert:
+    """A real `faultcast collect` process streaming for a node of its own, then signalled `how`:
+    the FAILED event its guard hears."""
+    node = _node()
+    guard = _guard(target, f"job-{how.name}", node)
     collector = subprocess.Popen(
-        [
-            FAULTCAST,
-            "collect",
-            "--source",
-            "simulated",
-            "--node",
-            killed,
-            "--gpus",
-            "1",
-            "--service",
-            target,
-            "--insecure",
-            "--no-prometheus",
-            "--spool",
-            str(tmp_path / "killed.sqlite"),
-        ],
+        [FAULTCAST, "collect", "--source", "simulated", "--node", node, "--gpus", "1", "--service", target,
+         "--insecure", "--no-prometheus", "--spool", str(tmp_path / f"{node}.sqlite")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-    )
+    )  # fmt: skip
     try:
-        _until(lambda: watch.streams_open(killed) == 1 or collector.poll() is not None)
+        _until(lambda: service.failure_watch.streams_open(node) == 1 or collector.poll() is not None)
         assert collector.poll() is None, collector.communicate()[1]
-        os.kill(collector.pid, signal.SIGKILL)
+        os.kill(collector.pid, how)
         failed = guard.wait_failed(WAIT_S)
         assert failed is not None
-        assert (failed.node, failed.gpu, failed.failure.evidence) == (
-            killed,
-            -1,
-            apb.FAILURE_EVIDENCE_NODE_SILENT,
-        )
-        assert failed.mode == apb.FAILURE_MODE_HOST
-        assert all(f.node != stopped for f in service.store.alerts.read_after(0, [stopped]))
+        assert failed.node == node
+        return failed
     finally:
         collector.kill()
         collector.wait()
