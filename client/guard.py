@@ -13,10 +13,11 @@ and a warning (log line, `faultcast_client_connected` 0) says so.
             uri = save_snapshot(step)
             guard.snapshot_done(step, uri)
 
-A failure that has happened on a watched node (a FAILED event: a critical Xid, a GPU lost, the node
-gone silent, or another rank's report through `report_failure`) is kept in `failures` and handed to
+A failure that has happened on any node of the job (a FAILED event: a critical Xid, a GPU lost, the
+node gone silent, or a rank's report through `report_failure`) is kept in `failures` and handed to
 `on_failure` at once, on the guard's thread: the place to end a collective that will never complete
-(the NCCL watchdog would wait minutes) so the job restarts now.
+(the NCCL watchdog would wait minutes) so the job restarts now. Warnings (alerts) are acted on only
+for the guard's own nodes.
 """
 
 from __future__ import annotations
@@ -294,7 +295,7 @@ class Guard:
             )
         # A first subscription (cursor 0) starts from the alerts open now: nothing stale to act on.
         call = stub.Subscribe(
-            apb.SubscribeRequest(job_id=self.job_id, nodes=self.nodes, resume_after=self.last_id)
+            apb.SubscribeRequest(job_id=self.job_id, nodes=self.watched(), resume_after=self.last_id)
         )
         self._call = call
         self._set_connected(True, "")
@@ -341,10 +342,20 @@ class Guard:
             self.caught_up, self.model = True, marker.model
             self._changed.notify_all()
 
+    def watched(self) -> list[str]:
+        """The nodes subscribed to: this process's own (whose alerts it acts on) and every node of
+        the job (whose failures end the job's collectives too, so they are heard as well)."""
+        return sorted(set(self.nodes) | set(self.job_nodes))
+
     def _take(self, alert: apb.Alert) -> None:
         self.metric_alerts.labels(apb.AlertState.Name(alert.state)).inc()
         if alert.kind == apb.EVENT_KIND_FAILED:
             self._failed(alert)
+            return
+        if alert.node not in self.nodes:  # another node's warning: its own guard acts on it
+            with self._changed:
+                self.last_id = max(self.last_id, alert.id)
+                self._changed.notify_all()
             return
         with self._changed:
             self.last_id = max(self.last_id, alert.id)

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from faultcast.client import identity, job_key, migration, peer_state, snapshot_reader, standby
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
+from faultcast.client.replicas import DEFAULT_ROOT, BuddyReplicas
 from faultcast.client.snapshots import Snapshot, SnapshotStore
 from faultcast.client.train_state import StateDict, Stateful, TrainState
 from faultcast.v1 import alerts_pb2 as apb
@@ -91,6 +93,10 @@ class ProtectionOptions(TypedDict, total=False):
     migration_wait_s: float
     standby_for: str | None
     stand_by: bool
+    replica_every: int
+    replica_root: str | os.PathLike[str]
+    racks: Mapping[str, str] | None
+    on_failure: Callable[[apb.Alert], None] | None
 
 
 class Protection:
@@ -113,6 +119,10 @@ class Protection:
         migration_wait_s: float = 300.0,
         standby_for: str | None = None,
         stand_by: bool = False,
+        replica_every: int = 0,
+        replica_root: str | os.PathLike[str] = DEFAULT_ROOT,
+        racks: Mapping[str, str] | None = None,
+        on_failure: Callable[[apb.Alert], None] | None = None,
     ) -> None:
         """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
         Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
@@ -120,7 +130,14 @@ class Protection:
         alert (the scheduler runs the job's whole batch script or pod a second time: say so only when
         that is safe). `standby_for`: this run is the standby of that job (default:
         FAULTCAST_STANDBY_FOR, see faultcast.client.standby); `resume()` then waits for the
-        hand-over. Collective: every rank constructs it at the same point."""
+        hand-over. `replica_every`: every this many steps each rank's state is also copied to a buddy
+        rank's node, in host memory under `replica_root` (faultcast.client.replicas; `racks` maps
+        nodes to racks, so a copy goes to another rack); `resume()` then goes on from the newest whole
+        replica when it is newer than the newest snapshot in the files. `on_failure`: called (on the
+        guard's thread of local rank 0 of each node) with each FAILED event of any node of the job:
+        a node of the job is gone and the collectives will not complete; ending the process there
+        (`os._exit`) has torchrun restart the workers at once instead of after the collective's
+        timeout. Collective: every rank constructs it at the same point."""
         if agree_every < 1:
             raise ValueError("agree_every must be at least 1")
         standby_of = standby_for if standby_for is not None else standby.standby_for()
@@ -152,6 +169,7 @@ class Protection:
         )
         self.stand_by = stand_by or self.standby_for is not None
         self._guard_args = (target, credentials, sorted(set(nodes)))
+        self.on_failure = on_failure
         self.guard: Guard | None = None
         # A standby neither registers nor subscribes until it takes over (its node is not the job's
         # yet); rank 0 asks the service for the hand-over on a channel of its own.
@@ -173,6 +191,17 @@ class Protection:
         self._alert_write: _AlertWrite | None = None
         self._released = threading.Event()
         self._key: bytes | None = None  # the job's signing key, read (or created) when first needed
+        self.replicas: BuddyReplicas | None = None
+        if replica_every and self.world_size > 1 and not self.standby_for:
+            self.replicas = BuddyReplicas(
+                state,
+                self._job_key(),
+                every=replica_every,
+                job_id=self.job_id,
+                root=replica_root,
+                node=self.node,
+                racks=racks,
+            )
 
     def _job_key(self) -> bytes:
         """The job's signing key, kept in its snapshot store (client/job_key.py)."""
@@ -191,6 +220,7 @@ class Protection:
                 credentials=credentials,
                 job_nodes=job_nodes,
                 stands_by=self.stand_by,
+                on_failure=self.on_failure,
             ).start()
 
     # -- the loop's calls -----------------------------------------------------------------------
@@ -207,6 +237,12 @@ class Protection:
             raise standby.StandbyReleased(self._stood_down)
         if self.standby_for:
             return self._stand_by(chosen[0])
+        if self.replicas is not None:
+            newest = chosen[0].step if chosen[0] is not None else -1
+            step = self.replicas.restore(newer_than=newest)
+            if step is not None:
+                self.stats.resumed_from = step
+                return step
         return self._load(chosen[0])
 
     def _load(self, snapshot: Snapshot | None) -> int:
@@ -323,6 +359,8 @@ class Protection:
     def step_end(self, step: int) -> None:
         """Call after each optimizer step with the number of steps completed."""
         self._poll_inflight()
+        if self.replicas is not None:
+            self.replicas.step_end(step)
         if step % self.agree_every == 0:
             if self._alert_write is not None:  # an earlier alert's snapshot: written by now, mostly
                 self._finish_alert_snapshot()
@@ -341,6 +379,8 @@ class Protection:
         if self._asker is not None:
             self._asker.close()
         self._wait_inflight()
+        if self.replicas is not None:
+            self.replicas.close()
         if self._alert_write is not None:
             self._finish_alert_snapshot(closing=True)
         if self.guard is not None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from itertools import count
@@ -176,8 +177,14 @@ def test_a_trainers_report_reaches_every_rank_once(served: tuple[Service, str]) 
     _service, target = served
     node, other = _node(), _node()
     heard: list[apb.Alert] = []
+    told = threading.Event()
+
+    def on_failure(alert: apb.Alert) -> None:
+        heard.append(alert)
+        told.set()
+
     reporter = _guard(target, "job-report", node)
-    listener = Guard(target, "job-report", [node], register=False, on_failure=heard.append).start()
+    listener = Guard(target, "job-report", [node], register=False, on_failure=on_failure).start()
     assert listener.wait_caught_up(WAIT_S)
     stub = apb_grpc.AlertsStub(grpc.insecure_channel(target))
     try:
@@ -186,6 +193,7 @@ def test_a_trainers_report_reaches_every_rank_once(served: tuple[Service, str]) 
         failed = listener.wait_failed(WAIT_S)
         assert failed is not None
         assert failed.id == event_id
+        assert told.wait(WAIT_S)  # on_failure runs on the guard's thread, after failures is updated
         assert [a.id for a in heard] == [event_id]
         assert failed.failure.evidence == apb.FAILURE_EVIDENCE_TRAINER_REPORT
         assert (failed.failure.job_id, failed.failure.rank) == ("job-report", 5)
@@ -219,3 +227,33 @@ def test_a_trainers_report_reaches_every_rank_once(served: tuple[Service, str]) 
     finally:
         reporter.close()
         listener.close()
+
+
+def test_a_guard_hears_failures_of_every_node_of_its_job_and_acts_on_warnings_of_its_own(
+    served: tuple[Service, str],
+) -> None:
+    service, target = served
+    mine, other = _node(), _node()
+    guard = Guard(target, "job-two-nodes", [mine], job_nodes=[mine, other]).start()
+    assert guard.wait_caught_up(WAIT_S)
+    try:
+        (warning,) = service.store.alerts.append(
+            [
+                apb.Alert(
+                    node=other,
+                    gpu=0,
+                    state=apb.ALERT_STATE_OPEN,
+                    kind=apb.EVENT_KIND_OPENED,
+                    risk=0.9,
+                    action=apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
+                )
+            ]
+        )
+        assert guard.wait_seen(warning.id, WAIT_S)
+        assert guard.pending() is None  # the other node's own guard acts on its warning
+        reported = guard.report_failure(apb.TRAINER_FAILURE_DEAD_RANK, node=other, rank=3)
+        failed = guard.wait_failed(WAIT_S)
+        assert failed is not None
+        assert (failed.id, failed.node) == (reported, other)
+    finally:
+        guard.close()

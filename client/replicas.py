@@ -1,0 +1,353 @@
+"""State kept in peers' memory: every `every` steps each rank stages its state to host memory and sends a
+copy to a buddy rank on another node (another rack when the topology is given), so that losing one
+node loses only the steps since the last replica, and no storage is read to get them back.
+
+    replicas = BuddyReplicas(state, job_key, every=50, root="/dev/shm/faultcast", job_id=job)
+    start = replicas.restore() or resume_from_files()
+    for step in range(start, total):
+        train_step(step)
+        replicas.step_end(step + 1)
+    replicas.close()
+
+Where the copies live: in host memory (`root` is a tmpfs, /dev/shm by default) under one folder per
+job and node, not in the training processes: a rank's processes may be restarted (torchrun restarts
+every worker when one fails) and what they held is still there. Each rank keeps its own two newest
+parts (own/) and the two newest parts of every rank whose buddy it is (holds/): a node lost while a
+replica was on its way leaves the one before whole everywhere. The memory cost per rank is four times
+its serialised state in host memory (two of its own, two of its buddy's), and, while a replica is
+being made, two more transient copies (the staged state and its bytes).
+
+What blocks training: the copy of the state to host memory at the step (`stage`), and, only when the
+previous replica is still on its way at the next one, the wait for it. Serialising, sending (one
+gloo group of its own, point to point) and writing run on a background thread.
+
+`restore()` (collective, after a restart, in the world the job runs in now, same size as before):
+every rank says which parts its node holds; the newest step whose every part is held somewhere is
+chosen; each rank reads its part from its own node where it is there, else the rank holding it sends
+it. None when no step is whole (two neighbouring nodes lost, another world size): read the files.
+A rank's part is the state `TrainState.to_save` gives it, rank part sealed with the job's key and
+verified before it is unpickled, loaded with `torch.load(weights_only=True)`.
+
+Plain tensors only: a state holding DTensors or sharded tensors (FSDP) is not replicated (a warning
+says so) and restores from its files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import queue
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from faultcast.client import identity, peer_state
+from faultcast.client.train_state import StateDict, TrainState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROOT = f"/dev/shm/faultcast-{os.geteuid()}"  # noqa: S108 (host memory on purpose: a tmpfs)
+"""Where the replicas live by default: host memory, one folder per user (the job's folder in it is
+private: mode 0700, this user's, never a symbolic link)."""
+_NICE = 10  # the replica thread's CPU priority below training's (serialising and writing yield to steps)
+_PART = re.compile(r"^step-(\d+)\.pt$")
+
+
+@dataclass
+class ReplicaStats:
+    """What the replicas cost and did, for logs and the bench."""
+
+    made: int = 0  # replicas sent (each rank's own count)
+    blocked_s: float = 0.0  # training time spent in step_end: staging and waiting for the previous one
+    waited_s: float = 0.0  # of which waiting for the previous replica still on its way
+    bytes_sent: int = 0
+    bytes_held: int = 0  # own newest part and the parts held for others, on disk (host memory)
+    restored_step: int | None = None
+    fetched_from_peer: int = 0  # parts a restore received from another node
+    seconds: list[float] = field(default_factory=list)  # each replica's background time (wall)
+    cpu_seconds: list[float] = field(default_factory=list)  # and the replica thread's CPU time for it
+
+
+def buddies(nodes: Sequence[str], racks: Mapping[str, str] | None = None) -> list[int]:
+    """For every rank (ranks' node names in rank order), the rank its replica goes to: the rank of
+    the same local index on the next node in ring order, skipping nodes of the same rack when
+    another rack exists. -1 when the job has one node (no buddy)."""
+    order = list(dict.fromkeys(nodes))
+    ranks_on = {node: [r for r, n in enumerate(nodes) if n == node] for node in order}
+    out = []
+    for rank, node in enumerate(nodes):
+        if len(order) == 1:
+            out.append(-1)
+            continue
+        start = order.index(node)
+        ring = [order[(start + k) % len(order)] for k in range(1, len(order))]
+        rack = (racks or {}).get(node)
+        elsewhere = [n for n in ring if rack is None or (racks or {}).get(n) != rack]
+        target = (elsewhere or ring)[0]
+        local = ranks_on[node].index(rank)
+        out.append(ranks_on[target][local % len(ranks_on[target])])
+    return out
+
+
+class BuddyReplicas:
+    """Periodic replicas of each rank's state on a buddy rank of another node (see the module)."""
+
+    def __init__(
+        self,
+        state: TrainState,
+        key: bytes,
+        *,
+        every: int,
+        job_id: str,
+        root: str | os.PathLike[str] = DEFAULT_ROOT,
+        node: str | None = None,
+        racks: Mapping[str, str] | None = None,
+    ) -> None:
+        """`key`: the job's signing key (the rank part's seal); `every`: steps between replicas;
+        `node`: this rank's node name (default: the scheduler's); `racks`: node name to rack, when
+        the topology is known. Collective: every rank constructs it at the same point."""
+        if every < 1:
+            raise ValueError(f"every must be at least 1, not {every}")
+        if not dist.is_initialized():
+            raise ValueError("buddy replicas need torch.distributed initialised (a job of several nodes)")
+        self.state, self.key, self.every = state, key, every
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.node = identity.node_name(node)
+        self.nodes = identity.all_gather_strings(self.node)
+        self.buddy = buddies(self.nodes, racks)
+        self.senders = [r for r, b in enumerate(self.buddy) if b == self.rank]
+        self.folder = _private(Path(root) / _safe(job_id)) / _safe(self.node)
+        self.stats = ReplicaStats()
+        self._group = dist.new_group(backend="gloo")  # its own: never interleaved with training's
+        self._jobs: queue.Queue[tuple[int, StateDict] | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="faultcast-replicas", daemon=True)
+        self._thread.start()
+        if self.buddy[self.rank] < 0:
+            log.warning("faultcast: a job on one node has no buddy: replicas stay on this node only")
+
+    # -- training's side ----------------------------------------------------------------------------
+
+    def step_end(self, step: int) -> None:
+        """After `step` steps: every `every` steps, stage the state and hand it to the replica thread."""
+        if step % self.every:
+            return
+        started = time.perf_counter()
+        self._idle.wait()  # the previous replica is still on its way: every rank waits alike
+        waited = time.perf_counter() - started
+        if self._error is not None:
+            raise RuntimeError("the replica thread failed") from self._error
+        staged = peer_state.stage(self.state.to_save(step, self.rank, self.key))
+        self._idle.clear()
+        self._jobs.put((step, staged))
+        self.stats.waited_s += waited
+        self.stats.blocked_s += time.perf_counter() - started
+
+    def wait(self) -> None:
+        """Block until the replica on its way is whole (for tests and a clean end)."""
+        self._idle.wait()
+        if self._error is not None:
+            raise RuntimeError("the replica thread failed") from self._error
+
+    def close(self) -> None:
+        """Finish the replica on its way and stop the thread; the replicas stay in host memory."""
+        self._idle.wait()
+        self._jobs.put(None)
+        self._thread.join()
+
+    # -- the replica thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError):  # Linux: a thread's own nice value; training's threads go first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
+        while (job := self._jobs.get()) is not None:
+            step, staged = job
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            try:
+                self._replicate(step, staged)
+            except BaseException as exc:  # surfaced to training at the next step_end
+                log.exception("faultcast: replica of step %d failed", step)
+                self._error = exc
+            self.stats.seconds.append(time.perf_counter() - started)
+            self.stats.cpu_seconds.append(time.thread_time() - cpu_started)
+            del job, staged  # the staged copy's memory goes back before the next one is made
+            self._idle.set()
+
+    def _replicate(self, step: int, staged: StateDict) -> None:
+        """Write this rank's part into host memory, send it to the buddy straight from there, and
+        receive the parts held for others straight into theirs (no copy in between)."""
+        own = self.folder / "own" / f"rank-{self.rank}"
+        size = _write(own, step, lambda partial: torch.save(staged, partial))
+        payload = torch.from_file(str(own / f"step-{step}.pt"), shared=False, size=size, dtype=torch.uint8)
+        buddy = self.buddy[self.rank]
+        sizes = {s: torch.zeros(1, dtype=torch.int64) for s in self.senders}
+        works = [dist.irecv(t, src=s, group=self._group) for s, t in sizes.items()]
+        if buddy >= 0:
+            works.append(dist.isend(torch.tensor([size]), dst=buddy, group=self._group))
+        _wait_all(works)
+        incoming = {
+            s: _Incoming(self.folder / "holds" / f"rank-{s}", step, int(t.item())) for s, t in sizes.items()
+        }
+        works = [dist.irecv(part.tensor, src=s, group=self._group) for s, part in incoming.items()]
+        if buddy >= 0:
+            works.append(dist.isend(payload, dst=buddy, group=self._group))
+        _wait_all(works)
+        for part in incoming.values():
+            part.done()
+        self.stats.made += 1
+        self.stats.bytes_sent += size if buddy >= 0 else 0
+        self.stats.bytes_held = _bytes_under(self.folder)
+
+    # -- restore ----------------------------------------------------------------------------------------
+
+    def restore(self, newer_than: int = -1) -> int | None:
+        """Collective, before training: load the newest step whose every part is held on some node
+        (each rank's own part from its node where it is, else sent by the rank holding it); the step
+        to continue from, or None when no step is whole here or none is newer than `newer_than` (a
+        snapshot in the files at that step: read it instead)."""
+        self.wait()
+        held = {"node": self.node, "parts": _held(self.folder)}
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, held)
+        holder: dict[tuple[int, int], int] = {}  # (rank, step) -> the lowest rank on a node holding it
+        for rank, seen in enumerate(everyone):
+            for part in seen["parts"]:
+                holder.setdefault((part[0], part[1]), rank)
+        steps = {step for (_, step) in holder}
+        whole = [s for s in steps if all((r, s) in holder for r in range(self.world_size))]
+        if not whole:
+            log.warning("faultcast: no step has every rank's replica on a live node: reading the files")
+            return None
+        step = max(whole)
+        if step <= newer_than:
+            return None
+        mine = self._gather_part(step, holder, everyone)
+        loaded = torch.load(io.BytesIO(mine), weights_only=True)
+        restored = self.state.restore(loaded, self.rank, self.key)
+        self.stats.restored_step = step
+        log.info("faultcast: restored step %d from replicas in host memory", step)
+        return restored
+
+    def _gather_part(self, step: int, holder: dict[tuple[int, int], int], everyone: list[Any]) -> bytes:
+        """This rank's part of `step`: read here when its node holds it, else received from the rank
+        holding it; and the parts this rank must send to ranks whose node lacks theirs. Every rank
+        goes through the same plan in the same order, so every send meets its receive."""
+        mine: bytes | None = None
+        for rank in range(self.world_size):
+            if [rank, step] in everyone[rank]["parts"]:  # its own node holds it: read there
+                if rank == self.rank:
+                    mine = _read(self.folder, rank, step)
+                continue
+            source = holder[(rank, step)]
+            if source == self.rank:
+                data = torch.frombuffer(bytearray(_read(self.folder, rank, step)), dtype=torch.uint8)
+                dist.send(torch.tensor([data.numel()]), dst=rank, group=self._group)
+                dist.send(data, dst=rank, group=self._group)
+            elif rank == self.rank:
+                size = torch.zeros(1, dtype=torch.int64)
+                dist.recv(size, src=source, group=self._group)
+                data = torch.empty(int(size.item()), dtype=torch.uint8)
+                dist.recv(data, src=source, group=self._group)
+                mine = data.numpy().tobytes()
+                self.stats.fetched_from_peer += 1
+        if mine is None:
+            raise RuntimeError(f"rank {self.rank}: no part of step {step} reached it")
+        return mine
+
+
+def _wait_all(works: Sequence[dist.Work | None]) -> None:
+    for work in works:
+        if work is not None:  # None only for a rank outside the group, which these never are
+            work.wait()
+
+
+def _private(folder: Path) -> Path:
+    """`folder`, created mode 0700 if missing; ValueError unless it is a real folder of this user that
+    no one else may read or write (replicas hold the job's weights, loaded back without question)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = folder.lstat()
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid() or status.st_mode & 0o077:
+        raise ValueError(
+            f"the replica folder {folder} must be a folder of this user with mode 0700 (it is "
+            f"{stat.filemode(status.st_mode)}, uid {status.st_uid}): remove it or give another root"
+        )
+    return folder
+
+
+def _safe(name: str) -> str:
+    """A name as one path component."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
+
+
+class _Incoming:
+    """A part on its way from a peer, received straight into its file in host memory (mapped), made
+    whole (renamed) only once all of it is there."""
+
+    def __init__(self, folder: Path, step: int, size: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.step = folder, step
+        self.partial = folder / f".step-{step}.pt.partial"
+        with self.partial.open("wb") as out:
+            out.truncate(size)
+        self.tensor = torch.from_file(str(self.partial), shared=True, size=size, dtype=torch.uint8)
+
+    def done(self) -> None:
+        del self.tensor
+        _settle(self.folder, self.step, self.partial)
+
+
+def _write(folder: Path, step: int, save: Callable[[Path], object]) -> int:
+    """The part of `step`, written whole by `save` (into a temp file, then renamed); its size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".step-{step}.pt.partial"
+    save(partial)
+    size = partial.stat().st_size
+    _settle(folder, step, partial)
+    return size
+
+
+def _settle(folder: Path, step: int, partial: Path) -> None:
+    """The part whole under its name; of the older parts the newest is kept (a node lost while the
+    new replica was on its way leaves that one whole everywhere)."""
+    partial.replace(folder / f"step-{step}.pt")
+    older = sorted(
+        int(m.group(1)) for f in folder.iterdir() if (m := _PART.match(f.name)) and int(m.group(1)) < step
+    )
+    for old in older[:-1]:
+        (folder / f"step-{old}.pt").unlink(missing_ok=True)
+
+
+def _held(folder: Path) -> list[list[int]]:
+    """[[rank, step], ...] of every whole part this node holds (own/ and holds/)."""
+    out: list[list[int]] = []
+    for kind in ("own", "holds"):
+        for rank_dir in sorted((folder / kind).glob("rank-*")):
+            for part in rank_dir.iterdir():
+                match = _PART.match(part.name)
+                if match:
+                    out.append([int(rank_dir.name.removeprefix("rank-")), int(match.group(1))])
+    return out
+
+
+def _read(folder: Path, rank: int, step: int) -> bytes:
+    for kind in ("own", "holds"):
+        path = folder / kind / f"rank-{rank}" / f"step-{step}.pt"
+        if path.is_file():
+            return path.read_bytes()
+    raise FileNotFoundError(f"no part of rank {rank} at step {step} under {folder}")
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("step-*.pt"))
