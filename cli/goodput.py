@@ -68,6 +68,16 @@ def add_parser(commands: Subcommands) -> None:
         help="a crash goes unnoticed this long (collective timeout, health checks)",
     )
     p.add_argument(
+        "--detect-evident",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="a crash whose failure leaves evidence (a critical Xid, a GPU lost, an IB port down, a node gone "
+        "silent: every hardware mode but silent data corruption) goes unnoticed only this long: the service's "
+        "FAILED event ends the job's collectives (4s: the worst case measured by bench/failure_detection.py, a "
+        "hung node); default: --detect for every crash",
+    )
+    p.add_argument(
         "--restart",
         type=duration,
         default=300.0,
@@ -215,6 +225,7 @@ def costs_of(args: argparse.Namespace) -> JobCosts:
         migrate_s=args.migrate,
         react_s=args.react,
         drain_s=args.drain,
+        evident_detect_s=args.detect_evident,
     )
 
 
@@ -245,7 +256,9 @@ def setup_of(args: argparse.Namespace) -> Setup:
         return Setup(study.Job(args.gpus, args.days, costs_of(args), spares), nodes, None, None)
     measured = load_costs(args.costs)
     assumptions = assumptions_of(args)
-    job = study.Job(args.gpus, args.days, measured.job_costs(args.detect, args.drain), spares)
+    job = study.Job(
+        args.gpus, args.days, measured.job_costs(args.detect, args.drain, args.detect_evident), spares
+    )
     return Setup(job, nodes, measured, assumptions)
 
 
@@ -318,7 +331,8 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
     c = job.costs
     if setup.measured is None:
         print(
-            f"  costs: checkpoint {c.checkpoint_s:g} s, snapshot {c.snapshot_s:g} s, crash detection {c.detect_s:g} s, "
+            f"  costs: checkpoint {c.checkpoint_s:g} s, snapshot {c.snapshot_s:g} s, crash detection {c.detect_s:g} s"
+            f"{'' if c.evident_detect_s is None else f' ({c.evident_detect_s:g} s with evidence: FAILED events)'}, "
             f"restart {c.restart_s:g} s, migration {c.migrate_s:g} s, alert to snapshot {c.react_s:g} s, "
             f"drained healthy node out {c.drain_s / 3600:g} h"
         )
@@ -396,7 +410,7 @@ def _on_measured(
     print("issue 20's target at the measured costs:")
     print("\n".join(costs_report.target_lines(job, ev, job.costs, unmeasured)))
     scaled = cost_scaling.scale(measured, assumptions)
-    large = replace(job, costs=cost_scaling.job_costs(scaled, args.detect, args.drain))
+    large = replace(job, costs=cost_scaling.job_costs(scaled, args.detect, args.drain, args.detect_evident))
     at_scale = study.evaluate(
         large, failure_rates(), result, runs, args.replications, args.sweep_replications
     )

@@ -48,6 +48,7 @@ class Seen:
     alerts: list[apb.Alert] = field(default_factory=list)
     updates: int = 0
     acknowledged: set[int] = field(default_factory=set)  # alerts the trainer said SNAPSHOT_DONE to
+    failed: list[apb.Alert] = field(default_factory=list)  # FAILED events: failures seen happen
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -239,6 +240,15 @@ def _listen(
             if alert.kind == apb.EVENT_KIND_CLEARED:
                 print(f"[{_clock(t)}] CLEARED {alert.opened_id}: {where}: {alert.cleared_reason}")
                 continue
+            if alert.kind == apb.EVENT_KIND_FAILED:
+                foreseen = ", ".join(map(str, alert.failure.foreseen_by))
+                print(
+                    f"[{_clock(t)}] FAILED {alert.id}: {where} {mode}: {alert.failure.detail} "
+                    f"({f'foreseen by alert {foreseen}' if foreseen else 'not foreseen'})"
+                )
+                with seen.lock:
+                    seen.failed.append(alert)
+                continue
             action = apb.RecommendedAction.Name(alert.action).removeprefix("RECOMMENDED_ACTION_")
             ttf = alert.time_to_failure
             when = (
@@ -286,7 +296,7 @@ def _summary(
     nodes: int,
 ) -> str:
     with seen.lock:
-        alerts, updates = list(seen.alerts), seen.updates
+        alerts, updates, failed = list(seen.alerts), seen.updates, list(seen.failed)
     lines = ["", "summary", "-------"]
     warning, period = periods.warning_s / 60, periods.period_s / 60
     caught = 0
@@ -314,5 +324,10 @@ def _summary(
         f"{len(alerts)} alerts ({updates} updates): {count[Outcome.TRUE]} true, {count[Outcome.LATE]} late, "
         f"{count[Outcome.PREMATURE]} premature, {count[Outcome.FALSE]} false; {false_alarms} false alarms "
         f"(premature + false) over {nodes * 8} GPUs x {end_s / 3600:.1f} simulated hours ({gpu_days:.2f} GPU-days)"
+    )
+    foreseen = sum(bool(a.failure.foreseen_by) for a in failed)
+    lines.append(
+        f"  {len(failed)} failures seen as they happened (FAILED events: a critical Xid, a GPU lost), "
+        f"{foreseen} of them with an alert open"
     )
     return "\n".join(lines)

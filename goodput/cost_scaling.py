@@ -238,7 +238,9 @@ def scale(measured: MeasuredCosts, assumptions: Assumptions) -> tuple[ScaledCost
     )
 
 
-def job_costs(scaled: Sequence[ScaledCost], detect_s: float, drain_s: float) -> JobCosts:
+def job_costs(
+    scaled: Sequence[ScaledCost], detect_s: float, drain_s: float, evident_detect_s: float | None = None
+) -> JobCosts:
     """The engine's costs from the scaled estimate; crash detection and drain from the caller."""
     by_name = {c.name: c.total_s for c in scaled}
     return JobCosts(
@@ -249,6 +251,7 @@ def job_costs(scaled: Sequence[ScaledCost], detect_s: float, drain_s: float) -> 
         migrate_s=by_name["migrate_s"],
         react_s=by_name["react_s"],
         drain_s=drain_s,
+        evident_detect_s=evident_detect_s,
     )
 
 

@@ -41,8 +41,9 @@ def measured_lines(m: MeasuredCosts, costs: JobCosts) -> list[str]:
         f"checkpoint {seconds(costs.checkpoint_s)} (blocking host copy), snapshot {seconds(costs.snapshot_s)}, "
         f"migration {seconds(costs.migrate_s)} after it, crash restart {seconds(costs.restart_s)} once noticed, "
         f"alert to snapshot {seconds(costs.react_s)}",
-        f"  not measured (flags): crash detection {seconds(costs.detect_s)}, drained healthy node out "
-        f"{costs.drain_s / 3600:g} h",
+        f"  not measured (flags): crash detection {seconds(costs.detect_s)}"
+        + ("" if costs.evident_detect_s is None else f" ({seconds(costs.evident_detect_s)} with evidence)")
+        + f", drained healthy node out {costs.drain_s / 3600:g} h",
         f"  the move, as measured: {seconds(path.blocked_s)} of training blocked, "
         f"{seconds(path.alert_to_first_step_s)} from the alert to the first step on the replacement"
         + (

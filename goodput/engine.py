@@ -2,11 +2,12 @@
 
 The job computes in cycles of `interval_s` of compute followed by a blocking checkpoint write.
 A failure that was not foreseen crashes it: the work since the last complete save is lost, the
-crash goes unnoticed for `detect_s`, then the job restarts (`restart_s`) on a spare node. A
-policy that acts on alerts starts a snapshot `react_s` after an alert; when the snapshot
-completes before the failure, the job restarts without the doomed node (`migrate_s`) and the
-failure later hits an empty node. A failure before the snapshot completes is a crash as above.
-Every second of wall time lands in exactly one bucket of `Outcome`, so the accounting adds up.
+crash goes unnoticed for `detect_s` (`evident_detect_s` for a failure that leaves evidence), then
+the job restarts (`restart_s`) on a spare node. A policy that acts on alerts starts a snapshot
+`react_s` after an alert; when the snapshot completes before the failure, the job restarts without
+the doomed node (`migrate_s`) and the failure later hits an empty node. A failure before the
+snapshot completes is a crash as above. Every second of wall time lands in exactly one bucket of
+`Outcome`, so the accounting adds up.
 """
 
 from __future__ import annotations
@@ -15,6 +16,26 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+
+# Failure modes whose failure shows in the telemetry or the node's stream the moment it happens: a
+# critical Xid (48/94/95 HBM and SRAM, 74 NVLink, 79 off the bus after power, PCIe, cooling and
+# detachment faults, 119/120 firmware), an InfiniBand port down, a host gone silent. Silent data
+# corruption, software bugs and NCCL timeouts without a hardware cause show nothing: the job learns
+# of them from its collective's timeout.
+EVIDENT_MODES = frozenset(
+    {
+        "hbm_wear",
+        "cooling",
+        "power",
+        "nvlink",
+        "pcie",
+        "detachment",
+        "firmware",
+        "gpu_sram",
+        "infiniband",
+        "host",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +50,16 @@ class JobCosts:
     migrate_s: float  # after a snapshot: the same planned restart on other nodes
     react_s: float  # from an alert to its snapshot starting (delivery, next agreement step)
     drain_s: float  # a drained node in which inspection finds nothing is back this long after
+    # A crash whose failure leaves evidence the service turns into a FAILED event (a critical Xid, a
+    # GPU lost, a node gone silent: EVIDENT_MODES) is noticed this long after it happens, the job
+    # ending its collectives at once; None: like any other, after detect_s.
+    evident_detect_s: float | None = None
+
+    def detect_for(self, mode: str) -> float:
+        """How long a crash of this failure mode goes unnoticed."""
+        if self.evident_detect_s is not None and mode in EVIDENT_MODES:
+            return self.evident_detect_s
+        return self.detect_s
 
     def __post_init__(self) -> None:
         for name in (
@@ -39,8 +70,11 @@ class JobCosts:
             "migrate_s",
             "react_s",
             "drain_s",
+            "evident_detect_s",
         ):
             value = getattr(self, name)
+            if value is None:
+                continue
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
         if self.checkpoint_s <= 0:
@@ -300,7 +334,7 @@ class _Job:
         if failure.takes_node:
             self.pool.send_out(self.t + failure.repair_s)
             spare = max(spare, self.pool.take(self.t))
-        ready = self.t + self.costs.detect_s
+        ready = self.t + self.costs.detect_for(failure.mode)
         self.out.spare_wait_s += max(0.0, spare - ready)
         ready = max(ready, spare)
         restarted = ready + self.costs.restart_s

@@ -77,7 +77,7 @@ class MeasuredCosts:
         assert self.requeue.restart_s is not None  # the parser requires it on the requeue path
         return self.requeue.restart_s
 
-    def job_costs(self, detect_s: float, drain_s: float) -> JobCosts:
+    def job_costs(self, detect_s: float, drain_s: float, evident_detect_s: float | None = None) -> JobCosts:
         """The engine's costs: measured ones from the file, crash detection and drain from the caller."""
         return JobCosts(
             checkpoint_s=self.checkpoint_blocking_s,
@@ -87,6 +87,7 @@ class MeasuredCosts:
             migrate_s=self.path.after_snapshot_s,
             react_s=self.react_s,
             drain_s=drain_s,
+            evident_detect_s=evident_detect_s,
         )
 
     def to_json(self) -> dict[str, object]:

@@ -9,6 +9,7 @@ import math
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 from faultcast.cli.app import main
 from faultcast.goodput import study
-from faultcast.goodput.engine import JobCosts, JobFailure, Outcome, Policy, Scenario, simulate
+from faultcast.goodput.engine import EVIDENT_MODES, JobCosts, JobFailure, Outcome, Policy, Scenario, simulate
 from faultcast.goodput.interval import daly_interval, young_interval
 from faultcast.goodput.process import (
     LLAMA3_DAYS,
@@ -36,7 +37,7 @@ from faultcast.model.incidents import AlertPolicy
 from faultcast.model.outcomes import Outcome as Verdict
 from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
 from faultcast.model.threshold_file import write as write_threshold
-from faultcast.modes import NODE_LEVEL_MODES
+from faultcast.modes import NODE_LEVEL_MODES, FailureMode
 from faultcast.service.server import Service
 
 # Round numbers so every case below can be followed on paper: 1,000 s of compute, then a 100 s
@@ -82,6 +83,19 @@ def test_a_foreseen_failure_costs_one_snapshot_and_one_migration() -> None:
     buckets_add_up(o)
     # The same scenario under the periodic policy ignores the alert and crashes.
     assert simulate(scene, PERIODIC, COSTS, spares=1).useful_s == pytest.approx(8550)
+
+
+def test_a_crash_with_evidence_is_noticed_at_once_and_one_without_after_the_timeout() -> None:
+    # As the first case, with FAILED events: the HBM failure's Xid is heard in 4 s, not 100.
+    fast = replace(COSTS, evident_detect_s=4.0)
+    o = simulate(Scenario(WALL, (hbm(2550, None),), ()), PERIODIC, fast, spares=1)
+    assert o.restart_s == pytest.approx(204)
+    assert o.useful_s == pytest.approx(8550 + 96)
+    buckets_add_up(o)
+    software = JobFailure(2550, "software", None, takes_node=False, repair_s=0.0)
+    assert simulate(Scenario(WALL, (software,), ()), PERIODIC, fast, spares=1).restart_s == pytest.approx(300)
+    assert {m.value for m in FailureMode} >= EVIDENT_MODES
+    assert {"software", "nccl_timeout", "silent_data_corruption"}.isdisjoint(EVIDENT_MODES)
 
 
 def test_an_alert_the_failure_overtakes_is_a_crash_that_also_wasted_the_snapshot() -> None:
