@@ -74,7 +74,7 @@ def add_parser(commands: Subcommands) -> None:
         metavar="DURATION",
         help="a crash whose failure leaves evidence (a critical Xid, a GPU lost, an IB port down, a node gone "
         "silent: every hardware mode but silent data corruption) goes unnoticed only this long: the service's "
-        "FAILED event ends the job's collectives (4s: the worst case measured by bench/failure_detection.py, a "
+        "FAILED event ends the job's collectives (4.5s: the worst case measured by bench/failure_detection.py, a "
         "hung node); default: --detect for every crash",
     )
     p.add_argument(

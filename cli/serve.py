@@ -140,8 +140,8 @@ def add_parser(commands: Subcommands) -> None:
         "--keepalive",
         type=duration,
         default=1.0,
-        help="ping every stream's peer this often; one that does not answer a ping within this long is "
-        "gone (a hung or powered-off node sends no reset)",
+        help="ping every stream's peer this often; one that does not answer a ping within 1.5 times this "
+        "long is gone (a hung or powered-off node sends no reset)",
     )
     serve.add_argument(
         "--failure-hold",

@@ -50,8 +50,8 @@ class ServiceConfig:
     # (a collector stopped on purpose says goodbye and never counts; this is for crashes and blips).
     silence_grace_s: float = 2.0
     # The service pings every stream's peer this often, and a peer that answers a ping not within
-    # this long is gone (a node powered off or hung sends no reset): with the grace, a node that
-    # stops answering is FAILED within 2 x keepalive_s + silence_grace_s.
+    # 1.5 times this long is gone (a node powered off or hung sends no reset): with the grace, a node
+    # that stops answering is FAILED within 2.5 x keepalive_s + silence_grace_s.
     keepalive_s: float = 1.0
 
     def __post_init__(self) -> None:

@@ -773,16 +773,19 @@ class Service:
 
 def _keepalive(every_s: float) -> list[tuple[str, int]]:
     """Server options that ping every stream's peer every `every_s` and drop one that does not answer
-    a ping within `every_s`: a collector's node that lost power or hung sends no reset, and its stream
-    must still end within seconds (FailureWatch then calls the node silent). Pings go out whether or
-    not data does: a collector shipping one sample a minute is pinged every `every_s` all the same.
-    The answer comes from gRPC's own threads, not the Python code: a busy peer answers in time."""
+    a ping within 1.5 times that: a collector's node that lost power or hung sends no reset, and its
+    stream must still end within seconds (FailureWatch then calls the node silent). Pings go out
+    whether or not data does: a collector shipping one sample a minute is pinged every `every_s` all
+    the same. The answer comes from gRPC's own threads, not the Python code; half a period more leaves
+    room for a peer whose machine is busy (a dropped subscriber resumes, a dropped collector that
+    reconnects within the grace is no failure)."""
     every_ms = max(1, round(every_s * 1000))
+    answer_ms = max(1, round(every_s * 1500))
     return [
         ("grpc.keepalive_time_ms", every_ms),
-        ("grpc.keepalive_timeout_ms", every_ms),
+        ("grpc.keepalive_timeout_ms", answer_ms),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # The deadline of every ping's answer: without it gRPC core (1.85) waits a minute, keepalive or not.
-        ("grpc.http2.ping_timeout_ms", every_ms),
+        ("grpc.http2.ping_timeout_ms", answer_ms),
     ]

@@ -362,6 +362,12 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token was revoked")
                 await self._pace(bucket)
                 yield self.core.take(key, request)
+            else:
+                # The requests ended without a goodbye: the collector closed its side (an older one,
+                # or a client of its own), or the connection was lost, which ends them the same way
+                # and cancels this call a moment later. What comes first tells them apart.
+                await asyncio.sleep(_LOST_CHECK_S)
+                broke = False
         except grpc.aio.AbortError:
             broke = False  # the service refused the stream
             raise
@@ -392,6 +398,9 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
 
 
 _BACKLOG_POLL_S = 0.05
+# After requests that ended without a goodbye, how long a lost connection takes to cancel the call
+# (tens of milliseconds here); a stream still standing then was closed by its collector.
+_LOST_CHECK_S = 0.5
 # A node sample is a few kB; anything near this is not from a collector.
 MAX_MESSAGE_BYTES = 1 << 20
 

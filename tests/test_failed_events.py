@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from faultcast import wire
 from faultcast.client.guard import Guard
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.fake_nvml import FakeNvml
@@ -29,6 +30,7 @@ from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
 
 WAIT_S = 30.0
 FAULTCAST = str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "faultcast")
@@ -136,6 +138,12 @@ def test_a_collector_killed_or_hung_is_a_silent_node_and_one_that_stops_cleanly_
     _until(lambda: watch.streams_open(stopped) == 0)
     assert watch.next_silence_check() is None
     spool.close()
+    # A client of its own that closes its side without a goodbye (the requests simply end): no failure.
+    closer = _node()
+    with grpc.insecure_channel(target) as channel:
+        assert list(tpb_grpc.TelemetryStub(channel).Push(iter([wire.hello(closer, 7)]))) == []
+    _until(lambda: watch.streams_open(closer) == 0)
+    assert watch.next_silence_check() is None
 
     for how in (signal.SIGKILL, signal.SIGSTOP):  # a reset; a process (or node) that answers nothing
         failed = _silenced(service, target, tmp_path, how)
