@@ -16,6 +16,9 @@ from faultcast.collector.spool import Spool
 from faultcast.failure_signs import FATAL_XIDS, Evidence, failure_signs
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot, pack
 from faultcast.service.failure_watch import FailureWatch
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.live import TwinSource
+from faultcast.sim.node import NodeTwin
 
 HEALTHY = {
     "gpu_temp": 60.0,
@@ -167,3 +170,36 @@ def test_a_node_with_a_second_stream_open_is_not_silent_when_one_breaks() -> Non
     watch.stream_ended("a", goodbye=False)
     clock.now += 10
     assert watch.silent() == []
+
+
+def test_on_the_twin_only_failures_the_collector_sees_are_signs_and_no_healthy_gpu_is() -> None:
+    """Four twin nodes over two days at 400x the failure rate (healthy look-alikes at their own rates:
+    application Xids, Xid 63/92, SBE bursts, link noise, lost scrapes): every sign is a failure's, at
+    the first sample after it. The twin shows the Xid of a GPU that falls off the bus (79) and then
+    the GPU lost; its other failures take the GPU or node dark without one (a gap of the twin, not of
+    the rule: a silent node is seen from its stream, which the twin has not)."""
+    config = FleetConfig(nodes=4, days=2.0, seed=11, acceleration=400.0, chunk_steps=500)
+    seen: dict[tuple[int, int, int], float] = {}  # (node, gpu, xid) -> when, in the twin's seconds
+    for node in range(config.nodes):
+        source, before = TwinSource(config, node), None
+        for _ in range(config.steps):
+            reading = source.read()
+            if not reading.gpus and not reading.devices:
+                continue  # the node dark, or its scrape lost: nothing to compare
+            assert reading.time_unix_nano is not None
+            now = NodeSnapshot.merge(f"n{node}", reading.time_unix_nano, [reading], {})
+            signs = failure_signs(before, now)
+            assert all(s.gpu >= 0 for s in signs)  # no port went down
+            for s in signs:
+                if s.evidence is Evidence.XID:
+                    seen[(node, s.gpu, s.xid)] = s.time_unix_nano / 1e9 - config.start_unix_s
+            before = now
+    expected = {
+        (node, f.gpu, f.xid): f.fail_s
+        for node in range(config.nodes)
+        for f in NodeTwin(config, node, []).schedule.failures
+        if f.fail_s < config.horizon_s and f.xid == 79 and f.gpu is not None
+    }
+    assert expected  # the seed has a GPU off the bus
+    assert seen.keys() == expected.keys()
+    assert all(0 <= seen[k] - expected[k] <= config.cadence_s for k in expected)  # the next sample
