@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client import Gauge
 
+from faultcast.failure_signs import FailureSign
 from faultcast.model.alert_content import (
     DEFAULT_ACTIONS,
     Action,
@@ -48,6 +49,7 @@ from faultcast.model.alert_content import (
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.modes import NODE_LEVEL_MODES, FailureMode
+from faultcast.service.failure_events import TrainerReport, failure_event
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
@@ -526,17 +528,20 @@ class AlertBook:
                 )
             return saved
 
-    def failed(self, events: Sequence[apb.Alert], *, wait: bool = True) -> list[apb.Alert]:
-        """Store FAILED events (service/failure_events.py), each naming the alerts open on its node
-        now (`Failure.foreseen_by`), and tell the listeners. `wait`: hold them while the database
-        refuses writes, as scored events are held; else StateWriteError at once (an RPC answers)."""
+    def failed(
+        self, failures: Sequence[tuple[FailureSign, TrainerReport | None]], *, wait: bool = True
+    ) -> list[apb.Alert]:
+        """Store a FAILED event for each failure seen (service/failure_events.py), built against the
+        alerts open on its node now (they foresaw it), and tell the listeners. `wait`: hold them while
+        the database refuses writes, as scored events are held; else StateWriteError at once (an RPC
+        answers)."""
         with self._lock:
-            for event in events:
-                open_here = {
-                    a.latest.opened_id for a in self._alerts.values() if a.latest.node == event.node
-                } | {a.opened_id for a in self._restored.get(event.node, [])}
-                event.failure.foreseen_by[:] = sorted(open_here)
-            stored = self._append_new(list(events)) if wait else self.store.alerts.append(list(events))
+            events = []
+            for sign, report in failures:
+                open_here = [a.latest for a in self._alerts.values() if a.latest.node == sign.node]
+                open_here += self._restored.get(sign.node, [])
+                events.append(failure_event(sign, open_here, self.info, report))
+            stored = self._append_new(events) if wait else self.store.alerts.append(events)
         for event in stored:
             evidence = (
                 apb.FailureEvidence.Name(event.failure.evidence).removeprefix("FAILURE_EVIDENCE_").lower()

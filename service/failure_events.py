@@ -15,6 +15,8 @@ from faultcast.failure_signs import Evidence, FailureSign
 from faultcast.modes import FailureMode
 from faultcast.v1 import alerts_pb2 as apb
 
+PB_TO_MODE = {apb.FailureMode.Value(m.proto_name): m for m in FailureMode}
+
 EVIDENCE_TO_PB: dict[Evidence, apb.FailureEvidence.ValueType] = {
     Evidence.XID: apb.FAILURE_EVIDENCE_XID,
     Evidence.GPU_LOST: apb.FAILURE_EVIDENCE_GPU_LOST,
@@ -67,18 +69,26 @@ def failure_mode(sign: FailureSign, report: TrainerReport | None = None) -> Fail
 
 def failure_event(
     sign: FailureSign,
-    foreseen_by: Sequence[int],
+    open_alerts: Sequence[apb.Alert],
     model: apb.ModelInfo,
     report: TrainerReport | None = None,
 ) -> apb.Alert:
-    """The FAILED event of one sign, before it is stored (the log gives it its id and opened_id)."""
+    """The FAILED event of one sign, before it is stored (the log gives it its id and opened_id).
+    `open_alerts`: the newest event of each alert open on the sign's node, which foresaw it. A GPU
+    that fell off the bus says little of why (power, PCIe, cooling or the board): an alert open on
+    that very GPU names the mode it saw coming, and the event takes it."""
     mode = failure_mode(sign, report)
+    if sign.gpu >= 0 and (sign.xid == 79 or sign.evidence is Evidence.GPU_LOST):
+        on_gpu = [a for a in open_alerts if a.gpu == sign.gpu or sign.gpu in a.gpus]
+        named = [a for a in on_gpu if a.mode in PB_TO_MODE]
+        if named:
+            mode = PB_TO_MODE[max(named, key=lambda a: a.opened_id).mode]
     failure = apb.Failure(
         evidence=EVIDENCE_TO_PB[sign.evidence],
         xid=sign.xid,
         detail=sign.detail,
         drains_node=sign.evidence is not Evidence.TRAINER_REPORT,
-        foreseen_by=sorted(foreseen_by),
+        foreseen_by=sorted({a.opened_id for a in open_alerts}),
     )
     if report is not None:
         failure.job_id, failure.trainer_failure, failure.rank = report.job_id, report.what, report.rank

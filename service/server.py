@@ -33,7 +33,7 @@ from faultcast.service.api import AdminServicer, AlertsServicer
 from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.config import ServiceConfig
 from faultcast.service.drift_monitor import DriftMonitor
-from faultcast.service.failure_events import TrainerReport, failure_event
+from faultcast.service.failure_events import TrainerReport
 from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.health import ALL, Health
 from faultcast.service.metrics import ServiceMetrics
@@ -523,7 +523,7 @@ class Service:
         cannot be as urgent); each holds its GPU or node (FailureWatch.hold)."""
         if not signs:
             return
-        stored = self.book.failed([failure_event(sign, [], self.book.info) for sign in signs])
+        stored = self.book.failed([(sign, None) for sign in signs])
         for sign, event in zip(signs, stored, strict=True):
             self.failure_watch.hold(sign, event.id)
 
@@ -533,7 +533,7 @@ class Service:
         known = self.failure_watch.held_on_node(sign.node)
         if known:
             return known, True
-        (stored,) = self.book.failed([failure_event(sign, [], self.book.info, report)], wait=False)
+        (stored,) = self.book.failed([(sign, report)], wait=False)
         self.failure_watch.hold(sign, stored.id)
         return stored.id, False
 

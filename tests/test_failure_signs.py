@@ -13,12 +13,14 @@ from faultcast.collector.agent import NodeCollector
 from faultcast.collector.fake_nvml import FakeNvml
 from faultcast.collector.nvml import NvmlSource
 from faultcast.collector.spool import Spool
-from faultcast.failure_signs import FATAL_XIDS, Evidence, failure_signs
+from faultcast.failure_signs import FATAL_XIDS, Evidence, FailureSign, failure_signs
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot, pack
+from faultcast.service.failure_events import TrainerReport, failure_event
 from faultcast.service.failure_watch import FailureWatch
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.node import NodeTwin
+from faultcast.v1 import alerts_pb2 as apb
 
 HEALTHY = {
     "gpu_temp": 60.0,
@@ -203,3 +205,30 @@ def test_on_the_twin_only_failures_the_collector_sees_are_signs_and_no_healthy_g
     assert expected  # the seed has a GPU off the bus
     assert seen.keys() == expected.keys()
     assert all(0 <= seen[k] - expected[k] <= config.cadence_s for k in expected)  # the next sample
+
+
+def test_a_failed_event_names_the_alerts_that_foresaw_it_and_takes_their_mode_for_a_gpu_off_the_bus() -> None:
+    info = apb.ModelInfo(version="m")
+    pcie = apb.Alert(id=9, opened_id=7, node="node-1", gpu=1, gpus=[1], mode=apb.FAILURE_MODE_PCIE)
+    other = apb.Alert(id=8, opened_id=8, node="node-1", gpu=4, gpus=[4], mode=apb.FAILURE_MODE_COOLING)
+    off_the_bus = FailureSign("node-1", 1, "GPU-b", Evidence.XID, "Xid 79", 5, xid=79)
+    event = failure_event(off_the_bus, [pcie, other], info)
+    assert (event.kind, event.state, event.gpu, event.time_unix_nano) == (
+        apb.EVENT_KIND_FAILED,
+        apb.ALERT_STATE_FAILED,
+        1,
+        5,
+    )
+    assert list(event.failure.foreseen_by) == [7, 8]  # every alert open on the node
+    assert event.mode == apb.FAILURE_MODE_PCIE  # why it fell off the bus: what the alert on it saw
+    unforeseen = failure_event(off_the_bus, [other], info)
+    assert (unforeseen.mode, list(unforeseen.failure.foreseen_by)) == (apb.FAILURE_MODE_DETACHMENT, [8])
+    dbe = FailureSign("node-1", 1, "GPU-b", Evidence.XID, "Xid 48", 5, xid=48)
+    assert failure_event(dbe, [pcie], info).mode == apb.FAILURE_MODE_HBM_WEAR  # the Xid says it
+    report = TrainerReport("job", apb.TRAINER_FAILURE_NCCL_WATCHDOG, 3, "")
+    said = failure_event(FailureSign("node-1", -1, "", Evidence.TRAINER_REPORT, "", 5), [], info, report)
+    assert (said.mode, said.failure.drains_node, said.failure.rank) == (
+        apb.FAILURE_MODE_NCCL_TIMEOUT,
+        False,
+        3,
+    )
