@@ -398,9 +398,11 @@ class Guard:
     def _failed(self, alert: apb.Alert) -> None:
         """A failure happened on a watched node: kept (once, whatever the replays), told to on_failure."""
         with self._changed:
-            if any(seen.id == alert.id for seen in self.failures):
-                return
             self.last_id = max(self.last_id, alert.id)
+            self._changed.notify_all()
+            theirs = alert.failure.job_id and alert.failure.job_id != self.job_id  # another job's own rank
+            if theirs or any(seen.id == alert.id for seen in self.failures):
+                return
             self.failures.append(alert)
             self._changed.notify_all()
         log.error(

@@ -126,7 +126,7 @@ class BuddyReplicas:
         self.nodes = identity.all_gather_strings(self.node)
         self.buddy = buddies(self.nodes, racks)
         self.senders = [r for r, b in enumerate(self.buddy) if b == self.rank]
-        self.folder = _private(Path(root) / _safe(job_id)) / _safe(self.node)
+        self.folder = _private(_private(Path(root)) / _safe(job_id)) / _safe(self.node)
         self.stats = ReplicaStats()
         self._group = dist.new_group(backend="gloo")  # its own: never interleaved with training's
         self._jobs: queue.Queue[tuple[int, StateDict] | None] = queue.Queue()
@@ -225,6 +225,9 @@ class BuddyReplicas:
         for rank, seen in enumerate(everyone):
             for part in seen["parts"]:
                 holder.setdefault((part[0], part[1]), rank)
+        if any(rank >= self.world_size for rank, _ in holder):
+            log.warning("faultcast: the replicas here were made by a larger world: reading the files")
+            return None
         steps = {step for (_, step) in holder}
         whole = [s for s in steps if all((r, s) in holder for r in range(self.world_size))]
         if not whole:

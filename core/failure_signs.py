@@ -10,13 +10,14 @@ its counters again) or the same InfiniBand port:
 - a critical Xid counter rose (FATAL_XIDS); application Xids (13, 31, 43) and the warnings of wear
   (63, 92) never are signs: they follow user code or announce a failure still to come;
 - NVML reports the GPU lost (off the bus) where it did not before;
-- every NVML reading of the GPU is missing where the reading before had some (the driver no longer
-  answers for it; a GPU merely absent from one sample is a lost scrape, not a sign);
 - the volatile double-bit ECC count rose, or a row remap failed (an uncorrectable memory error);
 - an InfiniBand/RoCE port that was ACTIVE (state 4) is not.
 
 A counter that fell (a driver reload resets volatile counters) and a value missing on either side
-are no sign: nothing is inferred from what was not read.
+are no sign: nothing is inferred from what was not read. Nor is a GPU whose every NVML reading is
+missing (Evidence.NVML_UNREACHABLE is not raised yet): one call past the collector's NVML timeout
+reads the same as a driver that no longer answers, and a failure must not be called on one slow
+call; telling them apart needs how long the GPU's calls have hung, which samples do not carry.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from faultcast.catalogue import Scope, Source, metrics_for
+from faultcast.catalogue import Scope
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
 
 FATAL_XIDS: dict[int, str] = {
@@ -68,18 +69,8 @@ class FailureSign:
     xid: int = 0
 
 
-# What the driver answers for a GPU; the collector's own bookkeeping (call times, failures) is not.
-_NVML_READ = tuple(
-    m.name for m in metrics_for(Scope.GPU) if m.source is Source.NVML and not m.name.startswith("xid_")
-)
-
-
 def _rose(before: float, now: float) -> bool:
     return math.isfinite(before) and math.isfinite(now) and now > before
-
-
-def _reads_nothing(gpu: GpuReading) -> bool:
-    return all(math.isnan(gpu.get(name)) for name in _NVML_READ)
 
 
 def gpu_signs(node: str, time_unix_nano: int, before: GpuReading, now: GpuReading) -> list[FailureSign]:
@@ -97,8 +88,6 @@ def gpu_signs(node: str, time_unix_nano: int, before: GpuReading, now: GpuReadin
     ]
     if now.lost and not before.lost:
         out.append(sign(Evidence.GPU_LOST, "NVML reports the GPU lost (off the bus)"))
-    elif not now.lost and not before.lost and _reads_nothing(now) and not _reads_nothing(before):
-        out.append(sign(Evidence.NVML_UNREACHABLE, "every NVML reading of the GPU is missing"))
     if _rose(before.get("ecc_dbe_volatile"), now.get("ecc_dbe_volatile")):
         rise = now.get("ecc_dbe_volatile") - before.get("ecc_dbe_volatile")
         out.append(sign(Evidence.UNCORRECTABLE_ECC, f"{rise:.0f} new double-bit ECC error(s)"))

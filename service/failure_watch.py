@@ -49,6 +49,7 @@ class FailureWatch:
         self._held: dict[tuple[str, int], tuple[float, int]] = {}  # (node, gpu) -> (until, its event id)
         self._streams: dict[str, int] = {}  # node -> Push streams open now
         self._broken: dict[str, float] = {}  # node -> when its last stream broke (clock), while none is open
+        self._seen: set[str] = set()  # every node that opened a stream: the fleet a cut-off is half of
         self.folded = 0  # signs within a hold: counted, not published again
         self.cut_off = 0  # broken streams not called failures because many nodes broke at once
 
@@ -74,6 +75,9 @@ class FailureWatch:
                 continue
             seen.add(key)
             out.append(sign)
+            # Held at once (its event's id comes when it is stored): what the next sample shows of the
+            # same failure, before the event is written, is folded in too.
+            self._held[key] = (now + self.hold_s, 0)
         return out
 
     def hold(self, sign: FailureSign, event_id: int) -> None:
@@ -108,6 +112,7 @@ class FailureWatch:
 
     def stream_opened(self, node: str) -> None:
         with self._lock:
+            self._seen.add(node)
             self._streams[node] = self._streams.get(node, 0) + 1
             self._broken.pop(node, None)
 
@@ -139,12 +144,13 @@ class FailureWatch:
                 return []
             first = min(due.values())
             together = [n for n, at in self._broken.items() if at - first <= self.silence_grace_s]
-            known = len(set(self._streams) | set(self._broken))
+            if len(together) >= 2 and 2 * len(together) >= len(self._seen):
+                for node in together:  # the whole burst, decided once: its later nodes are cut off too
+                    del self._broken[node]
+                self.cut_off += len(together)
+                return []
             for node in due:
                 del self._broken[node]
-            if len(together) >= 2 and 2 * len(together) >= known:
-                self.cut_off += len(due)
-                return []
             signs = [
                 FailureSign(
                     node,

@@ -472,16 +472,22 @@ class Remediator:
         """Another alert, still open, that `node` is being (or was) taken out for, if any: queued in
         this process, or claimed in the store (by this run or an earlier one) and not failed."""
         queued = self._draining.get(node)
-        if queued is not None and queued != opened_id and self.store.alerts.cleared_event(queued) is None:
-            return queued
+        if queued is not None and queued != opened_id:
+            claimed = self.store.remediations.of(queued)
+            if self._holds_node(queued, claimed[0] if claimed is not None else "pending"):
+                return queued
         for other, outcome in self.store.remediations.on_node(node):
-            if (
-                other != opened_id
-                and outcome in ("pending", "ok")
-                and self.store.alerts.cleared_event(other) is None
-            ):
+            if other != opened_id and outcome in ("pending", "ok") and self._holds_node(other, outcome):
                 return other
         return None
+
+    def _holds_node(self, alert_id: int, outcome: str) -> bool:
+        """Whether the alert still keeps its node taken out: an alert not yet cleared, or a FAILED
+        event (which never clears) only while its own remediation is under way."""
+        event = self.store.alerts.get(alert_id)
+        if event is not None and event.kind == apb.EVENT_KIND_FAILED:
+            return outcome == "pending"
+        return self.store.alerts.cleared_event(alert_id) is None
 
     def resume(self) -> int:
         """Queue the remediations an earlier run claimed and never finished (it was killed, or

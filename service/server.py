@@ -130,6 +130,7 @@ class Service:
             hold_s=config.failure_hold_s, silence_grace_s=config.silence_grace_s
         )
         self._failures: list[FailureSign] = []  # signs taken at ingest, for the scoring thread to publish
+        self._reporting = threading.Lock()
         self.journal = SampleJournal(journal_dir or store.path.parent / JOURNAL_DIR)
         # Taking a sample and writing it to the journal happen together, and a node's state is
         # captured between two of them: a saved state never holds a sample the journal lacks.
@@ -475,7 +476,12 @@ class Service:
         (`expect`); a silence it cannot derive: the node fell silent after its last save, which
         cleared its alerts and reset its runs, so that is its alert state, and its steps up to then
         are not judged again."""
-        after = self.store.alerts.read_after(log_head, [name], 1_000_000)
+        # FAILED events come from samples as they are taken, not from scores: a replay never derives them.
+        after = [
+            e
+            for e in self.store.alerts.read_after(log_head, [name], 1_000_000)
+            if e.kind != apb.EVENT_KIND_FAILED
+        ]
         silences = [
             i
             for i, e in enumerate(after)
@@ -493,7 +499,8 @@ class Service:
     def _loop(self) -> None:
         checked = time.monotonic()
         while not self.stopping.is_set():
-            wait_s = min(_SILENCE_CHECK_S, self.failure_watch.next_silence_check() or _SILENCE_CHECK_S)
+            silence_due = self.failure_watch.next_silence_check()
+            wait_s = _SILENCE_CHECK_S if silence_due is None else min(_SILENCE_CHECK_S, silence_due)
             with self._work:
                 self._work.wait_for(
                     lambda: self._ready > 0 or bool(self._failures) or self.stopping.is_set(), wait_s
@@ -530,12 +537,13 @@ class Service:
     def report_failure(self, sign: FailureSign, report: TrainerReport) -> tuple[int, bool]:
         """A trainer's report (ReportFailure): its FAILED event's id, or that of the failure already
         known on the node (True). StateWriteError when the database refuses it now."""
-        known = self.failure_watch.held_on_node(sign.node)
-        if known:
-            return known, True
-        (stored,) = self.book.failed([(sign, report)], wait=False)
-        self.failure_watch.hold(sign, stored.id)
-        return stored.id, False
+        with self._reporting:  # ranks reporting one death at the same moment: one event
+            known = self.failure_watch.held_on_node(sign.node)
+            if known:
+                return known, True
+            (stored,) = self.book.failed([(sign, report)], wait=False)
+            self.failure_watch.hold(sign, stored.id)
+            return stored.id, False
 
     def reload(self, path: str | None = None) -> tuple[bool, str, str]:
         """Load and check the artifact at `path` (None: the directory the service was started with,

@@ -56,8 +56,11 @@ class AlertLog:
         return out
 
     def newest_by_node(self) -> dict[str, int]:
-        """The id of each node's newest event."""
-        rows = self._db.read("SELECT node, MAX(id) FROM alerts GROUP BY node")
+        """The id of each node's newest event of a predicted alert (FAILED events, which no replay of
+        scores derives again, left out)."""
+        rows = self._db.read(
+            "SELECT node, MAX(id) FROM alerts WHERE state != ? GROUP BY node", (apb.ALERT_STATE_FAILED,)
+        )
         return {str(node): int(newest) for node, newest in rows}
 
     def read_after(

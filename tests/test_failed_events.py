@@ -78,7 +78,7 @@ def test_a_critical_xid_reaches_the_trainer_as_one_failed_event(
     now = time.time_ns() // window_ns * window_ns
     # One scrape a second ago in the window before (its sample, shipped at the window's end, is what
     # the service compares the next with), then scrapes of the window going on now.
-    times = iter([now - 10**9, now, now + 1, now + 2])
+    times = iter([now - 10**9, now, now + 1, now + 2, now + 3])
     collector = NodeCollector(
         node, [NvmlSource(fake)], spool=spool, ship_step_s=60.0, wall_clock_ns=lambda: next(times)
     )
@@ -112,6 +112,15 @@ def test_a_critical_xid_reaches_the_trainer_as_one_failed_event(
         # It happened: the node is taken out and the job requeued at once, no grace to wait out.
         _until(lambda: (service.store.remediations.of(failed.id) or ("pending",))[0] != "pending")
         assert service.store.remediations.of(failed.id) == ("ok", f"noop: would drain {node}")
+        # A later failure of the node (another GPU) is remediated too: a FAILED event drained once
+        # does not hold its node for ever.
+        fake.inject_xid(2, 79)
+        collector.scrape()  # its sample comes after the step was closed: refused, its evidence kept
+        _until(lambda: len(guard.failures) == 2)
+        second = guard.failures[-1]
+        assert second.gpu == 2
+        _until(lambda: (service.store.remediations.of(second.id) or ("pending",))[0] != "pending")
+        assert service.store.remediations.of(second.id) == ("ok", f"noop: would drain {node}")
         assert service.failure_watch.folded >= 1
         listing = apb_grpc.AlertsStub(grpc.insecure_channel(target)).ListActiveAlerts(
             apb.ListActiveAlertsRequest(nodes=[node])

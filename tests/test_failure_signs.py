@@ -61,12 +61,11 @@ def test_application_and_wear_xids_are_no_sign(code: int) -> None:
     assert _signs(_gpu(), _with(f"xid_{code}_events", 3.0)) == []
 
 
-def test_the_rules_for_lost_unreachable_and_uncorrectable() -> None:
+def test_the_rules_for_lost_and_uncorrectable_and_a_gpu_that_reads_nothing() -> None:
     assert _signs(_gpu(), _gpu(lost=True)) == [(Evidence.GPU_LOST, 0)]
     assert _signs(_gpu(lost=True), _gpu(lost=True)) == []  # only when it goes
     nothing = GpuReading(0, "GPU-a", "H100", pack(Scope.GPU, {}))
-    assert _signs(_gpu(), nothing) == [(Evidence.NVML_UNREACHABLE, 0)]
-    assert _signs(nothing, nothing) == []
+    assert _signs(_gpu(), nothing) == []  # one NVML call past its timeout reads like this: no failure
     assert _signs(_gpu(), _gpu(ecc_dbe_volatile=2.0)) == [(Evidence.UNCORRECTABLE_ECC, 0)]
     assert _signs(_gpu(), _gpu(row_remap_failure=1.0)) == [(Evidence.UNCORRECTABLE_ECC, 0)]
 
@@ -162,6 +161,21 @@ def test_when_half_the_nodes_break_at_once_it_is_the_service_that_was_cut_off() 
     watch.stream_ended("b", goodbye=False)
     clock.now += 5
     assert (watch.silent(), watch.cut_off) == ([], 2)
+
+
+def test_a_cut_off_is_decided_once_for_the_whole_burst() -> None:
+    clock = Clock()
+    watch = FailureWatch(silence_grace_s=3.0, clock=clock)
+    for node in ("a", "b", "c", "d", "e", "f"):
+        watch.stream_opened(node)
+    for node in ("a", "b", "c"):  # the service's network drops: streams break over a second
+        watch.stream_ended(node, goodbye=False)
+        clock.now += 0.5
+    clock.now += 2.0  # a's grace is over, c's not yet
+    assert (watch.silent(), watch.cut_off) == ([], 3)
+    clock.now += 5.0  # c is not judged alone later
+    assert watch.silent() == []
+    assert watch.next_silence_check() is None
 
 
 def test_a_node_with_a_second_stream_open_is_not_silent_when_one_breaks() -> None:
