@@ -14,8 +14,10 @@ job and node, not in the training processes: a rank's processes may be restarted
 every worker when one fails) and what they held is still there. Each rank keeps its own two newest
 parts (own/) and the two newest parts of every rank whose buddy it is (holds/): a node lost while a
 replica was on its way leaves the one before whole everywhere. The memory cost per rank is four times
-its serialised state in host memory (two of its own, two of its buddy's), and, while a replica is
-being made, two more transient copies (the staged state and its bytes).
+its serialised state in host memory (two of its own, two of its sender's) when every node runs as
+many ranks; a rank that is the buddy of several (nodes of uneven size) holds two per sender. While a
+replica is being made, two more transient copies (the staged state and its bytes). Nothing here is
+removed when the job ends: delete the job's folder then (a job's own clean-up, or a tmpfs per job).
 
 What blocks training: the copy of the state to host memory at the step (`stage`), and, only when the
 previous replica is still on its way at the next one, the wait for it. Serialising, sending (one
