@@ -7,8 +7,9 @@ sample with the node's previous one and turns the signs into FAILED events (serv
 A sign is a change between two readings of the same GPU (same index, same UUID: a swapped GPU starts
 its counters again) or the same InfiniBand port:
 
-- a critical Xid counter rose (FATAL_XIDS); application Xids (13, 31, 43) and the warnings of wear
-  (63, 92) never are signs: they follow user code or announce a failure still to come;
+- a critical Xid counter rose (FATAL_XIDS, from the Xid catalogue the failure logs read too);
+  application Xids (13, 31, 43) and the warnings of wear (63, 92) never are signs: they follow user
+  code or announce a failure still to come;
 - NVML reports the GPU lost (off the bus) where it did not before;
 - the volatile double-bit ECC count rose, or a row remap failed (an uncorrectable memory error);
 - an InfiniBand/RoCE port that was ACTIVE (state 4) is not.
@@ -26,20 +27,15 @@ import enum
 import math
 from dataclasses import dataclass
 
-from faultcast.catalogue import Scope
+from faultcast.catalogue import TRACKED_XIDS, Scope
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
+from faultcast.xid_catalogue import Xid, XidKind, lookup
 
-FATAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    64: "row remap failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
+FATAL_XIDS: dict[int, Xid] = {
+    code: xid for code in TRACKED_XIDS if (xid := lookup(code)) is not None and xid.kind is XidKind.FAILURE
 }
-"""Xids the driver raises when the GPU has failed (../shared/FAILURE_MODES.md, "Xid codes that matter")."""
+"""The Xids the collector counts one by one that NVIDIA's catalogue calls a failure of the GPU
+(faultcast.xid_catalogue, what the failure logs read too): 48, 64, 74, 79, 94, 95, 119, 120."""
 
 PORT_ACTIVE = 4.0  # /sys/class/infiniband/*/ports/N/state: 4 = ACTIVE
 
@@ -82,8 +78,8 @@ def gpu_signs(node: str, time_unix_nano: int, before: GpuReading, now: GpuReadin
         return FailureSign(node, now.index, now.uuid, evidence, detail, time_unix_nano, xid)
 
     out = [
-        sign(Evidence.XID, f"Xid {code} ({meaning})", code)
-        for code, meaning in FATAL_XIDS.items()
+        sign(Evidence.XID, f"Xid {code} ({xid.mnemonic})", code)
+        for code, xid in FATAL_XIDS.items()
         if _rose(before.get(f"xid_{code}_events"), now.get(f"xid_{code}_events"))
     ]
     if now.lost and not before.lost:

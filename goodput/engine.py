@@ -17,25 +17,18 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from faultcast.modes import FailureMode
+
 # Failure modes whose failure shows in the telemetry or the node's stream the moment it happens: a
 # critical Xid (48/94/95 HBM and SRAM, 74 NVLink, 79 off the bus after power, PCIe, cooling and
 # detachment faults, 119/120 firmware), an InfiniBand port down, a host gone silent. Silent data
 # corruption, software bugs and NCCL timeouts without a hardware cause show nothing: the job learns
 # of them from its collective's timeout.
-EVIDENT_MODES = frozenset(
-    {
-        "hbm_wear",
-        "cooling",
-        "power",
-        "nvlink",
-        "pcie",
-        "detachment",
-        "firmware",
-        "gpu_sram",
-        "infiniband",
-        "host",
-    }
-)
+EVIDENT_MODES: frozenset[str] = frozenset(FailureMode) - {
+    FailureMode.SILENT_DATA_CORRUPTION,
+    FailureMode.SOFTWARE,
+    FailureMode.NCCL_TIMEOUT,
+}
 
 
 @dataclass(frozen=True, slots=True)

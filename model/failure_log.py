@@ -1,7 +1,7 @@
 """`faultcast failures`: the failure log the importer reads, built from what a cluster already records.
 
 Sources: kernel logs (Xid lines, faultcast.model.kernel_log), mapped to modes through NVIDIA's Xid catalogue
-(faultcast.model.xid_catalogue); Slurm's node events and drain/down reasons (faultcast.model.slurm_events).
+(faultcast.xid_catalogue); Slurm's node events and drain/down reasons (faultcast.model.slurm_events).
 DCGM health-check output is not read: NVIDIA publishes no stable schema for `dcgmi health -j`/`dcgmi diag
 -j` ("That JSON has no published stable schema", DCGM docs, Diagnostic Errors), and a health check carries
 the time it ran, not the time the fault struck; a failing check usually shows as an Xid or a drain anyway.
@@ -41,8 +41,8 @@ from faultcast.model.slurm_events import (
     query_slurm,
     read_sacctmgr_events,
 )
-from faultcast.model.xid_catalogue import XidKind, lookup
 from faultcast.schemas import FAILURE_FIELDS
+from faultcast.xid_catalogue import XidKind, lookup
 
 DEFAULT_GAP_S = 3600.0
 """Lines of one (node, GPU, mode) closer than this to the one before are one failure."""

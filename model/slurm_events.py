@@ -30,8 +30,8 @@ from enum import StrEnum
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from faultcast.model.xid_catalogue import XidKind, lookup
 from faultcast.modes import FailureMode
+from faultcast.xid_catalogue import XidKind, lookup
 
 SACCTMGR_FIELDS = ("NodeName", "TimeStart", "TimeEnd", "State", "Reason", "User")
 """The columns --slurm-events reads, in the order assumed when the text has no header."""

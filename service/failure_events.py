@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from faultcast.failure_signs import Evidence, FailureSign
 from faultcast.modes import FailureMode
 from faultcast.v1 import alerts_pb2 as apb
-
-PB_TO_MODE = {apb.FailureMode.Value(m.proto_name): m for m in FailureMode}
+from faultcast.xid_catalogue import lookup
 
 EVIDENCE_TO_PB: dict[Evidence, apb.FailureEvidence.ValueType] = {
     Evidence.XID: apb.FAILURE_EVIDENCE_XID,
@@ -27,18 +26,6 @@ EVIDENCE_TO_PB: dict[Evidence, apb.FailureEvidence.ValueType] = {
     Evidence.TRAINER_REPORT: apb.FAILURE_EVIDENCE_TRAINER_REPORT,
 }
 
-# The mode each Xid points to (../shared/FAILURE_MODES.md); 94/95 may be HBM or on-chip SRAM: the
-# HBM counters (a rising SBE rate, pending remaps) tell them apart, which the alert before it says.
-_XID_MODE: dict[int, FailureMode] = {
-    48: FailureMode.HBM_WEAR,
-    64: FailureMode.HBM_WEAR,
-    74: FailureMode.NVLINK,
-    79: FailureMode.DETACHMENT,
-    94: FailureMode.GPU_SRAM,
-    95: FailureMode.GPU_SRAM,
-    119: FailureMode.FIRMWARE,
-    120: FailureMode.FIRMWARE,
-}
 _EVIDENCE_MODE: dict[Evidence, FailureMode | None] = {
     Evidence.GPU_LOST: FailureMode.DETACHMENT,
     Evidence.NVML_UNREACHABLE: None,
@@ -61,7 +48,8 @@ class TrainerReport:
 def failure_mode(sign: FailureSign, report: TrainerReport | None = None) -> FailureMode | None:
     """The mode the evidence points to (None: it does not say)."""
     if sign.evidence is Evidence.XID:
-        return _XID_MODE.get(sign.xid)
+        xid = lookup(sign.xid)  # the catalogue's reading, as the failure logs make it
+        return xid.mode if xid is not None else None
     if report is not None:
         return FailureMode.NCCL_TIMEOUT if report.what == apb.TRAINER_FAILURE_NCCL_WATCHDOG else None
     return _EVIDENCE_MODE.get(sign.evidence)
@@ -78,11 +66,12 @@ def failure_event(
     that fell off the bus says little of why (power, PCIe, cooling or the board): an alert open on
     that very GPU names the mode it saw coming, and the event takes it."""
     mode = failure_mode(sign, report)
+    mode_pb = apb.FailureMode.Value(mode.proto_name) if mode is not None else apb.FAILURE_MODE_UNSPECIFIED
     if sign.gpu >= 0 and (sign.xid == 79 or sign.evidence is Evidence.GPU_LOST):
         on_gpu = [a for a in open_alerts if a.gpu == sign.gpu or sign.gpu in a.gpus]
-        named = [a for a in on_gpu if a.mode in PB_TO_MODE]
+        named = [a for a in on_gpu if a.mode != apb.FAILURE_MODE_UNSPECIFIED]
         if named:
-            mode = PB_TO_MODE[max(named, key=lambda a: a.opened_id).mode]
+            mode_pb = max(named, key=lambda a: a.opened_id).mode
     failure = apb.Failure(
         evidence=EVIDENCE_TO_PB[sign.evidence],
         xid=sign.xid,
@@ -96,7 +85,7 @@ def failure_event(
         node=sign.node,
         gpu=sign.gpu,
         gpu_uuid=sign.uuid,
-        mode=apb.FailureMode.Value(mode.proto_name) if mode is not None else apb.FAILURE_MODE_UNSPECIFIED,
+        mode=mode_pb,
         kind=apb.EVENT_KIND_FAILED,
         state=apb.ALERT_STATE_FAILED,
         time_unix_nano=sign.time_unix_nano,

@@ -85,25 +85,12 @@ class FailureWatch:
         with self._lock:
             self._held[(sign.node, sign.gpu)] = (self.clock() + self.hold_s, event_id)
 
-    def held_event(self, node: str, gpu: int = -1) -> int:
-        """The FAILED event holding (node, gpu) now, or 0."""
-        with self._lock:
-            held = self._held.get((node, gpu))
-            return held[1] if held is not None and held[0] > self.clock() else 0
-
     def held_on_node(self, node: str) -> int:
         """The newest FAILED event holding any GPU of the node, or the node, now; 0 when none."""
         with self._lock:
             now = self.clock()
             held = [event for (n, _), (until, event) in self._held.items() if n == node and until > now]
             return max(held, default=0)
-
-    def forget(self, node: str) -> None:
-        """The node left the fleet (its state is dropped): compare its next sample with nothing."""
-        with self._lock:
-            self._previous.pop(node, None)
-
-    # -- collector streams ----------------------------------------------------------------------
 
     def streams_open(self, node: str) -> int:
         """The node's Push streams open now."""

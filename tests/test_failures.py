@@ -33,9 +33,9 @@ from faultcast.model.slurm_events import (
     parse_rule,
     parse_sacctmgr_events,
 )
-from faultcast.model.xid_catalogue import CATALOGUE, XidKind, lookup
 from faultcast.modes import FailureMode
 from faultcast.schemas import FAILURE_FIELDS
+from faultcast.xid_catalogue import CATALOGUE, XidKind, lookup
 from tests.slurm_cluster import SlurmCluster, running_cluster
 
 UTC = ZoneInfo("UTC")
