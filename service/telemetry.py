@@ -399,7 +399,7 @@ class AsyncTelemetryServicer(pb_grpc.TelemetryServicer):
 
 _BACKLOG_POLL_S = 0.05
 # After requests that ended without a goodbye, how long a lost connection takes to cancel the call
-# (tens of milliseconds here); a stream still standing then was closed by its collector.
+# (within 50 ms here, a process killed); a stream still standing then was closed by its collector.
 _LOST_CHECK_S = 0.5
 # A node sample is a few kB; anything near this is not from a collector.
 MAX_MESSAGE_BYTES = 1 << 20

@@ -51,6 +51,10 @@ def _signs(before: GpuReading, now: GpuReading) -> list[tuple[Evidence, int]]:
     return [(s.evidence, s.xid) for s in failure_signs(_snapshot(before), _snapshot(now, t=2))]
 
 
+def test_the_critical_xids_are_the_catalogues_failures_among_those_counted() -> None:
+    assert sorted(FATAL_XIDS) == [48, 64, 74, 79, 94, 95, 119, 120]
+
+
 @pytest.mark.parametrize("code", sorted(FATAL_XIDS))
 def test_a_critical_xid_that_rises_is_a_sign(code: int) -> None:
     assert _signs(_gpu(), _with(f"xid_{code}_events", 1.0)) == [(Evidence.XID, code)]
