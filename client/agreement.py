@@ -1,5 +1,6 @@
 """Every rank snapshots the same step: at agreement steps each rank puts in what its node's guard
-knows (snapshot requested? migration coming?) and one all-reduce (MAX over two int64s) tells all.
+knows (snapshot requested? migration coming? a warning open and a replica due?) and one all-reduce
+(MAX over three int64s) tells all.
 
 Only one process per node holds a Guard; the others vote zero. A job without torch.distributed (one
 process) agrees with itself.
@@ -20,6 +21,7 @@ class Vote:
 
     snapshot: bool = False
     migrate: bool = False  # the alert asks for snapshot-and-migrate: the node is about to be drained
+    protect: bool = False  # a warning is open and the protect tier's replica interval has passed
 
 
 class Agreement:
@@ -38,12 +40,14 @@ class Agreement:
         if not dist.is_initialized():
             return mine
         start = time.perf_counter()
-        flags = torch.tensor([int(mine.snapshot), int(mine.migrate)], dtype=torch.int64, device=self._device)
+        flags = torch.tensor(
+            [int(mine.snapshot), int(mine.migrate), int(mine.protect)], dtype=torch.int64, device=self._device
+        )
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        snapshot, migrate = (bool(v) for v in flags.tolist())
+        snapshot, migrate, protect = (bool(v) for v in flags.tolist())
         self.calls += 1
         self.seconds += time.perf_counter() - start
-        return Vote(snapshot, migrate)
+        return Vote(snapshot, migrate, protect)
 
 
 def _collective_device(group: dist.ProcessGroup | None) -> torch.device:

@@ -97,6 +97,7 @@ class Guard:
         self.last_error = ""
         self._pending: apb.Alert | None = None  # the newest snapshot request not yet acted on
         self._asked: dict[int, int] = {}  # alert (opened_id) -> the strongest action it asked for
+        self._warnings: dict[int, apb.Alert] = {}  # open alerts of this process's nodes asking for protection
         self.pending_since = 0.0  # time.monotonic() when the pending request first arrived
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -122,6 +123,12 @@ class Guard:
     def should_snapshot(self) -> bool:
         """True when an alert on this job's nodes asks for a snapshot that has not been taken."""
         return self._pending is not None
+
+    def protecting(self) -> bool:
+        """True while an alert on this process's nodes that asks for a snapshot is open (either tier):
+        the job keeps its replicas frequent until it clears."""
+        with self._lock:
+            return bool(self._warnings)
 
     def pending(self) -> apb.Alert | None:
         """The newest alert event asking for a snapshot not yet taken (or declined), else None."""
@@ -362,6 +369,10 @@ class Guard:
             pending = self._pending
             key = alert.opened_id or alert.id
             asked = _ACTION_RANK.get(alert.action, 0)
+            if alert.state == apb.ALERT_STATE_OPEN and alert.action in _SNAPSHOT_ACTIONS:
+                self._warnings[key] = alert
+            else:
+                self._warnings.pop(key, None)
             if (
                 alert.state == apb.ALERT_STATE_OPEN
                 and alert.action in _SNAPSHOT_ACTIONS

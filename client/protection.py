@@ -60,6 +60,7 @@ class ProtectionStats:
     handover_bytes: int = 0  # a standby: what it fetched from its peer
     # each alert snapshot's copy to host memory
     snapshot_blocking_s: list[float] = field(default_factory=list)
+    protect_replicas: list[int] = field(default_factory=list)  # steps of replicas made for an open warning
 
 
 @dataclass
@@ -97,6 +98,7 @@ class ProtectionOptions(TypedDict, total=False):
     replica_root: str | os.PathLike[str]
     racks: Mapping[str, str] | None
     on_failure: Callable[[apb.Alert], None] | None
+    protect_replica_s: float
 
 
 class Protection:
@@ -123,6 +125,7 @@ class Protection:
         replica_root: str | os.PathLike[str] = DEFAULT_ROOT,
         racks: Mapping[str, str] | None = None,
         on_failure: Callable[[apb.Alert], None] | None = None,
+        protect_replica_s: float = 60.0,
     ) -> None:
         """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
         Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
@@ -137,13 +140,17 @@ class Protection:
         guard's thread of local rank 0 of each node) with each FAILED event of any node of the job:
         a node of the job is gone and the collectives will not complete; ending the process there
         (`os._exit`) has torchrun restart the workers at once instead of after the collective's
-        timeout. Collective: every rank constructs it at the same point."""
+        timeout. `protect_replica_s`: while an alert on the job's nodes asks for a snapshot (a
+        warning of either tier), a replica is made at the first agreement step at least this long
+        after the previous one, however far off `replica_every` is (the protect tier's price: a host
+        copy a minute). Collective: every rank constructs it at the same point."""
         if agree_every < 1:
             raise ValueError("agree_every must be at least 1")
         standby_of = standby_for if standby_for is not None else standby.standby_for()
         if standby_of and target is None:
             raise ValueError(f"a standby for job {standby_of} needs the service (target) to hand over")
         self.state, self.agree_every, self.checkpoint_every = state, agree_every, checkpoint_every
+        self.protect_replica_s = protect_replica_s
         self.migration_wait_s = migration_wait_s
         self.store = SnapshotStore(directory, keep=keep)
         self.stats = ProtectionStats()
@@ -366,7 +373,16 @@ class Protection:
                 self._finish_alert_snapshot()
             alert = self.guard.pending() if self.guard is not None else None
             migrate = alert is not None and alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
-            vote = self.agreement.agree(Vote(snapshot=alert is not None, migrate=migrate))
+            protect = (
+                self.replicas is not None
+                and self.guard is not None
+                and self.guard.protecting()
+                and self.replicas.since_last_s() >= self.protect_replica_s
+            )
+            vote = self.agreement.agree(Vote(snapshot=alert is not None, migrate=migrate, protect=protect))
+            if vote.protect and self.replicas is not None:
+                self.replicas.replicate(step)
+                self.stats.protect_replicas.append(step)
             if vote.snapshot:
                 self._snapshot_for_alert(step, alert, migrate=vote.migrate)
                 return

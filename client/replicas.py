@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import queue
 import re
@@ -134,6 +135,8 @@ class BuddyReplicas:
         self._jobs: queue.Queue[tuple[int, StateDict] | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self._staged_step: int | None = None
+        self._staged_at: float | None = None  # time.monotonic() of the newest staging
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="faultcast-replicas", daemon=True)
         self._thread.start()
@@ -146,6 +149,18 @@ class BuddyReplicas:
         """After `step` steps: every `every` steps, stage the state and hand it to the replica thread."""
         if step % self.every:
             return
+        self.replicate(step)
+
+    def since_last_s(self) -> float:
+        """Seconds since the newest replica was staged (inf before the first)."""
+        return time.monotonic() - self._staged_at if self._staged_at is not None else math.inf
+
+    def replicate(self, step: int) -> None:
+        """Collective: stage the state after `step` steps now and hand it to the replica thread (a
+        warning's extra replica; nothing when this step was staged already)."""
+        if step == self._staged_step:
+            return
+        self._staged_step, self._staged_at = step, time.monotonic()
         started = time.perf_counter()
         self._idle.wait()  # the previous replica is still on its way: every rank waits alike
         waited = time.perf_counter() - started

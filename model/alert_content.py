@@ -38,11 +38,15 @@ class ActionPolicy:
     migrate_within_s: float = 1200.0
     migrate_risk: float = 0.3
 
-    def action(self, mode: str, risk: float, ttf_s: float) -> Action:
+    def action(self, mode: str, risk: float, ttf_s: float, move_at: float = 0.0) -> Action:
         """The action for an alert of `mode` at `risk`, failing in `ttf_s`: watch a mode without a precursor,
-        migrate when it comes soon or is likely, else snapshot only."""
+        migrate when it comes soon or is likely, else snapshot only. Under `move_at` (the move tier's
+        threshold, when a lower protect tier opened the alert) never migrate: a weak warning buys
+        protection only."""
         if mode not in MODES_WITH_PRECURSOR:
             return Action.WATCH
+        if risk < move_at:
+            return Action.SNAPSHOT_ONLY
         if ttf_s <= self.migrate_within_s or risk >= self.migrate_risk:
             return Action.SNAPSHOT_AND_MIGRATE
         return Action.SNAPSHOT_ONLY
@@ -105,9 +109,11 @@ def describe(
     risk: np.ndarray | None = None,
     top: int = 5,
     actions: ActionPolicy = DEFAULT_ACTIONS,
+    move_at: float = 0.0,
 ) -> list[AlertContent]:
     """The content of an alert for each feature row (rows, features); `risk`: the rows' risk when
-    already known (the scorer's), else computed."""
+    already known (the scorer's), else computed; `move_at`: the move tier's threshold (see
+    ActionPolicy.action)."""
     if len(rows) == 0:
         return []
     risk = model.risk(rows) if risk is None else np.asarray(risk, dtype=np.float64)
@@ -129,7 +135,7 @@ def describe(
                 risk_within=tuple(float(v) for v in within[i]),
                 ttf_s=ttf,  # type: ignore[arg-type]  # three quantiles by construction
                 top_features=tuple(contributions[i]),
-                action=actions.action(mode, float(risk[i]), p50),
+                action=actions.action(mode, float(risk[i]), p50, move_at),
             )
         )
     return out

@@ -119,9 +119,17 @@ class FaultModel:
     dcgm_default_threshold: float  # for clusters that only collect dcgm-exporter's default metrics
     saved: ModelManifest | None = None  # set by `save` and `load`; read it through `card`
     threshold_choice: threshold_file.ChosenThreshold | None = None  # the threshold file that serves, if any
+    # The protect tier's threshold (a threshold file's), below `threshold`: alerts open there and buy
+    # cheap protection; None: one tier, alerts open at `threshold`.
+    protect_threshold: float | None = None
     # The weight of the logistic baseline's log-odds in the risk (a blend, chosen on the validation
     # worlds where it catches more at the budget than the booster alone); 0: the booster alone.
     blend: float = 0.0
+
+    @property
+    def open_threshold(self) -> float:
+        """Where alerts open: the protect tier's threshold when there is one, else `threshold`."""
+        return self.protect_threshold if self.protect_threshold is not None else self.threshold
 
     @property
     def card(self) -> ModelManifest:
@@ -275,6 +283,8 @@ def load(path: Path) -> FaultModel:
     low, _ = risk_range(booster, calibration, logistic.logit_range() if blend else None, blend)
     source = path / threshold_file.FILE if choice is not None else manifest_path
     check_threshold(threshold, low, str(source))
+    if choice is not None and choice.protect_threshold is not None:
+        check_threshold(choice.protect_threshold, low, f"{source} (protect_threshold)")
     return FaultModel(
         booster=booster,
         calibration=calibration,
@@ -292,6 +302,7 @@ def load(path: Path) -> FaultModel:
         blend=blend,
         saved=card,
         threshold_choice=choice,
+        protect_threshold=choice.protect_threshold if choice is not None else None,
     )
 
 

@@ -4,6 +4,9 @@
 time for a job size and checkpoint cost); `load` applies it, so the service takes it at start and on
 every reload. The file names the model it was chosen for: a threshold chosen for another model is
 refused, with the reason, rather than silently applied.
+
+It may also hold `protect_threshold`, the lower threshold of the protect tier (alerts that buy cheap
+protection: replicas to peers' memory and a readied spare, no move), below `threshold`.
 """
 
 from __future__ import annotations
@@ -29,16 +32,25 @@ class ChosenThreshold:
     threshold: float
     model_sha256: str
     basis: dict[str, object]  # written by `faultcast goodput --apply`: job size, costs, the figures
+    protect_threshold: float | None = None  # the protect tier's, below threshold; None: no such tier
 
 
-def write(model_dir: Path, threshold: float, model_sha256: str, basis: Mapping[str, object]) -> Path:
+def write(
+    model_dir: Path,
+    threshold: float,
+    model_sha256: str,
+    basis: Mapping[str, object],
+    protect_threshold: float | None = None,
+) -> Path:
     """Write `threshold.json` atomically; `basis` records why (job size, costs, the figures)."""
     _check_threshold(threshold, "threshold")
+    data: dict[str, object] = {"threshold": threshold, "model_sha256": model_sha256, "basis": dict(basis)}
+    if protect_threshold is not None:
+        _check_protect(protect_threshold, threshold, "protect_threshold")
+        data["protect_threshold"] = protect_threshold
     path = model_dir / FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"threshold": threshold, "model_sha256": model_sha256, "basis": dict(basis)}, indent=1)
-    )
+    tmp.write_text(json.dumps(data, indent=1))
     with tmp.open("rb") as handle:
         os.fsync(handle.fileno())
     tmp.replace(path)
@@ -63,10 +75,22 @@ def read(model_dir: Path, model_sha256: str) -> ChosenThreshold | None:
             "run faultcast goodput --apply again for this model, or remove the file"
         )
     _check_threshold(data["threshold"], str(path))
+    protect = data.get("protect_threshold")
+    if protect is not None:
+        _check_protect(protect, float(data["threshold"]), f"{path}: protect_threshold")
     basis = data.get("basis", {})
     return ChosenThreshold(
-        float(data["threshold"]), str(data["model_sha256"]), basis if isinstance(basis, dict) else {}
+        float(data["threshold"]),
+        str(data["model_sha256"]),
+        basis if isinstance(basis, dict) else {},
+        None if protect is None else float(protect),
     )
+
+
+def _check_protect(value: object, threshold: float, where: str) -> None:
+    _check_threshold(value, where)
+    if not float(value) < threshold:  # type: ignore[arg-type]  # a number, checked just above
+        raise ThresholdFileError(f"{where}: must be below the threshold {threshold:g}, got {value!r}")
 
 
 def _check_threshold(value: object, where: str) -> None:

@@ -25,6 +25,7 @@ Events go to the durable log first, then to whoever listens (the remediator, met
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -192,6 +193,16 @@ class AlertBook:
             self._silent[str(name)] = bool(during)
             self.metrics.node_silent.labels(str(name), "true" if during else "false").set(1.0)
         self.metrics.silent_nodes.set_function(lambda: float(len(self._silent)))
+        for tier in (apb.ALERT_TIER_PROTECT, apb.ALERT_TIER_MOVE):
+            name = apb.AlertTier.Name(tier).removeprefix("ALERT_TIER_").lower()
+            self.metrics.alerts_by_tier.labels(name).set_function(functools.partial(self._open_at_tier, tier))
+
+    def _open_at_tier(self, tier: int) -> float:
+        """How many alerts stand at `tier` now (an alert of a service older than tiers counts as MOVE)."""
+        with self._lock:
+            latest = [a.latest for a in self._alerts.values()]
+            latest += [a for alerts in self._restored.values() for a in alerts]
+        return float(sum(1 for a in latest if (a.tier or apb.ALERT_TIER_MOVE) == tier))
 
     def _use(self, model: FaultModel) -> None:
         self.model = model
@@ -200,9 +211,13 @@ class AlertBook:
         self.g = model.feature_config.gpus_per_node
         self.cadence_s = model.feature_config.cadence_s
         self._ttf_edges = ttf_edges(model.horizon_s).tolist()
-        self.tracker = IncidentTracker(model.policy, [model.threshold], self.g, NODE_LEVEL_MODES)
+        # Alerts open at the protect tier's threshold when there is one (and hold at its hold level);
+        # the move tier's threshold decides when one rises to MOVE.
+        self.tracker = IncidentTracker(model.policy, [model.open_threshold], self.g, NODE_LEVEL_MODES)
+        self._move_at = model.threshold if model.protect_threshold is not None else 0.0
         self.metrics.alert_threshold.set(model.threshold)
-        self.metrics.alert_hold_threshold.set(model.policy.hold(model.threshold))
+        self.metrics.alert_protect_threshold.set(model.protect_threshold or 0.0)
+        self.metrics.alert_hold_threshold.set(model.policy.hold(model.open_threshold))
 
     def listen(self, listener: Listener) -> None:
         """Call `listener` with every batch of stored events, after they are durable."""
@@ -600,9 +615,18 @@ class AlertBook:
     def _content(self, s: ScoredStep, gpu: int) -> AlertContent:
         row = s.features[gpu][None, :]
         (content,) = describe(
-            self.model, row, risk=np.asarray([s.risk[gpu]]), top=self.top_features, actions=self.actions
+            self.model,
+            row,
+            risk=np.asarray([s.risk[gpu]]),
+            top=self.top_features,
+            actions=self.actions,
+            move_at=self._move_at,
         )
         return content
+
+    def _tier(self, risk: float) -> apb.AlertTier.ValueType:
+        """The tier a score puts an alert at: MOVE once it reaches the move tier's threshold."""
+        return apb.ALERT_TIER_MOVE if risk >= self.model.threshold else apb.ALERT_TIER_PROTECT
 
     def _event(
         self, s: ScoredStep, incident: Incident, gpu: int, mode: str, content: AlertContent, kind: int
@@ -624,6 +648,7 @@ class AlertBook:
             model_version=self.version,
             model=self.info,
             gpus=sorted(slot % self.g for slot in incident.slots),
+            tier=self._tier(content.risk),
         )
         if content.ttf_s is not None:
             p10, p50, p90 = content.ttf_s
@@ -657,7 +682,7 @@ class AlertBook:
         """UPDATED events for this node's open alerts whose likely mode changed (for `k` scores), whose
         action escalates, or whose failure looks nearer. Only a score at or above the hold level
         speaks for an alert."""
-        hold = self.model.policy.hold(self.model.threshold)
+        hold = self.model.policy.hold(self.model.open_threshold)
         out = []
         seen: set[int] = set()
         for slot in range(node * self.g, (node + 1) * self.g):
@@ -676,12 +701,14 @@ class AlertBook:
             latest = held.latest
             shown = PB_TO_MODE.get(latest.mode, "unknown")
             mode = self._confirmed_mode(held, s.mode[gpu], shown)
-            action = self.actions.action(mode, risk, ttf)
+            action = self.actions.action(mode, risk, ttf, self._move_at)
             was = PB_TO_ACTION.get(latest.action, Action.WATCH)
             # Only a score that would open an alert may escalate one.
-            escalates = action.value > was.value and risk >= self.model.threshold
+            escalates = action.value > was.value and risk >= self.model.open_threshold
+            # The tier rises (never falls) with a score at the move tier's threshold.
+            rises = latest.tier == apb.ALERT_TIER_PROTECT and risk >= self.model.threshold
             nearer = self._band(ttf) < held.band
-            if mode == shown and not escalates and not nearer:
+            if mode == shown and not escalates and not nearer and not rises:
                 continue
             content = self._content(s, gpu)
             # The action never steps down within an incident: a drain asked for stays asked for.
@@ -697,6 +724,7 @@ class AlertBook:
             )
             held.band = min(held.band, self._band(ttf))
             update = self._event(s, incident, gpu, mode, content, apb.EVENT_KIND_UPDATED)
+            update.tier = max(update.tier, latest.tier)
             update.opened_id = latest.opened_id
             if latest.gpu_uuid and not update.gpu_uuid:
                 update.gpu_uuid = latest.gpu_uuid
@@ -745,6 +773,7 @@ class AlertBook:
             cleared_reason=text,
             clear_reason=reason,
             gpus=alert.gpus,
+            tier=alert.tier,
         )
 
     def _cleared(self, incident: Incident, time_s: float, s: ScoredStep | None, text: str = "") -> apb.Alert:
@@ -772,6 +801,7 @@ class AlertBook:
             cleared_reason=text or reason.value,
             clear_reason=CLEAR_TO_PB[reason],
             gpus=gpus,
+            tier=latest.tier,
         )
 
     # -- silence --------------------------------------------------------------------------------

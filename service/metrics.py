@@ -121,6 +121,18 @@ class ServiceMetrics:
             "The risk at which the serving model opens an alert (what rules compare faultcast_failure_risk with).",
             registry=r,
         )
+        self.alert_protect_threshold = Gauge(
+            "faultcast_alert_protect_threshold",
+            "The risk at which an alert opens at the protect tier (replicas and a readied spare, no move); "
+            "0 when the model serves one tier. faultcast_alert_threshold is then the move tier's.",
+            registry=r,
+        )
+        self.alerts_by_tier = Gauge(
+            "faultcast_alerts_by_tier",
+            "Alerts open now, by the tier they stand at (protect: cheap protection; move: the job moves).",
+            ["tier"],
+            registry=r,
+        )
         self.alert_hold_threshold = Gauge(
             "faultcast_alert_hold_threshold",
             "The risk an open alert must stay at or above to stay open (hysteresis, below the threshold).",
@@ -331,6 +343,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_failure_likely_mode",
     "faultcast_alert_threshold",
     "faultcast_alert_hold_threshold",
+    "faultcast_alert_protect_threshold",
+    "faultcast_alerts_by_tier",
     "faultcast_node_silent",
     "faultcast_failures_total",
     "faultcast_silent_nodes",

@@ -14,8 +14,9 @@ def model_info(model: FaultModel) -> apb.ModelInfo:
         version=model_version(model),
         horizon_seconds=model.horizon_s,
         threshold=model.threshold,
-        hold_threshold=model.policy.hold(model.threshold),
+        hold_threshold=model.policy.hold(model.open_threshold),
         open_after_scores=model.policy.k,
         clear_after_scores=model.policy.clear_steps,
         cadence_seconds=model.feature_config.cadence_s,
+        protect_threshold=model.protect_threshold or 0.0,
     )

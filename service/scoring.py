@@ -40,7 +40,8 @@ def model_version(model: FaultModel) -> str:
     threshold it serves (two models that alert differently never share a name)."""
     created = model.card.created_at or "unknown"
     revision = (model.card.git_revision or "unknown")[:12]
-    return f"{created}/{revision}@{model.threshold!r}"
+    protect = f"/protect@{model.protect_threshold!r}" if model.protect_threshold is not None else ""
+    return f"{created}/{revision}@{model.threshold!r}{protect}"
 
 
 @dataclass
@@ -236,7 +237,7 @@ class Scorer:
             risk[present] = r
             # The mode and time heads are many more trees than the risk: they run only for rows
             # near an alert (half the threshold and up); the others are labelled "none".
-            near = r >= NEAR_THRESHOLD * model.threshold
+            near = r >= NEAR_THRESHOLD * model.open_threshold
             rows = np.nonzero(present)[0]
             modes[rows] = "none"
             if near.any():

@@ -264,6 +264,7 @@ class Service:
                 "horizon_s": f"{model.horizon_s:.0f}",
                 "cadence_s": f"{model.feature_config.cadence_s:.0f}",
                 "threshold": f"{model.threshold:.6f}",
+                "protect_threshold": f"{model.protect_threshold or 0.0:.6f}",
                 # threshold.json beside the model (faultcast goodput --apply), or training's choice
                 "threshold_source": "threshold.json" if model.threshold_choice is not None else "training",
             }

@@ -136,6 +136,30 @@ RECOMMENDED_ACTION_WATCH: RecommendedAction.ValueType  # 3
 """The likely mode has no precursor: no snapshot schedule can be aimed at it. Informational."""
 Global___RecommendedAction: _TypeAlias = RecommendedAction  # noqa: Y015
 
+class _AlertTier:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AlertTierEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AlertTier.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ALERT_TIER_UNSPECIFIED: _AlertTier.ValueType  # 0
+    ALERT_TIER_PROTECT: _AlertTier.ValueType  # 1
+    ALERT_TIER_MOVE: _AlertTier.ValueType  # 2
+
+class AlertTier(_AlertTier, metaclass=_AlertTierEnumTypeWrapper):
+    """Which of the service's two thresholds an open alert stands at. A warning above the lower PROTECT
+    threshold buys cheap protection (action SNAPSHOT_ONLY: the job replicates its state to peers'
+    memory often while the alert lasts, and the service readies a spare); once the risk reaches the
+    MOVE threshold the job moves (SNAPSHOT_AND_MIGRATE, see ActionPolicy). Each threshold meets a
+    false-alarm budget of its own (ModelInfo.protect_threshold, ModelInfo.threshold). A service with
+    one threshold (no protect tier chosen) opens every alert at MOVE. An alert's tier only rises.
+    """
+
+ALERT_TIER_UNSPECIFIED: AlertTier.ValueType  # 0
+ALERT_TIER_PROTECT: AlertTier.ValueType  # 1
+ALERT_TIER_MOVE: AlertTier.ValueType  # 2
+Global___AlertTier: _TypeAlias = AlertTier  # noqa: Y015
+
 class _AlertState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -578,12 +602,16 @@ class ModelInfo(_message.Message):
     OPEN_AFTER_SCORES_FIELD_NUMBER: _builtins.int
     CLEAR_AFTER_SCORES_FIELD_NUMBER: _builtins.int
     CADENCE_SECONDS_FIELD_NUMBER: _builtins.int
+    PROTECT_THRESHOLD_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     """The model's version: its creation time and code revision (also faultcast_model_info)."""
     horizon_seconds: _builtins.float
     """The model predicts failures within this long (the risk's horizon)."""
     threshold: _builtins.float
-    """An alert opens when the risk reaches this for `open_after_scores` consecutive scores ..."""
+    """The MOVE tier's threshold: an alert stands at ALERT_TIER_MOVE once a score reaches it. Without
+    a protect tier (protect_threshold 0) alerts open here, when the risk reaches it for
+    `open_after_scores` consecutive scores ...
+    """
     hold_threshold: _builtins.float
     """... and stays open while the risk stays at or above this hold level (hysteresis)."""
     open_after_scores: _builtins.int
@@ -591,6 +619,11 @@ class ModelInfo(_message.Message):
     """Consecutive scores under the hold level that clear an alert."""
     cadence_seconds: _builtins.float
     """The model's scoring grid: one score per GPU per cadence."""
+    protect_threshold: _builtins.float
+    """The PROTECT tier's threshold (below `threshold`): with one, alerts open at ALERT_TIER_PROTECT
+    when the risk reaches it for `open_after_scores` scores, and hold_threshold is this one's hold
+    level. 0: no protect tier.
+    """
     def __init__(
         self,
         *,
@@ -601,10 +634,11 @@ class ModelInfo(_message.Message):
         open_after_scores: _builtins.int = ...,
         clear_after_scores: _builtins.int = ...,
         cadence_seconds: _builtins.float = ...,
+        protect_threshold: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cadence_seconds", b"cadence_seconds", "clear_after_scores", b"clear_after_scores", "hold_threshold", b"hold_threshold", "horizon_seconds", b"horizon_seconds", "open_after_scores", b"open_after_scores", "threshold", b"threshold", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cadence_seconds", b"cadence_seconds", "clear_after_scores", b"clear_after_scores", "hold_threshold", b"hold_threshold", "horizon_seconds", b"horizon_seconds", "open_after_scores", b"open_after_scores", "protect_threshold", b"protect_threshold", "threshold", b"threshold", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -638,6 +672,7 @@ class Alert(_message.Message):
     CLEAR_REASON_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """This event's position in the service's durable log: unique, increasing across restarts, never
     reused. It is the cursor for Subscribe.resume_after.
@@ -685,6 +720,10 @@ class Alert(_message.Message):
     kind: Global___EventKind.ValueType
     clear_reason: Global___ClearReason.ValueType
     """Why it cleared (CLEARED events only)."""
+    tier: Global___AlertTier.ValueType
+    """The threshold the alert stands at (OPENED, UPDATED and CLEARED events): an UPDATED event says
+    when it rises from PROTECT to MOVE.
+    """
     @_builtins.property
     def top_features(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeatureContribution]:
         """The features that pushed the risk up most (OPENED and UPDATED events)."""
@@ -730,10 +769,11 @@ class Alert(_message.Message):
         clear_reason: Global___ClearReason.ValueType = ...,
         gpus: _abc.Iterable[_builtins.int] | None = ...,
         failure: Global___Failure | None = ...,
+        tier: Global___AlertTier.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "model", b"model", "time_to_failure", b"time_to_failure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "clear_reason", b"clear_reason", "cleared_reason", b"cleared_reason", "failure", b"failure", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "gpus", b"gpus", "id", b"id", "kind", b"kind", "mode", b"mode", "model", b"model", "model_version", b"model_version", "node", b"node", "opened_id", b"opened_id", "risk", b"risk", "state", b"state", "time_to_failure", b"time_to_failure", "time_to_failure_seconds", b"time_to_failure_seconds", "time_unix_nano", b"time_unix_nano", "top_features", b"top_features"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "clear_reason", b"clear_reason", "cleared_reason", b"cleared_reason", "failure", b"failure", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "gpus", b"gpus", "id", b"id", "kind", b"kind", "mode", b"mode", "model", b"model", "model_version", b"model_version", "node", b"node", "opened_id", b"opened_id", "risk", b"risk", "state", b"state", "tier", b"tier", "time_to_failure", b"time_to_failure", "time_to_failure_seconds", b"time_to_failure_seconds", "time_unix_nano", b"time_unix_nano", "top_features", b"top_features"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
