@@ -158,6 +158,11 @@ SLOW_TESTS = {
         "test_a_node_and_its_buddy_lost_leave_no_whole_replica": "two 3-rank torchrun jobs",
         "test_protection_goes_on_from_the_newer_of_the_replicas_and_the_files": "five 3-rank torchrun jobs",
     },
+    "tests/test_tier_e2e.py": {
+        "test_a_weak_warning_buys_replicas_while_it_lasts_and_a_strong_one_moves_the_job": (
+            "two 2-rank torchrun jobs and the twin pushed sample by sample"
+        ),
+    },
     "tests/test_mode_acceleration.py": {
         "test_a_boosted_mode_is_drawn_that_much_more_often_and_the_others_are_not": "400 nodes' schedules",
     },
