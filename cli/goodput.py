@@ -9,13 +9,13 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from faultcast.cli.types import Subcommands, duration, limit
-from faultcast.goodput.engine import JobCosts, Outcome
+from faultcast.goodput.engine import JobCosts, Outcome, ProtectTier
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
 
 if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the command runs
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the comman
     from faultcast.goodput.measured_costs import MeasuredCosts
     from faultcast.goodput.process import Draw
     from faultcast.goodput.replay import Replay
-    from faultcast.goodput.study import Evaluation, Job, PolicyResult, SweepPoint
+    from faultcast.goodput.study import Evaluation, Job, PolicyResult, SweepPoint, TierPoint, TierStudy
     from faultcast.model.artifact import FaultModel
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,26 @@ def add_parser(commands: Subcommands) -> None:
         help="a drained node with nothing found is back after this long",
     )
     p.add_argument("--spares", type=int, help="spare nodes (default: 2%% of the job's nodes, at least 1)")
+    p.add_argument(
+        "--protect-replica",
+        type=duration,
+        default=60.0,
+        help="protect tier: while a warning lasts, a replica in a buddy's memory this often (a crash it "
+        "warned of loses at most this much)",
+    )
+    p.add_argument(
+        "--protect-overhead",
+        type=float,
+        default=0.0282,
+        help="protect tier: the share of training time those replicas cost while a warning lasts (default: "
+        "bench/replicas.py at one a minute, 256 MiB per rank)",
+    )
+    p.add_argument(
+        "--protect-warning",
+        type=duration,
+        default=1800.0,
+        help="protect tier: how long a warning on a node that does not fail lasts (the model's horizon)",
+    )
     _add_cost_flags(p)
     p.add_argument("--replications", type=int, default=20, help="independent runs per policy")
     p.add_argument("--sweep-replications", type=int, default=5, help="runs per threshold in the sweep")
@@ -269,6 +289,7 @@ class Study:
     threshold: float
     basis: dict[str, Any]
     figures: dict[str, object]
+    protect_threshold: float | None = None  # the protect tier's, when one beats the move tier alone
 
 
 def run_goodput(args: argparse.Namespace) -> int:
@@ -294,9 +315,13 @@ def run_goodput(args: argparse.Namespace) -> int:
         return 2
     found = report_study(args, setup, replayed(args, model))
     if args.apply:
-        path = write(args.model, found.threshold, model_digest(model), found.basis)
+        path = write(args.model, found.threshold, model_digest(model), found.basis, found.protect_threshold)
+        tier = (
+            "" if found.protect_threshold is None else f" and protect threshold {found.protect_threshold:.3f}"
+        )
         print(
-            f"applied: {path} (the service serves threshold {found.threshold:.3f} from its next start or reload)"
+            f"applied: {path} (the service serves threshold {found.threshold:.3f}{tier} from its next start "
+            "or reload)"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -371,6 +396,7 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
                 f"  {name} {what} <= half of (a)'s: {_met(mine <= theirs / 2)} ({study.gpu_hours(job, mine):,.0f} "
                 f"vs {study.gpu_hours(job, theirs):,.0f}, {100 * (1 - mine / theirs):.0f}% less)"
             )
+    tiers = _protect_tier(args, job, rates, result, best.threshold, runs)
     report.plot(args.plot, job, results, points, best)
     print(f"plot: {args.plot}")
     basis = {
@@ -384,11 +410,68 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
     }
     if setup.measured is not None:
         basis["costs_file"] = setup.measured.source
+    protect = tiers.best.threshold if tiers.best is not None else None
+    if protect is not None:
+        basis["protect_threshold"] = protect
+        basis["protect_tier"] = asdict(tiers.tier)
     figures = _json(job, results, points, best, result, basis)
     figures["costs"] = {"source": "flags", "used": asdict(job.costs)}
+    figures["protect_tier"] = {
+        "tier": asdict(tiers.tier),
+        "base_ettr": tiers.study.base.ettr,
+        "points": [asdict(p) for p in tiers.study.points],
+        "chosen": protect,
+        "policy": _policies(job, [tiers.study.result]) if tiers.study.result is not None else None,
+    }
     if setup.measured is not None and setup.assumptions is not None:
         figures.update(_on_measured(args, setup.measured, setup.assumptions, job, ev, result, runs))
-    return Study(best.threshold, basis, figures)
+    return Study(best.threshold, basis, figures, protect)
+
+
+@dataclass(frozen=True)
+class _Tiers:
+    tier: ProtectTier
+    study: TierStudy
+
+    @property
+    def best(self) -> TierPoint | None:
+        return self.study.best
+
+
+def _protect_tier(
+    args: argparse.Namespace,
+    job: Job,
+    rates: Mapping[str, float],
+    result: Replay,
+    move_threshold: float,
+    runs: Sequence[Draw],
+) -> _Tiers:
+    """The protect tier below the recommended threshold, printed: its sweep, and the policy at the
+    chosen threshold (if one beats the move tier alone)."""
+    from faultcast.goodput import report, study
+
+    tier = ProtectTier(
+        replica_s=args.protect_replica,
+        overhead=args.protect_overhead,
+        warning_s=args.protect_warning,
+        spare_share=GPUS_PER_NODE / job.gpus,  # one node readied per warning
+    )
+    found = study.protect_tier(
+        job, rates, result, result.at(move_threshold), tier, runs, args.replications, args.sweep_replications
+    )
+    print()
+    print(
+        f"protect tier below {move_threshold:.3f} (replica every {tier.replica_s:g} s while warned at "
+        f"{100 * tier.overhead:.2f}% of training time, one spare node readied; a false warning lasts "
+        f"{tier.warning_s / 60:g} min; {args.sweep_replications} replications per threshold):"
+    )
+    print(report.tier_table(found.points, found.best, found.base.ettr))
+    if found.result is not None:
+        print()
+        print(report.table(job, [found.result]))
+    else:
+        print("no protect threshold beats the move tier alone: none chosen")
+    return _Tiers(tier, found)
 
 
 def _on_measured(

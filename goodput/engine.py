@@ -6,7 +6,9 @@ crash goes unnoticed for `detect_s` (`evident_detect_s` for a failure that leave
 the job restarts (`restart_s`) on a spare node. A policy that acts on alerts starts a snapshot
 `react_s` after an alert; when the snapshot completes before the failure, the job restarts without
 the doomed node (`migrate_s`) and the failure later hits an empty node. A failure before the
-snapshot completes is a crash as above. Every second of wall time lands in exactly one bucket of
+snapshot completes is a crash as above. A policy with a protect tier (`ProtectTier`) also acts on
+the lower tier's warnings: a crash it warned of loses at most one replica interval, and every
+warning is charged its replicas and readied spare. Every second of wall time lands in exactly one bucket of
 `Outcome`, so the accounting adds up.
 """
 
@@ -83,6 +85,7 @@ class JobFailure:
     alert_s: float | None  # when an alert named its node (None: no alert)
     takes_node: bool  # hardware: the node leaves for repair and a spare replaces it
     repair_s: float  # how long the node is out once it failed
+    protect_s: float | None = None  # when a protect-tier warning named its node (None: none did)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class Scenario:
     wall_s: float
     failures: tuple[JobFailure, ...]
     false_alarms: tuple[float, ...]  # alerts on nodes that do not fail (times)
+    protect_false_alarms: tuple[float, ...] = ()  # protect-tier warnings on nodes that do not fail
 
     def oracle(self, lead_s: float) -> Scenario:
         """Every failure known `lead_s` ahead, and no false alarm."""
@@ -107,6 +111,33 @@ class Scenario:
 
 
 @dataclass(frozen=True, slots=True)
+class ProtectTier:
+    """The protect tier's effect and price. While a warning lasts the job replicates its state to a
+    buddy's memory every `replica_s`, so a failure it warned of (at least react_s ahead) loses at most
+    that much work; the replicas cost `overhead` of training time, and the spare readied for the
+    warning idles `spare_share` of the job's GPUs, both for as long as the warning lasts: until the
+    failure, or `warning_s` for a warning on a node that does not fail. ValueError for a negative or
+    non-finite value, or an interval that is not positive."""
+
+    replica_s: float = 60.0
+    overhead: float = 0.0282
+    warning_s: float = 1800.0
+    spare_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("replica_s", "overhead", "warning_s", "spare_share"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.replica_s <= 0:
+            raise ValueError("replica_s must be positive")
+
+    def price_s(self, warned_s: float) -> float:
+        """Training time a warning of `warned_s` costs (replicas, and the idle spare as the job's share)."""
+        return warned_s * (self.overhead + self.spare_share)
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """How the job protects itself: periodic checkpoints every `interval_s` of compute, and whether it
     snapshots and migrates on alerts. ValueError for an interval that is not positive."""
@@ -114,6 +145,7 @@ class Policy:
     name: str
     interval_s: float  # compute between periodic checkpoints (math.inf: none)
     acts_on_alerts: bool
+    protect: ProtectTier | None = None  # acts on protect-tier warnings too
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -132,6 +164,7 @@ class Outcome:
     migration_s: float = 0.0  # planned restarts after those snapshots
     restart_s: float = 0.0  # crash detection and restarts
     false_alarm_s: float = 0.0  # snapshots and planned restarts for alerts on healthy nodes
+    protection_s: float = 0.0  # protect-tier warnings: replicas and readied spares, as training time
     spare_wait_s: float = 0.0  # part of the restarts and migrations: no spare node was free
     crashes: int = 0
     migrations: int = 0
@@ -139,6 +172,7 @@ class Outcome:
     averted: int = 0  # failures that hit a node the job had already left
     late_alerts: int = 0  # alerts whose snapshot the failure overtook
     checkpoints: int = 0
+    protected_crashes: int = 0  # crashes a protect-tier warning had bounded to one replica interval
 
     @property
     def ettr(self) -> float:
@@ -157,6 +191,7 @@ class Outcome:
             + self.migration_s
             + self.restart_s
             + self.false_alarm_s
+            + self.protection_s
         )
 
 
@@ -316,6 +351,17 @@ class _Job:
         self.out.crashes += 1
         if self.state is not _State.DOWN:
             lost = self.work - self.saved
+            tier = self.policy.protect
+            if (
+                tier is not None
+                and failure.protect_s is not None
+                and failure.protect_s + self.costs.react_s <= self.t
+            ):
+                # Warned in time: the newest replica in a buddy's memory is at most one interval old.
+                if lost > tier.replica_s:
+                    lost = tier.replica_s
+                    self.saved = self.work - lost
+                self.out.protected_crashes += 1
             self.out.recompute_s += lost
             self.work = self.saved
         spare = self.t
@@ -396,4 +442,17 @@ def simulate(scenario: Scenario, policy: Policy, costs: JobCosts, spares: int) -
         else:
             job.on_alert(index)
     out.useful_s = job.work
+    if policy.protect is not None:
+        _charge_protection(scenario, policy.protect, out)
     return out
+
+
+def _charge_protection(scenario: Scenario, tier: ProtectTier, out: Outcome) -> None:
+    """The warnings' price, taken from the kept compute: each failure's warning lasts until the
+    failure, a false one `warning_s` (clipped to the run). A small share of compute (a few percent
+    of a warning's span), so its interplay with crashes is left out."""
+    warned = sum(f.time_s - f.protect_s for f in scenario.failures if f.protect_s is not None)
+    warned += sum(min(tier.warning_s, scenario.wall_s - t) for t in scenario.protect_false_alarms)
+    price = min(tier.price_s(warned), out.useful_s)
+    out.protection_s += price
+    out.useful_s -= price

@@ -112,16 +112,34 @@ def draw(rng: np.random.Generator, gpus: int, days: float, rates: Mapping[str, f
     return Draw(times, modes, picks, repairs, rng.exponential(1.0, 64))
 
 
-def scenario(d: Draw, alerts: AlertSample, gpus: int, days: float) -> Scenario:
-    """The failures of the draw with the alerts the model gives them at this threshold."""
+def scenario(
+    d: Draw, alerts: AlertSample, gpus: int, days: float, protect: AlertSample | None = None
+) -> Scenario:
+    """The failures of the draw with the alerts the model gives them at this threshold, and with
+    `protect` (a lower threshold's sample) the protect tier's warnings: the same replayed failure
+    stands in at both thresholds (one pick), so its two leads are one failure's."""
     failures = []
     for t, mode, pick, repair in zip(d.times_s, d.modes, d.picks, d.repairs_s, strict=True):
-        leads = alerts.leads_for(mode)
-        lead = leads[min(int(pick * len(leads)), len(leads) - 1)] if leads else None
-        alert = None if lead is None else max(0.0, float(t) - lead)
-        failures.append(JobFailure(float(t), mode, alert, mode != UNMODELLED, float(repair)))
+        alert = _alert_time(alerts, mode, pick, float(t))
+        warned = _alert_time(protect, mode, pick, float(t)) if protect is not None else None
+        failures.append(JobFailure(float(t), mode, alert, mode != UNMODELLED, float(repair), warned))
     wall = days * _DAY_S
-    return Scenario(wall, tuple(failures), false_alarm_times(d, alerts.false_alarms_per_gpu_day * gpus, wall))
+    protect_alarms = (
+        false_alarm_times(d, protect.false_alarms_per_gpu_day * gpus, wall) if protect is not None else ()
+    )
+    return Scenario(
+        wall,
+        tuple(failures),
+        false_alarm_times(d, alerts.false_alarms_per_gpu_day * gpus, wall),
+        protect_alarms,
+    )
+
+
+def _alert_time(alerts: AlertSample, mode: str, pick: float, t: float) -> float | None:
+    """When the replayed failure `pick` stands for was alerted at this sample's threshold (None: missed)."""
+    leads = alerts.leads_for(mode)
+    lead = leads[min(int(pick * len(leads)), len(leads) - 1)] if leads else None
+    return None if lead is None else max(0.0, t - lead)
 
 
 def false_alarm_times(d: Draw, per_day: float, wall_s: float) -> tuple[float, ...]:

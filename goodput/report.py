@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
 
-from faultcast.goodput.study import Job, PolicyResult, SweepPoint, gpu_hours, lost_s
+from faultcast.goodput.study import Job, PolicyResult, SweepPoint, TierPoint, gpu_hours, lost_s
 
 # What the wall time went to, in the order the plot stacks it.
 BUCKETS: tuple[tuple[str, str], ...] = (
@@ -17,6 +17,7 @@ BUCKETS: tuple[tuple[str, str], ...] = (
     ("snapshot_s", "predictive snapshots"),
     ("migration_s", "migrations"),
     ("false_alarm_s", "false alarms (snapshot + migration)"),
+    ("protection_s", "protect-tier warnings (replicas + readied spare)"),
 )
 
 
@@ -130,3 +131,19 @@ def plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def tier_table(points: Sequence[TierPoint], best: TierPoint | None, base_ettr: float) -> str:
+    """A Markdown table of the protect tier's sweep; the chosen point marked, (b') alone first."""
+    rows = [
+        "| protect threshold | effective training time | failures warned in time | warnings on healthy nodes per day |",
+        "| --- | --- | --- | --- |",
+        f"| none (move tier only) | {100 * base_ettr:.2f}% | | |",
+    ]
+    for p in points:
+        note = " (chosen)" if p is best else ""
+        rows.append(
+            f"| {p.threshold:.3f}{note} | {100 * p.ettr:.2f}% +- {100 * p.ettr_sd:.2f} "
+            f"| {100 * p.warned_share:.1f}% | {p.warnings_per_day:.2f} |"
+        )
+    return "\n".join(rows)

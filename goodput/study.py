@@ -5,6 +5,7 @@ replication (common random numbers), so the differences are the policies'."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultcast.goodput.engine import JobCosts, Outcome, Policy, Scenario, simulate
+from faultcast.goodput.engine import JobCosts, Outcome, Policy, ProtectTier, Scenario, simulate
 from faultcast.goodput.interval import daly_interval
 from faultcast.goodput.process import AlertSample, Draw, draw, job_mtbf_s, scenario
 from faultcast.goodput.replay import Replay
@@ -252,3 +253,81 @@ def evaluate(
     results = compare(job, rates, chosen, runs[:replications])
     results.insert(3, pessimistic(job, rates, chosen, result.gpu_days, runs[:replications]))
     return Evaluation(points, best, results)
+
+
+@dataclass(frozen=True)
+class TierPoint:
+    """Policy (b') at the move threshold plus a protect tier at one lower threshold."""
+
+    threshold: float  # the protect tier's
+    ettr: float
+    ettr_sd: float
+    warned_share: float  # of all failures, with a protect warning at least react_s ahead
+    warnings_per_day: float  # protect warnings on healthy nodes, for this job
+
+
+@dataclass(frozen=True)
+class TierStudy:
+    """The protect tier's sweep below the move threshold, and the policy at its best point (None when
+    no protect threshold beats the move tier alone on the same draws)."""
+
+    base: PolicyResult  # (b') at the move threshold, no protect tier
+    points: list[TierPoint]
+    best: TierPoint | None
+    result: PolicyResult | None  # (t) at the best point, on the comparison's replications
+
+
+def protect_tier(
+    job: Job,
+    rates: Mapping[str, float],
+    result: Replay,
+    move: AlertSample,
+    tier: ProtectTier,
+    runs: Sequence[Draw],
+    replications: int,
+    sweep_replications: int,
+) -> TierStudy:
+    """Sweep the protect tier's threshold over the replayed thresholds below `move`'s, on the first
+    `sweep_replications` draws, against (b') alone on the same draws; run the best on the first
+    `replications`. The periodic checkpoint interval is (b')'s: a protect tier changes what a crash
+    loses, not which failures come unforeseen."""
+    policy = tuned_policy(job, rates, foreseen(job, rates, move))
+    tiered = dataclasses.replace(policy, name="t", protect=tier)
+    sweep_runs = runs[:sweep_replications]
+    base = _run(
+        "b_tuned",
+        "(b')",
+        policy,
+        move.threshold,
+        job,
+        [scenario(d, move, job.gpus, job.days) for d in sweep_runs],
+    )
+    points = []
+    for low in result.samples:
+        if low.threshold >= move.threshold:
+            continue
+        scenarios = [scenario(d, move, job.gpus, job.days, low) for d in sweep_runs]
+        r = _run("t", "(t)", tiered, move.threshold, job, scenarios)
+        points.append(
+            TierPoint(
+                low.threshold,
+                r.ettr,
+                r.sd(lambda o: o.ettr),
+                low.caught_share(rates, job.costs.react_s),
+                low.false_alarms_per_gpu_day * job.gpus,
+            )
+        )
+    better = [p for p in points if p.ettr > base.ettr]
+    best = max(better, key=lambda p: (p.ettr, p.threshold)) if better else None
+    chosen = None
+    if best is not None:
+        low = result.at(best.threshold)
+        chosen = _run(
+            "t",
+            f"(t) (b') + protect tier at {best.threshold:.3f}: replicas every {tier.replica_s:g} s while warned",
+            tiered,
+            move.threshold,
+            job,
+            [scenario(d, move, job.gpus, job.days, low) for d in runs[:replications]],
+        )
+    return TierStudy(base, points, best, chosen)

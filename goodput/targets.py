@@ -90,6 +90,8 @@ def lost_parts(r: PolicyResult, costs: JobCosts, unmeasured: frozenset[str] = fr
         "snapshot_s": f"{per_run['migrations']:.1f} migrations x {cost('snapshot_s')}",
         "migration_s": f"{per_run['migrations']:.1f} migrations x {cost('migrate_s')}",
         "false_alarm_s": f"{per_run['false alarms']:.1f} false alarms x ({cost('snapshot_s')} + {cost('migrate_s')})",
+        "protection_s": f"{r.mean(lambda o: o.protected_crashes):.1f} warned crashes; every protect-tier warning x "
+        "its span x (replica overhead + the readied spare's share)",
     }
     total = r.mean(lost_s)
     parts = []

@@ -17,7 +17,16 @@ import pytest
 
 from faultcast.cli.app import main
 from faultcast.goodput import study
-from faultcast.goodput.engine import EVIDENT_MODES, JobCosts, JobFailure, Outcome, Policy, Scenario, simulate
+from faultcast.goodput.engine import (
+    EVIDENT_MODES,
+    JobCosts,
+    JobFailure,
+    Outcome,
+    Policy,
+    ProtectTier,
+    Scenario,
+    simulate,
+)
 from faultcast.goodput.interval import daly_interval, young_interval
 from faultcast.goodput.process import (
     LLAMA3_DAYS,
@@ -96,6 +105,30 @@ def test_a_crash_with_evidence_is_noticed_at_once_and_one_without_after_the_time
     assert simulate(Scenario(WALL, (software,), ()), PERIODIC, fast, spares=1).restart_s == pytest.approx(300)
     assert {m.value for m in FailureMode} >= EVIDENT_MODES
     assert {"software", "nccl_timeout", "silent_data_corruption"}.isdisjoint(EVIDENT_MODES)
+
+
+def test_a_crash_a_protect_warning_named_in_time_loses_one_replica_interval_and_warnings_are_charged() -> (
+    None
+):
+    # As the first case, warned at 2,000 by the protect tier only: the failure at 2,550 loses 60 s
+    # (the newest replica), not 350; the warning lasted 550 s and costs 10% of it; a false warning
+    # at 5,000 lasts its 300 s and costs 30 s.
+    tier = ProtectTier(replica_s=60.0, overhead=0.08, warning_s=300.0, spare_share=0.02)
+    protected = replace(PERIODIC, protect=tier)
+    warned = JobFailure(2550, "hbm_wear", None, takes_node=True, repair_s=500.0, protect_s=2000.0)
+    o = simulate(Scenario(WALL, (warned,), (), (5000.0,)), protected, COSTS, spares=1)
+    assert o.recompute_s == pytest.approx(60)
+    assert o.protected_crashes == 1
+    assert o.protection_s == pytest.approx(0.1 * 550 + 0.1 * 300)
+    assert o.useful_s == pytest.approx(8550 + 290 - o.protection_s)
+    buckets_add_up(o)
+    # Without the tier the same scenario loses 350 s and pays for no warning.
+    plain = simulate(Scenario(WALL, (warned,), (), (5000.0,)), PERIODIC, COSTS, spares=1)
+    assert plain.recompute_s == pytest.approx(350)
+    assert plain.protection_s == 0.0
+    # A warning too late for a replica (under react_s before the failure) bounds nothing.
+    late = replace(warned, protect_s=2545.0)
+    assert simulate(Scenario(WALL, (late,), ()), protected, COSTS, spares=1).recompute_s == pytest.approx(350)
 
 
 def test_an_alert_the_failure_overtakes_is_a_crash_that_also_wasted_the_snapshot() -> None:
@@ -357,6 +390,15 @@ def test_the_goodput_command_prints_the_three_policies_recommends_a_threshold_an
     assert figures["recommended_threshold"] == best["threshold"]
     # --apply: the model now serves the recommended threshold.
     assert load(model_dir).threshold == figures["recommended_threshold"]
+    # The protect tier's sweep runs below it, against the move tier alone on the same draws.
+    assert "protect tier below" in run.stdout
+    tier = figures["protect_tier"]
+    assert all(p["threshold"] < figures["recommended_threshold"] for p in tier["points"])
+    better = [p for p in tier["points"] if p["ettr"] > tier["base_ettr"]]
+    assert tier["chosen"] == (
+        max(better, key=lambda p: (p["ettr"], p["threshold"]))["threshold"] if better else None
+    )
+    assert load(model_dir).protect_threshold == tier["chosen"]
     # A second run (the same command in this process: the cache is a file either way) reads the replay
     # from the cache instead of scoring again.
     capsys.readouterr()
