@@ -51,7 +51,7 @@ from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.modes import NODE_LEVEL_MODES, FailureMode
 from faultcast.service.failure_events import TrainerReport, failure_event
-from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.metrics import ALERT_TIERS, ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
 from faultcast.service.state import StateStore
@@ -193,8 +193,8 @@ class AlertBook:
             self._silent[str(name)] = bool(during)
             self.metrics.node_silent.labels(str(name), "true" if during else "false").set(1.0)
         self.metrics.silent_nodes.set_function(lambda: float(len(self._silent)))
-        for tier in (apb.ALERT_TIER_PROTECT, apb.ALERT_TIER_MOVE):
-            name = apb.AlertTier.Name(tier).removeprefix("ALERT_TIER_").lower()
+        for name in ALERT_TIERS:
+            tier = apb.AlertTier.Value(f"ALERT_TIER_{name.upper()}")
             self.metrics.alerts_by_tier.labels(name).set_function(functools.partial(self._open_at_tier, tier))
 
     def _open_at_tier(self, tier: int) -> float:

@@ -335,6 +335,12 @@ class ServiceMetrics:
         for evidence in Evidence:
             for foreseen in ("true", "false"):
                 self.failures.labels(evidence.value, foreseen)
+        for tier in ALERT_TIERS:
+            self.alerts_by_tier.labels(tier)
+
+
+ALERT_TIERS = ("protect", "move")
+"""The alert tiers' label values (faultcast_alerts_by_tier), the proto's AlertTier without the prefix."""
 
 
 # Every metric family name as Prometheus exposes it: what rules and dashboards may use.
