@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from faultcast.cli.types import Subcommands, duration, limit
-from faultcast.goodput.engine import JobCosts, Outcome, ProtectTier
+from faultcast.goodput.engine import JobCosts, NodeReplacement, Outcome, ProtectTier
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
 
 if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the command runs
     from faultcast.goodput.cost_scaling import Assumptions
     from faultcast.goodput.measured_costs import MeasuredCosts
-    from faultcast.goodput.process import Draw
+    from faultcast.goodput.process import AlertSample, Draw
     from faultcast.goodput.replay import Replay
     from faultcast.goodput.study import Evaluation, Job, PolicyResult, SweepPoint, TierPoint, TierStudy
     from faultcast.model.artifact import FaultModel
@@ -121,6 +121,37 @@ def add_parser(commands: Subcommands) -> None:
         type=duration,
         default=1800.0,
         help="protect tier: how long a warning on a node that does not fail lasts (the model's horizon)",
+    )
+    g = p.add_argument_group(
+        "state in peers' memory and one node replaced (policy (r), when --replica-every is given)"
+    )
+    g.add_argument(
+        "--replica-every",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="a replica of the job's state in a buddy's memory this often: a crash loses at most this much",
+    )
+    g.add_argument(
+        "--replica-overhead",
+        type=float,
+        default=0.0282,
+        help="the share of training time the replicas cost (default: bench/replicas.py at one a minute, "
+        "256 MiB per rank)",
+    )
+    g.add_argument(
+        "--replace",
+        type=duration,
+        default=60.0,
+        help="a crash noticed to the first step again on a warm spare (or in place when no node is lost)",
+    )
+    g.add_argument("--warm-pool", type=int, default=1, help="warm spare nodes kept running for the job")
+    g.add_argument(
+        "--rearm",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="a taken warm spare is replaced after this long (default: --restart)",
     )
     _add_cost_flags(p)
     p.add_argument("--replications", type=int, default=20, help="independent runs per policy")
@@ -397,6 +428,8 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
                 f"vs {study.gpu_hours(job, theirs):,.0f}, {100 * (1 - mine / theirs):.0f}% less)"
             )
     tiers = _protect_tier(args, job, rates, result, best.threshold, runs)
+    if args.replica_every is not None:
+        results = [*results, _replacement(args, job, rates, result.at(best.threshold), runs)]
     report.plot(args.plot, job, results, points, best)
     print(f"plot: {args.plot}")
     basis = {
@@ -426,6 +459,33 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
     if setup.measured is not None and setup.assumptions is not None:
         figures.update(_on_measured(args, setup.measured, setup.assumptions, job, ev, result, runs))
     return Study(best.threshold, basis, figures, protect)
+
+
+def _replacement(
+    args: argparse.Namespace, job: Job, rates: Mapping[str, float], move: AlertSample, runs: Sequence[Draw]
+) -> PolicyResult:
+    """Policy (r) at the recommended threshold, printed with where its lost GPU-hours go beside (b')'s."""
+    from faultcast.goodput import report, study, targets
+
+    replacement = NodeReplacement(
+        replica_s=args.replica_every,
+        overhead=args.replica_overhead,
+        replace_s=args.replace,
+        warm_pool=args.warm_pool,
+        rearm_s=args.rearm if args.rearm is not None else args.restart,
+        pool_share=args.warm_pool * GPUS_PER_NODE / job.gpus,
+    )
+    found = study.with_replacement(job, rates, move, runs[: args.replications], replacement)
+    print()
+    print(f"state in peers' memory and one node replaced ({args.replications} replications):")
+    print(report.table(job, [found]))
+    print("  where its lost GPU-hours go:")
+    for part in targets.lost_parts(found, job.costs):
+        if part.lost_s > 0:
+            print(
+                f"  - {part.label}: {study.gpu_hours(job, part.lost_s):,.0f} ({100 * part.share:.0f}%): {part.behind}"
+            )
+    return found
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,33 @@ class ProtectTier:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeReplacement:
+    """Buddy replicas every `replica_s` and a lost node replaced from a warm pool. A crash loses only
+    the work since the newest replica (silent data corruption aside: its replicas are as wrong as
+    the state) and is back `replace_s` after it is noticed: in place for a failure that takes no
+    node (the agents restart their workers), on a warm spare for one that does while one is free
+    (`warm_pool` of them, each re-armed `rearm_s` after it is taken), else the cold path
+    (`restart_s`). The replicas cost `overhead` of the training time; the warm pool's idle GPUs,
+    `pool_share` of the job's, are charged for the whole run. ValueError for a negative or
+    non-finite value, or a replica interval that is not positive."""
+
+    replica_s: float = 60.0
+    overhead: float = 0.0282
+    replace_s: float = 60.0
+    warm_pool: int = 1
+    rearm_s: float = 300.0
+    pool_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("replica_s", "overhead", "replace_s", "warm_pool", "rearm_s", "pool_share"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.replica_s <= 0:
+            raise ValueError("replica_s must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """How the job protects itself: periodic checkpoints every `interval_s` of compute, and whether it
     snapshots and migrates on alerts. ValueError for an interval that is not positive."""
@@ -146,6 +173,7 @@ class Policy:
     interval_s: float  # compute between periodic checkpoints (math.inf: none)
     acts_on_alerts: bool
     protect: ProtectTier | None = None  # acts on protect-tier warnings too
+    replacement: NodeReplacement | None = None  # buddy replicas and one node replaced
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -165,6 +193,8 @@ class Outcome:
     restart_s: float = 0.0  # crash detection and restarts
     false_alarm_s: float = 0.0  # snapshots and planned restarts for alerts on healthy nodes
     protection_s: float = 0.0  # protect-tier warnings: replicas and readied spares, as training time
+    replication_s: float = 0.0  # periodic buddy replicas' overhead, as training time
+    warm_pool_s: float = 0.0  # the warm pool's idle GPUs, as the job's share of the wall time
     spare_wait_s: float = 0.0  # part of the restarts and migrations: no spare node was free
     crashes: int = 0
     migrations: int = 0
@@ -173,6 +203,8 @@ class Outcome:
     late_alerts: int = 0  # alerts whose snapshot the failure overtook
     checkpoints: int = 0
     protected_crashes: int = 0  # crashes a protect-tier warning had bounded to one replica interval
+    replica_restores: int = 0  # crashes that went on from the newest buddy replica
+    warm_replacements: int = 0  # of which on a warm spare (the others in place, or cold)
 
     @property
     def ettr(self) -> float:
@@ -192,6 +224,8 @@ class Outcome:
             + self.restart_s
             + self.false_alarm_s
             + self.protection_s
+            + self.replication_s
+            + self.warm_pool_s
         )
 
 
@@ -244,6 +278,7 @@ class _Job:
     down_until: float = 0.0
     down_kind: str = "restart_s"
     pending: list[int] = field(default_factory=list)  # failure indexes (-1: a false alarm) to drain
+    warm_ready: list[float] = field(default_factory=list)  # when each warm spare is (again) ready
     drained: set[int] = field(default_factory=set)
 
     # -- time passing ----------------------------------------------------------------------
@@ -362,6 +397,14 @@ class _Job:
                     lost = tier.replica_s
                     self.saved = self.work - lost
                 self.out.protected_crashes += 1
+            replacement = self.policy.replacement
+            if replacement is not None and failure.mode != FailureMode.SILENT_DATA_CORRUPTION:
+                # The newest replica is as old as the time into the current replica interval.
+                since = self.t % replacement.replica_s
+                if lost > since:
+                    lost = since
+                    self.saved = self.work - lost
+                self.out.replica_restores += 1
             self.out.recompute_s += lost
             self.work = self.saved
         spare = self.t
@@ -376,9 +419,25 @@ class _Job:
         ready = self.t + self.costs.detect_for(failure.mode)
         self.out.spare_wait_s += max(0.0, spare - ready)
         ready = max(ready, spare)
-        restarted = ready + self.costs.restart_s
+        restarted = ready + self._restart_s(failure, ready)
         self.down_until = max(self.down_until, restarted) if self.state is _State.DOWN else restarted
         self.state, self.down_kind = _State.DOWN, "restart_s"
+
+    def _restart_s(self, failure: JobFailure, ready: float) -> float:
+        """How long the restart after a crash noticed at `ready` takes: the replacement's time in place
+        or on a free warm spare (taken, and re-armed later), else the cold path."""
+        replacement = self.policy.replacement
+        if replacement is None or failure.mode == FailureMode.SILENT_DATA_CORRUPTION:
+            return self.costs.restart_s
+        if not failure.takes_node:
+            return replacement.replace_s
+        if self.warm_ready:
+            slot = min(range(len(self.warm_ready)), key=self.warm_ready.__getitem__)
+            if self.warm_ready[slot] <= ready:
+                self.warm_ready[slot] = ready + replacement.rearm_s
+                self.out.warm_replacements += 1
+                return replacement.replace_s
+        return self.costs.restart_s
 
     def _all_false(self) -> bool:
         return bool(self.pending) and all(i < 0 for i in self.pending)
@@ -412,6 +471,8 @@ def simulate(scenario: Scenario, policy: Policy, costs: JobCosts, spares: int) -
     """Run the job through the scenario's wall time under the policy."""
     out = Outcome(wall_s=scenario.wall_s)
     job = _Job(policy, costs, SparePool(spares), out)
+    if policy.replacement is not None:
+        job.warm_ready = [0.0] * policy.replacement.warm_pool
     # (time, order, kind, index): at equal times a failure comes before an alert.
     events: list[tuple[float, int, int]] = []
     for i, f in enumerate(scenario.failures):
@@ -444,7 +505,18 @@ def simulate(scenario: Scenario, policy: Policy, costs: JobCosts, spares: int) -
     out.useful_s = job.work
     if policy.protect is not None:
         _charge_protection(scenario, policy.protect, out)
+    if policy.replacement is not None:
+        _charge_replacement(policy.replacement, out)
     return out
+
+
+def _charge_replacement(replacement: NodeReplacement, out: Outcome) -> None:
+    """The replicas' overhead on the compute, and the warm pool's idle GPUs over the whole run, taken
+    from the kept compute (as protect-tier warnings are)."""
+    out.replication_s = min(replacement.overhead * out.useful_s, out.useful_s)
+    out.useful_s -= out.replication_s
+    out.warm_pool_s = min(replacement.pool_share * out.wall_s, out.useful_s)
+    out.useful_s -= out.warm_pool_s
 
 
 def _charge_protection(scenario: Scenario, tier: ProtectTier, out: Outcome) -> None:

@@ -18,6 +18,8 @@ BUCKETS: tuple[tuple[str, str], ...] = (
     ("migration_s", "migrations"),
     ("false_alarm_s", "false alarms (snapshot + migration)"),
     ("protection_s", "protect-tier warnings (replicas + readied spare)"),
+    ("replication_s", "buddy replicas"),
+    ("warm_pool_s", "warm pool (idle spare GPUs)"),
 )
 
 

@@ -13,10 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from faultcast.goodput.engine import JobCosts, Outcome, Policy, ProtectTier, Scenario, simulate
+from faultcast.goodput.engine import (
+    JobCosts,
+    NodeReplacement,
+    Outcome,
+    Policy,
+    ProtectTier,
+    Scenario,
+    simulate,
+)
 from faultcast.goodput.interval import daly_interval
 from faultcast.goodput.process import AlertSample, Draw, draw, job_mtbf_s, scenario
 from faultcast.goodput.replay import Replay
+from faultcast.modes import FailureMode
 
 ORACLE_LEAD_S = 1800.0
 """How far ahead the oracle policy knows every failure (seconds)."""
@@ -331,3 +340,25 @@ def protect_tier(
             [scenario(d, move, job.gpus, job.days, low) for d in runs[:replications]],
         )
     return TierStudy(base, points, best, chosen)
+
+
+def with_replacement(
+    job: Job,
+    rates: Mapping[str, float],
+    alerts: AlertSample,
+    runs: Sequence[Draw],
+    replacement: NodeReplacement,
+) -> PolicyResult:
+    """(r): (b') plus buddy replicas and one node replaced from a warm pool, on the same draws. The
+    periodic checkpoints remain only for what replicas cannot restore (silent data corruption), at
+    Daly's interval for that rate."""
+    unrestorable = rates.get(FailureMode.SILENT_DATA_CORRUPTION.value, 0.0)
+    interval = daly_interval(job.costs.checkpoint_s, job_mtbf_s(job.gpus, unrestorable))
+    label = (
+        f"(r) (b') + buddy replicas every {replacement.replica_s:g} s, one node replaced in "
+        f"{replacement.replace_s:g} s from a warm pool of {replacement.warm_pool}"
+    )
+    policy = Policy("r", interval, True, replacement=replacement)
+    return _run(
+        "r", label, policy, alerts.threshold, job, [scenario(d, alerts, job.gpus, job.days) for d in runs]
+    )

@@ -92,6 +92,9 @@ def lost_parts(r: PolicyResult, costs: JobCosts, unmeasured: frozenset[str] = fr
         "false_alarm_s": f"{per_run['false alarms']:.1f} false alarms x ({cost('snapshot_s')} + {cost('migrate_s')})",
         "protection_s": f"{r.mean(lambda o: o.protected_crashes):.1f} warned crashes; every protect-tier warning x "
         "its span x (replica overhead + the readied spare's share)",
+        "replication_s": f"{r.mean(lambda o: o.replica_restores):.1f} crashes restored from replicas; the "
+        "replicas' overhead x the compute",
+        "warm_pool_s": f"{r.mean(lambda o: o.warm_replacements):.1f} nodes replaced warm; the pool's GPUs x the run",
     }
     total = r.mean(lost_s)
     parts = []

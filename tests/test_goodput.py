@@ -21,6 +21,7 @@ from faultcast.goodput.engine import (
     EVIDENT_MODES,
     JobCosts,
     JobFailure,
+    NodeReplacement,
     Outcome,
     Policy,
     ProtectTier,
@@ -129,6 +130,36 @@ def test_a_crash_a_protect_warning_named_in_time_loses_one_replica_interval_and_
     # A warning too late for a replica (under react_s before the failure) bounds nothing.
     late = replace(warned, protect_s=2545.0)
     assert simulate(Scenario(WALL, (late,), ()), protected, COSTS, spares=1).recompute_s == pytest.approx(350)
+
+
+def test_with_replicas_a_crash_loses_the_time_since_the_newest_and_a_warm_spare_takes_over() -> None:
+    # Replicas every 60 s: the failure at 2,550 loses 2,550 mod 60 = 30 s, not 350, and is back after
+    # detection (100 s) and the warm spare's 20 s. The second, at 2,900 (the job back at 2,670),
+    # finds the one warm spare not yet re-armed (until 2,650 + 1,000): the cold path, 200 s. A
+    # software failure at 5,010 restarts in place (20 s) and loses 30 s; silent data corruption at
+    # 7,020 is not restored (its replicas are as wrong): the work since the last checkpoint.
+    replacement = NodeReplacement(
+        replica_s=60.0, overhead=0.01, replace_s=20.0, warm_pool=1, rearm_s=1000.0, pool_share=0.002
+    )
+    policy = Policy("r", 1000.0, acts_on_alerts=False, replacement=replacement)
+    failures = (
+        hbm(2550, None),
+        hbm(2900, None),
+        JobFailure(5010, "software", None, takes_node=False, repair_s=0.0),
+        JobFailure(7020, "silent_data_corruption", None, takes_node=False, repair_s=0.0),
+    )
+    o = simulate(Scenario(WALL, failures, ()), policy, COSTS, spares=2)
+    assert (o.crashes, o.replica_restores, o.warm_replacements) == (4, 3, 1)
+    assert o.restart_s == pytest.approx((100 + 20) + (100 + 200) + (100 + 20) + (100 + 200))
+    lost_sdc = o.recompute_s - (30 + 20 + 30)  # 2,900 mod 60 = 20
+    assert 0 < lost_sdc <= 1000
+    assert o.warm_pool_s == pytest.approx(0.002 * WALL)
+    kept = o.useful_s + o.replication_s + o.warm_pool_s
+    assert o.replication_s == pytest.approx(0.01 * kept)
+    buckets_add_up(o)
+    # Without replicas the same failures lose far more.
+    plain = simulate(Scenario(WALL, failures, ()), replace(policy, replacement=None), COSTS, spares=2)
+    assert plain.recompute_s > o.recompute_s + 300
 
 
 def test_an_alert_the_failure_overtakes_is_a_crash_that_also_wasted_the_snapshot() -> None:
