@@ -77,6 +77,7 @@ class ReplicaStats:
     bytes_held: int = 0  # own newest part and the parts held for others, on disk (host memory)
     restored_step: int | None = None
     fetched_from_peer: int = 0  # parts a restore received from another node
+    bytes_fetched: int = 0  # and their bytes
     seconds: list[float] = field(default_factory=list)  # each replica's background time (wall)
     cpu_seconds: list[float] = field(default_factory=list)  # and the replica thread's CPU time for it
 
@@ -282,6 +283,7 @@ class BuddyReplicas:
                 dist.recv(data, src=source, group=self._group)
                 mine = data.numpy().tobytes()
                 self.stats.fetched_from_peer += 1
+                self.stats.bytes_fetched += len(mine)
         if mine is None:
             raise RuntimeError(f"rank {self.rank}: no part of step {step} reached it")
         return mine
