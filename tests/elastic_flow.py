@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # exported at run time only
 
 from faultcast.client.elastic import ELASTIC_ENV, torchrun_args
+from tests.slurm_cluster import SlurmCluster
 
 JOB = Path(__file__).parent / "fixtures" / "elastic_job.py"
 WAIT_S = 180.0
@@ -45,6 +48,7 @@ class Run:
     shape: Shape
     store: TCPStore = field(init=False)
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    jobs: dict[str, str] = field(default_factory=dict)  # node -> Slurm job id (submitted agents)
 
     def __post_init__(self) -> None:
         for sub in ("out", "snapshots", "progress", "logs"):  # memory: the replicas make it, private
@@ -89,6 +93,41 @@ class Run:
         self.agents[node] = subprocess.Popen(
             self.command(), env=self.env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+    def submit(self, cluster: SlurmCluster, node: str) -> str:
+        """Submit `node`'s agent as a Slurm job of its own on that node; its job id."""
+        exports = ",".join(
+            f"{k}={v}" for k, v in {**ELASTIC_ENV, "LOGLEVEL": "INFO", "OMP_NUM_THREADS": "1"}.items()
+        )
+        job = cluster.sbatch(
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--job-name=fc-elastic-{node}",
+            f"--export=ALL,{exports}",
+            f"--output={self.work / 'logs' / f'{node}.log'}",
+            "--wrap",
+            f"exec {shlex.join(self.command())}",
+        )
+        self.jobs[node] = job
+        return job
+
+    def agent_of(self, node: str) -> int | None:
+        """The pid of `node`'s torchrun agent under Slurm (found by its job's environment)."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            env = environ_of(int(entry.name))
+            if env.get("SLURM_JOB_ID") != self.jobs.get(node) or env.get("SLURMD_NODENAME") != node:
+                continue
+            with contextlib.suppress(OSError):
+                if b"torch.distributed.run" in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+        return None
+
+    def lose_memory(self, node: str) -> None:
+        """The node's host memory is gone with it: its replicas and the parts it held."""
+        shutil.rmtree(self.work / "memory" / "elastic-job" / node)
 
     def progress(self) -> dict[str, dict[str, Any]]:
         """Each node's newest progress (local rank 0's)."""
@@ -166,6 +205,14 @@ def kill_tree(pid: int) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     return procs
+
+
+def parent_of(pid: int) -> int:
+    """The parent's pid (0 when the process is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def environ_of(pid: int) -> Mapping[str, str]:

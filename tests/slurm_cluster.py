@@ -150,6 +150,23 @@ class SlurmCluster:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
 
+    def kill_node(self, node: str) -> None:
+        """The node lost whole, as far as Slurm goes: SIGKILL its slurmd (its jobs' processes are the
+        caller's to kill: slurmstepd outlives slurmd)."""
+        for name, proc, _ in self._procs:
+            if name == f"slurmd-{node}" and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def restart_node(self, node: str) -> None:
+        """The node back (repaired): its slurmd started again; the controller then ends what it
+        believed ran there."""
+        dead = [(n, p, o) for n, p, o in self._procs if n == f"slurmd-{node}" and p.poll() is not None]
+        for entry in dead:
+            entry[2].close()
+            self._procs.remove(entry)
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+
     # -- client commands ---------------------------------------------------------------------------
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

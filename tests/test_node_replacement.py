@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.elastic_flow import Run, Shape, kill_tree, reference, same, wait_until
+from tests.elastic_flow import Run, Shape, kill_tree, parent_of, reference, same, wait_until
+from tests.slurm_cluster import SlurmCluster, running_cluster
 
 SHAPE = Shape(steps=24, every=3, hold_at=10)
 
@@ -46,25 +47,74 @@ def test_a_node_lost_whole_is_replaced_by_the_warm_spare_and_the_job_ends_bit_id
     faulted = time.time()
     kill_tree(run.agents[victim].pid)
     run.agents[victim].wait()
-    lost = run.work / "memory" / "elastic-job" / victim
-    for path in sorted(lost.rglob("*"), reverse=True):  # its host memory is gone with it
-        path.unlink() if path.is_file() else path.rmdir()
-    lost.rmdir()
+    run.lose_memory(victim)
     run.go.touch()
-
-    wait_until("a step on the spare", lambda: run.progress().get("spare", {}).get("step", 0) > 9, logs=logs)
+    _check_replaced(run, want, ("a", "b", "c"), "spare", victim, faulted)
     for node, agent in run.agents.items():
-        if node not in (victim, "spare"):
+        if node != victim:
             assert agent.wait(timeout=120) == 0, (logs / f"{node}.log").read_text()[-3000:]
+
+
+def _check_replaced(
+    run: Run,
+    want: list[dict[str, torch.Tensor]],
+    nodes: tuple[str, ...],
+    spare: str,
+    victim: str,
+    faulted: float,
+) -> None:
+    logs = run.work / "logs"
+    wait_until("a step on the spare", lambda: run.progress().get(spare, {}).get("step", 0) > 9, logs=logs)
+    assert run.progress()[spare]["time"] > faulted
+    wait_until(
+        "every rank's report", lambda: all((run.work / "out" / f"rank-{r}.json").is_file() for r in range(3))
+    )
     reports = run.reports()
     # The survivors and the spare, each once more from the replica of step 9: one step lost.
-    assert sorted(r["node"] for r in reports) == sorted({"a", "b", "c", "spare"} - {victim})
+    assert sorted(r["node"] for r in reports) == sorted({*nodes, spare} - {victim})
     assert {r["start"] for r in reports} == {9}
-    assert all(r["attempt"] == 1 for r in reports if r["node"] != "spare")
-    # The part of the lost node's rank number came from the node holding it; nothing else moved
-    # except what the renumbering of ranks asks for (each rank loads the part of its number).
+    assert all(r["attempt"] == 1 for r in reports if r["node"] != spare), reports
+    # The part of the lost node's rank number came from the node holding it (and the parts the
+    # renumbering of ranks moved: each rank loads the part of its number).
     assert sum(r["fetched_from_peer"] for r in reports) >= 1
     assert sum(r["bytes_fetched"] for r in reports) > 0
     assert same(run.weights(), want)
-    first = run.progress()["spare"]
-    assert first["time"] > faulted
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    yield from running_cluster(("fc-a", "fc-b", "fc-c", "fc-spare"))
+
+
+def test_on_slurm_a_node_killed_with_its_slurmd_is_replaced_by_the_warm_spare_bit_identical(
+    cluster: SlurmCluster, tmp_path: Path, want: list[dict[str, torch.Tensor]]
+) -> None:
+    """One Slurm job per node (a step across one allocation would die with the batch script's node,
+    or need --no-kill); the spare is one more job, on the spare node, under the same rendezvous id."""
+    run = Run(tmp_path / "run", SHAPE)
+    nodes = ("fc-a", "fc-b", "fc-c")
+    victim = ""
+    try:
+        for node in nodes:
+            run.submit(cluster, node)
+        logs = run.work / "logs"
+        wait_until("the three nodes to hold at step 10", run.holding, logs=logs)
+        run.submit(cluster, "fc-spare")
+        wait_until("the spare to wait in the rendezvous", lambda: run.spare_waiting("fc-spare"), logs=logs)
+        victim = run.progress()[nodes[0]]["nodes"][1]
+        agent = run.agent_of(victim)
+        assert agent is not None, f"no torchrun agent of job {run.jobs[victim]} on {victim}"
+        step = parent_of(agent)  # slurmstepd: the job's processes on the node, all of them
+        faulted = time.time()
+        kill_tree(step if b"slurmstepd" in Path(f"/proc/{step}/cmdline").read_bytes() else agent)
+        cluster.kill_node(victim)
+        run.lose_memory(victim)
+        run.go.touch()
+        _check_replaced(run, want, nodes, "fc-spare", victim, faulted)
+        # The survivors' and the spare's jobs end (the lost node's daemon is dead: not cluster.wait_for).
+        ending = [run.jobs[n] for n in (*nodes, "fc-spare") if n != victim]
+        wait_until("the other jobs to end", lambda: all(cluster.job(j)[0] == "" for j in ending))
+    finally:
+        if victim:
+            cluster.restart_node(victim)
+        cluster.run("scancel", *run.jobs.values(), check=False)
