@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -126,6 +127,7 @@ class Protection:
         racks: Mapping[str, str] | None = None,
         on_failure: Callable[[apb.Alert], None] | None = None,
         protect_replica_s: float = 60.0,
+        replace_node: bool = False,
     ) -> None:
         """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
         Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
@@ -143,7 +145,12 @@ class Protection:
         timeout. `protect_replica_s`: while an alert on the job's nodes asks for a snapshot (a
         warning of either tier), a replica is made at the first agreement step at least this long
         after the previous one, however far off `replica_every` is (the protect tier's price: a host
-        copy a minute). Collective: every rank constructs it at the same point."""
+        copy a minute). `replace_node`: the job runs under torchrun's elastic rendezvous with a warm
+        spare (faultcast.client.elastic) and buddy replicas: a snapshot-and-migrate alert then makes a
+        replica at once instead of the whole job's move, acknowledged as the snapshot, and the warned
+        node leaves the job as a lost node does (its torchrun agent ends with it); the others fail at
+        their next collective, form the job again with the spare and go on from that replica, no
+        step lost. Collective: every rank constructs it at the same point."""
         if agree_every < 1:
             raise ValueError("agree_every must be at least 1")
         standby_of = standby_for if standby_for is not None else standby.standby_for()
@@ -151,6 +158,7 @@ class Protection:
             raise ValueError(f"a standby for job {standby_of} needs the service (target) to hand over")
         self.state, self.agree_every, self.checkpoint_every = state, agree_every, checkpoint_every
         self.protect_replica_s = protect_replica_s
+        self.replace_node = replace_node
         self.migration_wait_s = migration_wait_s
         self.store = SnapshotStore(directory, keep=keep)
         self.stats = ProtectionStats()
@@ -383,11 +391,36 @@ class Protection:
             if vote.protect and self.replicas is not None:
                 self.replicas.replicate(step)
                 self.stats.protect_replicas.append(step)
+            if vote.migrate and self.replace_node and self.replicas is not None:
+                self._hand_over_to_spare(step, alert)
+                return
             if vote.snapshot:
                 self._snapshot_for_alert(step, alert, migrate=vote.migrate)
                 return
         if self.checkpoint_every and step % self.checkpoint_every == 0:
             self._start_checkpoint(step)
+
+    def _hand_over_to_spare(self, step: int, alert: apb.Alert | None) -> None:
+        """Collective: replicate this step now, whole on every buddy before anyone goes on; the ranks
+        of the warned node(s) acknowledge it and leave the job (`replace_node`)."""
+        assert self.replicas is not None
+        self.replicas.replicate(step)
+        self.replicas.wait()
+        moving = alert is not None and alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
+        warned = {node for node in identity.all_gather_strings(self.node if moving else "") if node}
+        self.stats.snapshots.append(step)
+        if self.node not in warned:
+            return  # go on: the next collective fails once the warned node has left, and torchrun restarts
+        if self.guard is not None and alert is not None:
+            self.stats.acknowledgements.append(self.guard.snapshot_done(step, f"replica:{step}", alert))
+        log.warning(
+            "faultcast: node %s leaves the job after the replica of step %d (alert %s); a spare takes its part",
+            self.node,
+            step,
+            alert.id if alert is not None else "?",
+        )
+        self.close()
+        _leave_the_job()
 
     def close(self) -> None:
         """Finish a checkpoint under way and stop the guard."""
@@ -582,6 +615,17 @@ class Protection:
     def _finish_checkpoint(self, step: int) -> None:
         self.store.finish(step, self.rank, "periodic", self.world_size)
         self.stats.checkpoints.append(step)
+
+
+def _leave_the_job() -> None:
+    """End this rank's process, and with local rank 0 its node's torchrun agent: the rendezvous then
+    drops the node when its heartbeat stops, as for a node lost (an agent that ended cleanly would
+    close the rendezvous for everyone; one whose workers just exited would wait at its exit barrier
+    while still counted)."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        os.kill(os.getppid(), signal.SIGKILL)
+    logging.shutdown()
+    os._exit(0)
 
 
 def protect(

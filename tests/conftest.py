@@ -163,6 +163,15 @@ SLOW_TESTS = {
             "two 2-rank torchrun jobs and the twin pushed sample by sample"
         ),
     },
+    "tests/test_node_replacement.py": {
+        "test_a_node_lost_whole_is_replaced_by_the_warm_spare_and_the_job_ends_bit_identical": "4 torchrun agents",
+        "test_on_slurm_a_node_killed_with_its_slurmd_is_replaced_by_the_warm_spare_bit_identical": (
+            "a 4-node Slurm cluster and 4 torchrun agents"
+        ),
+        "test_a_predicted_failure_hands_the_warned_nodes_part_over_live_and_loses_no_step": (
+            "4 torchrun agents and the twin pushed sample by sample"
+        ),
+    },
     "tests/test_mode_acceleration.py": {
         "test_a_boosted_mode_is_drawn_that_much_more_often_and_the_others_are_not": "400 nodes' schedules",
     },

@@ -38,6 +38,7 @@ class Shape:
     every: int = 3
     hold_at: int = 10
     state_mib: float = 0.0
+    agree_every: int = 10
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Run:
 
     work: Path
     shape: Shape
+    target: str | None = None  # the faultcast service, when the job's guards listen to one
     store: TCPStore = field(init=False)
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     jobs: dict[str, str] = field(default_factory=dict)  # node -> Slurm job id (submitted agents)
@@ -65,6 +67,7 @@ class Run:
             "--out", str(w / "out"), "--root", str(w / "memory"), "--snapshots", str(w / "snapshots"),
             "--progress", str(w / "progress"), "--steps", str(s.steps), "--every", str(s.every),
             "--hold-at", str(s.hold_at), "--go", str(self.go), "--state-mib", str(s.state_mib),
+            "--agree-every", str(s.agree_every), *(["--target", self.target] if self.target else []),
         ]  # fmt: skip
 
     def command(self, nodes: int = 3) -> list[str]:
@@ -227,13 +230,14 @@ def environ_of(pid: int) -> Mapping[str, str]:
 
 def reference(work: Path, shape: Shape) -> list[dict[str, torch.Tensor]]:
     """The same job on one host (--standalone, 3 ranks), never interrupted: the yardstick."""
-    run = Run(work, Shape(shape.steps, shape.every, 0, shape.state_mib))
+    run = Run(work, Shape(shape.steps, shape.every, 0, shape.state_mib, shape.agree_every))
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(JOB),
         *run.job_args(),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=WAIT_S, env=run.env("reference"))
-    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = "\n".join(line for line in done.stderr.splitlines() if line.startswith("[rank"))
+    assert done.returncode == 0, f"{ranks[-8000:]}\n{done.stderr[-4000:]}"
     return run.weights()
 
 

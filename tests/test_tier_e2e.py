@@ -14,26 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from faultcast.demo.feed import push, twin_snapshots
 from faultcast.goodput.replay import model_digest
 from faultcast.model.artifact import load
 from faultcast.model.threshold_file import write
 from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
 from faultcast.service.validation import Limits
-from faultcast.sim.config import FleetConfig
-from faultcast.sim.live import TwinSource
-from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
+from tests.twin_feed import LAST, QUIET, Feed
 
 JOB = Path(__file__).parent / "fixtures" / "replica_job.py"
-FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
-TWIN_NODE, GPU, FAIL_S = 2, 3, 10 * 3600.0
-QUIET = int((FAIL_S - 60 * 60) / FLEET.cadence_s)  # an hour before the failure: no precursor yet
-LAST = int((FAIL_S - 5 * 60) / FLEET.cadence_s)  # five minutes before it
 WAIT_S = 240.0
 
 
@@ -52,29 +44,6 @@ def service(service_model: Path, tmp_path: Path) -> Iterator[tuple[Service, str]
     port = running.start("127.0.0.1:0")
     yield running, f"127.0.0.1:{port}"
     running.stop(0)
-
-
-class Feed:
-    """Node w0's twin samples, pushed one stream at a time and scored at once."""
-
-    def __init__(self, service: Service, target: str) -> None:
-        self.service, self.target, self.sent = service, target, 0
-        self.source = TwinSource(FLEET, TWIN_NODE, [Scenario("hbm_wear", TWIN_NODE, GPU, FAIL_S, 40 * 60.0)])
-
-    def until(self, count: int) -> None:
-        with grpc.insecure_channel(self.target) as channel:
-            acks = push(channel, "w0", twin_snapshots(self.source, "w0", count - self.sent, self.sent + 1))
-        assert acks[-1].acked_through == count
-        self.sent = count
-        self.service.score_now()
-
-    def until_alert(self, done: Any) -> list[apb.Alert]:
-        """Push sample by sample until `done(active alerts)`; the events stored meanwhile."""
-        first = self.service.store.alerts.last_id
-        while not done(self.service.book.active()):
-            assert self.sent < LAST, "the precursor reached its end first"
-            self.until(self.sent + 1)
-        return self.service.store.alerts.read_after(first)
 
 
 def _job(tmp_path: Path, name: str, target: str, prefix: str) -> list[dict[str, Any]]:
@@ -100,7 +69,7 @@ def test_a_weak_warning_buys_replicas_while_it_lasts_and_a_strong_one_moves_the_
     service: tuple[Service, str], tmp_path: Path
 ) -> None:
     running, target = service
-    feed = Feed(running, target)
+    feed = Feed(running, target, "w0")
     feed.until(QUIET)
     assert running.book.active() == []
     (opened,) = feed.until_alert(bool)
