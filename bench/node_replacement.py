@@ -1,0 +1,189 @@
+"""One node replaced on the suite's real Slurm: fault to first step on the spare, steps lost, bytes moved.
+
+    .venv/bin/python bench/node_replacement.py --model DIR                 # 3 trials x 2 sizes x 2 paths
+    .venv/bin/python bench/node_replacement.py --trials 1 --state-mib 1    # smoke run
+
+A private Slurm cluster on this host (tests/slurm_cluster.py: munged, slurmctld, one slurmd per node:
+fc-a, fc-b, fc-c and the spare fc-spare) runs the elastic job of tests/fixtures/elastic_job.py as one
+job per node (a torchrun agent, one rank, CPU, gloo; buddy replicas every 3 steps in /dev/shm), the
+spare's agent a fourth job waiting in the rendezvous; the rendezvous store is hosted here. Each
+trial's job holds after step 10 (the replica of step 9 whole), then:
+
+- lost: node fc-b's processes (slurmstepd, agent, worker) and its slurmd are SIGKILLed and its
+  replica folder removed; the clock starts at the kill.
+- predicted: a real service (the model of --model) is fed the twin's HBM precursor for fc-b until its
+  alert asks to snapshot and migrate and fc-b's guard has it; the clock starts when the job goes on
+  (agreements every step): it replicates step 11 at once, fc-b acknowledges and leaves.
+
+The clock stops at the spare's first step (its progress file). Each run ends bit-identical to a run
+never interrupted or the trial fails. --state-mib adds state per rank (the 256 MiB variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests/ holds the Slurm cluster and the elastic flow the tests use
+
+import torch  # noqa: E402
+
+from faultcast.service.config import ServiceConfig  # noqa: E402
+from faultcast.service.server import Service  # noqa: E402
+from faultcast.service.validation import Limits  # noqa: E402
+from faultcast.v1 import alerts_pb2 as apb  # noqa: E402
+from tests.elastic_flow import Run, Shape, kill_tree, parent_of, reference, same, wait_until  # noqa: E402
+from tests.slurm_cluster import SlurmCluster  # noqa: E402
+from tests.twin_feed import QUIET, Feed  # noqa: E402
+
+NODES = ("fc-a", "fc-b", "fc-c")
+SPARE = "fc-spare"
+VICTIM = "fc-b"
+
+
+@dataclass
+class Trial:
+    path: str
+    state_mib: float
+    fault_to_first_step_s: float
+    fault_to_restored_s: float  # the spare's worker has the part loaded (before its first step)
+    spare_worker_started_s: float  # the spare's worker process began (after the rendezvous)
+    step_at_fault: int
+    resumed_from: int
+    steps_lost: int
+    parts_fetched: int
+    bytes_fetched: int
+    bit_identical: bool
+
+
+def _trial(
+    cluster: SlurmCluster,
+    work: Path,
+    shape: Shape,
+    path: str,
+    model: Path | None,
+    want: list[dict[str, torch.Tensor]],
+) -> Trial:
+    service = None
+    target = None
+    if path == "predicted":
+        assert model is not None
+        service = Service.open(
+            model, work / "state", ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
+        )
+        target = f"127.0.0.1:{service.start('127.0.0.1:0')}"
+    run = Run(work / "run", shape, target=target)
+    killed = False
+    try:
+        for node in NODES:
+            run.submit(cluster, node)
+        logs = run.work / "logs"
+        wait_until("the three nodes to hold", run.holding, logs=logs)
+        run.submit(cluster, SPARE)
+        wait_until("the spare to wait", lambda: run.spare_waiting(SPARE), logs=logs)
+        if path == "lost":
+            agent = run.agent_of(VICTIM)
+            assert agent is not None
+            step = parent_of(agent)
+            faulted = time.time()
+            kill_tree(step if b"slurmstepd" in Path(f"/proc/{step}/cmdline").read_bytes() else agent)
+            cluster.kill_node(VICTIM)
+            killed = True
+            run.lose_memory(VICTIM)
+            at_fault = shape.hold_at
+        else:
+            assert service is not None
+            assert target is not None
+            feed = Feed(service, target, VICTIM)
+            feed.until(QUIET)
+            moving = apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
+            feed.until_alert(lambda active: any(a.node == VICTIM and a.action == moving for a in active))
+            name = apb.RecommendedAction.Name(moving)
+            wait_until(
+                "the guard to hear it", lambda: run.progress()[VICTIM].get("pending") == name, logs=logs
+            )
+            faulted = time.time()
+            at_fault = shape.hold_at + 1  # the step the job replicates at once
+        run.go.touch()
+        wait_until(
+            "a step on the spare", lambda: run.progress().get(SPARE, {}).get("step", 0) > at_fault, logs=logs
+        )
+        wait_until(
+            "every report", lambda: all((run.work / "out" / f"rank-{r}.json").is_file() for r in range(3))
+        )
+        spare = next(r for r in run.reports() if r["node"] == SPARE)
+        first = float(spare["first_step"])
+        reports = run.reports()
+        start = min(r["start"] for r in reports)
+        return Trial(
+            path,
+            shape.state_mib,
+            round(first - faulted, 2),
+            round(spare["resumed"] - faulted, 2),
+            round(spare["started"] - faulted, 2),
+            at_fault,
+            start,
+            at_fault - start,
+            sum(r["fetched_from_peer"] for r in reports),
+            sum(r["bytes_fetched"] for r in reports),
+            same(run.weights(), want),
+        )
+    finally:
+        run.stop()
+        if killed:
+            cluster.restart_node(VICTIM)
+        cluster.run("scancel", *run.jobs.values(), check=False)
+        if service is not None:
+            service.stop(0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, help="the service's model (the predicted path); default: skip it")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--state-mib", type=float, nargs="+", default=[1.0, 256.0])
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    paths = ["lost", "predicted"] if args.model is not None else ["lost"]
+    trials: list[Trial] = []
+    with tempfile.TemporaryDirectory(prefix="fc-replace-") as tmp, SlurmCluster((*NODES, SPARE)) as cluster:
+        for mib in args.state_mib:
+            shape = Shape(steps=24, every=3, hold_at=10, state_mib=mib, agree_every=1)
+            want = reference(Path(tmp) / f"reference-{mib}", shape)
+            for path in paths:
+                for i in range(args.trials):
+                    trial = _trial(cluster, Path(tmp) / f"{path}-{mib}-{i}", shape, path, args.model, want)
+                    print(json.dumps(asdict(trial)), flush=True)
+                    trials.append(trial)
+    print()
+    print(
+        "| path | state per rank | fault to first step on the spare (median, max) | part loaded "
+        "| steps lost | parts fetched | bytes fetched | bit-identical |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for mib in args.state_mib:
+        for path in paths:
+            group = [t for t in trials if t.state_mib == mib and t.path == path]
+            first = [t.fault_to_first_step_s for t in group]
+            print(
+                f"| {path} | {mib:g} MiB | {statistics.median(first):.2f} s, {max(first):.2f} s "
+                f"| {statistics.median(t.fault_to_restored_s for t in group):.2f} s "
+                f"| {sorted({t.steps_lost for t in group})} | {sorted({t.parts_fetched for t in group})} "
+                f"| {statistics.median(t.bytes_fetched for t in group):,.0f} "
+                f"| {sum(t.bit_identical for t in group)}/{len(group)} |"
+            )
+    if args.json:
+        args.json.write_text(json.dumps([asdict(t) for t in trials], indent=1))
+    if not all(t.bit_identical for t in trials):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
