@@ -14,11 +14,14 @@ its counters again) or the same InfiniBand port:
 - the volatile double-bit ECC count rose, or a row remap failed (an uncorrectable memory error);
 - an InfiniBand/RoCE port that was ACTIVE (state 4) is not.
 
+- an NVML call on the GPU has not returned for UNREACHABLE_AFTER_S (10 s) where it had not before:
+  the driver no longer answers for the GPU. The collector reads such a GPU's other values as
+  missing after its call timeout (2 s) and skips it while the call hangs, reporting the hung call's
+  age so far as `nvml_slowest_call_seconds`; one call past the timeout is no sign (it is what a slow
+  call gives too), a call that has hung for ten seconds is.
+
 A counter that fell (a driver reload resets volatile counters) and a value missing on either side
-are no sign: nothing is inferred from what was not read. Nor is a GPU whose every NVML reading is
-missing (Evidence.NVML_UNREACHABLE is not raised yet): one call past the collector's NVML timeout
-reads the same as a driver that no longer answers, and a failure must not be called on one slow
-call; telling them apart needs how long the GPU's calls have hung, which samples do not carry.
+are no sign: nothing is inferred from what was not read.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ FATAL_XIDS: dict[int, Xid] = {
 (faultcast.xid_catalogue, what the failure logs read too): 48, 64, 74, 79, 94, 95, 119, 120."""
 
 PORT_ACTIVE = 4.0  # /sys/class/infiniband/*/ports/N/state: 4 = ACTIVE
+UNREACHABLE_AFTER_S = 10.0
+"""An NVML call hung this long means the driver no longer answers for the GPU (healthy calls take
+milliseconds; the collector's call timeout is 2 s, five times less)."""
 
 
 class Evidence(enum.Enum):
@@ -84,6 +90,11 @@ def gpu_signs(node: str, time_unix_nano: int, before: GpuReading, now: GpuReadin
     ]
     if now.lost and not before.lost:
         out.append(sign(Evidence.GPU_LOST, "NVML reports the GPU lost (off the bus)"))
+    hung_before, hung = before.get("nvml_slowest_call_seconds"), now.get("nvml_slowest_call_seconds")
+    if not now.lost and math.isfinite(hung_before) and hung_before < UNREACHABLE_AFTER_S <= hung:
+        out.append(
+            sign(Evidence.NVML_UNREACHABLE, f"an NVML call on the GPU has not returned for {hung:.0f} s")
+        )
     if _rose(before.get("ecc_dbe_volatile"), now.get("ecc_dbe_volatile")):
         rise = now.get("ecc_dbe_volatile") - before.get("ecc_dbe_volatile")
         out.append(sign(Evidence.UNCORRECTABLE_ECC, f"{rise:.0f} new double-bit ECC error(s)"))

@@ -4,6 +4,8 @@ once when a scrape shows it, and the service's FailureWatch that holds, folds an
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,45 @@ def test_the_rules_for_lost_and_uncorrectable_and_a_gpu_that_reads_nothing() -> 
     assert _signs(_gpu(), nothing) == []  # one NVML call past its timeout reads like this: no failure
     assert _signs(_gpu(), _gpu(ecc_dbe_volatile=2.0)) == [(Evidence.UNCORRECTABLE_ECC, 0)]
     assert _signs(_gpu(), _gpu(row_remap_failure=1.0)) == [(Evidence.UNCORRECTABLE_ECC, 0)]
+
+
+def test_an_nvml_call_hung_ten_seconds_is_a_sign_and_one_past_the_timeout_is_not() -> None:
+    def hung(seconds: float, lost: bool = False) -> GpuReading:
+        values = pack(Scope.GPU, {**HEALTHY, "nvml_slowest_call_seconds": seconds})
+        return GpuReading(0, "GPU-a", "H100", values, lost=lost)
+
+    assert _signs(hung(0.004), hung(2.1)) == []  # one call past the collector's 2 s timeout
+    assert _signs(hung(8.0), hung(10.5)) == [(Evidence.NVML_UNREACHABLE, 0)]
+    assert _signs(hung(11.0), hung(12.0)) == []  # hung already: said once
+    assert _signs(hung(float("nan")), hung(30.0)) == []  # unread before
+    assert _signs(hung(0.004), hung(30.0, lost=True)) == [(Evidence.GPU_LOST, 0)]
+
+
+def test_a_collector_reports_a_gpu_whose_call_hangs_unreachable_once_it_has_hung_ten_seconds() -> None:
+    """A real NvmlSource over the fake NVML with one call hung; its clock runs ahead on demand (the
+    lanes wait in real time for the 0.2 s timeout; the hang's age is read from the clock)."""
+    fake = FakeNvml(gpus=2)
+    ahead = [0.0]
+    source = NvmlSource(fake, timeout=0.2, clock=lambda: time.perf_counter() + ahead[0])
+    hang = fake.hang(1, "nvmlDeviceGetPowerUsage")
+    try:
+        scrapes = [
+            NodeSnapshot.merge("node-1", t, [source.read()], {}) for t in (1, 2)
+        ]  # hung 0.2 s, then on
+        ahead[0] = 11.0
+        scrapes.append(NodeSnapshot.merge("node-1", 3, [source.read()], {}))  # hung 11 s
+        signs = [failure_signs(before, now) for before, now in itertools.pairwise(scrapes)]
+        assert signs[0] == []  # past the timeout, skipped: no failure yet
+        (unreachable,) = signs[1]
+        assert (unreachable.evidence, unreachable.gpu, unreachable.time_unix_nano) == (
+            Evidence.NVML_UNREACHABLE,
+            1,
+            3,
+        )
+        assert "has not returned for 11 s" in unreachable.detail
+    finally:
+        hang.release()
+        source.close()
 
 
 def test_resets_swaps_missing_values_and_a_first_sample_are_no_sign() -> None:

@@ -239,8 +239,8 @@ class _FailureEvidenceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failu
     FAILURE_EVIDENCE_GPU_LOST: _FailureEvidence.ValueType  # 2
     """NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: off the bus)."""
     FAILURE_EVIDENCE_NVML_UNREACHABLE: _FailureEvidence.ValueType  # 3
-    """The driver no longer answers for the GPU. Not raised yet: one call past the collector's NVML
-    timeout reads the same in a sample, and a failure is not called on one slow call.
+    """The driver no longer answers for the GPU: an NVML call on it has not returned for 10 s (one
+    call past the collector's 2 s timeout is no failure: a slow call gives that too).
     """
     FAILURE_EVIDENCE_UNCORRECTABLE_ECC: _FailureEvidence.ValueType  # 4
     """An uncorrectable memory error: the volatile double-bit ECC count rose, or a row remap failed."""
@@ -267,8 +267,8 @@ Failure.xid). Application Xids (13, 31, 43, 45) never are evidence: they follow 
 FAILURE_EVIDENCE_GPU_LOST: FailureEvidence.ValueType  # 2
 """NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: off the bus)."""
 FAILURE_EVIDENCE_NVML_UNREACHABLE: FailureEvidence.ValueType  # 3
-"""The driver no longer answers for the GPU. Not raised yet: one call past the collector's NVML
-timeout reads the same in a sample, and a failure is not called on one slow call.
+"""The driver no longer answers for the GPU: an NVML call on it has not returned for 10 s (one
+call past the collector's 2 s timeout is no failure: a slow call gives that too).
 """
 FAILURE_EVIDENCE_UNCORRECTABLE_ECC: FailureEvidence.ValueType  # 4
 """An uncorrectable memory error: the volatile double-bit ECC count rose, or a row remap failed."""
