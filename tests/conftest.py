@@ -154,7 +154,6 @@ SLOW_MODULES = {
 }
 SLOW_TESTS = {
     "tests/test_buddy_replicas.py": {
-        "test_a_node_lost_goes_on_from_its_buddys_replica_bit_identical": "three 3-rank torchrun jobs",
         "test_a_node_and_its_buddy_lost_leave_no_whole_replica": "two 3-rank torchrun jobs",
         "test_protection_goes_on_from_the_newer_of_the_replicas_and_the_files": "five 3-rank torchrun jobs",
     },

@@ -228,16 +228,21 @@ def environ_of(pid: int) -> Mapping[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
-def reference(work: Path, shape: Shape) -> list[dict[str, torch.Tensor]]:
-    """The same job on one host (--standalone, 3 ranks), never interrupted: the yardstick."""
-    run = Run(work, Shape(shape.steps, shape.every, 0, shape.state_mib, shape.agree_every))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(JOB),
-        *run.job_args(),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=WAIT_S, env=run.env("reference"))
-    ranks = "\n".join(line for line in done.stderr.splitlines() if line.startswith("[rank"))
-    assert done.returncode == 0, f"{ranks[-8000:]}\n{done.stderr[-4000:]}"
+def reference(work: Path, shape: Shape, stop: int = 0) -> list[dict[str, torch.Tensor]]:
+    """The same job on one host (--standalone, 3 ranks), never interrupted: the yardstick. With
+    `stop`: a run to step `stop`, then a fresh run that goes on from its newest replica (the
+    reference run from the replica's step)."""
+    for steps in (stop, shape.steps) if stop else (shape.steps,):
+        run = Run(work, Shape(steps, shape.every, 0, shape.state_mib, shape.agree_every))
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", str(JOB),
+            *run.job_args(),
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=WAIT_S, env=run.env("reference")
+        )
+        ranks = "\n".join(line for line in done.stderr.splitlines() if line.startswith("[rank"))
+        assert done.returncode == 0, f"{ranks[-8000:]}\n{done.stderr[-4000:]}"
     return run.weights()
 
 
