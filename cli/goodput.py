@@ -480,10 +480,24 @@ def _replacement(
     print(f"state in peers' memory and one node replaced ({args.replications} replications):")
     print(report.table(job, [found]))
     print("  where its lost GPU-hours go:")
+    c = job.costs
+    crashes = found.mean(lambda o: o.crashes)
+    warm = found.mean(lambda o: o.warm_replacements)
+    behind = {  # what these buckets are made of under (r), which the generic text does not say
+        "recompute_s": f"{crashes:.1f} crashes x the work since the newest replica (at most "
+        f"{replacement.replica_s:g} s; since the last checkpoint for silent data corruption, interval "
+        f"{found.interval_s / 60:.0f} min)",
+        "restart_s": f"{crashes:.1f} crashes x (detection {c.evident_detect_s or c.detect_s:g} s with evidence, "
+        f"{c.detect_s:g} s without + {replacement.replace_s:g} s to the first step on a warm spare or in "
+        f"place; {crashes - warm:.1f} of them not on a warm spare)",
+        "migration_s": f"{found.mean(lambda o: o.migrations):.1f} predicted failures x the same replacement "
+        f"({replacement.replace_s:g} s)",
+    }
     for part in targets.lost_parts(found, job.costs):
         if part.lost_s > 0:
+            what = behind.get(part.bucket, part.behind)
             print(
-                f"  - {part.label}: {study.gpu_hours(job, part.lost_s):,.0f} ({100 * part.share:.0f}%): {part.behind}"
+                f"  - {part.label}: {study.gpu_hours(job, part.lost_s):,.0f} ({100 * part.share:.0f}%): {what}"
             )
     return found
 

@@ -359,6 +359,9 @@ def with_replacement(
         f"{replacement.replace_s:g} s from a warm pool of {replacement.warm_pool}"
     )
     policy = Policy("r", interval, True, replacement=replacement)
-    return _run(
-        "r", label, policy, alerts.threshold, job, [scenario(d, alerts, job.gpus, job.days) for d in runs]
+    # A predicted failure takes the same replacement (its part handed over in a replica made at once).
+    replaced = Job(
+        job.gpus, job.days, dataclasses.replace(job.costs, migrate_s=replacement.replace_s), job.spares
     )
+    scenarios = [scenario(d, alerts, job.gpus, job.days) for d in runs]
+    return _run("r", label, policy, alerts.threshold, replaced, scenarios)
