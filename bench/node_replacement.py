@@ -9,8 +9,10 @@ job per node (a torchrun agent, one rank, CPU, gloo; buddy replicas every 3 step
 spare's agent a fourth job waiting in the rendezvous; the rendezvous store is hosted here. Each
 trial's job holds after step 10 (the replica of step 9 whole), then:
 
-- lost: node fc-b's processes (slurmstepd, agent, worker) and its slurmd are SIGKILLed and its
-  replica folder removed; the clock starts at the kill.
+- lost: node fc-b's processes (slurmstepd, agent, worker, and with --model its collector, a
+  `faultcast collect --source simulated` streaming to a real service) and its slurmd are SIGKILLed
+  and its replica folder removed; the clock starts at the kill. Fault to FAILED: when a guard
+  subscribed for fc-b hears the FAILED event (the collector's stream broke and did not come back).
 - predicted: a real service (the model of --model) is fed the twin's HBM precursor for fc-b until its
   alert asks to snapshot and migrate and fc-b's guard has it; the clock starts when the job goes on
   (agreements every step): it replicates step 11 at once, fc-b acknowledges and leaves.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -35,6 +38,8 @@ sys.path.insert(0, str(REPO))  # tests/ holds the Slurm cluster and the elastic 
 
 import torch  # noqa: E402
 
+from bench.failure_detection import FAULTCAST, Heard  # noqa: E402
+from faultcast.client.guard import Guard  # noqa: E402
 from faultcast.service.config import ServiceConfig  # noqa: E402
 from faultcast.service.server import Service  # noqa: E402
 from faultcast.service.validation import Limits  # noqa: E402
@@ -52,6 +57,7 @@ VICTIM = "fc-b"
 class Trial:
     path: str
     state_mib: float
+    fault_to_failed_s: float | None  # lost path: the victim's collector's stream broke -> FAILED at a guard
     fault_to_first_step_s: float
     fault_to_restored_s: float  # the spare's worker has the part loaded (before its first step)
     spare_worker_started_s: float  # the spare's worker process began (after the rendezvous)
@@ -74,26 +80,39 @@ def _trial(
 ) -> Trial:
     service = None
     target = None
-    if path == "predicted":
-        assert model is not None
+    heard, guard = Heard(), None
+    if model is not None:
         service = Service.open(
             model, work / "state", ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0), grace_s=3600.0)
         )
         target = f"127.0.0.1:{service.start('127.0.0.1:0')}"
-    run = Run(work / "run", shape, target=target)
+    run = Run(work / "run", shape, target=target if path == "predicted" else None)
     killed = False
     try:
         for node in NODES:
-            run.submit(cluster, node)
+            collector = ""
+            if path == "lost" and node == VICTIM and target is not None:
+                collector = shlex.join([
+                    FAULTCAST, "collect", "--source", "simulated", "--node", node, "--gpus", "1",
+                    "--service", target, "--insecure", "--no-prometheus", "--spool", str(work / f"{node}.sqlite"),
+                ])  # fmt: skip
+            run.submit(cluster, node, beside=collector)
         logs = run.work / "logs"
         wait_until("the three nodes to hold", run.holding, logs=logs)
         run.submit(cluster, SPARE)
         wait_until("the spare to wait", lambda: run.spare_waiting(SPARE), logs=logs)
         if path == "lost":
+            if service is not None and target is not None:  # the FAILED event a trainer would hear
+                wait_until(
+                    "the victim's collector to stream",
+                    lambda: service.failure_watch.streams_open(VICTIM) == 1,
+                )
+                guard = Guard(target, "bench-listener", [VICTIM], register=False, on_failure=heard).start()
+                assert guard.wait_caught_up(60.0)
             agent = run.agent_of(VICTIM)
             assert agent is not None
             step = parent_of(agent)
-            faulted = time.time()
+            faulted, faulted_monotonic = time.time(), time.monotonic()
             kill_tree(step if b"slurmstepd" in Path(f"/proc/{step}/cmdline").read_bytes() else agent)
             cluster.kill_node(VICTIM)
             killed = True
@@ -110,7 +129,7 @@ def _trial(
             wait_until(
                 "the guard to hear it", lambda: run.progress()[VICTIM].get("pending") == name, logs=logs
             )
-            faulted = time.time()
+            faulted, faulted_monotonic = time.time(), time.monotonic()
             at_fault = shape.hold_at + 1  # the step the job replicates at once
         run.go.touch()
         wait_until(
@@ -121,11 +140,16 @@ def _trial(
         )
         spare = next(r for r in run.reports() if r["node"] == SPARE)
         first = float(spare["first_step"])
+        failed_s = None
+        if guard is not None:
+            heard_at, _ = heard.wait(lambda a: a.node == VICTIM)
+            failed_s = round(heard_at - faulted_monotonic, 3)
         reports = run.reports()
         start = min(r["start"] for r in reports)
         return Trial(
             path,
             shape.state_mib,
+            failed_s,
             round(first - faulted, 2),
             round(spare["resumed"] - faulted, 2),
             round(spare["started"] - faulted, 2),
@@ -142,6 +166,8 @@ def _trial(
         if killed:
             cluster.restart_node(VICTIM)
         cluster.run("scancel", *run.jobs.values(), check=False)
+        if guard is not None:
+            guard.close()
         if service is not None:
             service.stop(0)
 
@@ -180,6 +206,12 @@ def main() -> None:
                     print(json.dumps(asdict(trial)), flush=True)
                     trials.append(trial)
     print()
+    failed = [t.fault_to_failed_s for t in trials if t.fault_to_failed_s is not None]
+    if failed:
+        median, worst = statistics.median(failed), max(failed)
+        print(
+            f"fault to FAILED at a guard (the lost node's collector gone): median {median:.2f} s, max {worst:.2f} s"
+        )
     print(
         "| path | state per rank | fault to first step on the spare (median, max) | part loaded "
         "| steps lost | parts fetched | bytes fetched | bit-identical to a run from the replica's step |"

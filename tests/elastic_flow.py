@@ -97,8 +97,9 @@ class Run:
             self.command(), env=self.env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
-    def submit(self, cluster: SlurmCluster, node: str) -> str:
-        """Submit `node`'s agent as a Slurm job of its own on that node; its job id."""
+    def submit(self, cluster: SlurmCluster, node: str, beside: str = "") -> str:
+        """Submit `node`'s agent as a Slurm job of its own on that node; its job id. `beside`: a shell
+        command run in the background in the same job (the node's collector): it dies with the node."""
         exports = ",".join(
             f"{k}={v}" for k, v in {**ELASTIC_ENV, "LOGLEVEL": "INFO", "OMP_NUM_THREADS": "1"}.items()
         )
@@ -110,7 +111,7 @@ class Run:
             f"--export=ALL,{exports}",
             f"--output={self.work / 'logs' / f'{node}.log'}",
             "--wrap",
-            f"exec {shlex.join(self.command())}",
+            f"{beside + ' & ' if beside else ''}exec {shlex.join(self.command())}",
         )
         self.jobs[node] = job
         return job
