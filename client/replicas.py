@@ -372,4 +372,10 @@ def _read(folder: Path, rank: int, step: int) -> bytes:
 
 
 def _bytes_under(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("step-*.pt"))
+    """The replicas' bytes in the node's folder. The other ranks of the node prune their own parts
+    meanwhile: a part gone between the listing and its size counts nothing."""
+    total = 0
+    for part in folder.rglob("step-*.pt"):
+        with contextlib.suppress(FileNotFoundError):
+            total += part.stat().st_size
+    return total
