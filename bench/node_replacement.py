@@ -187,9 +187,10 @@ def main() -> None:
     p.add_argument("--model", type=Path, help="the service's model (the predicted path); default: skip it")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--state-mib", type=float, nargs="+", default=[1.0, 256.0])
+    p.add_argument("--paths", nargs="+", choices=("lost", "predicted"), default=["lost", "predicted"])
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    paths = ["lost", "predicted"] if args.model is not None else ["lost"]
+    paths = [path for path in args.paths if path == "lost" or args.model is not None]
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory(prefix="fc-replace-") as tmp, SlurmCluster((*NODES, SPARE)) as cluster:
         for mib in args.state_mib:

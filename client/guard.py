@@ -72,14 +72,17 @@ class Guard:
         registry: CollectorRegistry | None = None,
         stands_by: bool = False,
         on_failure: Callable[[apb.Alert], None] | None = None,
+        replaces_nodes: bool = False,
     ) -> None:
         """`nodes`: the nodes this process watches (default: this host); `register`: tell the service
         the job runs on `job_nodes` (default: `nodes`; a multi-node job names all of its nodes, since
         each registration replaces the last); `stands_by`: the trainer can stand by on a spare and
         take over at a snapshot (faultcast.client.standby), so the service may ready one;
         `on_failure`: called with each FAILED event of a watched node, on the guard's thread (an
-        exception it raises is logged). No I/O here: `start()` connects."""
-        self.stands_by, self.on_failure = stands_by, on_failure
+        exception it raises is logged). `replaces_nodes`: the job replaces a lost or warned node itself
+        (faultcast.client.elastic): the service drains such a node and never requeues the job. No
+        I/O here: `start()` connects."""
+        self.stands_by, self.on_failure, self.replaces_nodes = stands_by, on_failure, replaces_nodes
         self.failures: list[apb.Alert] = []  # FAILED events of the watched nodes, oldest first
         self.target, self.job_id = target, job_id
         self.nodes = list(nodes) if nodes is not None else [socket.gethostname()]
@@ -297,7 +300,12 @@ class Guard:
         stub = apb_grpc.AlertsStub(self._channel)
         if self.register:
             stub.RegisterJob(
-                apb.RegisterJobRequest(job_id=self.job_id, nodes=self.job_nodes, stands_by=self.stands_by),
+                apb.RegisterJobRequest(
+                    job_id=self.job_id,
+                    nodes=self.job_nodes,
+                    stands_by=self.stands_by,
+                    replaces_nodes=self.replaces_nodes,
+                ),
                 timeout=self.rpc_timeout_s,
             )
         # A first subscription (cursor 0) starts from the alerts open now: nothing stale to act on.
@@ -325,6 +333,7 @@ class Guard:
                     self.last_id = 0
                     # Ids there may repeat ours: what was asked of us here says nothing about them.
                     self._asked.clear()
+                    self._warnings.clear()  # the open alerts come again from the new subscription
                     self._pending = None
             raise
 

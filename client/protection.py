@@ -153,6 +153,15 @@ class Protection:
         step lost. Collective: every rank constructs it at the same point."""
         if agree_every < 1:
             raise ValueError("agree_every must be at least 1")
+        if replace_node and not replica_every:
+            raise ValueError(
+                "replace_node needs buddy replicas (replica_every): the spare loads its part from them"
+            )
+        if replace_node and not os.environ.get("TORCHELASTIC_RUN_ID"):
+            log.warning(
+                "faultcast: replace_node without torchrun's elastic agent: a warned node's ranks would leave "
+                "and nothing would take their place (see faultcast.client.elastic)"
+            )
         standby_of = standby_for if standby_for is not None else standby.standby_for()
         if standby_of and target is None:
             raise ValueError(f"a standby for job {standby_of} needs the service (target) to hand over")
@@ -236,6 +245,7 @@ class Protection:
                 job_nodes=job_nodes,
                 stands_by=self.stand_by,
                 on_failure=self.on_failure,
+                replaces_nodes=self.replace_node,
             ).start()
 
     # -- the loop's calls -----------------------------------------------------------------------

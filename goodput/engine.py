@@ -504,7 +504,7 @@ def simulate(scenario: Scenario, policy: Policy, costs: JobCosts, spares: int) -
             job.on_alert(index)
     out.useful_s = job.work
     if policy.protect is not None:
-        _charge_protection(scenario, policy.protect, out)
+        _charge_protection(scenario, policy.protect, costs.snapshot_s, out)
     if policy.replacement is not None:
         _charge_replacement(policy.replacement, out)
     return out
@@ -519,12 +519,12 @@ def _charge_replacement(replacement: NodeReplacement, out: Outcome) -> None:
     out.useful_s -= out.warm_pool_s
 
 
-def _charge_protection(scenario: Scenario, tier: ProtectTier, out: Outcome) -> None:
+def _charge_protection(scenario: Scenario, tier: ProtectTier, snapshot_s: float, out: Outcome) -> None:
     """The warnings' price, taken from the kept compute: each failure's warning lasts until the
-    failure, a false one `warning_s` (clipped to the run). A small share of compute (a few percent
-    of a warning's span), so its interplay with crashes is left out."""
-    warned = sum(f.time_s - f.protect_s for f in scenario.failures if f.protect_s is not None)
-    warned += sum(min(tier.warning_s, scenario.wall_s - t) for t in scenario.protect_false_alarms)
-    price = min(tier.price_s(warned), out.useful_s)
+    failure, a false one `warning_s` (clipped to the run); every warning also takes one snapshot
+    (SNAPSHOT_ONLY asks for one). A small share of compute, so its interplay with crashes is left out."""
+    spans = [f.time_s - f.protect_s for f in scenario.failures if f.protect_s is not None]
+    spans += [min(tier.warning_s, scenario.wall_s - t) for t in scenario.protect_false_alarms]
+    price = min(tier.price_s(sum(spans)) + len(spans) * snapshot_s, out.useful_s)
     out.protection_s += price
     out.useful_s -= price

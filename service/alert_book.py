@@ -198,10 +198,11 @@ class AlertBook:
             self.metrics.alerts_by_tier.labels(name).set_function(functools.partial(self._open_at_tier, tier))
 
     def _open_at_tier(self, tier: int) -> float:
-        """How many alerts stand at `tier` now (an alert of a service older than tiers counts as MOVE)."""
-        with self._lock:
-            latest = [a.latest for a in self._alerts.values()]
-            latest += [a for alerts in self._restored.values() for a in alerts]
+        """How many alerts stand at `tier` now (an alert of a service older than tiers counts as MOVE).
+        Without the book's lock: a scrape must not wait while the scoring thread holds it (it does for
+        as long as the database refuses writes); copying a dict's values is one step under the GIL."""
+        latest = [a.latest for a in list(self._alerts.values())]
+        latest += [a for alerts in list(self._restored.values()) for a in list(alerts)]
         return float(sum(1 for a in latest if (a.tier or apb.ALERT_TIER_MOVE) == tier))
 
     def _use(self, model: FaultModel) -> None:
@@ -724,7 +725,7 @@ class AlertBook:
             )
             held.band = min(held.band, self._band(ttf))
             update = self._event(s, incident, gpu, mode, content, apb.EVENT_KIND_UPDATED)
-            update.tier = max(update.tier, latest.tier)
+            update.tier = max(update.tier, latest.tier or apb.ALERT_TIER_MOVE)  # no tier: older than tiers
             update.opened_id = latest.opened_id
             if latest.gpu_uuid and not update.gpu_uuid:
                 update.gpu_uuid = latest.gpu_uuid

@@ -373,6 +373,7 @@ class AlertsServicer(apb_grpc.AlertsServicer):
         if not all(is_host_name(node) for node in request.nodes):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
         self.store.jobs.register(request.job_id, list(request.nodes))
+        self.remediator.note_job(request.job_id, replaces_nodes=request.replaces_nodes)
         if self.prescheduler is not None:
             self.prescheduler.note_job(request.job_id, stands_by=request.stands_by)
         return apb.RegisterJobResponse()

@@ -126,6 +126,7 @@ class Remediator:
         self._save_lock = threading.Lock()  # what is persisted is written in the order it was read
         self._timed: set[int] = set()  # alerts whose grace timer started (once per alert)
         self._draining: dict[str, int] = {}  # node -> the alert it was last taken out for
+        self._replacing: set[str] = set()  # jobs that replace their nodes themselves: never requeued
         self._retry_at: list[tuple[float, int]] = []  # (clock time, alert id): backoff timers
         self._retrying: dict[int, _Task] = {}  # alert id -> the task its backoff timer runs
         self._work: list[_Task] = []
@@ -373,7 +374,7 @@ class Remediator:
             mode=PB_TO_MODE.get(alert.mode, "unknown"),
             risk=alert.risk,
             job_id=job,
-            requeue=True,
+            requeue=job not in self._replacing,  # a job that replaces its nodes goes on without this one
             checkpoint_uri=checkpoint_uri,
         )
         handed = self._hand_over(remediation, step, grace=grace)
@@ -396,7 +397,18 @@ class Remediator:
                 True,
                 f"{self.actuator.name}: drain {alert.node} and hand job {job} over to standby {standby}",
             )
+        if not remediation.requeue:
+            return True, f"{self.actuator.name}: drain {alert.node}; job {job} replaces the node itself"
         return True, f"{self.actuator.name}: drain {alert.node} and requeue job {job}"
+
+    def note_job(self, job_id: str, *, replaces_nodes: bool) -> None:
+        """A job's registration: whether it replaces a lost or warned node itself (then its
+        remediations drain the node and requeue nothing)."""
+        with self._cv:
+            if replaces_nodes:
+                self._replacing.add(job_id)
+            else:
+                self._replacing.discard(job_id)
 
     def _answer_again(self, alert: apb.Alert, outcome: str, detail: str = "") -> str:
         """What a repeated acknowledgement is told: the decision made the first time (a job that

@@ -113,14 +113,16 @@ def test_a_crash_a_protect_warning_named_in_time_loses_one_replica_interval_and_
 ):
     # As the first case, warned at 2,000 by the protect tier only: the failure at 2,550 loses 60 s
     # (the newest replica), not 350; the warning lasted 550 s and costs 10% of it; a false warning
-    # at 5,000 lasts its 300 s and costs 30 s.
+    # at 5,000 lasts its 300 s and costs 30 s; each took one 50 s snapshot.
     tier = ProtectTier(replica_s=60.0, overhead=0.08, warning_s=300.0, spare_share=0.02)
     protected = replace(PERIODIC, protect=tier)
     warned = JobFailure(2550, "hbm_wear", None, takes_node=True, repair_s=500.0, protect_s=2000.0)
     o = simulate(Scenario(WALL, (warned,), (), (5000.0,)), protected, COSTS, spares=1)
     assert o.recompute_s == pytest.approx(60)
     assert o.protected_crashes == 1
-    assert o.protection_s == pytest.approx(0.1 * 550 + 0.1 * 300)
+    assert o.protection_s == pytest.approx(
+        0.1 * 550 + 0.1 * 300 + 2 * COSTS.snapshot_s
+    )  # and a snapshot each
     assert o.useful_s == pytest.approx(8550 + 290 - o.protection_s)
     buckets_add_up(o)
     # Without the tier the same scenario loses 350 s and pays for no warning.

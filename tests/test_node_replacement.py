@@ -7,6 +7,7 @@ name) and on the suite's real Slurm (one job per node, the lost node's slurmd ki
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -170,6 +171,10 @@ def test_a_predicted_failure_hands_the_warned_nodes_part_over_live_and_loses_no_
         assert {r["start"] for r in reports} == {11}  # the replica made for the alert: no step lost
         assert sum(r["bytes_fetched"] for r in reports) > 0
         assert same(run.weights(), want)
+        # The service drains b and requeues nothing: the job replaced the node itself.
+        wait_until("the remediation", lambda: service.store.remediations.of(alert.opened_id) is not None)
+        request = json.loads(service.store.remediations.request_of(alert.opened_id))
+        assert (request["node"], request["requeue"], request["job_id"]) == ("b", False, "elastic-job")
         acks = service.store.acks.of(alert.opened_id) + service.store.acks.of(alert.id)
         assert [(a.action, a.step, a.checkpoint_uri) for a in acks] == [
             (apb.ACK_ACTION_SNAPSHOT_DONE, 11, "replica:11")

@@ -1003,11 +1003,18 @@ class RegisterJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     STANDS_BY_FIELD_NUMBER: _builtins.int
+    REPLACES_NODES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     stands_by: _builtins.bool
     """The job's trainer can stand by on a spare and take over at a snapshot (faultcast.client.Protection
     does): only such a job gets a spare readied during an alert. A copy of another job started on a
     spare would simply train from its newest checkpoint beside the original.
+    """
+    replaces_nodes: _builtins.bool
+    """The job replaces a lost or warned node itself, with a spare of its own (torchrun's elastic
+    rendezvous and buddy replicas: faultcast.client.elastic, Protection(replace_node=True)): its
+    remediations drain the node and never requeue the job, which goes on without the node. Held in
+    memory: a job says it at every registration (its guard registers again after a service restart).
     """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1021,10 +1028,11 @@ class RegisterJobRequest(_message.Message):
         job_id: _builtins.str = ...,
         nodes: _abc.Iterable[_builtins.str] | None = ...,
         stands_by: _builtins.bool = ...,
+        replaces_nodes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "nodes", b"nodes", "stands_by", b"stands_by"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "nodes", b"nodes", "replaces_nodes", b"replaces_nodes", "stands_by", b"stands_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
