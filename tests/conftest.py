@@ -163,12 +163,11 @@ SLOW_TESTS = {
         ),
     },
     "tests/test_node_replacement.py": {
-        "test_a_node_lost_whole_is_replaced_by_the_warm_spare_and_the_job_ends_bit_identical": "4 torchrun agents",
         "test_on_slurm_a_node_killed_with_its_slurmd_is_replaced_by_the_warm_spare_bit_identical": (
             "a 4-node Slurm cluster and 4 torchrun agents"
         ),
-        "test_a_predicted_failure_hands_the_warned_nodes_part_over_live_and_loses_no_step": (
-            "4 torchrun agents and the twin pushed sample by sample"
+        "test_on_slurm_a_predicted_failure_hands_the_warned_nodes_part_over_live_and_loses_no_step": (
+            "4 torchrun agents on Slurm and the twin pushed sample by sample"
         ),
     },
     "tests/test_mode_acceleration.py": {

@@ -291,6 +291,10 @@ class SlurmCluster:
     def _controller_up(self) -> bool:
         return self.run("scontrol", "ping", check=False).returncode == 0
 
+    def all_idle(self) -> bool:
+        """Every node of the cluster is idle (none down, drained or running a job)."""
+        return self._all_idle()
+
     def _all_idle(self) -> bool:
         result = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
         states = dict(line.split() for line in result.stdout.splitlines() if line.strip())
