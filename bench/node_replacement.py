@@ -89,18 +89,14 @@ def _trial(
     run = Run(work / "run", shape, target=target if path == "predicted" else None)
     killed = False
     try:
-        for node in NODES:
-            collector = ""
-            if path == "lost" and node == VICTIM and target is not None:
-                collector = shlex.join([
-                    FAULTCAST, "collect", "--source", "simulated", "--node", node, "--gpus", "1",
-                    "--service", target, "--insecure", "--no-prometheus", "--spool", str(work / f"{node}.sqlite"),
-                ])  # fmt: skip
-            run.submit(cluster, node, beside=collector)
+        beside = {}
+        if path == "lost" and target is not None:  # the victim's collector, in its job: it dies with the node
+            beside[VICTIM] = shlex.join([
+                FAULTCAST, "collect", "--source", "simulated", "--node", VICTIM, "--gpus", "1",
+                "--service", target, "--insecure", "--no-prometheus", "--spool", str(work / f"{VICTIM}.sqlite"),
+            ])  # fmt: skip
+        run.submit_with_spare(cluster, NODES, SPARE, beside)
         logs = run.work / "logs"
-        wait_until("the three nodes to hold", run.holding, logs=logs)
-        run.submit(cluster, SPARE)
-        wait_until("the spare to wait", lambda: run.spare_waiting(SPARE), logs=logs)
         if path == "lost":
             if service is not None and target is not None:  # the FAILED event a trainer would hear
                 wait_until(

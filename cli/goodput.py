@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from faultcast.cli.types import Subcommands, duration, limit
-from faultcast.goodput.engine import JobCosts, NodeReplacement, Outcome, ProtectTier
+from faultcast.goodput.engine import REPLICA_OVERHEAD, JobCosts, NodeReplacement, Outcome, ProtectTier
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
 
 if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the command runs
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the replay loads the model (LightGBM): only when the comman
     from faultcast.goodput.measured_costs import MeasuredCosts
     from faultcast.goodput.process import AlertSample, Draw
     from faultcast.goodput.replay import Replay
-    from faultcast.goodput.study import Evaluation, Job, PolicyResult, SweepPoint, TierPoint, TierStudy
+    from faultcast.goodput.study import Evaluation, Job, PolicyResult, SweepPoint, TierStudy
     from faultcast.model.artifact import FaultModel
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def add_parser(commands: Subcommands) -> None:
     p.add_argument(
         "--protect-overhead",
         type=float,
-        default=0.0282,
+        default=REPLICA_OVERHEAD,
         help="protect tier: the share of training time those replicas cost while a warning lasts (default: "
         "bench/replicas.py at one a minute, 256 MiB per rank)",
     )
@@ -135,7 +135,7 @@ def add_parser(commands: Subcommands) -> None:
     g.add_argument(
         "--replica-overhead",
         type=float,
-        default=0.0282,
+        default=REPLICA_OVERHEAD,
         help="the share of training time the replicas cost (default: bench/replicas.py at one a minute, "
         "256 MiB per rank)",
     )
@@ -451,10 +451,10 @@ def report_study(args: argparse.Namespace, setup: Setup, result: Replay) -> Stud
     figures["costs"] = {"source": "flags", "used": asdict(job.costs)}
     figures["protect_tier"] = {
         "tier": asdict(tiers.tier),
-        "base_ettr": tiers.study.base.ettr,
-        "points": [asdict(p) for p in tiers.study.points],
+        "base_ettr": tiers.base.ettr,
+        "points": [asdict(p) for p in tiers.points],
         "chosen": protect,
-        "policy": _policies(job, [tiers.study.result]) if tiers.study.result is not None else None,
+        "policy": _policies(job, [tiers.result]) if tiers.result is not None else None,
     }
     if setup.measured is not None and setup.assumptions is not None:
         figures.update(_on_measured(args, setup.measured, setup.assumptions, job, ev, result, runs))
@@ -502,16 +502,6 @@ def _replacement(
     return found
 
 
-@dataclass(frozen=True)
-class _Tiers:
-    tier: ProtectTier
-    study: TierStudy
-
-    @property
-    def best(self) -> TierPoint | None:
-        return self.study.best
-
-
 def _protect_tier(
     args: argparse.Namespace,
     job: Job,
@@ -519,7 +509,7 @@ def _protect_tier(
     result: Replay,
     move_threshold: float,
     runs: Sequence[Draw],
-) -> _Tiers:
+) -> TierStudy:
     """The protect tier below the recommended threshold, printed: its sweep, and the policy at the
     chosen threshold (if one beats the move tier alone)."""
     from faultcast.goodput import report, study
@@ -545,7 +535,7 @@ def _protect_tier(
         print(report.table(job, [found.result]))
     else:
         print("no protect threshold beats the move tier alone: none chosen")
-    return _Tiers(tier, found)
+    return found
 
 
 def _on_measured(

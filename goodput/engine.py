@@ -110,6 +110,11 @@ class Scenario:
         )
 
 
+REPLICA_OVERHEAD = 0.0282
+"""The share of training time buddy replicas cost at one a minute: bench/replicas.py, 256 MiB per rank,
+3 ranks on this 2-core machine (docs/benchmarks.md); the host copy alone is 0.35%."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProtectTier:
     """The protect tier's effect and price. While a warning lasts the job replicates its state to a
@@ -120,7 +125,7 @@ class ProtectTier:
     non-finite value, or an interval that is not positive."""
 
     replica_s: float = 60.0
-    overhead: float = 0.0282
+    overhead: float = REPLICA_OVERHEAD
     warning_s: float = 1800.0
     spare_share: float = 0.0
 
@@ -149,7 +154,7 @@ class NodeReplacement:
     non-finite value, or a replica interval that is not positive."""
 
     replica_s: float = 60.0
-    overhead: float = 0.0282
+    overhead: float = REPLICA_OVERHEAD
     replace_s: float = 60.0
     warm_pool: int = 1
     rearm_s: float = 300.0

@@ -280,6 +280,7 @@ class TierStudy:
     """The protect tier's sweep below the move threshold, and the policy at its best point (None when
     no protect threshold beats the move tier alone on the same draws)."""
 
+    tier: ProtectTier
     base: PolicyResult  # (b') at the move threshold, no protect tier
     points: list[TierPoint]
     best: TierPoint | None
@@ -339,7 +340,7 @@ def protect_tier(
             job,
             [scenario(d, move, job.gpus, job.days, low) for d in runs[:replications]],
         )
-    return TierStudy(base, points, best, chosen)
+    return TierStudy(tier, base, points, best, chosen)
 
 
 def with_replacement(

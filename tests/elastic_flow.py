@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,20 @@ class Run:
         )
         self.jobs[node] = job
         return job
+
+    def submit_with_spare(
+        self, cluster: SlurmCluster, nodes: Sequence[str], spare: str, beside: Mapping[str, str] | None = None
+    ) -> None:
+        """Submit the nodes' agents, wait until they hold at `shape.hold_at`, then submit the spare's
+        and wait until it waits in the rendezvous (warm). `beside`: a command per node (see submit)."""
+        for node in nodes:
+            self.submit(cluster, node, beside=(beside or {}).get(node, ""))
+        logs = self.work / "logs"
+        wait_until(
+            f"the nodes to hold at step {self.shape.hold_at}", lambda: self.holding(len(nodes)), logs=logs
+        )
+        self.submit(cluster, spare)
+        wait_until("the spare to wait in the rendezvous", lambda: self.spare_waiting(spare), logs=logs)
 
     def agent_of(self, node: str) -> int | None:
         """The pid of `node`'s torchrun agent under Slurm (found by its job's environment)."""

@@ -77,12 +77,7 @@ def test_on_slurm_a_node_killed_with_its_slurmd_is_replaced_by_the_warm_spare_bi
     nodes = ("fc-a", "fc-b", "fc-c")
     victim = ""
     try:
-        for node in nodes:
-            run.submit(cluster, node)
-        logs = run.work / "logs"
-        wait_until("the three nodes to hold at step 10", run.holding, logs=logs)
-        run.submit(cluster, "fc-spare")
-        wait_until("the spare to wait in the rendezvous", lambda: run.spare_waiting("fc-spare"), logs=logs)
+        run.submit_with_spare(cluster, nodes, "fc-spare")
         # The node of rank 0: its agent hosted the first round's worker store (what the shared agent
         # store never recovered from).
         victim = run.progress()[nodes[0]]["nodes"][0]
@@ -124,12 +119,8 @@ def test_on_slurm_a_predicted_failure_hands_the_warned_nodes_part_over_live_and_
     run = Run(tmp_path / "run", replace(SHAPE, agree_every=1), target=target)
     nodes, warned = ("fc-a", "fc-b", "fc-c"), "fc-b"
     try:
-        for node in nodes:
-            run.submit(cluster, node)
+        run.submit_with_spare(cluster, nodes, "fc-spare")
         logs = run.work / "logs"
-        wait_until("the three nodes to hold at step 10", run.holding, logs=logs)
-        run.submit(cluster, "fc-spare")
-        wait_until("the spare to wait in the rendezvous", lambda: run.spare_waiting("fc-spare"), logs=logs)
         feed = Feed(service, target, warned)
         feed.until(QUIET)
         moving = apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
