@@ -14,6 +14,7 @@ warning is charged its replicas and readied spare. Every second of wall time lan
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,17 @@ EVIDENT_MODES: frozenset[str] = frozenset(FailureMode) - {
     FailureMode.SOFTWARE,
     FailureMode.NCCL_TIMEOUT,
 }
+
+
+def _check_numbers(settings: object, *, positive: str, unit: str = "") -> None:
+    """ValueError for a field of the dataclass `settings` that is negative or not finite (None is
+    allowed: not set), or for its field `positive` when it is not above 0."""
+    for name in (f.name for f in dataclasses.fields(settings)):  # type: ignore[arg-type]
+        value = getattr(settings, name)
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number{unit} >= 0, got {value}")
+    if getattr(settings, positive) <= 0:
+        raise ValueError(f"{positive} must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,23 +69,7 @@ class JobCosts:
         return self.detect_s
 
     def __post_init__(self) -> None:
-        for name in (
-            "checkpoint_s",
-            "snapshot_s",
-            "detect_s",
-            "restart_s",
-            "migrate_s",
-            "react_s",
-            "drain_s",
-            "evident_detect_s",
-        ):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
-        if self.checkpoint_s <= 0:
-            raise ValueError("checkpoint_s must be positive")
+        _check_numbers(self, positive="checkpoint_s", unit=" of seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +126,7 @@ class ProtectTier:
     spare_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("replica_s", "overhead", "warning_s", "spare_share"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        if self.replica_s <= 0:
-            raise ValueError("replica_s must be positive")
+        _check_numbers(self, positive="replica_s")
 
     def price_s(self, warned_s: float) -> float:
         """Training time a warning of `warned_s` costs (replicas, and the idle spare as the job's share)."""
@@ -161,12 +152,7 @@ class NodeReplacement:
     pool_share: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("replica_s", "overhead", "replace_s", "warm_pool", "rearm_s", "pool_share"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        if self.replica_s <= 0:
-            raise ValueError("replica_s must be positive")
+        _check_numbers(self, positive="replica_s")
 
 
 @dataclass(frozen=True, slots=True)
