@@ -402,7 +402,7 @@ class Protection:
                 self.replicas.replicate(step)
                 self.stats.protect_replicas.append(step)
             if vote.migrate and self.replace_node and self.replicas is not None:
-                self._hand_over_to_spare(step, alert)
+                self._hand_over_to_spare(step, alert, migrate)
                 return
             if vote.snapshot:
                 self._snapshot_for_alert(step, alert, migrate=vote.migrate)
@@ -410,14 +410,14 @@ class Protection:
         if self.checkpoint_every and step % self.checkpoint_every == 0:
             self._start_checkpoint(step)
 
-    def _hand_over_to_spare(self, step: int, alert: apb.Alert | None) -> None:
+    def _hand_over_to_spare(self, step: int, alert: apb.Alert | None, warned_here: bool) -> None:
         """Collective: replicate this step now, whole on every buddy before anyone goes on; the ranks
-        of the warned node(s) acknowledge it and leave the job (`replace_node`)."""
+        of the warned node(s) acknowledge it and leave the job (`replace_node`). `warned_here`: this
+        rank's guard has the snapshot-and-migrate alert."""
         assert self.replicas is not None
         self.replicas.replicate(step)
         self.replicas.wait()
-        moving = alert is not None and alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
-        warned = {node for node in identity.all_gather_strings(self.node if moving else "") if node}
+        warned = {node for node in identity.all_gather_strings(self.node if warned_here else "") if node}
         self.stats.snapshots.append(step)
         if self.node not in warned:
             return  # go on: the next collective fails once the warned node has left, and torchrun restarts
