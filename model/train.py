@@ -24,6 +24,7 @@ import logging
 import math
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -66,6 +67,7 @@ from faultcast.model.outcomes import (
 )
 from faultcast.model.recall_curve import write_curve
 from faultcast.model.rules import RulesBaseline
+from faultcast.model.train_needs import shortfall, slice_failures, trained_on, world_shortfall
 from faultcast.model.world_pass import map_worlds
 from faultcast.modes import NODE_LEVEL_MODES
 
@@ -311,6 +313,10 @@ def train(
             for d in datasets[-config.validation_worlds :]
         ]
     timings = {"feature_build_s": time.perf_counter() - started}
+    log.info(
+        "%s",
+        trained_on(rows.fit_failures, rows.validation_failures, sorted(set(rows.mode[rows.y & rows.fit]))),
+    )
 
     t0 = time.perf_counter()
     dropped = dcgm_missing_columns(features)
@@ -437,6 +443,9 @@ class _Sampled:
     # Per row, how much more often than `acceleration` its failure's mode was drawn (1: not boosted;
     # negatives 1): its weight was divided by it, so each mode counts as at its plain rate.
     boost: np.ndarray
+    # The failures, per mode, that label the fit and the validation slices' rows (model/train_needs.py).
+    fit_failures: Counter[str] = field(default_factory=Counter)
+    validation_failures: Counter[str] = field(default_factory=Counter)
 
 
 def _sample(
@@ -460,17 +469,24 @@ def _sample(
     engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
     rows = sampler.rows.stack()
     x, y, t = rows["features"], rows["label"].astype(bool), rows["time_s"]
-    if x.size == 0 or not y.any():
-        raise ValueError(
-            "no failure falls in the training period: more days, more nodes or more acceleration"
-        )
     fit, val = t < split.validation_start_s, t >= split.validation_start_s
-    if not y[val].any() or not y[fit].any():
-        raise ValueError("both the fit and validation slices need failures: more days or more acceleration")
+    fit_failures = slice_failures(y, t, rows["ttf_s"], rows["mode"], fit)
+    val_failures = slice_failures(y, t, rows["ttf_s"], rows["mode"], val)
+    if x.size == 0 or not y[val].any() or not y[fit].any():
+        raise ValueError(
+            shortfall(
+                dataset,
+                fit_failures,
+                val_failures,
+                len(split.train_nodes),
+                split.validation_start_s - dataset.start_s,
+                split.train_end_s - split.validation_start_s,
+            )
+        )
     sampled = _Sampled(
         x=x, y=y, w=rows["weight"], ttf_s=rows["ttf_s"], mode=rows["mode"], fit=fit, val=val,
         acceleration=np.full(len(y), acceleration_of(dataset, config)), world=np.zeros(len(y), dtype=np.int64),
-        boost=np.ones(len(y)),
+        boost=np.ones(len(y)), fit_failures=fit_failures, validation_failures=val_failures,
     )  # fmt: skip
     return sampled, engine.names
 
@@ -546,11 +562,15 @@ def _sample_worlds(
     validating = len(datasets) - config.validation_worlds
     names = results[0][1] if results[0] is not None else ()
     sizes = []
-    for dataset, result in zip(datasets, results, strict=True):
+    slices: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
+    for k, (dataset, result) in enumerate(zip(datasets, results, strict=True)):
         assert result is not None
         rows = result[0]
-        if rows["features"].size == 0 or not rows["label"].astype(bool).any():
-            raise ValueError(f"{dataset.path}: no failure a warning could precede after the warm-up")
+        label = rows["label"].astype(bool)
+        found = slice_failures(label, rows["time_s"], rows["ttf_s"], rows["mode"], np.ones(len(label), bool))
+        if rows["features"].size == 0 or not label.any():
+            raise ValueError(world_shortfall(dataset, found, WARMUP_S))
+        slices[k >= validating].update(found)
         sizes.append(len(rows["label"]))
         log.info("%s: %d rows, %d positive", dataset.path, sizes[-1], int(rows["label"].sum()))
     # The worlds' rows moved into one array world by world, each freed once copied: at 64 worlds the
@@ -579,6 +599,7 @@ def _sample_worlds(
     sampled = _Sampled(
         x=stack["features"], y=y, w=weight, ttf_s=stack["ttf_s"],
         mode=stack["mode"], fit=~val, val=val, acceleration=accel, world=world, boost=boost,
+        fit_failures=slices[0], validation_failures=slices[1],
     )  # fmt: skip
     return sampled, names
 
