@@ -32,6 +32,7 @@ from types import TracebackType
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from faultcast.alert_text import alert_summary
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
@@ -395,12 +396,12 @@ class Guard:
                 self._asked[key] = max(asked, self._asked.get(key, 0))
                 self._pending = alert  # the newest event of the alert waiting to be acted on
                 log.warning(
-                    "faultcast: alert %d on %s gpu %d (%s, risk %.2f): snapshot requested",
+                    "faultcast: alert %d on %s gpu %d: %s (%s): snapshot requested",
                     alert.id,
                     alert.node,
                     alert.gpu,
+                    alert_summary(alert),  # when first, then the risk against its threshold
                     apb.RecommendedAction.Name(alert.action),
-                    alert.risk,
                 )
             elif (
                 alert.state == apb.ALERT_STATE_CLEARED

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from faultcast.alert_text import alert_summary
 from faultcast.demo.settings import DemoSettings
 from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
 from faultcast.modes import FailureMode
@@ -89,6 +90,11 @@ def run_demo(args: DemoSettings) -> int:
             f"service on 127.0.0.1:{port}, metrics on :{metrics_port}/metrics; model threshold "
             f"{model.threshold:.3f} (an alert holds above {model.policy.hold(model.threshold):.3f}), horizon "
             f"{model.horizon_s / 60:.0f} min, trained {model.card.created_at}"
+        )
+        print(
+            f"risk: the chance a GPU fails within {model.horizon_s / 60:.0f} min, at hardware's real failure "
+            f"rate (failures are rare: a healthy GPU's is far below {model.threshold:.3g}); each alert says "
+            "when first, then its risk as a multiple of the threshold it crossed"
         )
         periods = DEFAULT_PERIODS
         print(
@@ -250,16 +256,12 @@ def _listen(
                     seen.failed.append(alert)
                 continue
             action = apb.RecommendedAction.Name(alert.action).removeprefix("RECOMMENDED_ACTION_")
-            ttf = alert.time_to_failure
-            when = (
-                f"failure in ~{ttf.p50_seconds / 60:.0f} min ({ttf.p10_seconds / 60:.0f}-{ttf.p90_seconds / 60:.0f})"
-                if alert.HasField("time_to_failure")
-                else "no time estimate"
-            )
             top = ", ".join(c.feature for c in alert.top_features[:3])
             kind = "ALERT" if alert.kind == apb.EVENT_KIND_OPENED else "UPDATE"
+            # When first, then the risk against its threshold (faultcast.alert_text): a risk of 0.03
+            # reads as 3% until it says it stands twice the threshold.
             print(
-                f"[{_clock(t)}] {kind} {alert.opened_id}: {where} {mode} risk {alert.risk:.2f}, {when}, {action} "
+                f"[{_clock(t)}] {kind} {alert.opened_id}: {where} {mode}: {alert_summary(alert)}, {action} "
                 f"(why: {top}) | {_verdict(alert, failures, sim_start, periods, kind == 'ALERT')}"
             )
             with seen.lock:

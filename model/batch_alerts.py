@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from faultcast.alert_text import times_threshold
 from faultcast.model.alert_content import AlertContent, describe
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, load
 from faultcast.model.dataset import DataError, Dataset, Step, open_dataset, replay
@@ -40,6 +41,7 @@ CSV_FIELDS: tuple[str, ...] = (
     "ttf_p10_min", "ttf_p50_min", "ttf_p90_min", "action",
     *(f"feature_{i + 1}" for i in range(TOP_FEATURES)),
     "outcome", "failure_time", "failure_gpu", "failure_mode", "lead_min",
+    "threshold", "risk_x_threshold",  # added after the rest: readers of the older columns still read them
 )  # fmt: skip  # the CSV's columns packed as they read
 
 
@@ -66,6 +68,7 @@ class ScoredAlert:
     content: AlertContent  # what the alert said, from its highest-risk GPU
     outcome: Outcome | None  # None: the data has no failure log
     failure: FollowingFailure | None
+    threshold: float = math.nan  # the model's alert threshold the risk crossed (NaN: not known)
 
     @property
     def time(self) -> str:
@@ -169,6 +172,7 @@ def score_dataset(
                 failure=FollowingFailure(f.time_s, f.gpu, f.mode, f.time_s - t)
                 if f and failure_log
                 else None,
+                threshold=model.threshold,
             )
         )
     return sorted(alerts, key=lambda a: (a.time_s, a.node, a.gpu))
@@ -243,6 +247,9 @@ def _rows(alerts: Sequence[ScoredAlert]) -> list[dict[str, str]]:
         row["failure_gpu"] = ("node" if f.gpu < 0 else str(f.gpu)) if f else ""
         row["failure_mode"] = f.mode if f else ""
         row["lead_min"] = _minutes(f.lead_s) if f else ""
+        ratio = times_threshold(c.risk, a.threshold)
+        row["threshold"] = "" if math.isnan(a.threshold) else f"{a.threshold:.6g}"
+        row["risk_x_threshold"] = "" if ratio is None else f"{ratio:.3f}"
         rows.append(row)
     return rows
 
@@ -267,21 +274,26 @@ def _outcome_text(a: ScoredAlert) -> str:
 
 
 def render_table(alerts: Sequence[ScoredAlert]) -> str:
-    """A Markdown table of the alerts, readable in a terminal."""
+    """A Markdown table of the alerts, readable in a terminal: each alert's risk with how many times
+    the threshold it stands (a calibrated risk of 0.03 is far above a healthy GPU's), and when the
+    failure is expected, before the rest."""
     buckets = "/".join(str(int(s // 60)) for s in TTF_BUCKETS_S)
     lines = [
-        f"| time | node | GPU | risk | likely mode | risk within {buckets} min | time to failure p10/p50/p90 (min) "
-        "| action | top features | outcome |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| time | node | GPU | risk | x threshold | time to failure p50 (p10-p90), min | likely mode "
+        f"| risk within {buckets} min | action | top features | outcome |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for a in alerts:
         c = a.content
         within = " / ".join(f"{v:.2f}" for v in c.risk_within)
-        ttf = " / ".join(f"{v / 60:.0f}" for v in c.ttf_s) if c.ttf_s else "-"
+        ttf = f"{c.ttf_s[1] / 60:.0f} ({c.ttf_s[0] / 60:.0f}-{c.ttf_s[2] / 60:.0f})" if c.ttf_s else "-"
+        ratio = times_threshold(c.risk, a.threshold)
+        times = "-" if ratio is None else f"{ratio:.1f}x"
         features = "; ".join(_feature_text(f) for f in c.top_features)
         lines.append(
-            f"| {a.time} | {a.node} | {a.gpu_text} | {c.risk:.3f} | {c.mode} ({c.mode_probability:.0%}) "
-            f"| {within} | {ttf} | {c.action.name.lower()} | {features} | {_outcome_text(a)} |"
+            f"| {a.time} | {a.node} | {a.gpu_text} | {c.risk:.3f} | {times} | {ttf} "
+            f"| {c.mode} ({c.mode_probability:.0%}) | {within} | {c.action.name.lower()} | {features} "
+            f"| {_outcome_text(a)} |"
         )
     return "\n".join(lines)
 
@@ -291,6 +303,12 @@ def summary(alerts: Sequence[ScoredAlert], periods: PredictionPeriods = DEFAULT_
     if not alerts:
         return "no alerts"
     text = f"{len(alerts)} alert{'s' if len(alerts) != 1 else ''}"
+    threshold = alerts[0].threshold
+    if not math.isnan(threshold):
+        text += (
+            f" at threshold {threshold:.3g} (risk: the chance of failing within the model's horizon at the "
+            f"real failure rate; x threshold: how far above it the alert opened)"
+        )
     if alerts[0].outcome is not None:
         counts = {o: sum(1 for a in alerts if a.outcome is o) for o in Outcome}
         text += (
