@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from faultcast.catalogue import Scope
+from faultcast.cli.paths import create_parents, missing_input
 from faultcast.cli.tls_args import add_client_arguments, client_tls_options
 from faultcast.cli.types import Subcommands, add_world_flags, duration, limit, scenario, world_from_args
 from faultcast.collector.agent import NodeCollector
@@ -249,7 +250,10 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with flags that argparse cannot check alone, or None."""
     if args.spool_max_bytes is not None and args.spool_max_bytes < 65536:
         return "--spool-max-bytes must be at least 65536"
-    return None
+    spool = args.spool if args.service and not args.once else None
+    return missing_input([("--proc-root", args.proc_root), ("--sys-root", args.sys_root)]) or create_parents(
+        [("--spool", spool)]
+    )
 
 
 def _channels(args: argparse.Namespace) -> ChannelFactory:

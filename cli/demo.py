@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from faultcast.cli.paths import create, refuse, uncreatable
 from faultcast.cli.types import Subcommands, scenario
 from faultcast.demo.settings import DEFAULT_FAILURES, DemoSettings
 
@@ -32,6 +33,9 @@ def add_parser(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo with the flags' settings (the default failures when none are given); its exit status."""
+    why = uncreatable([("--model", args.model)]) or create([("--out", args.out)])
+    if why is not None:  # the model is trained into --model when it has none
+        return refuse("demo", why)
     settings = DemoSettings(
         nodes=args.nodes, speed=args.speed, failures=tuple(args.failures or DEFAULT_FAILURES),
         model=args.model, out=args.out, prometheus_port=args.prometheus_port,

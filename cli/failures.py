@@ -8,6 +8,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
+from faultcast.cli.paths import create_parents
 from faultcast.cli.types import Subcommands, duration
 
 
@@ -118,6 +119,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if not (args.kernel_log or args.slurm_events or args.from_slurm):
         return fail("nothing to read: give --kernel-log, --slurm-events or --from-slurm")
+    why = create_parents([("--out", args.out)])
+    if why is not None:  # the log is written at the end: refused before anything is read
+        return fail(why)
     try:
         zone = ZoneInfo(args.timezone)
     except (ZoneInfoNotFoundError, ValueError):

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from faultcast.cli.paths import create, create_parents, missing_input, refuse, uncreatable
 from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.goodput.engine import REPLICA_OVERHEAD, JobCosts, NodeReplacement, Outcome, ProtectTier
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
@@ -329,6 +330,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     from faultcast.demo.model import ensure_model
     from faultcast.goodput.replay import model_digest
     from faultcast.model.artifact import ModelError, load
+    from faultcast.model.dataset import DataError
     from faultcast.model.threshold_file import write
 
     try:
@@ -336,15 +338,28 @@ def run_goodput(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"faultcast goodput: {exc}", file=sys.stderr)
         return 2
+    demo_model = args.model == Path("out/demo-model")  # trained there when it has none
+    why = (
+        (uncreatable if demo_model else missing_input)([("--model", args.model)])
+        or missing_input([("--replay-data", args.replay_data)])
+        or create([("--cache", args.cache)])
+        or create_parents([("--plot", args.plot), ("--json", args.json)])
+    )
+    if why is not None:
+        return refuse("goodput", why)
     started = time.perf_counter()
-    if args.model == Path("out/demo-model"):
+    if demo_model:
         ensure_model(args.model)
     try:
         model = load(args.model)
     except ModelError as exc:
         print(f"faultcast goodput: {exc}", file=sys.stderr)
         return 2
-    found = report_study(args, setup, replayed(args, model))
+    try:
+        replay = replayed(args, model)
+    except DataError as exc:  # --replay-data that is no data directory
+        return refuse("goodput", f"--replay-data {exc}" if args.replay_data is not None else str(exc))
+    found = report_study(args, setup, replay)
     if args.apply:
         path = write(args.model, found.threshold, model_digest(model), found.basis, found.protect_threshold)
         tier = (

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from faultcast.cli.paths import create_parents, missing_input, refuse, uncreatable
 from faultcast.cli.types import Subcommands, duration
 
 if TYPE_CHECKING:  # the model package loads on demand: `faultcast --help` stays quick
@@ -257,6 +258,12 @@ def run_train(args: argparse.Namespace) -> int:
     from faultcast.model.dataset import DataError, open_dataset
     from faultcast.model.train import TrainConfig, train
 
+    cache = Path(args.rows_cache) if args.rows_cache else None
+    why = missing_input([("--data", path) for path in args.data]) or uncreatable(
+        [("--out", args.out), ("--rows-cache", cache)]
+    )
+    if why is not None:  # before minutes of replay: the model is written at the end
+        return refuse("train", why)
     try:
         datasets = [open_dataset(path) for path in args.data]
         config = TrainConfig(
@@ -341,6 +348,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
         return 2
     from faultcast.model.ceiling import CeilingError, check_reference, measure_ceiling, pooled_ceiling
 
+    why = missing_input(
+        [
+            ("--model", args.model),
+            *(("--data", path) for path in args.data),
+            *(("--false-alarm-data", path) for path in args.false_alarm_data),
+            *(("--reference", path) for pair in args.reference for path in pair),
+        ]
+    ) or create_parents([("--json", args.json)])
+    if why is not None:
+        return refuse("evaluate", why)
     try:
         model = load(args.model)
         datasets = [open_dataset(path) for path in args.data]

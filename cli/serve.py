@@ -13,6 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from faultcast.cli.help_defaults import DefaultsShown
+from faultcast.cli.paths import create_parents, missing_input, uncreatable
 from faultcast.cli.tls_args import add_server_arguments, server_tls_options
 from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
@@ -195,6 +196,10 @@ def run_token(args: argparse.Namespace) -> int:
     if not args.name or any(c.isspace() or c == "#" for c in args.name):
         log.error("--name %r: no spaces or '#'", args.name)
         return 2
+    why = create_parents([("--tokens-file", args.tokens_file)])
+    if why is not None:
+        log.error("%s", why)
+        return 2
     token = secrets.token_urlsafe(32)
     line = f"sha256:{digest(token)} {args.role} {args.name}\n"
     fd = os.open(args.tokens_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -360,6 +365,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from faultcast.service.server import Service
     from faultcast.service.state_db import StateError
 
+    why = (
+        missing_input([("--model", args.model)])
+        or uncreatable([("--state-dir", args.state_dir)])
+        or create_parents([("--port-file", args.port_file), ("--metrics-port-file", args.metrics_port_file)])
+    )
+    if why is not None:  # the state directory itself is created when the service opens
+        log.error("%s", why)
+        return 2
     metrics = ServiceMetrics()
     if args.no_prometheus and args.metrics_port_file:
         log.error("--metrics-port-file contradicts --no-prometheus: there is no /metrics port to write")

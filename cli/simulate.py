@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultcast.cli.paths import refuse, uncreatable
 from faultcast.cli.types import Subcommands, add_world_flags, duration, scenario, world_from_args
 from faultcast.sim.config import FleetConfig
 
@@ -66,6 +67,9 @@ def add_parser(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the twin's files into --out and print a summary. Returns 0, or 2 for a configuration or
     scenario the twin refuses."""
+    why = uncreatable([("--out", args.out)])
+    if why is not None:
+        return refuse("simulate", why)
     if args.family == "independent":
         return _independent(args)
     try:
