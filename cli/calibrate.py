@@ -7,8 +7,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faultcast.cli.types import Subcommands
+
+if TYPE_CHECKING:
+    from faultcast.model.visibility import Visibility
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -66,11 +70,17 @@ def _run(args: argparse.Namespace) -> int:
     except (ModelError, DataError, CalibrationError, OSError) as exc:
         print(f"faultcast calibrate: {exc}", file=sys.stderr)
         return 2
-    document = json.dumps(result.to_json(), indent=1)
+    figures = result.to_json()
+    seen = _visibility(args.model, args.data)
+    if seen is not None:
+        figures["visibility"] = seen.to_json()
+    document = json.dumps(figures, indent=1)
     if args.json == Path("-"):
         print(document)
     else:
         print(summary(result))
+        if seen is not None:
+            print(seen.render())
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(document + "\n")
@@ -85,6 +95,19 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr if args.json == Path("-") else sys.stdout,
         )
     return 0
+
+
+def _visibility(model: Path, data: Path) -> Visibility | None:
+    """What the model can see in the data (faultcast.model.visibility); None, with a line on stderr,
+    when the report cannot be made (the calibration stands without it)."""
+    from faultcast.model.artifact import ModelError
+    from faultcast.model.visibility import of_data
+
+    try:
+        return of_data(model, data)
+    except (ModelError, OSError, ValueError) as exc:
+        print(f"faultcast calibrate: no visibility report: {exc}", file=sys.stderr)
+        return None
 
 
 # What a model directory holds beside the files its manifest lists (model/artifact.py, threshold_file.py,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from faultcast.failure_signs import Evidence
+from faultcast.model.visibility import GROUPS as VISIBILITY_GROUPS
 from faultcast.modes import FailureMode
 
 # Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).
@@ -256,6 +257,14 @@ class ServiceMetrics:
             ["group"],
             registry=r,
         )
+        self.feature_group_visible = Gauge(
+            "faultcast_model_feature_group_visible",
+            "Share of the serving model's features in the group whose inputs arrive in the samples "
+            "received lately: 1 the group sees, 0 it is blind (faultcast calibrate and faultcast score "
+            "name what to export for it); every group starts at 0.",
+            ["group"],
+            registry=r,
+        )
         self.calibration_timestamp = Gauge(
             "faultcast_calibration_timestamp_seconds",
             "When `faultcast calibrate --apply` chose the serving threshold (unix seconds); 0 when the "
@@ -337,6 +346,8 @@ class ServiceMetrics:
                 self.failures.labels(evidence.value, foreseen)
         for tier in ALERT_TIERS:
             self.alerts_by_tier.labels(tier)
+        for group in VISIBILITY_GROUPS:
+            self.feature_group_visible.labels(group)
 
 
 ALERT_TIERS = ("protect", "move")
@@ -375,6 +386,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_model_info",
     "faultcast_model_reloads_total",
     "faultcast_feature_drift_psi",
+    "faultcast_model_feature_group_visible",
     "faultcast_calibration_timestamp_seconds",
     "faultcast_auth_denied_total",
     "faultcast_throttled_total",

@@ -56,6 +56,7 @@ from faultcast.service.state_scoring import SavedState
 from faultcast.service.supervise import start_supervised
 from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.validation import SampleRejected
+from faultcast.service.visibility_monitor import VisibilityMonitor
 from faultcast.tls import ServerTLS
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -180,6 +181,8 @@ class Service:
         self._describe(model)
         self.drift = DriftMonitor(self.metrics.feature_drift_psi, self.metrics.calibration_timestamp)
         self.drift.use(model_dir, model)
+        self.visibility = VisibilityMonitor(self.metrics.feature_group_visible)
+        self.visibility.use(model)
         self.metrics.backlog.set_function(lambda: float(self.scorer.backlog()))
         for outcome in ("ok", "rejected"):
             self.metrics.model_reloads.labels(outcome)
@@ -283,6 +286,7 @@ class Service:
             # Journalled first: a sample the scorer then refuses is refused again on a replay.
             self._journal(snapshot)
             completed = self.scorer.add(snapshot, time.monotonic())
+            self.visibility.observe(snapshot)  # a sampled look: cheap on this path
         self.book.arrived(snapshot.node, snapshot.time_unix_nano / 1e9)
         self.latest_event_s = max(self.latest_event_s, snapshot.time_unix_nano / 1e9)
         if completed:
@@ -577,6 +581,7 @@ class Service:
             self.model_dir = target
             self._describe(model)
             self.drift.use(target, model)
+            self.visibility.use(model)
             self.metrics.model_reloads.labels("ok").inc()
             log.info(
                 "serving model %s from %s (feature state %s)",
