@@ -149,6 +149,9 @@ def run_score(args: argparse.Namespace) -> int:
     if alerts:
         print(render_table(alerts))
     print(summary(alerts))
+    from faultcast.model.visibility import of_data  # what the model could see in the data
+
+    print(of_data(args.model, args.data).render())
     if args.csv:
         write_csv(alerts, args.csv)
         print(f"wrote {args.csv}")
