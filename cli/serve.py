@@ -365,14 +365,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from faultcast.service.server import Service
     from faultcast.service.state_db import StateError
 
-    why = (
-        missing_input([("--model", args.model)])
-        or uncreatable([("--state-dir", args.state_dir)])
-        or create_parents([("--port-file", args.port_file), ("--metrics-port-file", args.metrics_port_file)])
-    )
-    if why is not None:  # the state directory itself is created when the service opens
-        log.error("%s", why)
-        return 2
     metrics = ServiceMetrics()
     if args.no_prometheus and args.metrics_port_file:
         log.error("--metrics-port-file contradicts --no-prometheus: there is no /metrics port to write")
@@ -386,6 +378,14 @@ def run_serve(args: argparse.Namespace) -> int:
         tokens = TokenBook(args.tokens_file) if args.tokens_file is not None else None
     except (TLSConfigError, OSError, ValueError) as exc:
         log.error("%s", exc)
+        return 2
+    why = (
+        missing_input([("--model", args.model)])
+        or uncreatable([("--state-dir", args.state_dir)])
+        or create_parents([("--port-file", args.port_file), ("--metrics-port-file", args.metrics_port_file)])
+    )
+    if why is not None:  # the state directory itself is created when the service opens
+        log.error("%s", why)
         return 2
     try:
         service = Service.open(

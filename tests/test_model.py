@@ -395,4 +395,4 @@ def test_train_and_evaluate_commands_write_the_promised_json(data: Path, tmp_pat
     bad = subprocess.run([FAULTCAST, "evaluate", "--model", str(tmp_path / "none"), "--data", str(data)],
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert bad.returncode == 2
-    assert "manifest.json is missing" in bad.stderr
+    assert f"--model {tmp_path / 'none'}: no such directory" in bad.stderr  # refused before loading
