@@ -228,7 +228,8 @@ class Fix:
 _COLLECT = "faultcast collect"
 _STEPS = "step summaries"
 _STEP_LINE = (
-    "scrape at 10 s or faster and import with --url (min/max/avg_over_time per step), "
+    "scrape at 10 s or faster and import with `faultcast import-prometheus --url` (it reads "
+    "min/max/avg_over_time per step), "
     "or run `faultcast collect`, which ships each step's summary"
 )
 
@@ -406,8 +407,9 @@ class Visibility:
                 "  dcgm-exporter: add to its counters file (etc/default-counters.csv, or the file its -f names):"
             )
             for f in dcgm:
-                note = f"  # {f.note}" if f.note else ""
-                lines.append(f"    {f.line}{note}")
+                if f.note:  # a comment line of its own: the lines copy into the file as they are
+                    lines.append(f"    # {f.note}")
+                lines.append(f"    {f.line}")
         node = [(f, inputs) for f, inputs, _ in self.fixes if f.how == "node_exporter"]
         if node:
             lines.append(

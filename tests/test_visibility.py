@@ -244,6 +244,10 @@ def test_a_few_default_metrics_name_the_blind_groups_and_the_lines_to_add(model:
         "    DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, Double-bit ECC errors since the driver was loaded."
         in text
     )
+    # Every line under the counters-file heading copies into the file as it is: a field or a comment.
+    block = text.split("names):\n", 1)[1].split("\n  node_exporter", 1)[0].splitlines()
+    assert block == [line for line in block if line.startswith("    # ") or line.strip() in lines]
+    assert len(block) == len(lines) + 1  # the throttle field's comment
     assert "--collector.infiniband  (ib_symbol_error," in text
     assert "scrape at 10 s or faster" in text
     assert "peer probes (peer_rtt_p99_seconds, peer_loss_ratio)" in text
