@@ -111,7 +111,9 @@ def add_parsers(commands: Subcommands) -> None:
         action="store_true",
         help="let the booster treat more hardware errors as less risk where the data says so",
     )
-    train.add_argument("--out", type=Path, required=True, help="the model directory to write")
+    train.add_argument(
+        "--out", type=Path, required=True, help="the model directory to write (created when missing)"
+    )
     train.add_argument("--horizon", type=duration, default=1800.0, help="predict failures this far ahead")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--negative-rate", type=float, default=0.02, help="share of negative rows sampled")

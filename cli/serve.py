@@ -52,7 +52,12 @@ def add_parser(commands: Subcommands) -> None:
     serve.add_argument(
         "--metrics-port-file", type=Path, help="write the bound /metrics port here once serving"
     )
-    serve.add_argument("--state-dir", type=Path, required=True, help="the durable alert log and cursors")
+    serve.add_argument(
+        "--state-dir",
+        type=Path,
+        required=True,
+        help="the durable alert log and cursors (created when missing)",
+    )
     serve.add_argument(
         "--max-threads",
         type=int,

@@ -60,7 +60,7 @@ def add_parser(commands: Subcommands) -> None:
         metavar="MODE:NODE:GPU:AT",
         help="order a failure on cue, e.g. hbm_wear:0:3:6h (repeatable)",
     )
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="the directory to write (created when missing)")
     p.set_defaults(handler=run)
 
 

@@ -88,7 +88,7 @@ def run_demo(args: DemoSettings) -> int:
         model = service.model
         print(
             f"service on 127.0.0.1:{port}, metrics on :{metrics_port}/metrics; model threshold "
-            f"{model.threshold:.3f} (an alert holds above {model.policy.hold(model.threshold):.3f}), horizon "
+            f"{model.threshold:.3g} (an alert holds above {model.policy.hold(model.threshold):.3g}), horizon "
             f"{model.horizon_s / 60:.0f} min, trained {model.card.created_at}"
         )
         print(
