@@ -14,14 +14,49 @@ def add_parsers(commands: Subcommands) -> None:
     """Add `faultcast import-prometheus` and `faultcast score`."""
     imp = commands.add_parser(
         "import-prometheus",
-        help="turn a Prometheus range-query export (dcgm-exporter's classic or DCGM 4.6's canonical names) and a "
-        "failure log into training data",
+        help="turn a running Prometheus (--url) or a range-query export (dcgm-exporter's classic or DCGM 4.6's "
+        "canonical names) and a failure log into training data",
     )
-    imp.add_argument(
+    source = imp.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--export",
         type=Path,
-        required=True,
         help="a /api/v1/query_range JSON answer, a JSON list of them, or a directory of .json files",
+    )
+    source.add_argument(
+        "--url",
+        help="a Prometheus server (http://host:9090): its series read through query_range, with each step's "
+        "min/max/mean of the summarised gauges (min/avg/max_over_time) where the raw series is finer",
+    )
+    imp.add_argument(
+        "--since",
+        default="7d",
+        help="with --url: the first time to read (unix seconds, ISO 8601, or a duration before now; default 7d)",
+    )
+    imp.add_argument("--until", default="now", help="with --url: the last time to read (default now)")
+    imp.add_argument(
+        "--step",
+        type=duration,
+        default=60.0,
+        help="with --url: the grid step, and the span each summary covers (default 60s, the model's cadence)",
+    )
+    imp.add_argument(
+        "--fetch-dir",
+        type=Path,
+        help="with --url: where the answers are kept as export files (default OUT/prometheus-export); a rerun "
+        "after an interruption fetches only what is missing",
+    )
+    imp.add_argument(
+        "--attempts",
+        type=int,
+        default=5,
+        help="with --url: tries of each call before giving up, 1 s, 2 s, 4 s ... apart (default 5)",
+    )
+    imp.add_argument(
+        "--points",
+        type=int,
+        default=11_000,
+        help="with --url: evaluation points per query at most (default 11000, Prometheus's limit per series)",
     )
     imp.add_argument(
         "--failures",
@@ -31,7 +66,9 @@ def add_parsers(commands: Subcommands) -> None:
     )
     imp.add_argument("--out", type=Path, required=True, help="the data directory to write")
     imp.add_argument(
-        "--interval", type=duration, help="grid step (default: the median spacing of the samples)"
+        "--interval",
+        type=duration,
+        help="with --export: the grid step (default: the median spacing of the samples)",
     )
     imp.add_argument("--gpus-per-node", type=int, help="default: the highest gpu label + 1")
     imp.add_argument(
@@ -69,11 +106,16 @@ def run_import(args: argparse.Namespace) -> int:
 
     labels = (*args.node_label, *(label for label in DEFAULT_NODE_LABELS if label not in args.node_label))
     try:
+        if args.spill_dir is not None:
+            args.spill_dir.mkdir(parents=True, exist_ok=True)
+        export, cadence = args.export, args.interval
+        if args.url is not None:
+            export, cadence = _fetch(args), args.step
         manifest = import_prometheus(
-            args.export,
+            export,
             args.failures,
             args.out,
-            cadence_s=args.interval,
+            cadence_s=cadence,
             gpus_per_node=args.gpus_per_node,
             node_labels=labels,
             frozen_after_s=args.frozen_after,
@@ -82,8 +124,44 @@ def run_import(args: argparse.Namespace) -> int:
     except DataError as exc:
         print(f"faultcast import-prometheus: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output or spill folder that cannot be made or written
+        print(f"faultcast import-prometheus: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(describe_import(args.out, manifest))
     return 0
+
+
+def _fetch(args: argparse.Namespace) -> Path:
+    """`--url`: the server's series into the fetch folder (resumed when it holds part of this fetch)."""
+    from faultcast.model.dataset import DataError
+    from faultcast.model.importer import fetch_prometheus
+    from faultcast.model.prometheus_fetch import parse_time
+
+    if args.interval is not None and args.interval != args.step:
+        raise DataError("with --url the grid step is --step; --interval is for --export")
+    until = parse_time(args.until)
+    since = parse_time(args.since, now=until)
+    folder = args.fetch_dir if args.fetch_dir is not None else args.out / "prometheus-export"
+    from faultcast.model.prometheus_fetch import Client
+
+    if args.attempts < 1:
+        raise DataError(f"--attempts must be at least 1, got {args.attempts}")
+    client = Client(args.url, attempts=args.attempts)
+    report = fetch_prometheus(args.url, since, until, args.step, folder, points=args.points, client=client)
+    print(
+        f"read {args.url}: {report.answers_fetched} answers fetched, {report.answers_reused} kept from an "
+        f"earlier run, {report.retries} retries, {report.series:,} series; into {folder}"
+    )
+    if report.summarised:
+        print(
+            f"step summaries (min/max/mean over each {args.step:g} s step) of: {', '.join(report.summarised)}"
+        )
+    if report.coarse:
+        print(
+            f"no step summaries of {', '.join(report.coarse)}: scraped no finer than the step "
+            "(scrape every 10 s or faster for the model's step features)"
+        )
+    return Path(folder)
 
 
 def describe_import(out: Path, manifest: dict[str, Any]) -> str:

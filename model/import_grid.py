@@ -35,10 +35,13 @@ import pyarrow.parquet as pq
 from faultcast.catalogue import TRACKED_XIDS, Scope, metrics_for
 from faultcast.model.import_spill import Spill
 from faultcast.rollup import NETWORK_COLUMNS, rollup_network
-from faultcast.schemas import GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
+from faultcast.schemas import GPU_COLUMNS, NETWORK_SCHEMA, SUMMARISED_TELEMETRY_SCHEMA, TELEMETRY_SCHEMA
+from faultcast.step_summary import SCRAPES_COLUMN, SUMMARY_COLUMNS
 
 NETWORK_SCOPES = (Scope.INTERFACE, Scope.IB_PORT, Scope.PEER, Scope.HOST)
-GPU, NETWORK, UNUSED = 0, 1, -1  # stream kinds
+GPU, NETWORK, SUMMARY, UNUSED = 0, 1, 2, -1  # stream kinds
+SUMMARY_WIDTH = 1 + len(SUMMARY_COLUMNS)
+"""A step summary block: the scrapes, then SUMMARY_COLUMNS (faultcast.step_summary)."""
 XID_COLUMNS = {code: f"xid_{code}_events" for code in TRACKED_XIDS}
 XID_ALL = (*XID_COLUMNS.values(), "xid_other_events")
 
@@ -59,9 +62,9 @@ class Plan:
     gauges: list[int]  # indices into `columns` of the raw gauges (the frozen-exporter test)
     flag_bits: dict[str, int]  # throttle flag -> bit of clock_event_reasons
     # Per stream (the spill's numbering):
-    kind: np.ndarray  # GPU, NETWORK or UNUSED
-    unit: np.ndarray  # GPU: unit
-    column: np.ndarray  # GPU: index into `columns`
+    kind: np.ndarray  # GPU, SUMMARY, NETWORK or UNUSED
+    unit: np.ndarray  # GPU and SUMMARY: unit
+    column: np.ndarray  # GPU: index into `columns`; SUMMARY: into the summary block (SUMMARY_WIDTH)
     ident: np.ndarray  # GPU: index into `identities`
     factor: np.ndarray  # values x factor (units settled after the first pass)
     net_node: np.ndarray  # NETWORK: node index
@@ -69,6 +72,7 @@ class Plan:
     net_device: np.ndarray  # NETWORK: the device's index among the node's devices of that scope
     net_metric: np.ndarray  # NETWORK: index into metrics_for(scope)
     net_devices: np.ndarray  # (nodes, scopes) devices per node and scope
+    summarised: bool = False  # step summary streams: the files get SUMMARISED_TELEMETRY_SCHEMA
 
 
 @dataclass
@@ -195,8 +199,9 @@ def write_grid(
     uuids = [u for u, _ in plan.identities]
     models = sorted({m for _, m in plan.identities})
     model_of = np.array([models.index(m) for _, m in plan.identities] or [0], dtype=np.int64)
+    schema = SUMMARISED_TELEMETRY_SCHEMA if plan.summarised else TELEMETRY_SCHEMA
     with (
-        pq.ParquetWriter(out / "telemetry.parquet", TELEMETRY_SCHEMA, compression="zstd") as telemetry,
+        pq.ParquetWriter(out / "telemetry.parquet", schema, compression="zstd") as telemetry,
         pq.ParquetWriter(out / "network.parquet", NETWORK_SCHEMA, compression="zstd") as network,
     ):
         for a in range(0, steps, chunk_steps):
@@ -208,13 +213,16 @@ def write_grid(
                 observe((e - a) * units)
             grid = np.full((e - a, units, len(plan.columns)), np.nan)
             ident = np.full((e - a, units), -1, np.int64)
+            summ = np.full((own, units, SUMMARY_WIDTH), np.nan) if plan.summarised else None
             net = np.full((own, len(net_streams)), np.nan) if len(net_streams) else None
             t0, t1 = plan.start + (a - 1) * interval, plan.start + (e + 1) * interval
             for records in spill.read(t0, t1):  # later buckets overwrite: their samples are later
-                _scatter(plan, records, a, e, own, grid, ident, net, net_index)
+                _scatter(plan, records, a, e, own, grid, ident, net, net_index, summ)
             if lookahead and plan.gauges:
                 blank, spans = frozen_steps(grid[:, :, plan.gauges], a, own, frozen, interval, frozen_after_s)
                 grid[:own][blank] = np.nan
+                if summ is not None:
+                    summ[blank] = np.nan
                 written.frozen_steps += blank.sum(axis=0)
                 written.frozen_spans += spans
             grid, ident = grid[:own], ident[:own]
@@ -229,6 +237,8 @@ def write_grid(
             step_of, unit_of = np.nonzero(present)
             if len(step_of):
                 table = _telemetry_table(plan, grid, ident, step_of, unit_of, a, uuids, models, model_of, col)
+                if summ is not None:
+                    table = _with_summaries(table, summ[step_of, unit_of])
                 telemetry.write_table(table)
                 written.telemetry_rows += len(step_of)
                 written.row_groups += 1
@@ -254,10 +264,11 @@ def _scatter(
     ident: np.ndarray,
     net: np.ndarray | None,
     net_index: np.ndarray,
+    summ: np.ndarray | None = None,
 ) -> None:
     """One bucket's samples of steps a..e-1 onto the slice: the last sample of each stream in a step
-    into `grid` (W, U, columns) and `net` (own, network streams by `net_index`), the GPU's last
-    sample's identity into `ident` (W, U)."""
+    into `grid` (W, U, columns), `net` (own, network streams by `net_index`) and `summ` (own, U,
+    SUMMARY_WIDTH), the GPU's last sample's identity into `ident` (W, U)."""
     step = np.floor((records["t"] - plan.start) / plan.interval).astype(np.int64)
     kind = plan.kind[records["stream"]]
     gpu = np.flatnonzero((kind == GPU) & (step >= a) & (step < e))
@@ -268,6 +279,13 @@ def _scatter(
         grid[at[win], unit[win], column[win]] = records["v"][gpu[win]] * plan.factor[stream[win]]
         win = _last(unit, times, at)  # identity: the GPU's last sample in the step, whatever its column
         ident[at[win], unit[win]] = plan.ident[stream[win]]
+    if summ is not None:
+        picked = np.flatnonzero((kind == SUMMARY) & (step >= a) & (step < a + own))
+        if len(picked):
+            stream, at = records["stream"][picked], step[picked] - a
+            unit, column = plan.unit[stream], plan.column[stream]
+            win = _last(unit * SUMMARY_WIDTH + column, records["t"][picked], at)
+            summ[at[win], unit[win], column[win]] = records["v"][picked[win]]
     if net is not None:
         picked = np.flatnonzero((kind == NETWORK) & (step >= a) & (step < a + own))
         if len(picked):
@@ -393,6 +411,17 @@ def _telemetry_table(
         else:
             columns.append(pa.array(np.full(len(step_of), np.nan, dtype), kind))
     return pa.Table.from_arrays(columns, schema=TELEMETRY_SCHEMA)
+
+
+def _with_summaries(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """The telemetry table with its rows' step summaries (rows, SUMMARY_WIDTH) appended as
+    SUMMARISED_TELEMETRY_SCHEMA has them: no scrapes counted is 0 (and then no summary)."""
+    scrapes = np.nan_to_num(rows[:, 0], nan=0.0)
+    arrays = [pa.array(np.clip(scrapes, 0, np.iinfo(np.int16).max).astype(np.int16))]
+    arrays += [pa.array(rows[:, 1 + k].astype(np.float32)) for k in range(len(SUMMARY_COLUMNS))]
+    names = [SCRAPES_COLUMN, *SUMMARY_COLUMNS]
+    out = pa.Table.from_arrays([*table.columns, *arrays], names=[*table.column_names, *names])
+    return out.cast(SUMMARISED_TELEMETRY_SCHEMA)
 
 
 def _network_table(

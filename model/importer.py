@@ -56,6 +56,7 @@ from faultcast.catalogue import (
     Kind,
     Metric,
     Scope,
+    by_name,
     metrics_for,
 )
 from faultcast.dcgm import RATIO_OR_PERCENT, readable_names
@@ -64,6 +65,7 @@ from faultcast.model.import_grid import (
     GPU,
     NETWORK,
     NETWORK_SCOPES,
+    SUMMARY,
     UNUSED,
     XID_ALL,
     Plan,
@@ -80,8 +82,10 @@ from faultcast.model.import_names import (
     why_unknown,
 )
 from faultcast.model.import_spill import Spill
+from faultcast.model.prometheus_fetch import MAX_POINTS, STEP_LABEL, STEP_STATS, Client, FetchReport, fetch
 from faultcast.rollup import NETWORK_COLUMNS
 from faultcast.schemas import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
+from faultcast.step_summary import SCRAPES_COLUMN, SUMMARISED, SUMMARY_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +134,55 @@ _FLAG_BITS: dict[str, int] = {
     for m in METRICS
     if m.scope is Scope.GPU and (match := _BITMASK.match(m.read)) is not None
 }
+# A step summary series' column in the grid's summary block: 0 the scrapes, then SUMMARY_COLUMNS.
+_SUMMARY_SLOT = {
+    (metric, stat): 1 + SUMMARY_COLUMNS.index(f"{metric}_step_{stat}")
+    for metric in SUMMARISED
+    for stat in STEP_STATS
+    if stat != "scrapes"
+}
 _GAUGES = frozenset(m.name for m in metrics_for(Scope.GPU) if m.kind is Kind.GAUGE) - set(_FLAG_BITS)
 _SCOPE_INDEX = {scope: i for i, scope in enumerate(NETWORK_SCOPES)}
 _METRIC_INDEX = {m.name: (m.scope, k) for scope in NETWORK_SCOPES for k, m in enumerate(metrics_for(scope))}
+
+
+def _fetchable(name: str) -> bool:
+    """Whether series of this name may hold something the import reads."""
+    metric = _BY_NAME.get(name)
+    return metric.scope is not Scope.COLLECTOR if metric is not None else name in _FAMILY_LABEL
+
+
+def fetch_prometheus(
+    url: str,
+    since: float,
+    until: float,
+    step_s: float,
+    folder: Path,
+    *,
+    points: int = MAX_POINTS,
+    client: Client | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> FetchReport:
+    """The series a running Prometheus holds in [since, until] that the import reads, with the step
+    summaries where the raw series is finer than `step_s`, as export files in `folder`
+    (faultcast.model.prometheus_fetch); `import_prometheus(folder, ...)` reads them. `keep` narrows
+    the names further (e.g. to dcgm-exporter's alone)."""
+    summarised = {name: m.name for name, m in _BY_NAME.items() if m.name in SUMMARISED}
+    flags = {by_name(flag).prometheus_name: bit for flag, bit in _FLAG_BITS.items() if flag in SUMMARISED}
+    masks = sorted(name for name, m in _BY_NAME.items() if m.name == "clock_event_reasons")
+    return fetch(
+        url,
+        since,
+        until,
+        step_s,
+        folder,
+        known=_fetchable if keep is None else (lambda name: _fetchable(name) and keep(name)),
+        summarised=summarised,
+        flag_bits=flags,
+        bitmask_names=masks,
+        points=points,
+        client=client,
+    )
 
 
 @dataclass
@@ -147,6 +197,7 @@ class _Parsed:
     network_nodes: set[str] = field(default_factory=set)
     identities: dict[tuple[str, str], int] = field(default_factory=dict)
     mapped: dict[str, Counter[str]] = field(default_factory=dict)  # column -> series name -> series
+    summaries: dict[str, set[int]] = field(default_factory=dict)  # summary column -> units with it
     unknown: Counter[str] = field(default_factory=Counter)
     ignored: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> series
@@ -258,24 +309,38 @@ def _add_series(parsed: _Parsed, series: Series, node_labels: Sequence[str], spi
     ):
         parsed.skipped["loopback or virtual interface (node_exporter's lo, docker0, veth*, ...)"] += 1
         return
+    stat = labels.get(STEP_LABEL)
+    if stat is not None and not _summary_known(parsed, source, display, metric, stat):
+        return
     if series.samples is not None:
         times, values = series.samples
     else:
         times, values = _values(source, display, series.raw_values)
     if not np.isfinite(times).all():
         raise DataError(f"{source}: series {display} has non-finite timestamps")
-    values, how = _in_catalogue_units(parsed, name, values)
+    if stat == "scrapes":  # a count: no unit to convert
+        parsed.not_finite += int((~np.isfinite(values)).sum())
+        values, how = np.where(np.isfinite(values), values, np.nan), _PLAIN
+    else:
+        values, how = _in_catalogue_units(parsed, name, values)
     parsed.samples += len(times)
     parsed.t_min, parsed.t_max = min(parsed.t_min, times.min()), max(parsed.t_max, times.max())
     if len(times) > 1:
         spacing = np.round(np.diff(np.unique(times)) * 1000.0).astype(np.int64)
         distinct, counts = np.unique(spacing, return_counts=True)
         parsed.spacings.update(dict(zip(distinct.tolist(), counts.tolist(), strict=True)))
-    if metric.scope is Scope.GPU:
+    if stat is not None:  # a step summary: its own stream, no identity (the raw series give that)
+        unit = parsed.units.setdefault((node, gpu), len(parsed.units))
+        slot = 0 if stat == "scrapes" else _SUMMARY_SLOT[(metric.name, stat)]
+        key: tuple[Any, ...] = ("sum", unit, slot)
+        parsed.summaries.setdefault(SCRAPES_COLUMN if slot == 0 else SUMMARY_COLUMNS[slot - 1], set()).add(
+            unit
+        )
+    elif metric.scope is Scope.GPU:
         unit = parsed.units.setdefault((node, gpu), len(parsed.units))
         identity = (labels.get("UUID", f"{node}/gpu{gpu}"), labels.get("modelName", "unknown"))
         code = parsed.identities.setdefault(identity, len(parsed.identities))
-        key: tuple[Any, ...] = ("gpu", unit, metric.name, how, code)
+        key = ("gpu", unit, metric.name, how, code)
         if how == _FALLBACK:
             parsed.fallback_series[unit] += 1
         else:
@@ -288,6 +353,19 @@ def _add_series(parsed: _Parsed, series: Series, node_labels: Sequence[str], spi
         parsed.devices.setdefault(node, {}).setdefault(metric.name, set()).add(device)
         parsed.mapped.setdefault(metric.name, Counter())[name] += 1
     spill.add(parsed.streams.setdefault(key, len(parsed.streams)), times, values)
+
+
+def _summary_known(parsed: _Parsed, source: str, display: str, metric: Metric, stat: str) -> bool:
+    """Whether a series labelled as a step summary is one the grid keeps (else it is counted as
+    skipped); DataError on a label value that is no summary statistic."""
+    if stat not in STEP_STATS:
+        raise DataError(
+            f"{source}: series {display} has {STEP_LABEL}={stat!r}; expected one of {', '.join(STEP_STATS)}"
+        )
+    if metric.scope is not Scope.GPU or (stat != "scrapes" and metric.name not in SUMMARISED):
+        parsed.skipped[f"step summary of a metric the model does not summarise ({STEP_LABEL})"] += 1
+        return False
+    return True
 
 
 def _in_catalogue_units(parsed: _Parsed, name: str, values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -415,7 +493,10 @@ def _plan(parsed: _Parsed, grid: _Grid) -> tuple[Plan, dict[str, Any]]:
             device_lists[(node, scope)] = listed
             devices[grid.node_index[node], _SCOPE_INDEX[scope]] = len(listed)
     for what, stream in parsed.streams.items():
-        if what[0] == "gpu":
+        if what[0] == "sum":
+            kind[stream] = SUMMARY
+            unit_[stream], column[stream] = position[what[1]], what[2]
+        elif what[0] == "gpu":
             unit, name, how, code = what[1], what[2], what[3], what[4]
             if how == _FALLBACK and unit not in fallback:
                 continue  # the GPU has DCGM_FI_DEV_GPU_UTIL: GR_ENGINE_ACTIVE goes unused
@@ -453,6 +534,7 @@ def _plan(parsed: _Parsed, grid: _Grid) -> tuple[Plan, dict[str, Any]]:
         net_device=net[2],
         net_metric=net[3],
         net_devices=devices,
+        summarised=bool(parsed.summaries),
     )
     used = sum(parsed.fallback_series[u] for u in fallback)
     unused = sum(parsed.fallback_series.values()) - used
@@ -625,6 +707,11 @@ def _data_manifest(
             "network": [c for c in NETWORK_COLUMNS if c not in have],
         },
         "units_converted": dict(sorted(converted.items())),
+        "step_summaries": {
+            "gpus": {column: len(units) for column, units in sorted(parsed.summaries.items())},
+            "how": f"series labelled {STEP_LABEL} (min, max, mean, scrapes), as `import-prometheus --url` "
+            "fetches them where the raw series is finer than the step",
+        },
         "not_used": _not_used(parsed, use),
         "nodes_without_gpus": sorted(parsed.network_nodes - {node for node, _ in parsed.units}),
         "unknown_metrics": dict(parsed.unknown.most_common()),

@@ -149,6 +149,7 @@ SLOW_MODULES = {
     "tests/test_restart_mid_incident.py": "`faultcast serve` killed and restarted",
     "tests/test_pace.py": "a node's samples pushed at three paces, one a second: 19,000 pushes",
     "tests/test_prometheus_scrape.py": "a real Prometheus",
+    "tests/test_import_url.py": "a real Prometheus scraping a real `faultcast collect` for 40 s",
     "tests/test_cli.py": "`faultcast` commands in subprocesses",
     "tests/test_train_groups.py": "trains across four worlds with folds and pooled validation",
 }
