@@ -5,6 +5,11 @@ DCGM_FI_DRIVER_VERSION), so dashboards and rules written for dcgm-exporter work 
 dcgm-exporter lacks are named faultcast_*. Missing values (NaN) are left out, as dcgm-exporter does
 for unsupported fields, and so is a label whose value is unknown.
 
+dcgm-exporter's default fields that are not catalogue metrics (encoder and decoder utilisation, NVLink
+bandwidth, the DCP fields: faultcast.dcgm.PARITY) are exported from each GPU reading's `parity`
+values, after the catalogue's GPU families, under dcgm-exporter's names, types and labels too; a
+reading without them (a simulated source) exports none.
+
 dcgm-exporter's counters keep their exact names (DCGM_FI_DEV_PCIE_REPLAY_COUNTER) and are typed
 counter, as its CSVs declare them (faultcast.dcgm). prometheus-client cannot write that: its text
 output names every counter family `<name>_total`. So the exposition is written here, in the text
@@ -23,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from faultcast.catalogue import FAMILY_HELP, Kind, Scope, metrics_for
-from faultcast.dcgm import LABELS, Vocabulary, names
+from faultcast.dcgm import LABELS, PARITY, Vocabulary, names, parity_name
 from faultcast.readings import GpuReading, NodeSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -83,10 +88,22 @@ def _specs(scope: Scope, vocabulary: Vocabulary) -> tuple[_Spec, ...]:
     )
 
 
+def _parity_specs(vocabulary: Vocabulary) -> tuple[_Spec, ...]:
+    """One family per parity field; its members' positions are in `GpuReading.parity`."""
+    return tuple(
+        _Spec(
+            parity_name(field, vocabulary), f"{field.help} [{field.unit}]", field.counter, ((i, None, 1.0),)
+        )
+        for i, field in enumerate(PARITY)
+    )
+
+
 def _family(spec: _Spec, rows: Iterable[tuple[Labels, Sequence[float]]]) -> Family:
     samples: list[tuple[Labels, float]] = []
     for labels, values in rows:
         for position, extra, scale in spec.members:
+            if position >= len(values):
+                continue  # parity values the reading does not have
             value = values[position]
             if math.isnan(value):
                 continue
@@ -105,6 +122,7 @@ class SnapshotExporter:
         self._hostname = LABELS[vocabulary].hostname
         self._driver = LABELS[vocabulary].driver_version
         self._specs = {scope: _specs(scope, vocabulary) for scope in Scope}
+        self._parity_specs = _parity_specs(vocabulary)
 
     def families(self) -> list[Family]:
         """Every family with at least one sample (a field unsupported everywhere is left out)."""
@@ -114,6 +132,8 @@ class SnapshotExporter:
         host = (self._hostname, snapshot.node)
         gpu_rows = [(self._gpu_labels(g, snapshot.node), g.values) for g in snapshot.gpus]
         families = [_family(spec, gpu_rows) for spec in self._specs[Scope.GPU]]
+        parity_rows = [(labels, g.parity) for (labels, _), g in zip(gpu_rows, snapshot.gpus, strict=True)]
+        families.extend(_family(spec, parity_rows) for spec in self._parity_specs)
         for scope, label_names in _DEVICE_LABELS.items():
             rows = [
                 ((*zip(label_names, _device_values(scope, d.device), strict=True), host), d.values)

@@ -12,6 +12,13 @@ raises AttributeError rather than reaching for a driver.
     hang = fake.hang(5, "nvmlDeviceGetPowerUsage")  # blocks until hang.release()
     source = NvmlSource(fake)
 
+GPM (the DCP fields) is supported unless the fake is made with `gpm=False` or told
+`set_gpm_supported(gpu, False)` (a pre-Hopper GPU: nvmlGpmQueryDeviceSupport says no, and
+nvmlGpmSampleGet answers NOT_SUPPORTED). nvmlGpmMetricsGet answers, for each metric requested, the
+value set with `set_value(gpu, "nvmlGpmMetricsGet", value, metric_id)` (NOT_SUPPORTED for one not
+set), once both samples were taken on the same GPU, the second after the first. Field values carry
+a timestamp from `field_time_us()` (wall-clock microseconds unless a test replaces it).
+
 Values are healthy H100 SXM figures and stay put until changed with `set_value`, `bump`,
 `advance`, `set_error`, `lose_gpu`, `inject_xid` or `hang`. Each call is a couple of dict
 look-ups, so the bench can subtract the fake's own cost from a scrape. Calls on different GPUs
@@ -21,9 +28,12 @@ per GPU and `calls` adds them up.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import threading
+import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,6 +43,7 @@ _DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 _DEFAULT_DRIVER = "550.127.08"
 _MIB = 2**20
 _H100_TOTAL_MIB = 81_559
+_H100_RESERVED_MIB = 519  # what nvmlDeviceGetMemoryInfo_v2 reports reserved on an H100 80GB
 
 _NVLINK_COUNTERS = {
     "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
@@ -108,10 +119,19 @@ class FakeHang:
                 self.blocked -= 1
 
 
+@dataclass(eq=False, slots=True)
+class FakeGpmSample:
+    """What the fake knows of one GPM sample: which GPU took it last, and in what order (0: never)."""
+
+    gpu: int = -1
+    taken: int = 0
+
+
 class _FakeGpu:
     __slots__ = (
         "calls",
         "errors",
+        "gpm",
         "handle",
         "hangs",
         "index",
@@ -122,12 +142,13 @@ class _FakeGpu:
         "values",
     )
 
-    def __init__(self, index: int, name: str, links: int) -> None:
+    def __init__(self, index: int, name: str, links: int, gpm: bool = True) -> None:
         self.index = index
         self.handle = FakeHandle(index)
         self.uuid = f"GPU-fa4e0000-0000-4000-8000-{index:012x}"
         self.name = name
         self.lost = False
+        self.gpm = gpm
         self.supported_events: int = pynvml.nvmlEventTypeAll
         # Only the thread reading this GPU counts here: no update is lost between threads.
         self.calls: Counter[str] = Counter()
@@ -169,6 +190,13 @@ def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[object, ...]]
         ("nvmlDeviceGetMemoryInfo", ()): n.c_nvmlMemory_t(
             total=_H100_TOTAL_MIB * _MIB, free=(_H100_TOTAL_MIB - used_mib) * _MIB, used=used_mib * _MIB
         ),
+        ("nvmlDeviceGetMemoryInfo", (n.nvmlMemory_v2,)): n.c_nvmlMemory_v2_t(
+            version=n.nvmlMemory_v2,
+            total=_H100_TOTAL_MIB * _MIB,
+            reserved=_H100_RESERVED_MIB * _MIB,
+            free=(_H100_TOTAL_MIB - _H100_RESERVED_MIB - used_mib) * _MIB,
+            used=used_mib * _MIB,
+        ),
         ("nvmlDeviceGetFanSpeed", ()): 30,
         ("nvmlDeviceGetPerformanceState", ()): 0,
         ("nvmlDeviceGetCurrentClocksEventReasons", ()): n.nvmlClocksEventReasonNone,
@@ -182,7 +210,20 @@ def _healthy_h100(index: int, links: int) -> dict[tuple[str, tuple[object, ...]]
         ("nvmlDeviceGetPcieThroughput", (n.NVML_PCIE_UTIL_TX_BYTES,)): 12_000,  # KB/s
         ("nvmlDeviceGetPcieThroughput", (n.NVML_PCIE_UTIL_RX_BYTES,)): 15_000,
         ("nvmlDeviceGetPciInfo", ()): _pci_info(index),
+        # [utilisation %, sampling period in us]: a training GPU's idle video engines.
+        ("nvmlDeviceGetEncoderUtilization", ()): [0, 167_000],
+        ("nvmlDeviceGetDecoderUtilization", ()): [0, 167_000],
+        # GPM metrics in NVML's units: percent, and MiB/s for PCIe.
+        ("nvmlGpmMetricsGet", (n.NVML_GPM_METRIC_GRAPHICS_UTIL,)): 97.5,
+        ("nvmlGpmMetricsGet", (n.NVML_GPM_METRIC_ANY_TENSOR_UTIL,)): 41.25,
+        ("nvmlGpmMetricsGet", (n.NVML_GPM_METRIC_DRAM_BW_UTIL,)): 38.5,
+        ("nvmlGpmMetricsGet", (n.NVML_GPM_METRIC_PCIE_TX_PER_SEC,)): 11.75,
+        ("nvmlGpmMetricsGet", (n.NVML_GPM_METRIC_PCIE_RX_PER_SEC,)): 14.5,
     }
+    if links:
+        # NVLink data counters of every link (KiB since the driver loaded), as field values.
+        values["nvmlDeviceGetFieldValues", (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,)] = 7_000_000_000 + index
+        values["nvmlDeviceGetFieldValues", (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,)] = 6_000_000_000 + index
     for error_type in (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
         for counter_type in (n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC):
             values["nvmlDeviceGetTotalEccErrors", (error_type, counter_type)] = 0
@@ -207,7 +248,7 @@ _DEVICE_FUNCTIONS = frozenset(
         "nvmlDeviceGetUUID",
         "nvmlDeviceGetName",
     }
-    | {"nvmlDeviceGetHandleByIndex"}
+    | {"nvmlDeviceGetHandleByIndex", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet"}
 )
 _GLOBAL_FUNCTIONS = frozenset(
     {
@@ -218,6 +259,8 @@ _GLOBAL_FUNCTIONS = frozenset(
         "nvmlEventSetWait",
         "nvmlEventSetFree",
         "nvmlSystemGetDriverVersion",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
     }
 )
 
@@ -245,9 +288,16 @@ class FakeNvml:
         model_name: str = _DEFAULT_MODEL,
         nvlink_links: int = 18,
         driver_version: str = _DEFAULT_DRIVER,
+        gpm: bool = True,
     ) -> None:
-        self._gpus = [_FakeGpu(i, model_name, nvlink_links) for i in range(gpus)]
+        self._gpus = [_FakeGpu(i, model_name, nvlink_links, gpm) for i in range(gpus)]
         self.driver_version = driver_version
+        # GPM samples allocated and not freed, by the address their handle points at.
+        self.gpm_samples: dict[int, FakeGpmSample] = {}
+        self._gpm_buffers: dict[int, ctypes.c_int] = {}
+        self._gpm_taken = 0
+        self._gpm_lock = threading.Lock()
+        self.field_time_us: Callable[[], int] = lambda: time.time_ns() // 1000
         self._global_errors: dict[str, int] = {}
         self._global_hangs: dict[str, FakeHang] = {}
         self._init_count = 0
@@ -290,7 +340,10 @@ class FakeNvml:
         For nvmlDeviceGetFieldValues, args is the field id and value the number it reads.
         """
         key = (function, args)
-        if key not in self._gpus[gpu].values and function != "nvmlDeviceGetFieldValues":
+        if key not in self._gpus[gpu].values and function not in (
+            "nvmlDeviceGetFieldValues",
+            "nvmlGpmMetricsGet",
+        ):
             raise KeyError(f"the fake has no {function}{args}; check the name and arguments")
         self._gpus[gpu].values[key] = value
 
@@ -339,6 +392,10 @@ class FakeNvml:
         """Undo `lose_gpu`: calls on `gpu` answer again."""
         self._gpus[gpu].lost = False
 
+    def set_gpm_supported(self, gpu: int, supported: bool) -> None:
+        """Whether `gpu` offers GPM (Hopper and newer do; a GPU that does not answers NOT_SUPPORTED)."""
+        self._gpus[gpu].gpm = supported
+
     def set_supported_events(self, gpu: int, mask: int) -> None:
         """The event types `gpu` supports (registering others raises NOT_SUPPORTED)."""
         self._gpus[gpu].supported_events = mask
@@ -367,8 +424,11 @@ class FakeNvml:
         nvlink_recovery: int = 0,
         nvlink_crc_flit: int = 0,
         nvlink_crc_data: int = 0,
+        nvlink_tx_kib: int = 0,
+        nvlink_rx_kib: int = 0,
     ) -> None:
-        """Move the error counters of `gpu` forward (ECC counts go into volatile and aggregate)."""
+        """Move the error counters of `gpu` forward (ECC counts go into volatile and aggregate), and
+        its NVLink data counters (every link together)."""
         n = pynvml
         for error_type, delta in (
             (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, ecc_sbe),
@@ -395,6 +455,12 @@ class FakeNvml:
             ("crc_data", nvlink_crc_data),
         ):
             self.bump(gpu, "nvmlDeviceGetNvLinkErrorCounter", delta, link, _NVLINK_COUNTERS[name])
+        for field_id, delta in (
+            (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nvlink_tx_kib),
+            (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, nvlink_rx_kib),
+        ):
+            if delta:
+                self.bump(gpu, "nvmlDeviceGetFieldValues", delta, field_id)
 
     # -- the faked binding ------------------------------------------------------------------
 
@@ -519,6 +585,7 @@ class FakeNvml:
         function = "nvmlDeviceGetFieldValues"
         gpu = self._device(function, handle, ())
         out = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        now_us = self.field_time_us()
         for slot, field_id in zip(out, fieldIds, strict=True):
             if isinstance(field_id, tuple):
                 slot.fieldId, slot.scopeId = field_id
@@ -532,13 +599,85 @@ class FakeNvml:
                 slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if code is None else code
                 continue
             slot.nvmlReturn = pynvml.NVML_SUCCESS
+            slot.timestamp = now_us
             if isinstance(value, float):
                 slot.valueType, slot.value.dVal = pynvml.NVML_VALUE_TYPE_DOUBLE, value
             elif value < 0:
                 slot.valueType, slot.value.sllVal = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, value
+            elif value > 0xFFFFFFFF:
+                slot.valueType, slot.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value
             else:
                 slot.valueType, slot.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value
         return out
+
+    # GPM: samples are real `c_nvmlGpmSample_t` pointers (to a buffer the fake owns), so they go
+    # into pynvml's c_nvmlGpmMetricsGet_t as the driver's would.
+
+    def _gpm_sample(self, sample: object) -> FakeGpmSample:
+        address = ctypes.cast(sample, ctypes.c_void_p).value  # type: ignore[arg-type]
+        found = self.gpm_samples.get(address or 0)
+        if found is None:
+            raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return found
+
+    def nvmlGpmQueryDeviceSupport(self, device: object) -> object:  # noqa: N802
+        """A c_nvmlGpmSupport_t saying whether the GPU offers GPM (`set_gpm_supported`)."""
+        gpu = self._device("nvmlGpmQueryDeviceSupport", device, ())
+        return pynvml.c_nvmlGpmSupport_t(
+            version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.gpm)
+        )
+
+    def nvmlGpmSampleAlloc(self) -> object:  # noqa: N802
+        """A new sample handle, kept in `gpm_samples` until freed."""
+        self._global("nvmlGpmSampleAlloc")
+        buffer = ctypes.c_int(0)
+        sample = ctypes.cast(ctypes.pointer(buffer), pynvml.c_nvmlGpmSample_t)
+        address = ctypes.addressof(buffer)
+        with self._gpm_lock:
+            self._gpm_buffers[address] = buffer
+            self.gpm_samples[address] = FakeGpmSample()
+        return sample
+
+    def nvmlGpmSampleFree(self, gpmSample: object) -> None:  # noqa: N802, N803
+        """Forget the sample; INVALID_ARGUMENT for one not allocated (or freed twice)."""
+        self._global("nvmlGpmSampleFree")
+        address = ctypes.cast(gpmSample, ctypes.c_void_p).value or 0  # type: ignore[arg-type]
+        with self._gpm_lock:
+            if self.gpm_samples.pop(address, None) is None:
+                raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            del self._gpm_buffers[address]
+
+    def nvmlGpmSampleGet(self, device: object, gpmSample: object) -> object:  # noqa: N802, N803
+        """Take a sample on the GPU; NOT_SUPPORTED on a GPU without GPM."""
+        gpu = self._device("nvmlGpmSampleGet", device, ())
+        if not gpu.gpm:
+            raise _RAISE(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        sample = self._gpm_sample(gpmSample)
+        with self._gpm_lock:
+            self._gpm_taken += 1
+            sample.gpu, sample.taken = gpu.index, self._gpm_taken
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:  # noqa: N802, N803
+        """Each requested metric's value set for the samples' GPU (per-metric NOT_SUPPORTED if none).
+
+        INVALID_ARGUMENT unless both samples were taken on one GPU, sample2 after sample1. Errors,
+        hangs and loss set for "nvmlGpmMetricsGet" on that GPU apply.
+        """
+        first, second = self._gpm_sample(metricsGet.sample1), self._gpm_sample(metricsGet.sample2)
+        if metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION or second.gpu < 0:
+            self._global_calls["nvmlGpmMetricsGet"] += 1
+            raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._device("nvmlGpmMetricsGet", self._gpus[second.gpu].handle, ())
+        if first.gpu != second.gpu or not 0 < first.taken < second.taken:
+            raise _RAISE(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for slot in metricsGet.metrics[: metricsGet.numMetrics]:
+            value = gpu.values.get(("nvmlGpmMetricsGet", (slot.metricId,)))
+            if value is None:
+                slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            else:
+                slot.nvmlReturn, slot.value = pynvml.NVML_SUCCESS, float(value)
+        return metricsGet
 
     # Plain getters: one value per (function, args), as in the table of _healthy_h100.
 
@@ -567,7 +706,10 @@ class FakeNvml:
         return self._value("nvmlDeviceGetUtilizationRates", handle)
 
     def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> object:  # noqa: N802
-        """pynvml's nvmlDeviceGetMemoryInfo: the value set for this GPU and arguments (or its error)."""
+        """pynvml's nvmlDeviceGetMemoryInfo: the value set for this GPU and arguments (or its error);
+        with a version (nvmlMemory_v2), the c_nvmlMemory_v2_t set under that argument."""
+        if version:
+            return self._value("nvmlDeviceGetMemoryInfo", handle, version)
         return self._value("nvmlDeviceGetMemoryInfo", handle)
 
     def nvmlDeviceGetFanSpeed(self, handle: object) -> object:  # noqa: N802
@@ -621,6 +763,14 @@ class FakeNvml:
     def nvmlDeviceGetPcieThroughput(self, device: object, counter: int) -> object:  # noqa: N802
         """pynvml's nvmlDeviceGetPcieThroughput: the value set for this GPU and arguments (or its error)."""
         return self._value("nvmlDeviceGetPcieThroughput", device, counter)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: object) -> list[int]:  # noqa: N802
+        """pynvml's nvmlDeviceGetEncoderUtilization: [utilisation %, sampling period us] (or its error)."""
+        return list(self._value("nvmlDeviceGetEncoderUtilization", handle))
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: object) -> list[int]:  # noqa: N802
+        """pynvml's nvmlDeviceGetDecoderUtilization: [utilisation %, sampling period us] (or its error)."""
+        return list(self._value("nvmlDeviceGetDecoderUtilization", handle))
 
     def nvmlDeviceGetNvLinkState(self, device: object, link: int) -> object:  # noqa: N802
         """pynvml's nvmlDeviceGetNvLinkState: the value set for this GPU and arguments (or its error)."""

@@ -19,6 +19,8 @@ is logged, and the GPU is skipped on later scrapes until the hung call returns.
 - `nvml_device`: discovery and identity of each GPU (`GpuState`, `Discovery`);
 - `nvml_metrics`: the metric groups (temperature and power, clocks, utilisation, fan, throttling,
   ECC and remapping, PCIe, NVLink): their calls and how the answers decode;
+- `nvml_parity`: the dcgm-exporter default fields read for parity only, not catalogue metrics
+  (encoder and decoder utilisation, NVLink throughput, the DCP fields through GPM);
 - `nvml_plan`: one GPU's calls bound to its handle once, as the flat step list a scrape walks;
 - `nvml_xid`: the Xid event set and its per-scrape drain;
 - `nvml_scrape`: running the plans on the lanes and classifying each call's outcome;
@@ -182,6 +184,8 @@ class NvmlSource:
 
     def _shutdown(self) -> None:
         self._xids.close()
+        for gpu in self._gpus:
+            gpu.plan.close()  # GPM samples, before NVML goes
         try:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as err:

@@ -92,6 +92,7 @@ class Discovery:
             gpu.name = as_text(lib.nvmlDeviceGetName(handle))
             gpu.links = self._discover_links(handle)
             gpu.pci_bus_id = self._read_pci_bus_id(gpu, handle)
+            plan = self._planner.plan(handle, gpu.links, gpu.stats, gpu.index)
         except self._codes.error as err:
             if quiet:
                 logger.debug("GPU %s still does not open: %s", gpu.index, err)
@@ -99,7 +100,8 @@ class Discovery:
                 self._notes.add("GPU %s did not open, reported lost until it does: %s", gpu.index, err)
             return
         self._xids.register(gpu.index, handle, gpu.xids)
-        gpu.plan = self._planner.plan(handle, gpu.links, gpu.stats)
+        gpu.plan.close()  # a GPU opened again: the old plan's GPM samples go
+        gpu.plan = plan
         gpu.handle = handle
 
     def reopen(self, gpu: GpuState) -> bool:

@@ -9,15 +9,19 @@ part of the behaviour (the cheap, telling readings come first).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from faultcast.catalogue import Scope, index_of, metrics_for
-from faultcast.collector.nvml_lib import Nvml
+from faultcast.collector.nvml_lib import Nvml, NvmlCodes
+from faultcast.dcgm import PARITY, PARITY_INDEX
 
 IDX = index_of(Scope.GPU)  # catalogue position of every GPU metric, by name
 N_VALUES = len(metrics_for(Scope.GPU))
+# A scrape's values are the catalogue's, then the parity fields' (faultcast.dcgm.PARITY), in one list.
+PARITY_IDX = {key: N_VALUES + i for key, i in PARITY_INDEX.items()}
+N_ALL = N_VALUES + len(PARITY)
 _MIB = float(2**20)
 
 # The answers of a plan: pynvml's results are ints, lists and ctypes structures, untyped.
@@ -39,7 +43,16 @@ class FieldCall:
     field_id: int
 
 
-PlannedCall = Call | FieldCall
+@dataclass(frozen=True, slots=True)
+class BoundCall:
+    """A step that is more than one plain call (several fields at once, a GPM sample): `make` binds
+    it to a device handle once, and the bound reader runs each scrape; its latency is `function`'s."""
+
+    function: str
+    make: Callable[[Nvml, NvmlCodes, object], Callable[[], object]]
+
+
+PlannedCall = Call | FieldCall | BoundCall
 
 
 class MetricGroup(Protocol):
@@ -53,8 +66,19 @@ class MetricGroup(Protocol):
         """Write the values of the answers `raw[at : at + len(calls)]`; leave NaN where one is None."""
         ...
 
+    def close(self) -> None:
+        """Release what the group holds in NVML (GPM samples); called once the plan is dropped."""
+        ...
 
-class _Scalars:
+
+class _Group:
+    """What most groups share: nothing to release."""
+
+    def close(self) -> None:
+        """Nothing held in NVML."""
+
+
+class _Scalars(_Group):
     """A group whose every call answers one number: catalogue value = answer x scale."""
 
     # (catalogue position, scale), one per call in `calls` order.
@@ -114,7 +138,7 @@ _I_FB_USED = IDX["fb_used"]
 _I_FB_FREE = IDX["fb_free"]
 
 
-class Utilization:
+class Utilization(_Group):
     """Compute and memory-copy utilisation (%), framebuffer used and free (MiB)."""
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
@@ -156,7 +180,7 @@ _I_PSTATE = IDX["pstate"]
 _I_REASONS = IDX["clock_event_reasons"]
 
 
-class Throttle:
+class Throttle(_Group):
     """Performance state and why clocks are held down: the reasons bitmask and one flag per reason."""
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
@@ -191,7 +215,7 @@ _ECC_IDX = tuple(
 )
 
 
-class MemoryErrors:
+class MemoryErrors(_Group):
     """HBM health: ECC error counts, retired pages and row remapping."""
 
     def calls(self, lib: Nvml) -> tuple[PlannedCall, ...]:
@@ -269,7 +293,7 @@ _NVLINK_COUNTERS: tuple[tuple[str, int, int], ...] = tuple(
 _I_LINKS_ACTIVE = IDX["nvlink_links_active"]
 
 
-class NvLink:
+class NvLink(_Group):
     """One GPU's NVLink links: how many are up, and each error counter summed and at its worst link."""
 
     def __init__(self, links: tuple[int, ...]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from faultcast.collector.nvml_device import GpuState
-from faultcast.collector.nvml_metrics import IDX, N_VALUES
+from faultcast.collector.nvml_metrics import IDX, N_ALL, N_VALUES
 from faultcast.readings import GpuReading
 
 NAN = math.nan
@@ -34,13 +34,14 @@ def gpu_reading(
 ) -> GpuReading:
     """The reading of `gpu`: `values` (None: all NaN) plus Xids, timings and failure counts.
 
-    `call_seconds` is the NVML time spent on the GPU this scrape, `slowest` its slowest call,
+    `values` holds the catalogue's values, then the parity fields' (Plan.decode). `call_seconds` is
+    the NVML time spent on the GPU's catalogue calls this scrape, `slowest` its slowest call,
     `unsupported` how many calls answered NOT_SUPPORTED (NaN when not known). A lost GPU keeps its
     Xid counters: they come from the collector's event set, not from the lost device, and an Xid
     79 (fallen off the bus) is exactly what must survive the loss.
     """
     if values is None:
-        values = [NAN] * N_VALUES
+        values = [NAN] * N_ALL
     gpu.xids.fill(values)
     values[_I_CALL_SECONDS] = call_seconds
     values[_I_SLOWEST] = slowest
@@ -52,7 +53,7 @@ def gpu_reading(
 
 def blank_reading(gpu: GpuState) -> GpuReading:
     """A GPU whose read failed unexpectedly: only the failure counters (and gpu_lost 0)."""
-    values = [NAN] * N_VALUES
+    values = [NAN] * N_ALL
     _set_self_counts(gpu, values)
     values[_I_LOST] = 0.0
     return _reading(gpu, values)
@@ -69,8 +70,9 @@ def _reading(gpu: GpuState, values: list[float], *, lost: bool = False) -> GpuRe
         gpu.index,
         gpu.uuid,
         gpu.name,
-        tuple(values),
+        tuple(values[:N_VALUES]),
         lost=lost,
         pci_bus_id=gpu.pci_bus_id,
         driver_version=gpu.driver_version,
+        parity=tuple(values[N_VALUES:]),
     )

@@ -6,6 +6,12 @@ NOT_SUPPORTED (or a function an older driver lacks) becomes NaN and is counted a
 NVML_ERROR_GPU_IS_LOST ends the GPU's scrape and marks it lost; any other error becomes NaN, a
 failed-call count and one warning per (function, code). A GPU whose call overran is abandoned
 (what it read before the hang stands) and skipped on later scrapes until the call returns.
+
+The plan's parity steps (after its `counted` catalogue steps) read dcgm-exporter fields that are no
+model input: their time and their NOT_SUPPORTED or other errors stay out of the GPU's health fields
+(nvml_call_seconds, nvml_slowest_call_seconds, nvml_unsupported_fields, nvml_failed_calls), which
+the model reads; an error is logged once all the same. A lost GPU is lost, and a hang is a hang,
+whichever call meets it.
 """
 
 from __future__ import annotations
@@ -77,7 +83,12 @@ class GpuScraper:
         append = raw.append
         spent = slowest = 0.0
         unsupported = 0
-        for fn, args, stat in gpu.plan.steps:
+        counted = gpu.plan.counted
+        health: tuple[float, float, int, int] | None = None  # the counts when the parity steps began
+        for step, (fn, args, stat) in enumerate(gpu.plan.steps):
+            if step == counted:
+                # The parity steps: nothing below is counted in the GPU's health fields.
+                health = (spent, slowest, unsupported, gpu.failed_calls)
             failure = None
             start = lane.started = clock()
             try:
@@ -115,6 +126,8 @@ class GpuScraper:
                         )
                     self._warn_once(gpu, stat.name, failure)
             append(value)
+        if health is not None:
+            spent, slowest, unsupported, gpu.failed_calls = health
         values = gpu.plan.decode(raw)
         return gpu_reading(gpu, values, call_seconds=spent, slowest=slowest, unsupported=float(unsupported))
 

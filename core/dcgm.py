@@ -18,6 +18,10 @@ Two vocabularies, both read from NVIDIA's own sources (fetched 2026-12-04):
   percent ones; this vocabulary takes the base-unit field wherever one exists. Labels `hostname`
   (dcgm-exporter's main renamed `Hostname` after 4.8.2, #655) and `DCGM_FI_SYSTEM_DRIVER_VERSION`.
 
+Both vocabularies also name `PARITY`: the default fields of dcgm-exporter that are not catalogue
+metrics (encoder and decoder utilisation, reserved framebuffer, NVLink bandwidth, the DCP fields),
+which the collector exports for parity only: no model input, not on the wire, not imported.
+
 Issue 15 calls the newer names dcgm-exporter 4.9's (`DCGM_FI_DEV_GPU_TEMP_CELSIUS`). The fetched
 dcgm-exporter has no 4.9 release (newest: 4.5.3-4.8.2, pinned to go-dcgm of DCGM 4.5.3) and its
 default CSV still uses the classic names, so this is what DCGM 4.6 names the fields, not a
@@ -133,6 +137,73 @@ _CANONICAL: dict[str, tuple[str, str, float]] = {
     "xid_last": ("DCGM_FI_DEV_XID_ERROR", "xid", 1.0),
 }
 
+
+@dataclass(frozen=True, slots=True)
+class ParityField:
+    """A field of dcgm-exporter's default counters the collector exports for parity, outside the catalogue.
+
+    Not a model input, not on the wire, not in the telemetry schema: the NVML source reads it into
+    `GpuReading.parity` (in `PARITY` order, NaN where NVML gives nothing) and the exporter writes it,
+    under the same name, type and labels dcgm-exporter would. A reading without parity values (the
+    simulated sources, a reading from the wire) exports none of them.
+    """
+
+    key: str  # faultcast's own name for it (never a catalogue name)
+    classic: str  # dcgm-exporter's name in default-counters.csv
+    canonical: str  # DCGM 4.6's canonical name for the same field id
+    counter: bool  # the Prometheus type the CSV row declares
+    unit: str  # of the exported value (the same in both vocabularies)
+    read: str  # how the collector reads it
+    help: str
+
+
+# fmt: off
+PARITY: tuple[ParityField, ...] = (
+    ParityField("enc_util", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_ENC_UTIL", False, "percent",
+                "nvmlDeviceGetEncoderUtilization[0]", "Encoder utilization."),
+    ParityField("dec_util", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_DEC_UTIL", False, "percent",
+                "nvmlDeviceGetDecoderUtilization[0]", "Decoder utilization."),
+    ParityField("fb_reserved", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_RESERVED", False, "mebibytes",
+                "nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2).reserved // 2**20",
+                "Framebuffer memory reserved by the driver."),
+    # DCGM field 449: DCGM reads NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX + _TX (KiB, scope UINT_MAX:
+    # every link) and publishes the difference since its previous read, per second, divided by 1000
+    # (DcgmCacheManager::ReadAndCacheNvLinkBandwidth), an integer "MB/s". A rate, although the CSV
+    # types it counter: that type is kept, as dcgm-exporter serves it.
+    ParityField("nvlink_bandwidth_total", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+                "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", True, "megabytes_per_second",
+                "delta of NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX + _RX (KiB, all links) / seconds / 1000",
+                "NVLink data throughput, all links, both directions, since the previous scrape."),
+    # The DCP fields, as DCGM reads them on GPUs with GPM (Hopper and newer): nvmlGpmMetricsGet
+    # between this scrape's sample and the previous one (DcgmGpmManager), percentages / 100.
+    ParityField("prof_gr_engine_active", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+                False, "ratio", "nvmlGpmMetricsGet(NVML_GPM_METRIC_GRAPHICS_UTIL) / 100",
+                "Ratio of time the graphics engine is active."),
+    ParityField("prof_pipe_tensor_active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+                False, "ratio", "nvmlGpmMetricsGet(NVML_GPM_METRIC_ANY_TENSOR_UTIL) / 100",
+                "Ratio of cycles any tensor pipe is active."),
+    ParityField("prof_dram_active", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+                False, "ratio", "nvmlGpmMetricsGet(NVML_GPM_METRIC_DRAM_BW_UTIL) / 100",
+                "Ratio of cycles the device memory interface is active sending or receiving data."),
+    ParityField("prof_pcie_tx_bytes", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES",
+                False, "bytes_per_second", "nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX_PER_SEC) * 2**20",
+                "PCIe transmit throughput, protocol headers and payload."),
+    ParityField("prof_pcie_rx_bytes", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+                False, "bytes_per_second", "nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_RX_PER_SEC) * 2**20",
+                "PCIe receive throughput, protocol headers and payload."),
+)
+"""dcgm-exporter default fields exported for parity only (see ParityField); `GpuReading.parity` order."""
+# fmt: on
+
+PARITY_INDEX: dict[str, int] = {field.key: i for i, field in enumerate(PARITY)}
+"""Position of each parity field in `GpuReading.parity`, by key."""
+
+
+def parity_name(field: ParityField, vocabulary: Vocabulary) -> str:
+    """The family a parity field is exported as in `vocabulary`."""
+    return field.classic if vocabulary is Vocabulary.CLASSIC else field.canonical
+
+
 # Names under which DCGM has published a ratio and a percent (see the module docstring).
 RATIO_OR_PERCENT = frozenset({"DCGM_FI_DEV_GPU_UTIL_RATIO"})
 
@@ -171,6 +242,16 @@ def _check() -> None:
         for n in names(vocabulary).values():
             if taken.setdefault(n.name, n.metric) != n.metric:
                 raise ValueError(f"{n.name} names both {taken[n.name]} and {n.metric}")
+        # A parity field is never also a catalogue metric: that one would be exported twice.
+        for field in PARITY:
+            name = parity_name(field, vocabulary)
+            if taken.setdefault(name, field.key) != field.key:
+                raise ValueError(f"{name} names both {taken[name]} and the parity field {field.key}")
+    catalogue_names = {m.name for m in metrics_for(Scope.GPU)}
+    if catalogue_names & PARITY_INDEX.keys():
+        raise ValueError(
+            f"parity fields named like catalogue metrics: {sorted(catalogue_names & PARITY_INDEX.keys())}"
+        )
 
 
 _check()

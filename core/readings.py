@@ -53,6 +53,9 @@ class GpuReading:
     # The scrapes of a grid step behind this reading (faultcast.step_summary): set by a collector that
     # ships one sample per step, and by a source that already knows (the twin); None: one scrape.
     summary: StepSummary | None = None
+    # dcgm-exporter default fields exported for parity only, aligned with faultcast.dcgm.PARITY (NaN
+    # where NVML gave nothing); empty when the source reads none. Not on the wire, not a model input.
+    parity: tuple[float, ...] = ()
 
     def get(self, name: str) -> float:
         """The value of GPU metric `name` (NaN when missing); KeyError for a name not in the GPU scope."""
