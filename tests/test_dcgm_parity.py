@@ -4,6 +4,7 @@ Prometheus scraping real `faultcast collect` processes."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from faultcast.catalogue import Scope, metrics_for
 from faultcast.collector.exporter import SnapshotExporter, gpu_labels, start_metrics_server
 from faultcast.collector.fake_nvml import FakeNvml
 from faultcast.collector.nvml import NvmlSource
-from faultcast.dcgm import Vocabulary, names
+from faultcast.dcgm import PARITY, Vocabulary, names
 from faultcast.readings import NodeSnapshot
 from tests.conftest import require_binary
 from tests.prometheus_api import api, running_prometheus, until
@@ -58,6 +59,36 @@ DCGM_EXPORTER_TYPES = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
+    # Default fields exported for parity only, outside the catalogue (faultcast.dcgm.PARITY).
+    "DCGM_FI_DEV_ENC_UTIL": "gauge",
+    "DCGM_FI_DEV_DEC_UTIL": "gauge",
+    "DCGM_FI_DEV_FB_RESERVED": "gauge",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "counter",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gauge",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "gauge",
+    # Listed twice in default-counters.csv: commented out as a counter under "PCIE", and enabled as
+    # a gauge (bytes per second) under the DCP fields. The enabled row is what dcgm-exporter serves.
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "gauge",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "gauge",
+}
+# The rows etc/default-counters.csv of dcgm-exporter 4.5.3-4.8.2 enables (not commented out), in its
+# order: what dcgm-exporter serves by default.
+DEFAULT_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DRIVER_VERSION", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)  # fmt: skip
+# Default rows faultcast does not export as a series, and why (docs/metrics.md says the same).
+NOT_EXPORTED = {
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "a vGPU guest's licence state: no vGPU on the nodes faultcast reads",
+    "DCGM_FI_DRIVER_VERSION": "a label on every GPU series, not a series (as in dcgm-exporter)",
 }
 # What issue 15 found typed gauge here and counter there.
 ISSUE_COUNTERS = {
@@ -83,14 +114,25 @@ CANONICAL = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 1.0),
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", 1.0),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 1.0),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", 1.0),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 1.0),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", 1.0),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("DCGM_FI_PROF_DRAM_UTIL_RATIO", 1.0),
 }
 _TYPE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)[{ ]", re.M)
 
 
 def _snapshot(gpus: int = 2) -> NodeSnapshot:
-    """A scrape of fake H100s through the real NVML source: every GPU metric present."""
-    with NvmlSource(FakeNvml(gpus=gpus)) as source:
+    """The second scrape of fake H100s through the real NVML source: every GPU metric present, and
+    every parity field (NVLink bandwidth is a rate: the first scrape has none)."""
+    fake = FakeNvml(gpus=gpus)
+    stamps = itertools.count(1_700_000_000_000_000, 1_000_000)  # field values a second apart
+    fake.field_time_us = lambda: next(stamps)
+    with NvmlSource(fake) as source:
+        source.read()
+        for gpu in range(gpus):
+            fake.advance(gpu, nvlink_tx_kib=40_000_000, nvlink_rx_kib=40_000_000)
         reading = source.read()
     return NodeSnapshot.merge("node-7", 1, [reading], {"scrape_duration_seconds": 0.002})
 
@@ -129,6 +171,18 @@ def test_every_exported_field_has_the_type_dcgm_exporter_declares_and_its_exact_
     # faultcast's own counters are still `_total` counters.
     assert declared["faultcast_xid_events_total"] == "counter"
     assert declared["faultcast_nvml_failed_calls_total"] == "counter"
+
+
+def test_every_default_counter_is_exported_but_those_that_do_not_apply() -> None:
+    text = _text(_snapshot())
+    exported = set(dict(_TYPE.findall(text)))
+    assert {name for name in DEFAULT_COUNTERS if name not in exported} == NOT_EXPORTED.keys()
+    assert 'DCGM_FI_DRIVER_VERSION="550.127.08"' in text  # the label dcgm-exporter makes of that row
+    # Every default row that is exported has the type its row declares.
+    assert {name for name in DEFAULT_COUNTERS if name in exported} <= DCGM_EXPORTER_TYPES.keys()
+    # The parity fields are exactly the default rows the catalogue lacks, and nothing else.
+    catalogue = {n.name for n in names(Vocabulary.CLASSIC).values()}
+    assert {f.classic for f in PARITY} == set(DEFAULT_COUNTERS) - catalogue - NOT_EXPORTED.keys()
 
 
 def test_gpu_series_carry_pci_bus_id_and_driver_version_in_dcgm_exporter_order() -> None:

@@ -47,3 +47,32 @@ def test_the_readme_five_line_integration_runs_and_survives_an_absent_service(tm
     assert done == list(range(30))
     assert protection.guard is not None
     assert not protection.guard.connected  # nothing there: training went on unguarded
+
+
+def test_the_default_counters_table_says_what_the_collector_exports_and_the_model_reads() -> None:
+    """docs/metrics.md's table of dcgm-exporter's default counters, row by row, against the code."""
+    from faultcast.dcgm import PARITY, Vocabulary, names
+    from faultcast.model.features import GPU_INPUTS
+    from tests.test_dcgm_parity import DCGM_EXPORTER_TYPES, DEFAULT_COUNTERS, NOT_EXPORTED
+
+    page = (ROOT / "docs" / "metrics.md").read_text()
+    section = page.split("### dcgm-exporter's default counters", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+    assert [row[0].removeprefix("| ").strip("`") for row in rows] == list(DEFAULT_COUNTERS)
+    catalogue = {n.name: n.metric for n in names(Vocabulary.CLASSIC).values()}
+    parity = {field.classic for field in PARITY}
+    for field, kind, exported, metric, model, _ in (
+        (row[0].removeprefix("| ").strip("`"), *row[1:]) for row in rows
+    ):
+        assert kind == DCGM_EXPORTER_TYPES.get(
+            field, "label" if field == "DCGM_FI_DRIVER_VERSION" else "gauge"
+        )
+        if field in catalogue:
+            assert (exported, metric) == (f"`{field}`", catalogue[field]), field
+            assert model == ("yes" if catalogue[field] in GPU_INPUTS else "no"), field
+        else:
+            assert field in parity | NOT_EXPORTED.keys(), field
+            assert exported == (
+                f"`{field}`" if field in parity else "a label" if "VERSION" in field else "not exported"
+            )
+            assert (metric, model) == ("none", "no"), field
