@@ -102,7 +102,8 @@ def shortfall(
         per_node_day = len(dataset.nodes) * g
         suggestion = f"e.g. {len(dataset.nodes)} nodes x {math.ceil(needed / per_node_day):,} days"
         acceleration = dataset.manifest.get("acceleration")
-        if isinstance(acceleration, int | float) and acceleration > 0 and more > 1:
+        twin = "twin" in str(dataset.manifest.get("kind", ""))  # an import's rate is its fleet's
+        if twin and isinstance(acceleration, int | float) and acceleration > 0 and more > 1:
             suggestion += (
                 f", or `faultcast simulate --acceleration {_round_up(acceleration * more):g}` at this size"
             )
