@@ -175,6 +175,12 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
         f"missing {len(manifest['missing']['telemetry'])} GPU and {len(manifest['missing']['network'])} "
         "network metrics (the model treats them as absent)",
     ]
+    summaries = manifest.get("step_summaries", {}).get("gpus", {})
+    if summaries:
+        lines.append(
+            f"step summaries (each step's min, max, mean and scrapes) on {max(summaries.values())} GPUs: "
+            + ", ".join(sorted({c.rsplit("_step_", 1)[0] for c in summaries if "_step_" in c}))
+        )
     if manifest["samples_not_finite"]:
         lines.append(f"{manifest['samples_not_finite']:,} NaN/Inf samples became missing values")
     for series, how in manifest.get("units_converted", {}).items():

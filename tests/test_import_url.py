@@ -5,7 +5,9 @@ after an interruption and retried through a flaky proxy."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import io
 import json
 import math
 import subprocess
@@ -118,11 +120,14 @@ def _telemetry(out: Path) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def url_import(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("url") / "data"
-    code = main(
-        ["import-prometheus", "--url", server.url, "--since", str(server.since), "--until", str(server.until),
-         "--step", "5s", "--points", "3", "--out", str(out)]
-    )  # fmt: skip
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(
+            ["import-prometheus", "--url", server.url, "--since", str(server.since), "--until", str(server.until),
+             "--step", "5s", "--points", "3", "--out", str(out)]
+        )  # fmt: skip
     assert code == 0
+    (out.parent / "printed.txt").write_text(printed.getvalue())
     return out
 
 
@@ -148,6 +153,9 @@ def test_step_summaries_are_those_of_the_raw_samples(server: Server, url_import:
                 assert row[SCRAPES_COLUMN] == len(inside)
             checked += 1
     assert checked >= len(RAW) * GPUS * (STEPS - 2)
+    printed = (url_import.parent / "printed.txt").read_text()
+    assert "step summaries (min/max/mean over each 5 s step) of: DCGM_FI_DEV_GPU_TEMP" in printed
+    assert f"step summaries (each step's min, max, mean and scrapes) on {GPUS} GPUs: gpu_temp" in printed
     manifest = json.loads((url_import / "manifest.json").read_text())
     assert manifest["config"]["cadence_s"] == STEP
     assert manifest["step_summaries"]["gpus"] == dict.fromkeys(
