@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from faultcast.dcgm import PARITY
+
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 """dcgm-exporter's default graphics-engine activity, a 0-1 ratio: gpu_util (percent) x 0.01 for a
 GPU that lacks DCGM_FI_DEV_GPU_UTIL (both measure the time a kernel ran; GR_ENGINE_ACTIVE is the
@@ -73,8 +75,13 @@ def virtual_interface(device: str) -> bool:
     return device == "lo" or device.startswith(_VIRTUAL_INTERFACES[1:])
 
 
+_PARITY_NAMES = frozenset(n for f in PARITY for n in (f.classic, f.canonical))
+
+
 def why_unknown(name: str) -> str:
     """Why a series name the importer does not map is left out, in words for the summary."""
+    if name in _PARITY_NAMES:
+        return "a dcgm-exporter default the collector exports for parity; the model has no column for it"
     if name.startswith("DCGM_FI_"):
         return "a DCGM field the model has no column for"
     if name.startswith(_IB):

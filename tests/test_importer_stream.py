@@ -26,6 +26,8 @@ from tests.test_import_score import DCGM_COLUMNS, gpu_export, merged, network_ex
 Response = dict[str, Any]
 START = 1_767_571_200  # 2026-01-05T00:00:00Z, a multiple of every cadence used here
 
+PARITY_WHY = "a dcgm-exporter default the collector exports for parity; the model has no column for it"
+
 
 def answer(result: list[dict[str, Any]]) -> Response:
     return {"status": "success", "data": {"resultType": "matrix", "result": result}}
@@ -279,7 +281,7 @@ def test_gr_engine_active_stands_in_for_gpu_util_only_where_it_is_missing(tmp_pa
     assert manifest["not_used"]["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]["series"] == 1
     assert "imported but unused" in manifest["not_used"]["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]["why"]
     assert manifest["not_used"]["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == {
-        "series": 2, "why": "a DCGM field the model has no column for",
+        "series": 2, "why": PARITY_WHY,
     }  # fmt: skip
 
 
@@ -295,12 +297,12 @@ def test_what_is_not_used_is_said_once_with_counts(
     printed = capsys.readouterr().out
     assert "not used: 6 series of 3 names:" in printed
     assert printed.count("DCGM_FI_DEV_FB_RESERVED") == 1
-    assert "  DCGM_FI_DEV_FB_RESERVED (4): a DCGM field the model has no column for" in printed
+    assert f"  DCGM_FI_DEV_FB_RESERVED (4): {PARITY_WHY}" in printed
     assert "(series skipped: GPU metric without a gpu label) (1)" in printed
     assert "faultcast_gpus_present (1): the collector's own health" in printed
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert next(iter(manifest["not_used"].values())) == {
-        "series": 4, "why": "a DCGM field the model has no column for",
+        "series": 4, "why": PARITY_WHY,
     }  # fmt: skip
 
 
