@@ -274,7 +274,7 @@ def fetch(
         )
     report = FetchReport(folder)
     candidates = [n for n in names if n in summarised or n in bitmask_names]
-    scrape_s = _scrape_intervals(client, candidates, start, end, step_s)
+    scrape_s = _scrape_intervals(client, candidates, start, end, step_s, report)
     report.probes = len(candidates)
     report.coarse = sorted(n for n in candidates if n not in scrape_s)
     queries = plan_queries(names, step_s, scrape_s, summarised, flag_bits, bitmask_names)
@@ -313,23 +313,17 @@ def fetch(
 
 
 def _scrape_intervals(
-    client: Client, names: Sequence[str], start: float, end: float, step_s: float
+    client: Client, names: Sequence[str], start: float, end: float, step_s: float, report: FetchReport
 ) -> dict[str, float]:
     """For each name whose raw series has two scrapes or more in some step of the window, its raw
-    scrape interval (the step over the most scrapes a step held)."""
+    scrape interval (the step over the most scrapes a step held), from one range query per name at a
+    step coarse enough for one query (a sample of the window's steps)."""
     out: dict[str, float] = {}
-    coarse_step = max(step_s, (end - start) / (MAX_POINTS - 1))
+    coarse_step = max(step_s, math.ceil((end - start) / (MAX_POINTS - 1) / step_s) * step_s)
     for name in names:
-        data = client.call(
-            "query_range",
-            {
-                "query": f"max(count_over_time({name}[{_duration(step_s)}]))",
-                "start": _number(start),
-                "end": _number(end),
-                "step": _number(coarse_step),
-            },
-        )
-        most = max((float(v) for s in data.get("result", []) for _, v in s.get("values", [])), default=0.0)
+        expr = f"max(count_over_time({name}[{_duration(step_s)}]))"
+        result = _range(client, expr, start, end, coarse_step, report)
+        most = max((float(v) for s in result for _, v in s.get("values", [])), default=0.0)
         if most >= 2:
             out[name] = step_s / most
     return out

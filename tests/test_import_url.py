@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -229,10 +230,13 @@ def test_throttle_summaries_from_the_bitmask_of_a_plain_dcgm_exporter(server: Se
 
 
 class _Proxy(http.server.ThreadingHTTPServer):
-    """Forwards /api/v1 calls to Prometheus, counting query_range calls and failing the ones asked."""
+    """Forwards /api/v1 calls to Prometheus, counting query_range calls and failing the ones asked; a
+    range query of more than `widest` points is refused as Prometheus refuses one over its
+    --query.max-samples."""
 
     def __init__(self, target: str, fail: set[int]) -> None:
         self.target, self.fail, self.calls = target, fail, 0
+        self.widest: int | None = None
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _Forward)
 
@@ -252,6 +256,17 @@ class _Forward(http.server.BaseHTTPRequestHandler):
                 failing = self.server.calls in self.server.fail
             else:
                 failing = False
+        if self.path.endswith("/query_range") and body and self.server.widest is not None:
+            form = urllib.parse.parse_qs(body.decode())
+            points = round((float(form["end"][0]) - float(form["start"][0])) / float(form["step"][0])) + 1
+            if points > self.server.widest:
+                self.send_response(422)
+                self.end_headers()
+                self.wfile.write(
+                    b'{"status":"error","errorType":"execution","error":"query processing would load too many '
+                    b'samples into memory in query execution"}'
+                )
+                return
         if failing:
             self.send_response(503)
             self.end_headers()
@@ -302,6 +317,19 @@ def test_a_fetch_retries_and_resumes_after_an_interruption(
     assert len(kept) == 15 - 1 - probes  # the answers of the calls that succeeded before the stop
     assert report.answers_reused == len(kept) > 0
     assert proxy.calls == probes + report.answers_fetched  # only what was missing was asked again
+    out = tmp_path / "data"
+    import_prometheus(folder, None, out, cadence_s=STEP)
+    _same_files(out, url_import)
+
+
+def test_a_chunk_the_server_finds_too_big_is_halved(
+    server: Server, url_import: Path, proxy: _Proxy, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{proxy.server_address[1]}"
+    proxy.widest = 2  # the server's sample limit allows 2 points of a query, not 7
+    folder = tmp_path / "fetch"
+    report = fetch_prometheus(url, server.since, server.until, STEP, folder, client=Client(url))
+    assert report.splits > 0
     out = tmp_path / "data"
     import_prometheus(folder, None, out, cadence_s=STEP)
     _same_files(out, url_import)
