@@ -29,7 +29,6 @@ the samples it receives (faultcast.service.visibility_monitor) through `FeatureM
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -53,6 +52,7 @@ from faultcast.model.features import (
     WINDOW_GAUGES,
 )
 from faultcast.model.import_names import NODE_EXPORTER
+from faultcast.model.input_groups import GROUPS, input_group
 from faultcast.step_summary import MIN_SCRAPES, SCRAPES_COLUMN
 
 # -- which inputs each feature reads --------------------------------------------------------------
@@ -114,37 +114,6 @@ def source_of(feature: str) -> Source | None:
         ):
             best = s
     return best
-
-
-# (group, pattern searched in an input's name), first match wins.
-_INPUT_GROUPS: tuple[tuple[str, str], ...] = (
-    ("step summaries", rf"_step_(min|max|mean)$|^{SCRAPES_COLUMN}$"),
-    ("infiniband", r"^ib_"),
-    ("tcp", r"^tcp_"),
-    ("peer probes", r"^peer_"),
-    ("xid", r"^xid_"),
-    ("nvml health", r"^nvml_"),
-    ("row remap", r"remap"),
-    ("memory ecc", r"^ecc_"),
-    ("pcie", r"^pcie_"),
-    ("nvlink", r"^nvlink_"),
-    ("throttle", r"^throttle_"),
-    ("thermal", r"temp"),
-    ("power", r"^power_"),
-    ("clocks", r"clock"),
-    ("utilisation", r"util"),
-)
-_COMPILED = tuple((group, re.compile(pattern)) for group, pattern in _INPUT_GROUPS)
-GROUPS: tuple[str, ...] = tuple(group for group, _ in _INPUT_GROUPS)
-"""Every group an input can fall in (the label values of faultcast_model_feature_group_visible)."""
-
-
-def input_group(name: str) -> str:
-    """The group of an input column ("other" when no pattern matches)."""
-    for group, pattern in _COMPILED:
-        if pattern.search(name):
-            return group
-    return "other"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from faultcast.failure_signs import Evidence
-from faultcast.model.visibility import GROUPS as VISIBILITY_GROUPS
+from faultcast.model.input_groups import GROUPS as VISIBILITY_GROUPS
 from faultcast.modes import FailureMode
 
 # Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).

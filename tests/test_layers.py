@@ -12,6 +12,7 @@ line, which runs the twin for `collect --source simulated`, may). Checked on the
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,12 @@ ALLOWED: dict[str, tuple[str, set[str]]] = {
     ),
 }
 PACKAGES = sorted({package for package, _ in ALLOWED.values()} | {PROTO}, key=len, reverse=True)
+# Leaves of the standard library alone that every layer may import, the client included (which
+# otherwise needs only the stubs): so that one wording is shared, not copied.
+SHARED_LEAVES = {
+    "faultcast.alert_text": "how an alert reads to a person: the client's log lines, the demo and "
+    "`faultcast score` word it alike",
+}
 # `python -m faultcast` must live in the top package's folder, yet it only starts the command line.
 ENTRY_POINTS = {ROOT / "core" / "__main__.py": {"faultcast.cli"}}
 
@@ -82,6 +89,8 @@ def _violations(folder: str) -> list[str]:
     for path in sorted((ROOT / folder).rglob("*.py")):
         permitted = {own, *allowed, *ENTRY_POINTS.get(path, set())}
         for module in sorted(_imported(path)):
+            if module in SHARED_LEAVES or module.rpartition(".")[0] in SHARED_LEAVES:
+                continue
             if _package_of(module) not in permitted:
                 found.append(f"{path.relative_to(ROOT)} imports {module}")
     return found
@@ -90,6 +99,13 @@ def _violations(folder: str) -> list[str]:
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_imports_point_from_vocabulary_to_tools(folder: str) -> None:
     assert _violations(folder) == []
+
+
+@pytest.mark.parametrize("leaf", sorted(SHARED_LEAVES))
+def test_a_shared_leaf_imports_the_standard_library_alone(leaf: str) -> None:
+    path = ROOT / "core" / f"{leaf.rpartition('.')[2]}.py"
+    outside = {n.split(".")[0] for n in _all_imports(path)} - set(sys.stdlib_module_names) - {"__future__"}
+    assert outside == set()
 
 
 def test_imports_are_absolute() -> None:
