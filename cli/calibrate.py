@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from faultcast.cli.paths import create_parents, missing_file, missing_input, refuse
 from faultcast.cli.types import Subcommands
 
 if TYPE_CHECKING:
@@ -59,6 +60,13 @@ def _run(args: argparse.Namespace) -> int:
     from faultcast.model.dataset import DataError
     from faultcast.model.threshold_file import ThresholdFileError
 
+    why = missing_input([("--model", args.model), ("--data", args.data)]) or missing_file(
+        [("--failures", args.failures)]
+    )
+    if why is None and args.json not in (None, Path("-")):
+        why = create_parents([("--json", args.json)])
+    if why is not None:
+        return refuse("calibrate", why)
     clash = _model_file(args.model, args.json)
     if clash:
         print(f"faultcast calibrate: --json {args.json} would overwrite the model's {clash}", file=sys.stderr)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultcast.cli.paths import create, create_parents, missing_file, missing_input, refuse, uncreatable
 from faultcast.cli.types import Subcommands, duration, limit
 
 
@@ -105,9 +106,19 @@ def run_import(args: argparse.Namespace) -> int:
     from faultcast.model.importer import DEFAULT_NODE_LABELS, import_prometheus
 
     labels = (*args.node_label, *(label for label in DEFAULT_NODE_LABELS if label not in args.node_label))
+    why = (
+        (
+            f"--export {args.export}: no such file or directory"
+            if args.export and not args.export.exists()
+            else None
+        )
+        or missing_file([("--failures", args.failures)])
+        or uncreatable([("--out", args.out), ("--fetch-dir", args.fetch_dir)])
+        or create([("--spill-dir", args.spill_dir)])
+    )
+    if why is not None:
+        return refuse("import-prometheus", why)
     try:
-        if args.spill_dir is not None:
-            args.spill_dir.mkdir(parents=True, exist_ok=True)
         export, cadence = args.export, args.interval
         if args.url is not None:
             export, cadence = _fetch(args), args.step
@@ -222,6 +233,11 @@ def run_score(args: argparse.Namespace) -> int:
     from faultcast.model.batch_alerts import render_table, score, summary, write_csv
     from faultcast.model.dataset import DataError
 
+    why = missing_input([("--model", args.model), ("--data", args.data)]) or create_parents(
+        [("--csv", args.csv)]
+    )
+    if why is not None:
+        return refuse("score", why)
     note = cadence_note(args.model, args.data)
     if note:
         print(note)

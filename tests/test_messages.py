@@ -5,6 +5,7 @@ refused or created in one line."""
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import re
@@ -166,6 +167,18 @@ REFUSED = [
     (["collect", "--once", "--sys-root", "{m}"], "--sys-root {m}: no such directory"),
     (["demo", "--model", "{f}/model"], "--model {f}/model: cannot be created"),
     (["demo", "--model", "{t}", "--out", "{f}/out"], "--out {f}/out: cannot be created"),
+    (["score", "--model", "{m}", "--data", "{t}"], "--model {m}: no such directory"),
+    (["score", "--model", "{t}", "--data", "{m}"], "--data {m}: no such directory"),
+    (["score", "--model", "{t}", "--data", "{t}", "--csv", "{f}/a.csv"], "--csv {f}/a.csv: its directory"),
+    (["calibrate", "--model", "{m}", "--data", "{t}"], "--model {m}: no such directory"),
+    (["calibrate", "--model", "{t}", "--data", "{m}"], "--data {m}: no such directory"),
+    (["calibrate", "--model", "{t}", "--data", "{t}", "--failures", "{m}/f.csv"], "--failures {m}/f.csv: no such"),
+    (["calibrate", "--model", "{t}", "--data", "{t}", "--json", "{f}/c.json"], "--json {f}/c.json: its directory"),
+    (["import-prometheus", "--export", "{m}", "--out", "{t}/o"], "--export {m}: no such file"),
+    (["import-prometheus", "--export", "{t}", "--failures", "{m}/f.csv", "--out", "{t}/o"], "--failures {m}/f.csv"),
+    (["import-prometheus", "--export", "{t}", "--out", "{f}/o"], "--out {f}/o: cannot be created"),
+    (["import-prometheus", "--export", "{t}", "--out", "{t}/o", "--spill-dir", "{f}/s"], "--spill-dir {f}/s: cannot"),
+    (["import-prometheus", "--url", "http://127.0.0.1:1", "--out", "{t}/o", "--fetch-dir", "{f}/x"], "--fetch-dir"),
 ]  # fmt: skip
 
 
@@ -188,9 +201,9 @@ def test_a_directory_flag_is_refused_in_one_line(
 
 
 SERVE_REFUSED = [
-    (["serve", "--model", "{m}", "--state-dir", "{t}/state"], "--model {m}: no such directory"),
-    (["serve", "--model", "{t}", "--state-dir", "{f}/state"], "--state-dir {f}/state: cannot be created"),
-    (["serve", "--model", "{t}", "--state-dir", "{t}/s", "--port-file", "{f}/p"], "--port-file {f}/p: its directory"),
+    (["serve", "--insecure", "--model", "{m}", "--state-dir", "{t}/state"], "--model {m}: no such directory"),
+    (["serve", "--insecure", "--model", "{t}", "--state-dir", "{f}/state"], "--state-dir {f}/state: cannot be created"),
+    (["serve", "--insecure", "--model", "{t}", "--state-dir", "{t}/s", "--port-file", "{f}/p"], "--port-file {f}/p"),
     (["token", "--role", "admin", "--name", "me", "--tokens-file", "{f}/t"], "--tokens-file {f}/t: its directory"),
 ]  # fmt: skip
 
@@ -209,7 +222,7 @@ def test_serve_refuses_a_directory_in_one_logged_line(
 
 def test_serve_s_refusal_is_one_line_on_stderr(places: Path) -> None:
     done = subprocess.run(
-        [FAULTCAST, "serve", "--model", str(places / MISSING), "--state-dir", str(places / "state")],
+        [FAULTCAST, "serve", "--insecure", "--model", str(places / MISSING), "--state-dir", str(places / "state")],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
@@ -222,6 +235,18 @@ def test_output_directories_are_created(places: Path, capsys: pytest.CaptureFixt
     twin = places / "new" / "twins" / "one"
     assert main(["simulate", "--nodes", "2", "--days", "0.05", "--out", str(twin)]) == 0
     assert (twin / "manifest.json").is_file()
+    spill = places / "new" / "spill"
+    export = places / "export.json"
+    export.write_text(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "Hostname": "n"},
+         "values": [[60, "40"], [120, "41"]]}]}}))  # fmt: skip
+    out = places / "new" / "imported"
+    assert (
+        main(["import-prometheus", "--export", str(export), "--out", str(out), "--spill-dir", str(spill)])
+        == 0
+    )
+    assert spill.is_dir()
+    assert (out / "telemetry.parquet").is_file()
     tokens = places / "new" / "secrets" / "tokens"
     assert main(["token", "--role", "admin", "--name", "me", "--tokens-file", str(tokens)]) == 0
     assert tokens.is_file()
