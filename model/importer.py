@@ -82,7 +82,15 @@ from faultcast.model.import_names import (
     why_unknown,
 )
 from faultcast.model.import_spill import Spill
-from faultcast.model.prometheus_fetch import MAX_POINTS, STEP_LABEL, STEP_STATS, Client, FetchReport, fetch
+from faultcast.model.prometheus_fetch import (
+    MAX_POINTS,
+    PER_ANSWER,
+    STEP_LABEL,
+    STEP_STATS,
+    Client,
+    FetchReport,
+    fetch,
+)
 from faultcast.rollup import NETWORK_COLUMNS
 from faultcast.schemas import FAILURE_FIELDS, GPU_COLUMNS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
 from faultcast.step_summary import SCRAPES_COLUMN, SUMMARISED, SUMMARY_COLUMNS
@@ -160,6 +168,7 @@ def fetch_prometheus(
     folder: Path,
     *,
     points: int = MAX_POINTS,
+    per_answer: int = PER_ANSWER,
     client: Client | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> FetchReport:
@@ -181,6 +190,7 @@ def fetch_prometheus(
         flag_bits=flags,
         bitmask_names=masks,
         points=points,
+        per_answer=per_answer,
         client=client,
     )
 

@@ -45,6 +45,9 @@ STEP_LABEL = "faultcast_step"
 STEP_STATS = ("min", "max", "mean", "scrapes")
 MAX_POINTS = 11_000
 """Prometheus refuses a range query of more points per series than this."""
+PER_ANSWER = 1_000_000
+"""The most samples (series x points) asked in one answer: an answer is parsed whole in memory, so a
+wide fleet's queries get fewer points each (about 150 MiB of Python objects at this size)."""
 DESCRIPTION = "fetch.txt"
 """The fetch directory's note of what it holds (not .json: the import reads only those)."""
 _OVER_TIME = {"min": "min_over_time", "max": "max_over_time", "mean": "avg_over_time"}
@@ -62,6 +65,11 @@ class Query:
     expr: str
     name: str  # the series' __name__ in the written answer
     stat: str | None = None  # a STEP_STATS entry for a summary, None for the raw series
+    source: str = ""  # the metric name the query reads, when not `name` (a bitmask's flags)
+
+    @property
+    def reads(self) -> str:
+        return self.source or self.name
 
 
 @dataclass
@@ -215,7 +223,7 @@ def plan_queries(
             for flag, bit in flag_bits.items():
                 bit_expr = f"(floor({mask} / {bit}) % 2)[{window}:{resolution}]"
                 for stat, function in _OVER_TIME.items():
-                    queries.append(Query(f"{function}({bit_expr})", flag, stat))
+                    queries.append(Query(f"{function}({bit_expr})", flag, stat, source=mask))
             break
     return queries
 
@@ -242,6 +250,7 @@ def fetch(
     flag_bits: dict[str, int],
     bitmask_names: Sequence[str],
     points: int = MAX_POINTS,
+    per_answer: int = PER_ANSWER,
     client: Client | None = None,
 ) -> FetchReport:
     """Write the range queries' answers for [since, until] at `step_s` into `folder` (created) and
@@ -280,9 +289,11 @@ def fetch(
     queries = plan_queries(names, step_s, scrape_s, summarised, flag_bits, bitmask_names)
     report.summarised = sorted({q.name for q in queries if q.stat is not None})
     report.queries = len(queries)
+    width = {name: _series_count(client, name, window) for name in sorted({q.reads for q in queries})}
     wanted: set[str] = set()
     for q, query in enumerate(queries):
-        for c, (a, b) in enumerate(_chunks(start, end, step_s, points)):
+        most = min(points, max(1, per_answer // max(1, width[query.reads])))
+        for c, (a, b) in enumerate(_chunks(start, end, step_s, most)):
             digest = hashlib.sha256(f"{query.expr}|{a}|{b}|{step_s}".encode()).hexdigest()[:12]
             target = folder / f"{q:03d}-{c:05d}-{digest}.json"
             wanted.add(target.name)
@@ -310,6 +321,12 @@ def fetch(
         client.base,
     )
     return report
+
+
+def _series_count(client: Client, name: str, window: dict[str, str]) -> int:
+    """How many series of this name the window holds (from the index: no samples are read)."""
+    listed = client.call("series", {"match[]": name, **window}) or []
+    return len(listed)
 
 
 def _scrape_intervals(

@@ -335,6 +335,23 @@ def test_a_chunk_the_server_finds_too_big_is_halved(
     _same_files(out, url_import)
 
 
+def test_a_wide_fleet_gets_fewer_points_an_answer(server: Server, url_import: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "fetch"
+    fetch_prometheus(server.url, server.since, server.until, STEP, folder, per_answer=2 * GPUS)
+    temperature: list[int] = []
+    for answer in folder.glob("*.json"):
+        result = json.loads(answer.read_text())["data"]["result"]
+        points = [len(series["values"]) for series in result]
+        # At most 2 x GPUS samples an answer, or one point a series where a name has more series.
+        assert sum(points) <= 2 * GPUS or max(points) == 1, (answer.name, points)
+        if result and result[0]["metric"]["__name__"] == "DCGM_FI_DEV_GPU_TEMP":
+            temperature += points
+    assert max(temperature) == 2  # two GPUs: two points each an answer, not seven
+    out = tmp_path / "data"
+    import_prometheus(folder, None, out, cadence_s=STEP)
+    _same_files(out, url_import)
+
+
 def test_a_fetch_folder_of_another_window_is_refused(server: Server, url_import: Path) -> None:
     with pytest.raises(Exception, match="holds another fetch"):
         fetch_prometheus(
