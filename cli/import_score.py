@@ -48,6 +48,12 @@ def add_parsers(commands: Subcommands) -> None:
         "after an interruption fetches only what is missing",
     )
     imp.add_argument(
+        "--bearer-token-file",
+        type=Path,
+        help="with --url: a file holding a bearer token for a Prometheus behind authentication (basic auth: "
+        "http://user:password@host:9090)",
+    )
+    imp.add_argument(
         "--attempts",
         type=int,
         default=5,
@@ -112,7 +118,7 @@ def run_import(args: argparse.Namespace) -> int:
             if args.export and not args.export.exists()
             else None
         )
-        or missing_file([("--failures", args.failures)])
+        or missing_file([("--failures", args.failures), ("--bearer-token-file", args.bearer_token_file)])
         or uncreatable([("--out", args.out), ("--fetch-dir", args.fetch_dir)])
         or create([("--spill-dir", args.spill_dir)])
     )
@@ -138,6 +144,12 @@ def run_import(args: argparse.Namespace) -> int:
     except OSError as exc:  # an output or spill folder that cannot be made or written
         print(f"faultcast import-prometheus: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "faultcast import-prometheus: interrupted; the same command resumes a --url fetch",
+            file=sys.stderr,
+        )
+        return 130
     print(describe_import(args.out, manifest))
     return 0
 
@@ -153,14 +165,17 @@ def _fetch(args: argparse.Namespace) -> Path:
     until = parse_time(args.until)
     since = parse_time(args.since, now=until)
     folder = args.fetch_dir if args.fetch_dir is not None else args.out / "prometheus-export"
+    if folder.resolve() == args.out.resolve():
+        raise DataError("--fetch-dir must not be --out: the answers go in a folder of their own")
     from faultcast.model.prometheus_fetch import Client
 
     if args.attempts < 1:
         raise DataError(f"--attempts must be at least 1, got {args.attempts}")
-    client = Client(args.url, attempts=args.attempts)
+    token = args.bearer_token_file.read_text().strip() if args.bearer_token_file else None
+    client = Client(args.url, attempts=args.attempts, bearer_token=token)
     report = fetch_prometheus(args.url, since, until, args.step, folder, points=args.points, client=client)
     print(
-        f"read {args.url}: {report.answers_fetched} answers fetched, {report.answers_reused} kept from an "
+        f"read {client.shown}: {report.answers_fetched} answers fetched, {report.answers_reused} kept from an "
         f"earlier run, {report.retries} retries, {report.series:,} series; into {folder}"
     )
     if report.summarised:

@@ -21,12 +21,15 @@ the step (t - step, t], the same span the last value at t closes.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
+import http.client
 import json
 import logging
 import math
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -99,13 +102,27 @@ class Client:
         attempts: int = 5,
         backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        bearer_token: str | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise DataError(f"--url {url!r}: expected http(s)://host:port[/prefix] of a Prometheus server")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise DataError(
+                "--url: expected http(s)://[user:password@]host:port[/prefix] of a Prometheus server"
+            )
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
-        self.base = url.rstrip("/")
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        host = f"[{host}]" if ":" in parts.hostname and not host.startswith("[") else host
+        self.base = urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+        self.shown = self.base  # credentials never appear in messages, logs or files
+        self._headers = {"Accept": "application/json"}
+        if (
+            parts.username is not None
+        ):  # basic auth from the URL, as curl and Prometheus's own clients take it
+            pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            self._headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        if bearer_token:
+            self._headers["Authorization"] = f"Bearer {bearer_token}"
         self.timeout_s, self.attempts, self.backoff_s, self._sleep = timeout_s, attempts, backoff_s, sleep
         self.retries = 0
 
@@ -117,12 +134,10 @@ class Client:
             request = urllib.request.Request(  # noqa: S310 (http or https: checked in __init__)
                 f"{self.base}/api/v1/{path}",
                 data=form.encode(),
-                headers={"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"},
+                headers={**self._headers, "Content-Type": "application/x-www-form-urlencoded"},
             )
         else:
-            request = urllib.request.Request(  # noqa: S310
-                f"{self.base}/api/v1/{path}?{form}", headers={"Accept": "application/json"}
-            )
+            request = urllib.request.Request(f"{self.base}/api/v1/{path}?{form}", headers=self._headers)  # noqa: S310
         last = ""
         for attempt in range(self.attempts):
             if attempt:
@@ -136,15 +151,19 @@ class Client:
                 if exc.code == 429 or exc.code >= 500:
                     last = f"HTTP {exc.code}: {error}"
                     continue
-                raise PrometheusError(f"{self.base}: {path} refused (HTTP {exc.code}): {error}") from exc
-            except (OSError, ValueError) as exc:  # URLError, timeouts, resets, a cut-off body
+                raise PrometheusError(f"{self.shown}: {path} refused (HTTP {exc.code}): {error}") from exc
+            except (
+                OSError,
+                ValueError,
+                http.client.HTTPException,
+            ) as exc:  # URLError, timeouts, resets, a cut-off body
                 last = str(getattr(exc, "reason", exc))
                 continue
             if not isinstance(answer, dict) or answer.get("status") != "success":
-                raise PrometheusError(f"{self.base}: {path} answered {str(answer)[:300]}")
+                raise PrometheusError(f"{self.shown}: {path} answered {str(answer)[:300]}")
             return answer.get("data")
         raise PrometheusError(
-            f"{self.base}: {path}: gave up after {self.attempts} attempts; the last: {last}"
+            f"{self.shown}: {path}: gave up after {self.attempts} attempts; the last: {last}"
         )
 
 
@@ -166,13 +185,17 @@ def parse_time(text: str, *, now: float | None = None) -> float:
     if text == "now":
         return now
     try:
-        return float(text)
+        number: float | None = float(text)
     except ValueError:
-        pass
+        number = None
+    if number is not None:
+        return _in_range(text, number)
     try:
-        return now - parse_duration(text)
+        ago = parse_duration(text)
     except DurationError:
-        pass
+        ago = None
+    if ago is not None:
+        return _in_range(text, now - ago)
     try:
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -181,7 +204,13 @@ def parse_time(text: str, *, now: float | None = None) -> float:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
+    return _in_range(text, moment.timestamp())
+
+
+def _in_range(text: str, seconds: float) -> float:
+    if not (math.isfinite(seconds) and 0 <= seconds < 32_503_680_000):  # 1970 to 3000
+        raise DataError(f"{text!r} is not a time between 1970 and 3000")
+    return seconds
 
 
 def _duration(seconds: float) -> str:
@@ -198,43 +227,48 @@ def plan_queries(
     flag_bits: dict[str, int],
     bitmask_names: Sequence[str],
 ) -> list[Query]:
-    """The fetch's range queries: every name raw; and for each name that maps to a summarised gauge
-    (`summarised`: series name -> its catalogue name) and is finer than the step (`scrape_s` holds its
-    raw interval), its min, max and mean over each step, with the scrapes counted on the first such
-    name; the throttle flags' summaries (`flag_bits`: the flag's series name -> its bit) from a bitmask
-    name when no name gives the flags themselves."""
-    window = _duration(step_s)
-    queries = [Query(name, name) for name in names]
-    counted = False
-    flags_named = any(name in flag_bits for name in names)  # the collector exports the flags itself
+    """The fetch's range queries: every name raw (its last sample in each step); for each name that
+    maps to a summarised gauge (`summarised`: series name -> its catalogue name) and is finer than the
+    step (`scrape_s` holds its raw interval), its min, max, mean and count over each step (the count
+    on every such name: a fleet mixing exporters' vocabularies has GPUs behind each); and the throttle
+    flags' summaries (`flag_bits`: the flag's series name -> its bit) from every bitmask name, placed
+    before the flags' own summaries so that a GPU exporting both keeps its own."""
+    window = _window(step_s)
+    queries = [Query(f"last_over_time({name}[{window}])", name, source=name) for name in names]
+    for mask in bitmask_names:
+        if mask not in scrape_s:
+            continue
+        resolution = _duration(scrape_s[mask])
+        for flag, bit in flag_bits.items():
+            bit_expr = f"(floor({mask} / {bit}) % 2)[{window}:{resolution}]"
+            for stat, function in _OVER_TIME.items():
+                queries.append(Query(f"{function}({bit_expr})", flag, stat, source=mask))
     for name in names:
         if name not in summarised or name not in scrape_s:
             continue
         for stat, function in _OVER_TIME.items():
             queries.append(Query(f"{function}({name}[{window}])", name, stat))
-        if not counted:
-            queries.append(Query(f"count_over_time({name}[{window}])", name, "scrapes"))
-            counted = True
-    if not flags_named:
-        for mask in bitmask_names:
-            if mask not in scrape_s:
-                continue
-            resolution = _duration(scrape_s[mask])
-            for flag, bit in flag_bits.items():
-                bit_expr = f"(floor({mask} / {bit}) % 2)[{window}:{resolution}]"
-                for stat, function in _OVER_TIME.items():
-                    queries.append(Query(f"{function}({bit_expr})", flag, stat, source=mask))
-            break
+        queries.append(Query(f"count_over_time({name}[{window}])", name, "scrapes"))
     return queries
 
 
+def _window(step_s: float) -> str:
+    """The range of one step: a millisecond short of it, so that the step (t - step, t] is read alike
+    by Prometheus 2, whose ranges are closed at both ends, and 3, whose are open on the left."""
+    return _duration(step_s - 0.001)
+
+
 def _chunks(start: float, end: float, step_s: float, points: int) -> list[tuple[float, float]]:
-    """[start, end] cut into spans of at most `points` evaluation times `step_s` apart."""
+    """[start, end] cut into spans of at most `points` evaluation times `step_s` apart, on a grid of
+    spans aligned to the epoch: a window that moved keeps the spans it shares with the one before
+    (a rerun of `--since 7d` reuses every whole span already fetched)."""
     out = []
-    total = round((end - start) / step_s) + 1
-    for first in range(0, total, points):
-        last = min(first + points, total) - 1
-        out.append((start + first * step_s, start + last * step_s))
+    first, last = round(start / step_s), round(end / step_s)
+    k = first
+    while k <= last:
+        span_end = min(last, (k // points + 1) * points - 1)
+        out.append((k * step_s, span_end * step_s))
+        k = span_end + 1
     return out
 
 
@@ -260,25 +294,20 @@ def fetch(
         raise DataError(f"--step must be a positive number of seconds, got {step_s}")
     if not 1 <= points <= MAX_POINTS:
         raise DataError(f"points per query must be 1..{MAX_POINTS}, got {points}")
+    if abs(step_s * 1000 - round(step_s * 1000)) > 1e-6 or step_s < 0.002:
+        raise DataError(f"--step must be a whole number of milliseconds, 2 ms or more, got {step_s} s")
     start, end = math.ceil(since / step_s) * step_s, math.floor(until / step_s) * step_s
     if not end >= start:
         raise DataError(f"--since must be at least one --step ({step_s:g} s) before --until")
     client = client or Client(url)
-    folder.mkdir(parents=True, exist_ok=True)
-    about = _describe(client.base, start, end, step_s)
-    note = folder / DESCRIPTION
-    if note.exists() and note.read_text() != about:
-        raise DataError(
-            f"{folder} holds another fetch ({note.read_text().strip()}): remove it or pick another --fetch-dir"
-        )
-    note.write_text(about)
+    _claim(folder, client.shown, step_s)
     window = {"start": _number(start), "end": _number(end)}
     listed = client.call("label/__name__/values", window) or []
     names = sorted(name for name in listed if isinstance(name, str) and known(name))
     if not names:
         shown = ", ".join(str(n) for n in listed[:8]) or "none"
         raise PrometheusError(
-            f"{client.base}: no metric the import knows between {_iso(start)} and {_iso(end)} "
+            f"{client.shown}: no metric the import knows between {_iso(start)} and {_iso(end)} "
             f"(DCGM_FI_DEV_GPU_TEMP, ...); names there: {shown}"
         )
     report = FetchReport(folder)
@@ -291,13 +320,16 @@ def fetch(
     report.queries = len(queries)
     width = {name: _series_count(client, name, window) for name in sorted({q.reads for q in queries})}
     wanted: set[str] = set()
+    kept = {m.group(2): path for path in folder.iterdir() if (m := _ANSWER.match(path.name))}
     for q, query in enumerate(queries):
         most = min(points, max(1, per_answer // max(1, width[query.reads])))
-        for c, (a, b) in enumerate(_chunks(start, end, step_s, most)):
+        for a, b in _chunks(start, end, step_s, most):
             digest = hashlib.sha256(f"{query.expr}|{a}|{b}|{step_s}".encode()).hexdigest()[:12]
-            target = folder / f"{q:03d}-{c:05d}-{digest}.json"
+            target = folder / f"{q:03d}-{round(a):011d}-{digest}.json"  # file order: query, then time
             wanted.add(target.name)
-            if target.exists():
+            if digest in kept:
+                if kept[digest] != target:
+                    kept[digest].replace(target)  # the same answer, the query at another place
                 report.answers_reused += 1
                 continue
             result = _range(client, query.expr, a, b, step_s, report)
@@ -309,18 +341,42 @@ def fetch(
             report.series += len(result)
             _write_answer(target, result)
             report.answers_fetched += 1
-    for stale in folder.glob("*.json"):
-        if stale.name not in wanted:
-            stale.unlink()  # a name the server no longer lists in the window
+    for path in folder.iterdir():
+        if (_ANSWER.match(path.name) and path.name not in wanted) or path.suffix == ".partial":
+            path.unlink()  # this folder's answers of another window, or one cut short
     report.retries = client.retries
     log.info(
         "fetched %d answers (%d reused) of %d queries from %s",
         report.answers_fetched,
         report.answers_reused,
         report.queries,
-        client.base,
+        client.shown,
     )
     return report
+
+
+_ANSWER = re.compile(r"^(\d{3})-\d{11}-([0-9a-f]{12})\.json$")
+"""A fetch folder's answer file: query, first evaluation time, digest of the query and its span."""
+
+
+def _claim(folder: Path, server: str, step_s: float) -> None:
+    """Make `folder` this fetch's: created, or one that holds a fetch of the same server and step
+    (whatever its window: answers of the same spans are reused, the others removed at the end).
+    DataError for a folder that holds anything else, or another server's or step's answers."""
+    about = f"url={server} step={step_s:g}s\n"
+    note = folder / DESCRIPTION
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"--fetch-dir {folder}: a file, not a directory")
+    if note.exists():
+        if note.read_text() != about:
+            raise DataError(
+                f"--fetch-dir {folder} holds a fetch of {note.read_text().strip()}, not {about.strip()}: "
+                "remove it or give another --fetch-dir"
+            )
+    elif folder.exists() and any(folder.iterdir()):
+        raise DataError(f"--fetch-dir {folder} is not empty and holds no fetch: give an empty or new folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    note.write_text(about)
 
 
 def _series_count(client: Client, name: str, window: dict[str, str]) -> int:
@@ -338,7 +394,7 @@ def _scrape_intervals(
     out: dict[str, float] = {}
     coarse_step = max(step_s, math.ceil((end - start) / (MAX_POINTS - 1) / step_s) * step_s)
     for name in names:
-        expr = f"max(count_over_time({name}[{_duration(step_s)}]))"
+        expr = f"max(count_over_time({name}[{_window(step_s)}]))"
         result = _range(client, expr, start, end, coarse_step, report)
         most = max((float(v) for s in result for _, v in s.get("values", [])), default=0.0)
         if most >= 2:
@@ -363,7 +419,7 @@ def _range(client: Client, expr: str, a: float, b: float, step_s: float, report:
             _range(client, expr, middle + step_s, b, step_s, report),
         )
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
-        raise PrometheusError(f"{client.base}: {expr!r} did not answer a matrix: {str(data)[:200]}")
+        raise PrometheusError(f"{client.shown}: {expr!r} did not answer a matrix: {str(data)[:200]}")
     result: list[Any] = data.get("result", [])
     return result
 
@@ -388,12 +444,6 @@ def _write_answer(target: Path, result: list[Any]) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     partial.replace(target)
-
-
-def _describe(base: str, start: float, end: float, step_s: float) -> str:
-    parts = urllib.parse.urlsplit(base)
-    where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "") + parts.path
-    return f"url={where} start={_iso(start)} end={_iso(end)} step={step_s:g}s\n"  # no credentials
 
 
 def _number(seconds: float) -> str:

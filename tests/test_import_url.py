@@ -30,7 +30,7 @@ import pytest
 from faultcast.cli.app import main
 from faultcast.model.dataset import DataError
 from faultcast.model.importer import fetch_prometheus, import_prometheus
-from faultcast.model.prometheus_fetch import Client, PrometheusError
+from faultcast.model.prometheus_fetch import Client, PrometheusError, parse_time, plan_queries
 from faultcast.schemas import GPU_COLUMNS
 from faultcast.step_summary import SCRAPES_COLUMN, SUMMARY_COLUMNS
 from tests.conftest import require_binary
@@ -352,11 +352,44 @@ def test_a_wide_fleet_gets_fewer_points_an_answer(server: Server, url_import: Pa
     _same_files(out, url_import)
 
 
-def test_a_fetch_folder_of_another_window_is_refused(server: Server, url_import: Path) -> None:
-    with pytest.raises(Exception, match="holds another fetch"):
-        fetch_prometheus(
-            server.url, server.since - STEP, server.until, STEP, url_import / "prometheus-export"
-        )
+def test_a_moved_window_reuses_the_spans_it_shares(server: Server, url_import: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "fetch"
+    first = fetch_prometheus(server.url, server.since, server.until - STEP, STEP, folder, points=3)
+    again = fetch_prometheus(server.url, server.since, server.until, STEP, folder, points=3)
+    assert again.answers_reused > 0  # the spans before the moved end are the ones fetched before
+    assert again.answers_fetched < first.answers_fetched + first.answers_reused
+    out = tmp_path / "data"
+    import_prometheus(folder, None, out, cadence_s=STEP)
+    _same_files(out, url_import)  # nothing of the first window's last span is left behind
+    with pytest.raises(DataError, match=r"holds a fetch of url=.* step=5s, not .* step=10s"):
+        fetch_prometheus(server.url, server.since, server.until, 2 * STEP, folder)
+
+
+def test_a_folder_that_is_not_a_fetch_is_never_emptied(server: Server, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.json").write_text("{}")
+    with pytest.raises(DataError, match="is not empty and holds no fetch"):
+        fetch_prometheus(server.url, server.since, server.until, STEP, mine)
+    assert (mine / "keep.json").read_text() == "{}"
+
+
+def test_every_vocabulary_gets_its_scrapes_and_every_bitmask_its_flags() -> None:
+    names = ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+             "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "faultcast_throttle_hw_slowdown"]  # fmt: skip
+    summarised = {"DCGM_FI_DEV_GPU_TEMP": "gpu_temp", "DCGM_FI_DEV_GPU_TEMP_CELSIUS": "gpu_temp",
+                  "faultcast_throttle_hw_slowdown": "throttle_hw_slowdown"}  # fmt: skip
+    masks = ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"]
+    queries = plan_queries(names, 60.0, dict.fromkeys(names, 10.0), summarised,
+                           {"faultcast_throttle_hw_slowdown": 8}, masks)  # fmt: skip
+    counted = {q.name for q in queries if q.stat == "scrapes"}
+    assert counted == set(summarised)  # a GPU behind either name has its scrapes counted
+    from_bits = [q for q in queries if q.source in masks and q.stat is not None]
+    assert {q.source for q in from_bits} == set(masks)
+    assert all("[59999ms:10s]" in q.expr for q in from_bits)  # (t - step, t] on Prometheus 2 and 3
+    own = [i for i, q in enumerate(queries) if q.reads == "faultcast_throttle_hw_slowdown" and q.stat]
+    assert max(i for i, q in enumerate(queries) if q in from_bits) < min(own)  # the flag's own wins
+    assert all(q.expr.startswith("last_over_time(") for q in queries if q.stat is None)
 
 
 def test_url_errors_are_one_line(server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -394,3 +427,46 @@ def test_unreachable_is_retried_not_waited_for_ever(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
     with pytest.raises(DataError, match="expected http"):
         Client("file:///etc/passwd")
+
+
+def test_credentials_in_the_url_are_sent_and_never_shown() -> None:
+    client = Client(f"http://alice:s3cret@127.0.0.1:{_closed_port()}/prom/", attempts=1)
+    assert "s3cret" not in client.shown
+    assert client.shown.endswith("/prom")
+    with pytest.raises(PrometheusError) as refused:
+        client.call("label/__name__/values", {})
+    assert "s3cret" not in str(refused.value)
+    assert "alice" not in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "1e400", "-5", "-99999999999999"])
+def test_a_time_outside_1970_to_3000_is_refused(text: str) -> None:
+    with pytest.raises(DataError, match="is not a time between 1970 and 3000"):
+        parse_time(text)
+
+
+class _CutShort(http.server.BaseHTTPRequestHandler):
+    """Promises a longer body than it sends, then hangs up."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b'{"status":"success","data":[')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_body_cut_short_is_retried_then_reported() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutShort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        waits: list[float] = []
+        client = Client(f"http://127.0.0.1:{server.server_address[1]}", attempts=2, sleep=waits.append)
+        with pytest.raises(PrometheusError, match="gave up after 2 attempts"):
+            client.call("label/__name__/values", {})
+        assert waits == [1.0]
+    finally:
+        server.shutdown()
+        server.server_close()
