@@ -12,14 +12,14 @@ tsdb create-blocks-from openmetrics`, starts `prometheus` on it, and runs as chi
 2. the same with `--export` on the fetch's own folder (the import alone, from disk): the difference is
    the fetch.
 
-Time is the wall clock around each child; peak memory its maximum resident set size.
+Time is the wall clock around each child; peak memory its own maximum resident set size (wait4).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import socket
 import subprocess
@@ -81,15 +81,19 @@ def _free_port() -> int:
 
 
 def _child(argv: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) and stdout of a child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Wall seconds, peak RSS (MiB) of this child alone (wait4: promtool's is not counted) and its
+    stdout."""
     started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1024.0, done.stdout
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed:\n{err.read()[-2000:]}")
+        return wall, usage.ru_maxrss / 1024.0, out.read()
 
 
 def main() -> None:
@@ -154,7 +158,7 @@ def main() -> None:
         print(fetched[2].strip().splitlines()[0])
         print(f"--url (fetch + import): {fetched[0]:.1f} s, peak {fetched[1]:.0f} MiB; {answers} answers, "
               f"{size / 2**20:.1f} MiB of JSON; {rows:,} rows, {total / fetched[0]:,.0f} raw samples/s")  # fmt: skip
-        print(f"--export of the same answers (import alone): {again[0]:.1f} s")
+        print(f"--export of the same answers (import alone): {again[0]:.1f} s, peak {again[1]:.0f} MiB")
         gauges = sorted({c.rsplit("_step_", 1)[0] for c in summarised if "_step_" in c})
         print(f"fetch alone (the difference): {fetched[0] - again[0]:.1f} s; step summaries on "
               f"{max(summarised.values()) if summarised else 0} GPUs of {', '.join(gauges)}")  # fmt: skip
