@@ -27,7 +27,8 @@ from prometheus_client import Gauge
 
 from faultcast.catalogue import Scope, by_name, index_of
 from faultcast.model.artifact import FaultModel
-from faultcast.model.visibility import FeatureMap, input_group
+from faultcast.model.input_groups import input_group
+from faultcast.model.visibility import FeatureMap
 from faultcast.readings import NodeSnapshot
 from faultcast.step_summary import MIN_SCRAPES, SCRAPES_COLUMN
 

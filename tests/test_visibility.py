@@ -24,11 +24,11 @@ from faultcast import cli
 from faultcast.catalogue import Scope, index_of
 from faultcast.dcgm import Vocabulary, names
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.model import visibility
 from faultcast.model.feature_steps import WIDTH
 from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
 from faultcast.model.importer import import_prometheus
-from faultcast.model.visibility import GROUPS, FeatureMap, input_group, of_data
+from faultcast.model.input_groups import GROUPS, input_group
+from faultcast.model.visibility import FeatureMap, of_data
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
 from faultcast.service.server import Service
@@ -379,4 +379,3 @@ def test_the_service_exports_which_groups_the_samples_feed(service: tuple[Servic
     full = list(twin_snapshots(TwinSource(fleet, 0), "node-full", 4))
     assert push(channel, "node-full", full)[-1].acked_through == 4
     assert _visible(running) == dict.fromkeys(GROUPS, 1.0), "the twin's samples carry every input"
-    assert visibility.GROUPS == GROUPS
