@@ -60,6 +60,10 @@ def _run(args: argparse.Namespace) -> int:
     from faultcast.model.dataset import DataError
     from faultcast.model.threshold_file import ThresholdFileError
 
+    clash = _model_file(args.model, args.json)  # first: nothing of the model is ever at risk
+    if clash:
+        print(f"faultcast calibrate: --json {args.json} would overwrite the model's {clash}", file=sys.stderr)
+        return 2
     why = missing_input([("--model", args.model), ("--data", args.data)]) or missing_file(
         [("--failures", args.failures)]
     )
@@ -67,10 +71,6 @@ def _run(args: argparse.Namespace) -> int:
         why = create_parents([("--json", args.json)])
     if why is not None:
         return refuse("calibrate", why)
-    clash = _model_file(args.model, args.json)
-    if clash:
-        print(f"faultcast calibrate: --json {args.json} would overwrite the model's {clash}", file=sys.stderr)
-        return 2
     try:
         result = calibrate(
             args.model, args.data, failures_path=args.failures, budget=args.budget, seed=args.seed
