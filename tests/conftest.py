@@ -154,6 +154,15 @@ SLOW_MODULES = {
     "tests/test_train_groups.py": "trains across four worlds with folds and pooled validation",
 }
 SLOW_TESTS = {
+    "tests/test_dashboard_dcgm_exporter.py": {
+        "test_every_panel_shows_data_on_a_stock_dcgm_exporter_or_says_what_it_needs": (
+            "a real Prometheus scraping a stock dcgm-exporter's counters"
+        ),
+    },
+    "tests/test_messages.py": {
+        "test_train_refuses_saying_what_it_got_and_how_much_data_would_do": "simulates the issue's 16-node twin",
+        "test_serve_s_refusal_is_one_line_on_stderr": "a `faultcast serve` process",
+    },
     "tests/test_buddy_replicas.py": {
         "test_a_node_and_its_buddy_lost_leave_no_whole_replica": "two 3-rank torchrun jobs",
         "test_protection_goes_on_from_the_newer_of_the_replicas_and_the_files": "five 3-rank torchrun jobs",
