@@ -274,12 +274,12 @@ def _outcome_text(a: ScoredAlert) -> str:
 
 
 def render_table(alerts: Sequence[ScoredAlert]) -> str:
-    """A Markdown table of the alerts, readable in a terminal: each alert's risk with how many times
-    the threshold it stands (a calibrated risk of 0.03 is far above a healthy GPU's), and when the
-    failure is expected, before the rest."""
+    """A Markdown table of the alerts, readable in a terminal: when the failure is expected first,
+    then the risk with how many times the threshold it stands (a calibrated risk of 0.03 is far above
+    a healthy GPU's), before the rest."""
     buckets = "/".join(str(int(s // 60)) for s in TTF_BUCKETS_S)
     lines = [
-        "| time | node | GPU | risk | x threshold | time to failure p50 (p10-p90), min | likely mode "
+        "| time | node | GPU | time to failure p50 (p10-p90), min | risk | x threshold | likely mode "
         f"| risk within {buckets} min | action | top features | outcome |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -291,7 +291,7 @@ def render_table(alerts: Sequence[ScoredAlert]) -> str:
         times = "-" if ratio is None else f"{ratio:.1f}x"
         features = "; ".join(_feature_text(f) for f in c.top_features)
         lines.append(
-            f"| {a.time} | {a.node} | {a.gpu_text} | {c.risk:.3f} | {times} | {ttf} "
+            f"| {a.time} | {a.node} | {a.gpu_text} | {ttf} | {c.risk:.3f} | {times} "
             f"| {c.mode} ({c.mode_probability:.0%}) | {within} | {c.action.name.lower()} | {features} "
             f"| {_outcome_text(a)} |"
         )

@@ -673,7 +673,7 @@ def test_the_score_command_prints_a_table_and_writes_csv(
         cli.main(["score", "--model", str(model_dir), "--data", str(scored_data[0]), "--csv", str(out)]) == 0
     )
     printed = capsys.readouterr().out
-    assert "| time | node | GPU | risk |" in printed
+    assert "| time | node | GPU | time to failure p50 (p10-p90), min | risk | x threshold |" in printed
     assert " true (their failure came 5 min to 2 h after)" in printed
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == list(CSV_FIELDS)

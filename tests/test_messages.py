@@ -70,11 +70,11 @@ def _scored(risk: float, threshold: float = 0.016) -> ScoredAlert:
     )  # fmt: skip
 
 
-def test_the_score_table_shows_the_risk_against_the_threshold(tmp_path: Path) -> None:
+def test_the_score_table_shows_the_time_then_the_risk_against_the_threshold(tmp_path: Path) -> None:
     alerts = [_scored(0.031)]
     table = render_table(alerts)
-    assert "| time | node | GPU | risk | x threshold | time to failure p50 (p10-p90), min |" in table
-    assert "| 0.031 | 1.9x | 12 (5-25) |" in table
+    assert "| time | node | GPU | time to failure p50 (p10-p90), min | risk | x threshold |" in table
+    assert "| 12 (5-25) | 0.031 | 1.9x |" in table
     assert summary(alerts).startswith("1 alert at threshold 0.016 (risk: the chance of failing within")
     write_csv(alerts, tmp_path / "alerts.csv")
     (row,) = csv.DictReader((tmp_path / "alerts.csv").open())
