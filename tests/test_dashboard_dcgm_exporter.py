@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import require_binary
 from tests.prometheus_api import api, running_prometheus, until
+from tests.test_dcgm_parity import DCGM_EXPORTER_TYPES
+from tests.test_dcgm_parity import DEFAULT_COUNTERS as DEFAULT_ROWS
 from tests.test_deploy import DASHBOARD, metric_names
 from tests.test_prometheus_scrape import GRAFANA_VARIABLES, _lacks
 
@@ -28,35 +30,12 @@ NEEDS_COLLECT = "(needs faultcast collect)"
 # How a panel with data says, in its description, that one of its lines needs more.
 NEEDS_IN_DESCRIPTION = ("needs faultcast collect", "needs faultcast serve")
 
-# dcgm-exporter 4.5.3-4.8.2's etc/default-counters.csv: every field it exports by default, with its
-# Prometheus type (DCGM_FI_DRIVER_VERSION is a label there, not a metric). The DCGM_FI_PROF_* fields
-# are exported on GPUs with profiling metrics (A100, H100).
+# dcgm-exporter 4.5.3-4.8.2's default counters (etc/default-counters.csv's enabled rows, as
+# test_dcgm_parity lists them) with their declared types; DCGM_FI_DRIVER_VERSION is a label there, and
+# the one row the types table leaves out (faultcast does not export it), the vGPU licence state, is a
+# gauge. The DCGM_FI_PROF_* fields are exported on GPUs with profiling metrics (A100, H100).
 DEFAULT_COUNTERS = {
-    "DCGM_FI_DEV_SM_CLOCK": "gauge",
-    "DCGM_FI_DEV_MEM_CLOCK": "gauge",
-    "DCGM_FI_DEV_MEMORY_TEMP": "gauge",
-    "DCGM_FI_DEV_GPU_TEMP": "gauge",
-    "DCGM_FI_DEV_POWER_USAGE": "gauge",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "counter",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "counter",
-    "DCGM_FI_DEV_GPU_UTIL": "gauge",
-    "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge",
-    "DCGM_FI_DEV_ENC_UTIL": "gauge",
-    "DCGM_FI_DEV_DEC_UTIL": "gauge",
-    "DCGM_FI_DEV_XID_ERRORS": "gauge",
-    "DCGM_FI_DEV_FB_FREE": "gauge",
-    "DCGM_FI_DEV_FB_USED": "gauge",
-    "DCGM_FI_DEV_FB_RESERVED": "gauge",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "counter",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "gauge",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gauge",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gauge",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "gauge",
-    "DCGM_FI_PROF_PCIE_TX_BYTES": "gauge",
-    "DCGM_FI_PROF_PCIE_RX_BYTES": "gauge",
+    name: DCGM_EXPORTER_TYPES.get(name, "gauge") for name in DEFAULT_ROWS if name != "DCGM_FI_DRIVER_VERSION"
 }
 HOSTS = ("dgx-a", "dgx-b")
 GPUS = 2

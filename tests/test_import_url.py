@@ -13,7 +13,6 @@ import math
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -420,11 +419,9 @@ def _closed_port() -> int:
 def test_unreachable_is_retried_not_waited_for_ever(tmp_path: Path) -> None:
     waits: list[float] = []
     client = Client(f"http://127.0.0.1:{_closed_port()}", attempts=4, sleep=waits.append)
-    started = time.monotonic()
     with pytest.raises(PrometheusError, match="gave up after 4 attempts"):
         client.call("label/__name__/values", {})
     assert waits == [1.0, 2.0, 4.0]  # the waits were asked of `sleep`, not slept
-    assert time.monotonic() - started < 60
     with pytest.raises(DataError, match="expected http"):
         Client("file:///etc/passwd")
 
