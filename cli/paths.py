@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 Given = Iterable[tuple[str, Path | None]]  # (flag, path), the path None when the flag was not given
+
+
+def _named(given: Given) -> Iterator[tuple[str, Path]]:
+    """The (flag, path) pairs of the flags that were given."""
+    return ((flag, path) for flag, path in given if path is not None)
 
 
 def refuse(command: str, message: str) -> int:
@@ -21,9 +26,7 @@ def refuse(command: str, message: str) -> int:
 
 def missing_input(given: Given) -> str | None:
     """Why the first input directory cannot be read ("--data /x: no such directory"), else None."""
-    for flag, path in given:
-        if path is None:
-            continue
+    for flag, path in _named(given):
         if not path.exists():
             return f"{flag} {path}: no such directory"
         if not path.is_dir():
@@ -33,9 +36,7 @@ def missing_input(given: Given) -> str | None:
 
 def missing_file(given: Given) -> str | None:
     """Why the first input file cannot be read ("--costs /x: no such file"), else None."""
-    for flag, path in given:
-        if path is None:
-            continue
+    for flag, path in _named(given):
         if not path.exists():
             return f"{flag} {path}: no such file"
         if path.is_dir():
@@ -46,9 +47,7 @@ def missing_file(given: Given) -> str | None:
 def uncreatable(given: Given) -> str | None:
     """Why the first output directory could not be created when the command writes it, else None:
     the path is a file, or its nearest existing ancestor is not a directory this user may write."""
-    for flag, path in given:
-        if path is None:
-            continue
+    for flag, path in _named(given):
         if path.exists():
             if not path.is_dir():
                 return f"{flag} {path}: not a directory (a file is there)"
@@ -65,9 +64,7 @@ def uncreatable(given: Given) -> str | None:
 
 def create(given: Given) -> str | None:
     """Create each output directory with its parents; why the first could not be, else None."""
-    for flag, path in given:
-        if path is None:
-            continue
+    for flag, path in _named(given):
         why = uncreatable([(flag, path)])
         if why is not None:
             return why
@@ -80,9 +77,7 @@ def create(given: Given) -> str | None:
 
 def create_parents(given: Given) -> str | None:
     """Create the directory each output file goes in; why the first could not be, else None."""
-    for flag, path in given:
-        if path is None:
-            continue
+    for flag, path in _named(given):
         why = create([(flag, path.parent)])
         if why is not None:
             return f"{flag} {path}: its directory {why.removeprefix(f'{flag} ')}"
