@@ -43,6 +43,16 @@ _SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTIO
 _ACTION_RANK = {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY: 1, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE: 2}
 
 
+def _covers(taken_for: apb.Alert, pending: apb.Alert) -> bool:
+    """True when a snapshot taken for `taken_for` answers `pending` too: the same event, or a later
+    event of the same alert that asks for no more (a re-estimate of risk, mode or time to failure).
+    Without this, re-estimates arriving during each write would ask for snapshot after snapshot."""
+    if pending.id == taken_for.id:
+        return True
+    same_alert = (pending.opened_id or pending.id) == (taken_for.opened_id or taken_for.id)
+    return same_alert and _ACTION_RANK.get(pending.action, 0) <= _ACTION_RANK.get(taken_for.action, 0)
+
+
 # Waits before sending an acknowledgement again after UNAVAILABLE (then it is given up, logged).
 _ACK_RETRY_S = (0.25, 0.5, 1.0, 2.0)
 
@@ -143,9 +153,10 @@ class Guard:
         """Acknowledge the pending alert with SNAPSHOT_DONE; returns what the service will do (or
         why nothing was sent). Clears the request either way: the state is safe. With `taken_for`
         (the alert event the snapshot was taken for), a newer event pending since (an escalation, a
-        new alert) is neither acknowledged with this older snapshot nor cleared: it gets its own."""
+        new alert) is neither acknowledged with this older snapshot nor cleared: it gets its own. A
+        newer event of the same alert that asks for no more (a re-estimate) is answered by it."""
         with self._lock:
-            if taken_for is not None and self._pending is not None and self._pending.id != taken_for.id:
+            if taken_for is not None and self._pending is not None and not _covers(taken_for, self._pending):
                 return f"not sent: alert event {self._pending.id} came after the snapshot's {taken_for.id}"
             alert, self._pending = self._pending, None
         if alert is None:
