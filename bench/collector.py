@@ -26,9 +26,9 @@ from typing import Any
 
 import pynvml
 
-from faultcast.collector.fake_nvml import FakeNvml
 from faultcast.collector.lanes import Lane, stop_lanes
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
+from faultcast.testing.fake_nvml import FakeNvml
 
 TARGET_SECONDS = 2e-3
 

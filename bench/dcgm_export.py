@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from faultcast.catalogue import by_name
 from faultcast.dcgm import readable_names
-from faultcast.model.dataset import unix_seconds
+from faultcast.model.features.offline import unix_seconds
 
 DEFAULT_METRICS: tuple[str, ...] = (
     "DCGM_FI_DEV_GPU_TEMP",

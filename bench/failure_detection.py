@@ -38,13 +38,13 @@ from pathlib import Path
 
 from faultcast.client.guard import Guard
 from faultcast.collector.agent import NodeCollector
-from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
 from faultcast.collector.shipper import Shipper
 from faultcast.collector.spool import Spool
-from faultcast.service.actuators import NoopActuator
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.actuators import NoopActuator
 from faultcast.service.server import Service
+from faultcast.testing.fake_nvml import FakeNvml
 from faultcast.v1 import alerts_pb2 as apb
 
 WAIT_S = 60.0

@@ -6,7 +6,7 @@
 
 All times are CPU seconds of this process (time.process_time), the median of `--repeats` runs: on a
 shared machine the wall clock measures the neighbours. The engine runs on random steady-state inputs
-(tests/engine_inputs.py: every GPU read every step) at 16, 128 and 512 nodes of 8 GPUs, next to the
+(testing/engine_inputs.py: every GPU read every step) at 16, 128 and 512 nodes of 8 GPUs, next to the
 frozen engine from before the speed-up (tests/reference_features) unless --no-reference. Training rows
 are `train._world_rows` with the default TrainConfig and hard negatives at 25% (every node and day of
 the world replayed, the warm-up included); scoring is `evaluate.score_period` over every node after
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from faultcast.model.artifact import load
-from faultcast.model.dataset import Dataset, open_dataset
-from faultcast.model.evaluate import WARMUP_S, score_period
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.train import TrainConfig, _world_rows
-from tests.engine_inputs import engine_steps
-from tests.reference_features import features as reference
+from faultcast.model.evaluation.evaluate import WARMUP_S, score_period
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import Dataset, open_dataset
+from faultcast.model.training.train import TrainConfig, _world_rows
+from faultcast.testing.engine_inputs import engine_steps
+from faultcast.testing.reference_features import features as reference
 
 
 def cpu_seconds(run: Callable[[], object], repeats: int) -> float:

@@ -69,8 +69,8 @@ from pathlib import Path
 import numpy as np
 
 from faultcast.model.artifact import load
-from faultcast.model.calibrate import opening_levels, score_history
-from faultcast.model.dataset import open_dataset
+from faultcast.model.training.calibrate import opening_levels, score_history
+from faultcast.model.features.offline import open_dataset
 
 model = load(Path(sys.argv[1]))
 for data in sys.argv[2:]:

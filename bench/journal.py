@@ -28,10 +28,10 @@ from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
-from faultcast.service.sample_journal import SampleJournal
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.state import StateStore
-from faultcast.service.validation import Limits
+from faultcast.service.state.sample_journal import SampleJournal
+from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import telemetry_pb2 as tpb

@@ -1,9 +1,9 @@
 """What a predictive migration costs the suite's job, measured on the real local Slurm cluster, with
 and without pre-scheduling (issue 20).
 
-Both paths run the same 2-rank torchrun job (tests/fixtures/guarded_job.py, CPU, gloo) under a real
-service and real Slurm daemons (tests/slurm_cluster.py), warned by the twin's HBM precursor
-(tests/handover_flow.py): the first alert asks for a snapshot only, the next asks to migrate.
+Both paths run the same 2-rank torchrun job (testing/jobs/guarded_job.py, CPU, gloo) under a real
+service and real Slurm daemons (testing/slurm_cluster.py), warned by the twin's HBM precursor
+(testing/handover_flow.py): the first alert asks for a snapshot only, the next asks to migrate.
 
 - requeue (today): the job snapshots, the node is drained, Slurm requeues the job, it starts again
   elsewhere and loads the snapshot;
@@ -42,12 +42,12 @@ sys.path.insert(0, str(REPO))  # tests/ holds the Slurm cluster and the flow the
 
 from faultcast.client.snapshots import MARKER, SnapshotStore  # noqa: E402
 from faultcast.service.config import ServiceConfig  # noqa: E402
+from faultcast.service.remediation.slurm import SlurmCommands  # noqa: E402
+from faultcast.service.remediation.spares.slurm import SlurmSpares  # noqa: E402
+from faultcast.service.rpc.validation import Limits  # noqa: E402
 from faultcast.service.server import Service  # noqa: E402
-from faultcast.service.slurm import SlurmCommands  # noqa: E402
-from faultcast.service.slurm_spares import SlurmSpares  # noqa: E402
-from faultcast.service.validation import Limits  # noqa: E402
-from tests.handover_flow import JobShape, migrate, slurm_actuator, warn  # noqa: E402
-from tests.slurm_cluster import SlurmCluster  # noqa: E402
+from faultcast.testing.handover_flow import JobShape, migrate, slurm_actuator, warn  # noqa: E402
+from faultcast.testing.slurm_cluster import SlurmCluster  # noqa: E402
 
 SHAPE = JobShape(keep=50)  # --state-mb adds frozen state to it
 
@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--state-mb", type=int, default=0, help="frozen state added to the job's")
     args = parser.parse_args()
     shape = dataclasses.replace(SHAPE, ballast_mb=args.state_mb)
-    from tests.conftest import require_binary
+    from faultcast.testing.system import require_binary
 
     scontrol = require_binary("scontrol")
     model = _model()

@@ -3,8 +3,8 @@
     .venv/bin/python bench/node_replacement.py --model DIR                 # 3 trials x 2 sizes x 2 paths
     .venv/bin/python bench/node_replacement.py --trials 1 --state-mib 1    # smoke run
 
-A private Slurm cluster on this host (tests/slurm_cluster.py: munged, slurmctld, one slurmd per node:
-fc-a, fc-b, fc-c and the spare fc-spare) runs the elastic job of tests/fixtures/elastic_job.py as one
+A private Slurm cluster on this host (testing/slurm_cluster.py: munged, slurmctld, one slurmd per node:
+fc-a, fc-b, fc-c and the spare fc-spare) runs the elastic job of testing/jobs/elastic_job.py as one
 job per node (a torchrun agent, one rank, CPU, gloo; buddy replicas every 3 steps in /dev/shm), the
 spare's agent a fourth job waiting in the rendezvous; the rendezvous store is hosted here. Each
 trial's job holds after step 10 (the replica of step 9 whole), then:
@@ -41,12 +41,12 @@ import torch  # noqa: E402
 from bench.failure_detection import FAULTCAST, Heard  # noqa: E402
 from faultcast.client.guard import Guard  # noqa: E402
 from faultcast.service.config import ServiceConfig  # noqa: E402
+from faultcast.service.rpc.validation import Limits  # noqa: E402
 from faultcast.service.server import Service  # noqa: E402
-from faultcast.service.validation import Limits  # noqa: E402
+from faultcast.testing.elastic_flow import Run, Shape, kill_tree, parent_of, reference, same, wait_until  # noqa: E402
+from faultcast.testing.slurm_cluster import SlurmCluster  # noqa: E402
+from faultcast.testing.twin_feed import QUIET, Feed  # noqa: E402
 from faultcast.v1 import alerts_pb2 as apb  # noqa: E402
-from tests.elastic_flow import Run, Shape, kill_tree, parent_of, reference, same, wait_until  # noqa: E402
-from tests.slurm_cluster import SlurmCluster  # noqa: E402
-from tests.twin_feed import QUIET, Feed  # noqa: E402
 
 NODES = ("fc-a", "fc-b", "fc-c")
 SPARE = "fc-spare"

@@ -42,7 +42,7 @@ for w in 901 902 903 904; do
   evaluated+=(--data "out/eval/t$w") calm+=(--false-alarm-data "out/eval/t$w-calm")
 done
 # bench/worlds.sh's booster; at 64 worlds half the plain negatives and two fifths of the hard ones
-# (thinned from rows cached at 0.02/0.25, model/rows_cache.py): 7.9 GiB instead of 17.2 GB, validation
+# (thinned from rows cached at 0.02/0.25, model/training/rows_cache.py): 7.9 GiB instead of 17.2 GB, validation
 # recall no lower (docs/benchmarks.md, run 6).
 chosen=(--negative-rate 0.01 --hard-negative-rate 0.1 --booster-param num_leaves=15
   --booster-param min_data_in_leaf=200 --booster-param lambda_l2=10 --booster-param feature_fraction=0.5)

@@ -7,7 +7,7 @@ Evaluate replays every GPU at every grid step through the feature engine, then s
 the model (`FaultModel.risk`), logistic regression and the rules (as `evaluate._Collector.flush`
 does), once on all inputs and once on dcgm-exporter's defaults. This times each part in CPU
 microseconds a GPU-step (time.process_time, the median of `--repeats`): the engine on random
-steady-state inputs at 128 nodes of 8 GPUs (tests/engine_inputs.py), the heads on real feature rows
+steady-state inputs at 128 nodes of 8 GPUs (testing/engine_inputs.py), the heads on real feature rows
 (a rows-cache file written by `faultcast train --rows-cache`; its positives are over-represented, so
 the mode head, which runs only on rows near an alert, is timed on all of them and reported apart).
 The floor is that work for `--gpu-days` at the model's cadence (the warm-up included), `--passes`
@@ -25,9 +25,9 @@ import numpy as np
 
 from bench.feature_path import cpu_seconds, engine_ms
 from faultcast.model.artifact import load
-from faultcast.model.evaluate import WARMUP_S
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.rules import RulesBaseline
+from faultcast.model.evaluation.evaluate import WARMUP_S
+from faultcast.model.evaluation.rules import RulesBaseline
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
 
 BOOSTER = "model risk (booster + calibration)"
 

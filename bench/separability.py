@@ -3,7 +3,7 @@
 For each dataset (and all of them pooled) and each mode that can carry a precursor: its failures with
 a precursor, how many peak above the loudest healthy window of their signal (no false alarm), and
 above the budget level (at most --budget episodes per 1,000 healthy unit-days); see
-faultcast.model.separability for the statistics and what the measure does not say.
+faultcast.model.evaluation.separability for the statistics and what the measure does not say.
     .venv/bin/python bench/separability.py --data out/scale/w201 --data out/eval/t901 [--json PATH]
 """
 
@@ -16,8 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from faultcast.model.dataset import open_dataset
-from faultcast.model.separability import (
+from faultcast.model.evaluation.separability import (
     DEFAULT_BUDGET,
     SIGNALS,
     ModeSeparability,
@@ -25,6 +24,7 @@ from faultcast.model.separability import (
     report_rows,
     separability,
 )
+from faultcast.model.features.offline import open_dataset
 
 
 def _number(x: float) -> str:

@@ -75,9 +75,9 @@ from faultcast.model.artifact import FaultModel
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import LATENCY_BUCKETS_S
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.scoring import ScoredStep
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import DEFAULT_START_UNIX_S, FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import telemetry_pb2 as tpb

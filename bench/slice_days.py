@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from faultcast.model.dataset import open_dataset, unix_seconds
+from faultcast.model.features.offline import open_dataset, unix_seconds
 
 
 def main() -> None:

@@ -22,10 +22,10 @@ from typing import TypeVar
 import numpy as np
 
 from faultcast.model.artifact import load
-from faultcast.model.dataset import open_dataset
-from faultcast.model.evaluate import LOGISTIC_FLOOR, MODE_FLOOR, WARMUP_S, score_period
+from faultcast.model.evaluation.evaluate import LOGISTIC_FLOOR, MODE_FLOOR, WARMUP_S, score_period
+from faultcast.model.evaluation.outcomes import ScoredPeriod, candidate_thresholds
+from faultcast.model.features.offline import open_dataset
 from faultcast.model.incidents import Incident, track
-from faultcast.model.outcomes import ScoredPeriod, candidate_thresholds
 from faultcast.modes import NODE_LEVEL_MODES
 
 T = TypeVar("T")

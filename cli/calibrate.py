@@ -1,5 +1,5 @@
 """`faultcast calibrate`: set the serving threshold from a fleet's own recent history, and say how far
-the fleet sits from what the model was trained on (faultcast.model.calibrate describes the method)."""
+the fleet sits from what the model was trained on (faultcast.model.training.calibrate describes the method)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from faultcast.cli.paths import create_parents, missing_file, missing_input, ref
 from faultcast.cli.types import Subcommands
 
 if TYPE_CHECKING:
-    from faultcast.model.visibility import Visibility
+    from faultcast.model.evaluation.visibility import Visibility
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -56,9 +56,9 @@ def _run(args: argparse.Namespace) -> int:
     """Calibrate, print the summary (or the JSON to stdout with --json -), apply when asked. Exit
     status: 0, or 2 when the model, the data or the history cannot be used."""
     from faultcast.model.artifact import ModelError
-    from faultcast.model.calibrate import CalibrationError, apply, calibrate, summary
-    from faultcast.model.dataset import DataError
+    from faultcast.model.features.offline import DataError
     from faultcast.model.threshold_file import ThresholdFileError
+    from faultcast.model.training.calibrate import CalibrationError, apply, calibrate, summary
 
     clash = _model_file(args.model, args.json)  # first: nothing of the model is ever at risk
     if clash:
@@ -106,10 +106,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _visibility(model: Path, data: Path) -> Visibility | None:
-    """What the model can see in the data (faultcast.model.visibility); None, with a line on stderr,
+    """What the model can see in the data (faultcast.model.evaluation.visibility); None, with a line on stderr,
     when the report cannot be made (the calibration stands without it)."""
     from faultcast.model.artifact import ModelError
-    from faultcast.model.visibility import of_data
+    from faultcast.model.evaluation.visibility import of_data
 
     try:
         return of_data(model, data)

@@ -22,7 +22,7 @@ from faultcast.cli.types import Subcommands, add_world_flags, duration, limit, s
 from faultcast.collector.agent import NodeCollector
 from faultcast.collector.exporter import SnapshotExporter, start_metrics_server
 from faultcast.collector.network import NetworkSource
-from faultcast.collector.nvml import DEFAULT_TIMEOUT_S, NvmlSource, NvmlUnavailable, nvml_available
+from faultcast.collector.nvml.source import DEFAULT_TIMEOUT_S, NvmlSource, NvmlUnavailable, nvml_available
 from faultcast.collector.probes import PeerProber, parse_peer
 from faultcast.collector.shipper import Shipper
 from faultcast.collector.source import Source
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # How far in the past a twin faster than real time starts by default: it must catch up with the wall
 # clock before stamping a sample ahead of it, and a default service refuses samples over 6 h old.
 DEFAULT_SIM_BACKFILL_S = 4 * 3600.0
-_SERVICE_MAX_AGE_S = 6 * 3600.0  # faultcast.service.validation.Limits.max_age_s
+_SERVICE_MAX_AGE_S = 6 * 3600.0  # faultcast.service.rpc.validation.Limits.max_age_s
 # One sample per model step: the service scores a 60 s grid and keeps each step's last sample, so
 # the scrapes in between travel as the step summary of that one sample (faultcast.step_summary).
 DEFAULT_SHIP_STEP_S = 60.0

@@ -1,5 +1,5 @@
 """`faultcast failures`: the failure log `import-prometheus --failures` reads, built from kernel-log Xid lines
-and Slurm's node events (faultcast.model.failure_log)."""
+and Slurm's node events (faultcast.model.importers.failure_log)."""
 
 from __future__ import annotations
 
@@ -109,9 +109,15 @@ def add_parser(commands: Subcommands) -> None:
 def _run(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-    from faultcast.model.failure_log import BuildOptions, build, describe, expand_hostlist, write_failures
-    from faultcast.model.kernel_log import GpuMap, KernelLogError, KernelLogSource
-    from faultcast.model.slurm_events import ReasonRules, SlurmEventError, SlurmQuery, parse_rule
+    from faultcast.model.importers.failure_log import (
+        BuildOptions,
+        build,
+        describe,
+        expand_hostlist,
+        write_failures,
+    )
+    from faultcast.model.importers.kernel_log import GpuMap, KernelLogError, KernelLogSource
+    from faultcast.model.importers.slurm_events import ReasonRules, SlurmEventError, SlurmQuery, parse_rule
 
     def fail(message: str) -> int:
         print(f"faultcast failures: {message}", file=sys.stderr)

@@ -330,7 +330,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     from faultcast.demo.model import ensure_model
     from faultcast.goodput.replay import model_digest
     from faultcast.model.artifact import ModelError, load
-    from faultcast.model.dataset import DataError
+    from faultcast.model.features.offline import DataError
     from faultcast.model.threshold_file import write
 
     try:
@@ -624,8 +624,8 @@ def _on_measured(
 def replayed(args: argparse.Namespace, model: FaultModel) -> Replay:
     """The model's replay: from the cache when its inputs are the same, else computed and cached."""
     from faultcast.goodput import replay as rp
-    from faultcast.model.dataset import open_dataset
-    from faultcast.model.evaluate import held_out_part
+    from faultcast.model.evaluation.evaluate import held_out_part
+    from faultcast.model.features.offline import open_dataset
 
     if args.replay_data is not None:
         data_dir = args.replay_data

@@ -108,8 +108,8 @@ def add_parsers(commands: Subcommands) -> None:
 
 def run_import(args: argparse.Namespace) -> int:
     """`faultcast import-prometheus`: a Prometheus export and a failure log to a data directory."""
-    from faultcast.model.dataset import DataError
-    from faultcast.model.importer import DEFAULT_NODE_LABELS, import_prometheus
+    from faultcast.model.features.offline import DataError
+    from faultcast.model.importers.prometheus import DEFAULT_NODE_LABELS, import_prometheus
 
     labels = (*args.node_label, *(label for label in DEFAULT_NODE_LABELS if label not in args.node_label))
     why = (
@@ -156,9 +156,9 @@ def run_import(args: argparse.Namespace) -> int:
 
 def _fetch(args: argparse.Namespace) -> Path:
     """`--url`: the server's series into the fetch folder (resumed when it holds part of this fetch)."""
-    from faultcast.model.dataset import DataError
-    from faultcast.model.importer import fetch_prometheus
-    from faultcast.model.prometheus_fetch import parse_time
+    from faultcast.model.features.offline import DataError
+    from faultcast.model.importers.fetch import parse_time
+    from faultcast.model.importers.prometheus import fetch_prometheus
 
     if args.interval is not None and args.interval != args.step:
         raise DataError("with --url the grid step is --step; --interval is for --export")
@@ -167,7 +167,7 @@ def _fetch(args: argparse.Namespace) -> Path:
     folder = args.fetch_dir if args.fetch_dir is not None else args.out / "prometheus-export"
     if folder.resolve() == args.out.resolve():
         raise DataError("--fetch-dir must not be --out: the answers go in a folder of their own")
-    from faultcast.model.prometheus_fetch import Client
+    from faultcast.model.importers.fetch import Client
 
     if args.attempts < 1:
         raise DataError(f"--attempts must be at least 1, got {args.attempts}")
@@ -245,8 +245,8 @@ def describe_import(out: Path, manifest: dict[str, Any]) -> str:
 def run_score(args: argparse.Namespace) -> int:
     """`faultcast score`: the alerts a model would have raised on a data directory."""
     from faultcast.model.artifact import ModelError
-    from faultcast.model.batch_alerts import render_table, score, summary, write_csv
-    from faultcast.model.dataset import DataError
+    from faultcast.model.evaluation.batch_alerts import render_table, score, summary, write_csv
+    from faultcast.model.features.offline import DataError
 
     why = missing_input([("--model", args.model), ("--data", args.data)]) or create_parents(
         [("--csv", args.csv)]
@@ -264,7 +264,7 @@ def run_score(args: argparse.Namespace) -> int:
     if alerts:
         print(render_table(alerts))
     print(summary(alerts))
-    from faultcast.model.visibility import of_data  # what the model could see in the data
+    from faultcast.model.evaluation.visibility import of_data  # what the model could see in the data
 
     print(of_data(args.model, args.data).render())
     if args.csv:

@@ -202,7 +202,7 @@ def _dask_client(address: str | None) -> Any:
 
 def _of_worlds(dataset: Any, world_ids: Sequence[str]) -> bool:
     """Whether the data was drawn from one of these worlds (its manifest's world id)."""
-    from faultcast.model.worlds import world_of
+    from faultcast.model.evaluation.worlds import world_of
 
     world = world_of(dataset.manifest)
     return world is not None and world.id in world_ids
@@ -257,8 +257,8 @@ def references_by_data(pairs: list[tuple[Path, Path]], data: list[Path]) -> dict
 
 def run_train(args: argparse.Namespace) -> int:
     """`faultcast train`: train on a data directory, write the model; returns the exit status."""
-    from faultcast.model.dataset import DataError, open_dataset
-    from faultcast.model.train import TrainConfig, train
+    from faultcast.model.features.offline import DataError, open_dataset
+    from faultcast.model.training.train import TrainConfig, train
 
     cache = Path(args.rows_cache) if args.rows_cache else None
     why = missing_input([("--data", path) for path in args.data]) or uncreatable(
@@ -335,10 +335,10 @@ def trained_summary(out: Path, card: ModelManifest) -> str:
 def run_evaluate(args: argparse.Namespace) -> int:
     """`faultcast evaluate`: the event-level evaluation on held-out data, as a table or JSON."""
     from faultcast.model.artifact import ModelError, load
-    from faultcast.model.dataset import DataError, Dataset, open_dataset
-    from faultcast.model.evaluate import Scored, evaluate, json_safe, pooled_report
-    from faultcast.model.outcomes import PredictionPeriods
-    from faultcast.model.score_jobs import score_datasets
+    from faultcast.model.evaluation.evaluate import Scored, evaluate, json_safe, pooled_report
+    from faultcast.model.evaluation.outcomes import PredictionPeriods
+    from faultcast.model.evaluation.score_jobs import score_datasets
+    from faultcast.model.features.offline import DataError, Dataset, open_dataset
 
     if not 0 <= args.warning_time < args.prediction_period:
         print(
@@ -348,7 +348,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.resamples < 1:
         print("faultcast evaluate: --resamples must be at least 1", file=sys.stderr)
         return 2
-    from faultcast.model.ceiling import CeilingError, check_reference, measure_ceiling, pooled_ceiling
+    from faultcast.model.evaluation.ceiling import (
+        CeilingError,
+        check_reference,
+        measure_ceiling,
+        pooled_ceiling,
+    )
 
     why = missing_input(
         [
@@ -374,7 +379,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     except (ModelError, DataError, ValueError) as exc:  # CeilingError is a ValueError
         print(f"faultcast evaluate: {exc}", file=sys.stderr)
         return 2
-    from faultcast.model.evaluate import WARMUP_S
+    from faultcast.model.evaluation.evaluate import WARMUP_S
 
     short = [d.path for d in (*datasets, *apart) if d.end_s - d.start_s <= WARMUP_S]
     if short:

@@ -16,14 +16,14 @@ from faultcast.cli.help_defaults import DefaultsShown
 from faultcast.cli.paths import create_parents, missing_input, uncreatable
 from faultcast.cli.tls_args import add_server_arguments, server_tls_options
 from faultcast.cli.types import Subcommands, duration, limit
-from faultcast.service.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
-from faultcast.service.auth import Role, digest
-from faultcast.service.validation import Limits
+from faultcast.service.remediation.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
+from faultcast.service.rpc.auth import Role, digest
+from faultcast.service.rpc.validation import Limits
 from faultcast.tls import TLSConfigError, server_tls
 
 if TYPE_CHECKING:  # the service's configuration loads the model package (LightGBM): only when serving
     from faultcast.service.config import ServiceConfig
-    from faultcast.service.spares import SpareProvider
+    from faultcast.service.remediation.spares.prescheduler import SpareProvider
 
 log = logging.getLogger(__name__)
 
@@ -221,11 +221,11 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
             raise SystemExit("--actuator webhook needs --webhook-url")
         return WebhookActuator(args.webhook_url)
     if args.actuator == "slurm":
-        from faultcast.service.slurm import SlurmActuator
+        from faultcast.service.remediation.slurm import SlurmActuator
 
         return SlurmActuator(scontrol=args.scontrol)
     if args.actuator == "kubernetes":
-        from faultcast.service.kubernetes import KubernetesActuator
+        from faultcast.service.remediation.kubernetes import KubernetesActuator
 
         return (
             KubernetesActuator.from_kubeconfig(args.kubeconfig)
@@ -235,7 +235,8 @@ def make_actuator(args: argparse.Namespace) -> Actuator:
     return NoopActuator()
 
 
-# After a hand-over the actuator ends the old job (service/spares.py): the ones that can, per spare.
+# After a hand-over the actuator ends the old job (service/remediation/spares/prescheduler.py):
+# the ones that can, per spare.
 _ENDS_THE_JOB = {
     "slurm": ("slurm", "webhook"),
     "kubernetes": ("kubernetes", "webhook"),
@@ -283,8 +284,8 @@ def _check_spare_flags(args: argparse.Namespace) -> None:
 
 
 def _slurm_spares(args: argparse.Namespace) -> SpareProvider:
-    from faultcast.service.slurm import SlurmCommands
-    from faultcast.service.slurm_spares import SlurmSpares
+    from faultcast.service.remediation.slurm import SlurmCommands
+    from faultcast.service.remediation.spares.slurm import SlurmSpares
 
     # sbatch and scancel beside the configured scontrol, as the Slurm actuator takes scancel.
     where = Path(args.scontrol).parent if os.sep in args.scontrol else None
@@ -297,7 +298,7 @@ def _slurm_spares(args: argparse.Namespace) -> SpareProvider:
 
 
 def _webhook_spares(args: argparse.Namespace) -> SpareProvider:
-    from faultcast.service.webhook_spares import WebhookSpares
+    from faultcast.service.remediation.spares.webhook import WebhookSpares
 
     url = args.spare_webhook_url or args.webhook_url
     if not url:
@@ -309,7 +310,7 @@ def _kubernetes_spares(args: argparse.Namespace) -> SpareProvider:
     try:
         from kubernetes.config import ConfigException
 
-        from faultcast.service.kubernetes_spares import KubernetesSpares
+        from faultcast.service.remediation.spares.kubernetes import KubernetesSpares
     except ImportError as exc:
         raise SystemExit(
             f"--spares kubernetes needs the Kubernetes client (faultcast[kubernetes]): {exc}"
@@ -365,10 +366,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from faultcast.model.artifact import ModelError
-    from faultcast.service.auth import AccessPolicy, TokenBook
     from faultcast.service.metrics import ServiceMetrics
+    from faultcast.service.rpc.auth import AccessPolicy, TokenBook
     from faultcast.service.server import Service
-    from faultcast.service.state_db import StateError
+    from faultcast.service.state.db import StateError
 
     metrics = ServiceMetrics()
     if args.no_prometheus and args.metrics_port_file:

@@ -3,7 +3,7 @@ alert's lead, which prepares everything and waits for the service's word.
 
 The scheduler starts the job's own command on the spare with FAULTCAST_STANDBY_FOR naming the job it
 stands by for and FAULTCAST_STANDBY_CLAIM holding the spare's claim, a secret the service issued with
-the spare that every AwaitHandOver carries (service/slurm_spares.py does so on Slurm).
+the spare that every AwaitHandOver carries (service/remediation/spares/slurm.py does so on Slurm).
 `Protection.resume()` then loads the newest whole snapshot (the periodic checkpoint: imports, model
 construction and most of the load are done before anything is asked of the old job) and waits on
 the service (AwaitHandOver): "go" names the snapshot the old job took on the alert, which it loads

@@ -1,7 +1,7 @@
 """Transport security for faultcast's gRPC endpoints: credentials from PEM files, and the settings
 that choose them, for the service and for its clients.
 
-Who a caller is (the service decides what it may do: faultcast.service.auth):
+Who a caller is (the service decides what it may do: faultcast.service.rpc.auth):
 - a bearer token (`authorization: Bearer TOKEN`, sent only over TLS), whose SHA-256 the
   service's tokens file maps to ROLE NAME (`faultcast token` makes one);
 - else the client certificate's SPIFFE ID (mTLS), a URI SAN `spiffe://TRUST-DOMAIN/ROLE/NAME`

@@ -8,8 +8,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from faultcast.model.dataset import open_dataset
-from faultcast.model.train import TrainConfig, train
+from faultcast.model.features.offline import open_dataset
+from faultcast.model.training.train import TrainConfig, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.writer import simulate
 

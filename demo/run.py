@@ -6,7 +6,7 @@ the past, so at 240x it never runs ahead of the wall clock); the service scores 
 (trained on a twin on first run) and streams alerts; a console subscriber plays the trainer: it
 prints each alert event (opened, updated, cleared) with what the twin does next, and acknowledges
 each snapshot-and-migrate alert once with SNAPSHOT_DONE, which makes the service drain the node (the
-no-op actuator logs it). It ends with a summary in `faultcast evaluate`'s words (model/outcomes.py):
+no-op actuator logs it). It ends with a summary in `faultcast evaluate`'s words (model/evaluation/outcomes.py):
 each failure caught (warned 5 min to 2 h ahead), late or missed; each alert true, late, premature
 or false; and the false alarms per 1,000 GPU-days.
 """
@@ -28,7 +28,7 @@ import grpc
 
 from faultcast.alert_text import alert_summary
 from faultcast.demo.settings import DemoSettings
-from faultcast.model.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
+from faultcast.model.evaluation.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
 from faultcast.modes import FailureMode
 from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.sim.schedule import Scenario
@@ -193,7 +193,7 @@ def _where(f: Scenario) -> str:
 
 def _credited(alert: apb.Alert, f: Scenario) -> bool:
     """Whether failure `f` is where the alert's evidence pointed: its GPU, or its node for a
-    node-level alert and a node-level failure (the rule of model/outcomes.py)."""
+    node-level alert and a node-level failure (the rule of model/evaluation/outcomes.py)."""
     return alert.node == node_name(f.node) and alert.gpu == (-1 if f.gpu is None else f.gpu)
 
 

@@ -28,12 +28,12 @@ import numpy as np
 
 from faultcast.goodput.process import AlertSample
 from faultcast.model.artifact import FaultModel
-from faultcast.model.dataset import Dataset, FailureLog
-from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import (
+from faultcast.model.evaluation.outcomes import (
     ScoredPeriod,
     incidents,
 )
+from faultcast.model.features.offline import Dataset, FailureLog
+from faultcast.model.incidents import AlertPolicy
 from faultcast.modes import NODE_LEVEL_MODES
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def replay(
     source: dict[str, object],
 ) -> Replay:
     """Score `nodes` of `dataset` from `start_s` with the model and sweep the thresholds."""
-    from faultcast.model.evaluate import score_period
+    from faultcast.model.evaluation.evaluate import score_period
 
     period = score_period(dataset, model, nodes, start_s, dataset.end_s)
     trained = trained_threshold(model)

@@ -21,7 +21,7 @@ import numpy as np
 from faultcast import __version__
 from faultcast.catalogue import CATALOGUE_VERSION, SCHEMA_HASH
 from faultcast.model import threshold_file
-from faultcast.model.features import FeatureConfig, FeatureEngine
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.manifest import (
     FORMAT,
@@ -78,7 +78,7 @@ class Logistic:
             np.clip(x, -20, 20, out=x)
             # Each row's own sum, not a matrix product: BLAS blocks a product by the batch's size, so
             # a row's score moved in the last bits with the rows beside it; this one depends on the row
-            # alone (a scoring split over processes is then the same scoring: model/score_jobs.py).
+            # alone (a scoring split over processes is then the same scoring: model/evaluation/score_jobs.py).
             z[lo:hi] = np.multiply(x, self.coef, out=x).sum(axis=1)
         z += self.intercept
         return np.asarray(np.clip(z, -50, 50))

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn, TypeGuard
 
-from faultcast.model.features import FeatureConfig
+from faultcast.model.evaluation.outcomes import PredictionPeriods
+from faultcast.model.features.engine import FeatureConfig
 from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import PredictionPeriods
 from faultcast.schemas import current_data_manifest
 
 FORMAT = "faultcast-model/1"

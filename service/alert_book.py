@@ -54,8 +54,8 @@ from faultcast.service.failure_events import TrainerReport, failure_event
 from faultcast.service.metrics import ALERT_TIERS, ServiceMetrics
 from faultcast.service.model_info import model_info
 from faultcast.service.scoring import ScoredStep, model_version
-from faultcast.service.state import StateStore
-from faultcast.service.state_db import StateWriteError
+from faultcast.service.state.db import StateWriteError
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from faultcast.model.alert_content import ActionPolicy
-from faultcast.service.actuators import CircuitBreaker, RetryPolicy
-from faultcast.service.limits import CallerLimits
-from faultcast.service.validation import Limits
+from faultcast.service.remediation.actuators import CircuitBreaker, RetryPolicy
+from faultcast.service.rpc.limits import CallerLimits
+from faultcast.service.rpc.validation import Limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,7 @@ class ServiceConfig:
     # Which samples are taken (clock skew, age, the fleet's inventory); gpus_per_node is the
     # model's, whatever is given here.
     limits: Limits = field(default_factory=Limits)
-    # Grid steps a node's samples may arrive late and still be placed (faultcast.model.online).
+    # Grid steps a node's samples may arrive late and still be placed (faultcast.model.features.online).
     lateness_steps: int = 1
     # Remediate this long after a snapshot-and-migrate alert without SNAPSHOT_DONE.
     grace_s: float = 300.0

@@ -1,5 +1,5 @@
 """Feature drift over time, in the service: how far the fleet's feature rows sit from the model's
-training rows (faultcast.model.drift), exported per feature group as
+training rows (faultcast.model.evaluation.drift), exported per feature group as
 `faultcast_feature_drift_psi{group}`, with `faultcast_calibration_timestamp_seconds` (when
 `faultcast calibrate --apply` chose the threshold that serves; 0 when it did not).
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import Gauge
 
-from faultcast.model import drift
 from faultcast.model.artifact import FaultModel
-from faultcast.model.calibrate import read_basis
+from faultcast.model.evaluation import drift
+from faultcast.model.training.calibrate import read_basis
 from faultcast.service.scoring import ScoredStep
 
 log = logging.getLogger(__name__)

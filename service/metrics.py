@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from faultcast.failure_signs import Evidence
-from faultcast.model.input_groups import GROUPS as VISIBILITY_GROUPS
+from faultcast.model.features.groups import GROUPS as VISIBILITY_GROUPS
 from faultcast.modes import FailureMode
 
 # Scoring latency: from a sample's arrival to its GPUs' risks being known (tens of ms expected).
@@ -17,14 +17,14 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 # increase() miss that first event. tests/test_metric_labels.py scans the service's source for the
 # values it passes and fails on one missing here.
 REJECT_REASONS: tuple[str, ...] = (
-    # the stream (service/telemetry.py)
+    # the stream (service/rpc/telemetry.py)
     "no_hello",
     "schema_mismatch",
     "repeated_hello",
     "no_sequence",
     "wrong_node",
     "malformed",
-    # the sample (service/validation.py)
+    # the sample (service/rpc/validation.py)
     "bad_node_name",
     "unknown_node",
     "future_timestamp",
@@ -82,7 +82,7 @@ STATE_WRITES: tuple[str, ...] = (
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
 ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
-# What happens to a pre-scheduled spare (service/spares.py).
+# What happens to a pre-scheduled spare (service/remediation/spares/prescheduler.py).
 SPARE_EVENTS: tuple[str, ...] = ("asked", "ready", "handed_over", "released", "failed")
 
 
@@ -214,8 +214,8 @@ class ServiceMetrics:
             ["actuator", "outcome"],
             registry=r,
         )
-        # Pre-scheduled spares (service/spares.py). No provider label (one per service, like the
-        # actuator's); every event at 0 from the start, so a service without spares shows zeros.
+        # Pre-scheduled spares (service/remediation/spares/prescheduler.py). No provider label (one per
+        # service, like the actuator's); every event at 0 from the start, so a service without spares shows zeros.
         self.spares = Counter(
             "faultcast_spares",
             "Spares readied during alerts, by event (asked, ready, handed_over, released, failed).",

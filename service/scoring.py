@@ -23,10 +23,10 @@ import numpy as np
 
 from faultcast.model.alert_content import median_ttf_s
 from faultcast.model.artifact import FaultModel
-from faultcast.model.online import MAX_EMPTY_STEPS, LateSample, OnlineFeatures
+from faultcast.model.features.online import MAX_EMPTY_STEPS, LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
-from faultcast.service.state_cursors import SPOOLS_PER_NODE
-from faultcast.service.validation import SampleRejected
+from faultcast.service.rpc.validation import SampleRejected
+from faultcast.service.state.cursors import SPOOLS_PER_NODE
 
 log = logging.getLogger(__name__)
 

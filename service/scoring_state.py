@@ -6,7 +6,7 @@ A node's state is its features (the windows, baselines, and the step being fille
 alerts with their shown mode and band: the alert book's `BookNodeState`). The service saves a node's
 state when its alerts change (right after the events are stored), every `checkpoint_steps` scored
 steps, when it falls silent, and at a clean stop; the samples it takes in between are in the sample
-journal (service/sample_journal.py). At start, each node's state is taken back and its journalled
+journal (service/state/sample_journal.py). At start, each node's state is taken back and its journalled
 samples after it replayed: the node goes on exactly where it was.
 
 A saved state is taken back only under what it was computed with: the features' signature (names
@@ -49,17 +49,17 @@ _STATE_CLASSES = frozenset(
         ("faultcast.readings", "GpuReading"),
         ("faultcast.readings", "NodeSnapshot"),
         ("faultcast.step_summary", "StepSummary"),
-        ("faultcast.model.features", "FeatureConfig"),
-        ("faultcast.model.features", "FeatureEngine"),
-        ("faultcast.model.features", "_Rates"),
-        ("faultcast.model.feature_inputs", "InputConditioner"),
-        ("faultcast.model.feature_relative", "OwnBaseline"),
-        ("faultcast.model.feature_relative", "RateBaseline"),
-        ("faultcast.model.feature_steps", "StepFeatures"),
-        ("faultcast.model.online", "OnlineFeatures"),
-        ("faultcast.model.online", "_StepSummaries"),
-        ("faultcast.model.windows", "Ring"),
-        ("faultcast.model.windows", "Windowed"),
+        ("faultcast.model.features.engine", "FeatureConfig"),
+        ("faultcast.model.features.engine", "FeatureEngine"),
+        ("faultcast.model.features.engine", "_Rates"),
+        ("faultcast.model.features.inputs", "InputConditioner"),
+        ("faultcast.model.features.relative", "OwnBaseline"),
+        ("faultcast.model.features.relative", "RateBaseline"),
+        ("faultcast.model.features.steps", "StepFeatures"),
+        ("faultcast.model.features.online", "OnlineFeatures"),
+        ("faultcast.model.features.online", "_StepSummaries"),
+        ("faultcast.model.features.windows", "Ring"),
+        ("faultcast.model.features.windows", "Windowed"),
         ("faultcast.service.scoring", "NodeScoringState"),
         ("faultcast.service.scoring", "ScoredStep"),
         ("faultcast.service.alert_book", "BookNodeState"),

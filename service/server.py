@@ -27,19 +27,21 @@ from grpc_health.v1 import health_pb2
 from faultcast.failure_signs import FailureSign
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
-from faultcast.service.actuators import Actuator, NoopActuator
 from faultcast.service.alert_book import AlertBook, BookNodeState
-from faultcast.service.api import AdminServicer, AlertsServicer
-from faultcast.service.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.config import ServiceConfig
 from faultcast.service.drift_monitor import DriftMonitor
 from faultcast.service.failure_events import TrainerReport
 from faultcast.service.failure_watch import FailureWatch
-from faultcast.service.health import ALL, Health
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.reflection import enable_reflection
-from faultcast.service.remediator import Remediator
-from faultcast.service.sample_journal import SampleJournal
+from faultcast.service.remediation.actuators import Actuator, NoopActuator
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareProvider
+from faultcast.service.rpc.api import AdminServicer, AlertsServicer
+from faultcast.service.rpc.auth import AccessPolicy, AuthInterceptor
+from faultcast.service.rpc.health import ALL, Health
+from faultcast.service.rpc.reflection import enable_reflection
+from faultcast.service.rpc.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
+from faultcast.service.rpc.validation import SampleRejected
 from faultcast.service.scoring import Scorer, model_version
 from faultcast.service.scoring_state import (
     NodeState,
@@ -49,13 +51,11 @@ from faultcast.service.scoring_state import (
     encode,
     features_signature,
 )
-from faultcast.service.spares import Prescheduler, SpareProvider
-from faultcast.service.state import StateStore
-from faultcast.service.state_db import StateWriteError
-from faultcast.service.state_scoring import SavedState
+from faultcast.service.state.db import StateWriteError
+from faultcast.service.state.sample_journal import SampleJournal
+from faultcast.service.state.scoring import SavedState
+from faultcast.service.state.store import StateStore
 from faultcast.service.supervise import start_supervised
-from faultcast.service.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
-from faultcast.service.validation import SampleRejected
 from faultcast.service.visibility_monitor import VisibilityMonitor
 from faultcast.tls import ServerTLS
 from faultcast.v1 import alerts_pb2 as apb
@@ -100,9 +100,9 @@ class Service:
         """`model` was loaded from `model_dir` (a reload without a path reads it again); the
         service owns `store` from now on (`stop` closes it). `journal_dir`: where taken samples are
         journalled (default: `journal/` beside the state database). `policy`: who may call what
-        (faultcast.service.auth); None serves everyone as admin, which `start` permits only without
+        (faultcast.service.rpc.auth); None serves everyone as admin, which `start` permits only without
         TLS and says so in the log. `spares`: where replacements are readied during an alert
-        (service/spares.py; None: the job is requeued after its snapshot, as without)."""
+        (service/remediation/spares/prescheduler.py; None: the job is requeued after its snapshot, as without)."""
         self.config = config
         self.model_dir = model_dir  # where the model serving now came from
         self.started_from = model_dir  # what a reload without a path reads again
@@ -110,7 +110,7 @@ class Service:
         self.policy = policy or AccessPolicy(insecure=True, metrics=self.metrics)
         self.caller_limits = config.caller_limits
         self._warn_if_blind(model)
-        # What health checks answer; `health.set_serving(...)` from any thread (service/health.py).
+        # What health checks answer; `health.set_serving(...)` from any thread (service/rpc/health.py).
         self.health = Health(
             SERVICE_NAMES, limits=self.caller_limits, policy=self.policy, on_throttle=self._throttled
         )

@@ -1,5 +1,5 @@
 """What the serving model can see of the samples it receives: per feature group
-(faultcast.model.visibility), the share of the group's features whose inputs arrive non-missing,
+(faultcast.model.evaluation.visibility), the share of the group's features whose inputs arrive non-missing,
 exported as `faultcast_model_feature_group_visible{group}`: 1 the group sees, 0 it is blind (every
 group starts at 0, before any sample). `faultcast calibrate` and `faultcast score` print the same
 groups for a data directory, with the exporter lines that would add what is missing.
@@ -27,8 +27,8 @@ from prometheus_client import Gauge
 
 from faultcast.catalogue import Scope, by_name, index_of
 from faultcast.model.artifact import FaultModel
-from faultcast.model.input_groups import input_group
-from faultcast.model.visibility import FeatureMap
+from faultcast.model.evaluation.visibility import FeatureMap
+from faultcast.model.features.groups import input_group
 from faultcast.readings import NodeSnapshot
 from faultcast.step_summary import MIN_SCRAPES, SCRAPES_COLUMN
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import grpc
 
-from faultcast.service.telemetry import AsyncTelemetryServicer
+from faultcast.service.rpc.telemetry import AsyncTelemetryServicer
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
 
 STOP_WAIT_S = 30.0  # for the loop's thread to end once the server stopped

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import AddressInUseError, require_binary, start_on_free_ports
+from faultcast.testing.system import AddressInUseError, require_binary, start_on_free_ports
 
 START_TIMEOUT_S = 60.0
 

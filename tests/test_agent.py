@@ -7,11 +7,11 @@ import numpy as np
 
 from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
-from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
 from faultcast.collector.spool import Spool
 from faultcast.readings import Reading, unpack
 from faultcast.sim.realtime import SimulatedSource
+from faultcast.testing.fake_nvml import FakeNvml
 
 
 class BrokenSource:

@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from faultcast.service.actuators import NoopActuator
-from faultcast.service.api import HEAD_ID_KEY
 from faultcast.service.config import ServiceConfig
 from faultcast.service.model_info import model_info
+from faultcast.service.remediation.actuators import NoopActuator
+from faultcast.service.rpc.api import HEAD_ID_KEY
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.v1 import alerts_pb2 as apb

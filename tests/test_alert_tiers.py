@@ -18,7 +18,7 @@ from faultcast.model.threshold_file import ThresholdFileError, write
 from faultcast.service.alert_book import AlertBook
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.scoring import ScoredStep
-from faultcast.service.state import StateStore
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
 

@@ -26,11 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.cli.app import main
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.model import calibrate as cal
-from faultcast.model import train as train_module
 from faultcast.model.artifact import FaultModel, load
-from faultcast.model.dataset import Dataset, Step, open_dataset, replay
-from faultcast.model.drift import (
+from faultcast.model.evaluation.drift import (
     GROUPS,
     DriftReferenceError,
     build_reference,
@@ -39,12 +36,15 @@ from faultcast.model.drift import (
     psi_by_group,
     save_reference,
 )
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.outcomes import ScoredPeriod
-from faultcast.model.recall_curve import RecallCurveError, read_curve, write_curve
+from faultcast.model.evaluation.outcomes import ScoredPeriod
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import Dataset, Step, open_dataset, replay
+from faultcast.model.training import calibrate as cal
+from faultcast.model.training import train as train_module
+from faultcast.model.training.recall_curve import RecallCurveError, read_curve, write_curve
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.independent import IndependentConfig, generate
 from faultcast.sim.live import TwinSource

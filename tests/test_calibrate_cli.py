@@ -59,7 +59,7 @@ def test_a_fleet_of_four_gpu_nodes_calibrates_a_model_trained_on_eight(
 ) -> None:
     """The history's node size is the data's: a model trained on 8-GPU nodes calibrates on 4-GPU
     ones (it failed reshaping the scores to the model's node size)."""
-    from faultcast.model.calibrate import calibrate
+    from faultcast.model.training.calibrate import calibrate
     from faultcast.sim.config import FleetConfig
     from faultcast.sim.writer import simulate
 

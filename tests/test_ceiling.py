@@ -14,12 +14,12 @@ import pytest
 
 from faultcast.cli.app import main
 from faultcast.model.artifact import FaultModel
-from faultcast.model.ceiling import CeilingError, by_mode, check_reference
-from faultcast.model.dataset import open_dataset
-from faultcast.model.evaluate import DCGM_DEFAULT_MISSING, held_out_part, score_period
-from faultcast.model.outcomes import ModeTally
-from faultcast.model.score_jobs import ScoreJob, score_all, split
-from faultcast.model.train import TrainConfig, train
+from faultcast.model.evaluation.ceiling import CeilingError, by_mode, check_reference
+from faultcast.model.evaluation.evaluate import DCGM_DEFAULT_MISSING, held_out_part, score_period
+from faultcast.model.evaluation.outcomes import ModeTally
+from faultcast.model.evaluation.score_jobs import ScoreJob, score_all, split
+from faultcast.model.features.offline import open_dataset
+from faultcast.model.training.train import TrainConfig, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.independent import IndependentConfig, generate
 from faultcast.sim.world import World

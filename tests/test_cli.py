@@ -10,10 +10,10 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import Scope, metrics_for
-from faultcast.collector.nvml import nvml_available
+from faultcast.collector.nvml.source import nvml_available
 from faultcast.collector.spool import Spool
 from faultcast.readings import NodeSnapshot
-from faultcast.service.telemetry import TelemetryServicer, create_server
+from faultcast.service.rpc.telemetry import TelemetryServicer, create_server
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))
 

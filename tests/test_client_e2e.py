@@ -3,7 +3,7 @@ real local Slurm cluster, is warned by a real faultcast service, snapshots throu
 torch.distributed.checkpoint, is drained off its node and requeued by the service, resumes on
 another node, and ends with parameters bit-identical to an uninterrupted run.
 
-The job (tests/fixtures/guarded_job.py) holds after step HOLD_AT in its first run until its guard
+The job (testing/jobs/guarded_job.py) holds after step HOLD_AT in its first run until its guard
 has the snapshot request (or has lost the service), so the test drives the service at a known point
 of training instead of racing it.
 """
@@ -24,18 +24,18 @@ import torch
 from faultcast.client.snapshots import SnapshotStore
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.slurm import SlurmActuator
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.slurm import SlurmActuator
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
+from faultcast.testing.handover_flow import Job, JobShape, torchrun  # shared with the hand-over tests
+from faultcast.testing.jobs.guarded_job import STUCK_MARK
+from faultcast.testing.slurm_cluster import SlurmCluster, running_cluster
+from faultcast.testing.system import require_binary
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
-from tests.conftest import require_binary
-from tests.fixtures.guarded_job import STUCK_MARK
-from tests.handover_flow import Job, JobShape, torchrun  # shared with the hand-over tests
-from tests.slurm_cluster import SlurmCluster, running_cluster
 
 STEPS, HOLD_AT, AGREE_EVERY = 120, 32, 5
 NEXT_AGREEMENT = 35  # the first agreement step after the hold: the snapshot step

@@ -6,7 +6,7 @@
 - One process (no torch.distributed): Protection and TrainState resume a model, AdamW, StepLR, the
   sampler's position and Python's, NumPy's and torch's generators so that the result is bit-identical;
   the sampler alone resumes mid-epoch and refuses a position outside the epoch.
-- Two ranks (tests/fixtures/guarded_job.py): a job killed mid-run resumes from its newest whole
+- Two ranks (testing/jobs/guarded_job.py): a job killed mid-run resumes from its newest whole
   checkpoint, or from the one before when the newest is half-written, and ends bit-identical to a run
   that was never interrupted.
 - Agreement (tests/fixtures/agreement_job.py): one rank's vote reaches every rank at that step only.
@@ -42,6 +42,7 @@ from tests.torch_parts import global_rng_kept
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+GUARDED_JOB = ROOT / "testing" / "jobs" / "guarded_job.py"  # absolute: FIXTURES / it is itself
 LAUNCH_TIMEOUT_S = 120.0
 # guarded_job.py's default length, and the checkpoint cadence and crash step these tests give it.
 JOB_STEPS, CHECKPOINT_EVERY, CRASH_AT = 120, 10, 57
@@ -499,7 +500,7 @@ def _start_guarded(base: Path, snapshots: Path | None = None, *extra: str) -> _G
         str(CHECKPOINT_EVERY),
         *extra,
     ]
-    return _GuardedRun(out, snapshots, _Launch("guarded_job.py", base / "torchrun.log", *args))
+    return _GuardedRun(out, snapshots, _Launch(str(GUARDED_JOB), base / "torchrun.log", *args))
 
 
 @pytest.fixture(scope="module")

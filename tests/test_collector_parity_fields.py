@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.collector.exporter import SnapshotExporter, gpu_labels
-from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
 from faultcast.dcgm import PARITY, PARITY_INDEX, Vocabulary, parity_name, readable_names
 from faultcast.readings import GpuReading, NodeSnapshot, pack
+from faultcast.testing.fake_nvml import FakeNvml
 
 N = pynvml
 GPM_FIELDS = {
@@ -292,7 +292,7 @@ def test_readings_without_parity_values_export_none_of_them(source: NvmlSource) 
 
 
 def test_the_importer_leaves_parity_fields_out_and_says_why() -> None:
-    from faultcast.model.import_names import why_unknown
+    from faultcast.model.importers.names import why_unknown
 
     readable = readable_names()
     for field in PARITY:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_binary
+from faultcast.testing.system import require_binary
 from tests.prometheus_api import api, running_prometheus, until
 from tests.test_dcgm_parity import DCGM_EXPORTER_TYPES
 from tests.test_dcgm_parity import DEFAULT_COUNTERS as DEFAULT_ROWS

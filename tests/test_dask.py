@@ -11,11 +11,11 @@ import pytest
 from sklearn.metrics import average_precision_score
 
 from faultcast.model.artifact import load
-from faultcast.model.dataset import open_dataset
-from faultcast.model.distributed import fit_on_dask
-from faultcast.model.features import FeatureConfig
-from faultcast.model.train import TrainConfig, _world_rows, train
-from faultcast.model.world_pass import map_worlds
+from faultcast.model.evaluation.world_pass import map_worlds
+from faultcast.model.features.engine import FeatureConfig
+from faultcast.model.features.offline import open_dataset
+from faultcast.model.training.distributed import fit_on_dask
+from faultcast.model.training.train import TrainConfig, _world_rows, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.writer import simulate
 

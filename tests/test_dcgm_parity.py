@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import Scope, metrics_for
 from faultcast.collector.exporter import SnapshotExporter, gpu_labels, start_metrics_server
-from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
 from faultcast.dcgm import PARITY, Vocabulary, names
 from faultcast.readings import NodeSnapshot
-from tests.conftest import require_binary
+from faultcast.testing.fake_nvml import FakeNvml
+from faultcast.testing.system import require_binary
 from tests.prometheus_api import api, running_prometheus, until
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))

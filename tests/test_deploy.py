@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.catalogue import METRICS
 from faultcast.service.metrics import EXPORTED_NAMES, REJECT_REASONS, ServiceMetrics
-from tests.conftest import require_binary
+from faultcast.testing.system import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "faultcast-rules.yml"

@@ -52,7 +52,7 @@ def test_the_readme_five_line_integration_runs_and_survives_an_absent_service(tm
 def test_the_default_counters_table_says_what_the_collector_exports_and_the_model_reads() -> None:
     """docs/metrics.md's table of dcgm-exporter's default counters, row by row, against the code."""
     from faultcast.dcgm import PARITY, Vocabulary, names
-    from faultcast.model.features import GPU_INPUTS
+    from faultcast.model.features.engine import GPU_INPUTS
     from tests.test_dcgm_parity import DCGM_EXPORTER_TYPES, DEFAULT_COUNTERS, NOT_EXPORTED
 
     page = (ROOT / "docs" / "metrics.md").read_text()

@@ -12,11 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from faultcast.model.dataset import DataError, Failure, FailureLog, open_dataset
-from faultcast.model.evaluate import PRECURSOR_UNKNOWN, json_safe, report_notes
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.incidents import AlertPolicy
-from faultcast.model.intervals import (
+from faultcast.model.evaluation.evaluate import PRECURSOR_UNKNOWN, json_safe, report_notes
+from faultcast.model.evaluation.intervals import (
     FIGURES,
     NodeTallies,
     bootstrap,
@@ -25,8 +22,8 @@ from faultcast.model.intervals import (
     weighted_figures,
     zero_events_upper_95,
 )
-from faultcast.model.matching import MARGIN, matched_scale, matched_threshold, rules_setting
-from faultcast.model.outcomes import (
+from faultcast.model.evaluation.matching import MARGIN, matched_scale, matched_threshold, rules_setting
+from faultcast.model.evaluation.outcomes import (
     PredictionPeriods,
     ScoredPeriod,
     event_metrics,
@@ -35,8 +32,11 @@ from faultcast.model.outcomes import (
     metrics_of,
     node_tallies,
 )
-from faultcast.model.rules import RULES, ZERO_RULE_FLOOR, RulesBaseline
-from faultcast.model.worlds import check_world
+from faultcast.model.evaluation.rules import RULES, ZERO_RULE_FLOOR, RulesBaseline
+from faultcast.model.evaluation.worlds import check_world
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import DataError, Failure, FailureLog, open_dataset
+from faultcast.model.incidents import AlertPolicy
 from faultcast.modes import NODE_LEVEL_MODES
 
 PERIODS = PredictionPeriods()

@@ -21,13 +21,13 @@ import pytest
 from faultcast import wire
 from faultcast.client.guard import Guard
 from faultcast.collector.agent import NodeCollector
-from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
 from faultcast.collector.shipper import Shipper
 from faultcast.collector.spool import Spool
-from faultcast.service.actuators import NoopActuator
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.actuators import NoopActuator
 from faultcast.service.server import Service
+from faultcast.testing.fake_nvml import FakeNvml
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc

@@ -12,8 +12,7 @@ import pytest
 
 from faultcast.catalogue import Scope
 from faultcast.collector.agent import NodeCollector
-from faultcast.collector.fake_nvml import FakeNvml
-from faultcast.collector.nvml import NvmlSource
+from faultcast.collector.nvml.source import NvmlSource
 from faultcast.collector.spool import Spool
 from faultcast.failure_signs import FATAL_XIDS, Evidence, FailureSign, failure_signs
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot, pack
@@ -22,6 +21,7 @@ from faultcast.service.failure_watch import FailureWatch
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.node import NodeTwin
+from faultcast.testing.fake_nvml import FakeNvml
 from faultcast.v1 import alerts_pb2 as apb
 
 HEALTHY = {

@@ -17,16 +17,22 @@ import pytest
 
 from faultcast import cli
 from faultcast.catalogue import TRACKED_XIDS
-from faultcast.model.dataset import open_dataset
-from faultcast.model.failure_log import BuildOptions, FailureBook, build, expand_hostlist, write_failures
-from faultcast.model.kernel_log import (
+from faultcast.model.features.offline import open_dataset
+from faultcast.model.importers.failure_log import (
+    BuildOptions,
+    FailureBook,
+    build,
+    expand_hostlist,
+    write_failures,
+)
+from faultcast.model.importers.kernel_log import (
     GpuMap,
     KernelLogError,
     KernelLogSource,
     KernelLogStats,
     read_kernel_log,
 )
-from faultcast.model.slurm_events import (
+from faultcast.model.importers.slurm_events import (
     ReasonRules,
     SlurmEventError,
     Verdict,
@@ -35,8 +41,8 @@ from faultcast.model.slurm_events import (
 )
 from faultcast.modes import FailureMode
 from faultcast.schemas import FAILURE_FIELDS
+from faultcast.testing.slurm_cluster import SlurmCluster, running_cluster
 from faultcast.xid_catalogue import CATALOGUE, XidKind, lookup
-from tests.slurm_cluster import SlurmCluster, running_cluster
 
 UTC = ZoneInfo("UTC")
 T0 = dt.datetime(2024, 3, 4, 10, 11, 12, tzinfo=dt.UTC).timestamp()
@@ -182,8 +188,8 @@ _PEAK_RSS = """
 import resource, sys
 from pathlib import Path
 from zoneinfo import ZoneInfo
-from faultcast.model.failure_log import BuildOptions, build
-from faultcast.model.kernel_log import KernelLogSource
+from faultcast.model.importers.failure_log import BuildOptions, build
+from faultcast.model.importers.kernel_log import KernelLogSource
 failures, report = build(BuildOptions(kernel_logs=[KernelLogSource(Path(sys.argv[1]), "n", ZoneInfo("UTC"))]))
 print(report.kernel.lines, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model.dataset import Step, open_dataset, replay
-from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
-from faultcast.model.online import LateSample, OnlineFeatures
+from faultcast.model.features.engine import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import Step, open_dataset, replay
+from faultcast.model.features.online import LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource

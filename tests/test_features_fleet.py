@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.features.engine import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
 
 _COL = {name: i for i, name in enumerate(GPU_INPUTS)}
 

@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from faultcast.model.dataset import Failure, FailureLog, Labels, _str_codes
-from faultcast.model.feature_relative import node_mean, node_median
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.windows import Windowed
-from tests.engine_inputs import engine_steps
-from tests.reference_features import features as reference
-from tests.reference_features import windows as reference_windows
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import Failure, FailureLog, Labels, _str_codes
+from faultcast.model.features.relative import node_mean, node_median
+from faultcast.model.features.windows import Windowed
+from faultcast.testing.engine_inputs import engine_steps
+from faultcast.testing.reference_features import features as reference
+from faultcast.testing.reference_features import windows as reference_windows
 
 CONFIGS = [
     (FeatureConfig(frozen_s=600.0), 6, 8),

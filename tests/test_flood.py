@@ -20,13 +20,13 @@ import pytest
 from faultcast import wire
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
-from faultcast.service.auth import AccessPolicy, TokenBook, digest
 from faultcast.service.config import ServiceConfig
-from faultcast.service.limits import CallerLimits, TokenBucket
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.rpc.auth import AccessPolicy, TokenBook, digest
+from faultcast.service.rpc.limits import CallerLimits, TokenBucket
+from faultcast.service.rpc.telemetry import AsyncTelemetryServicer, TelemetryServicer
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.telemetry import AsyncTelemetryServicer, TelemetryServicer
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.tls import ServerTLS, channel_credentials

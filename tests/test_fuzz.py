@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultcast.catalogue import Kind, Scope, metrics_for
-from faultcast.model.features import FeatureConfig
-from faultcast.model.online import LateSample, OnlineFeatures
+from faultcast.model.features.engine import FeatureConfig
+from faultcast.model.features.online import LateSample, OnlineFeatures
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot
-from faultcast.service.validation import MAX_MAGNITUDE, Limits, SampleRejected, check
+from faultcast.service.rpc.validation import MAX_MAGNITUDE, Limits, SampleRejected, check
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.wire import WireError, from_proto, to_proto
 

@@ -41,11 +41,11 @@ from faultcast.goodput.process import (
 )
 from faultcast.goodput.replay import model_digest, samples_at
 from faultcast.model.artifact import ModelError, load
-from faultcast.model.dataset import Failure as LoggedFailure
-from faultcast.model.dataset import FailureLog
+from faultcast.model.evaluation.outcomes import Outcome as Verdict
+from faultcast.model.evaluation.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
+from faultcast.model.features.offline import Failure as LoggedFailure
+from faultcast.model.features.offline import FailureLog
 from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import Outcome as Verdict
-from faultcast.model.outcomes import PredictionPeriods, ScoredPeriod, incidents, judge
 from faultcast.model.threshold_file import write as write_threshold
 from faultcast.modes import NODE_LEVEL_MODES, FailureMode
 from faultcast.service.server import Service

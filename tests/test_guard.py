@@ -11,16 +11,16 @@ import pytest
 
 from faultcast.client import Guard
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.actuators import NoopActuator
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.actuators import NoopActuator
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
+from faultcast.testing.system import refused_port
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import refused_port
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
 NODE, GPU, FAIL_S = 2, 3, 10 * 3600.0

@@ -2,12 +2,12 @@
 the job hands over at its snapshot.
 
 The first alert on the job's node (snapshot only) makes the service submit a standby copy of the job
-(service/slurm_spares.py) away from that node; the standby loads the newest periodic checkpoint and
+(service/remediation/spares/slurm.py) away from that node; the standby loads the newest periodic checkpoint and
 waits on the service. When the alert asks to migrate, the job snapshots and acknowledges, the standby
 is told to go on from that snapshot, the node is drained and the old job cancelled: the job finishes
 on the spare with parameters bit-identical to an uninterrupted run, one step at most redone. A false
 alarm releases the spare (the standby exits, status 75) and the job trains on where it was.
-tests/handover_flow.py drives both; bench/migration.py times them.
+testing/handover_flow.py drives both; bench/migration.py times them.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import torch
 
 from faultcast.client.snapshots import SnapshotStore
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.slurm import SlurmCommands
+from faultcast.service.remediation.spares.prescheduler import SpareState
+from faultcast.service.remediation.spares.slurm import SlurmSpares
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.slurm import SlurmCommands
-from faultcast.service.slurm_spares import SlurmSpares
-from faultcast.service.spares import SpareState
-from faultcast.service.validation import Limits
-from tests.conftest import require_binary
-from tests.handover_flow import WAIT_S, JobShape, calm, migrate, slurm_actuator, torchrun, warn
-from tests.slurm_cluster import SlurmCluster, running_cluster
+from faultcast.testing.handover_flow import WAIT_S, JobShape, calm, migrate, slurm_actuator, torchrun, warn
+from faultcast.testing.slurm_cluster import SlurmCluster, running_cluster
+from faultcast.testing.system import require_binary
 
 # Paced so that the standby's start (about 4 s here) fits well within the training left after the
 # first alert: 108 steps of 0.2 s.

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from faultcast.service.actuators import NoopActuator, Remediation
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import Remediator
-from faultcast.service.spares import HandOverReply, Prescheduler, SpareState
-from faultcast.service.state import StateStore
-from faultcast.service.state_acks import Ack
+from faultcast.service.remediation.actuators import NoopActuator, Remediation
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.remediation.spares.prescheduler import HandOverReply, Prescheduler, SpareState
+from faultcast.service.state.acks import Ack
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
 from tests.test_spares import WAIT_S, RecordingProvider, _claim, _until

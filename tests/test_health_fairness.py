@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from faultcast.service.limits import CallerLimits, WatchSlots
+from faultcast.service.rpc.limits import CallerLimits, WatchSlots
 from tests.attacks.tokened import tokened_service
 
 WAIT_S = 30.0  # detects a hang; an answered Watch takes milliseconds

@@ -23,12 +23,12 @@ from faultcast import cli
 from faultcast.catalogue import METRICS, Scope, by_name, metrics_for
 from faultcast.dcgm import Vocabulary, names
 from faultcast.model.artifact import load
-from faultcast.model.batch_alerts import CSV_FIELDS, ScoredAlert, score
-from faultcast.model.dataset import DataError, open_dataset, unix_seconds
-from faultcast.model.evaluate import WARMUP_S
-from faultcast.model.importer import import_prometheus
-from faultcast.model.outcomes import Outcome
-from faultcast.model.train import TrainConfig, train
+from faultcast.model.evaluation.batch_alerts import CSV_FIELDS, ScoredAlert, score
+from faultcast.model.evaluation.evaluate import WARMUP_S
+from faultcast.model.evaluation.outcomes import Outcome
+from faultcast.model.features.offline import DataError, open_dataset, unix_seconds
+from faultcast.model.importers.prometheus import import_prometheus
+from faultcast.model.training.train import TrainConfig, train
 from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.rollup import NETWORK_COLUMNS
 from faultcast.schemas import FAILURE_FIELDS, NETWORK_SCHEMA, TELEMETRY_SCHEMA

@@ -27,12 +27,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from faultcast.cli.app import main
-from faultcast.model.dataset import DataError
-from faultcast.model.importer import fetch_prometheus, import_prometheus
-from faultcast.model.prometheus_fetch import Client, PrometheusError, parse_time, plan_queries
+from faultcast.model.features.offline import DataError
+from faultcast.model.importers.fetch import Client, PrometheusError, parse_time, plan_queries
+from faultcast.model.importers.prometheus import fetch_prometheus, import_prometheus
 from faultcast.schemas import GPU_COLUMNS
 from faultcast.step_summary import SCRAPES_COLUMN, SUMMARY_COLUMNS
-from tests.conftest import require_binary
+from faultcast.testing.system import require_binary
 from tests.prometheus_api import api, running_prometheus, until
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from faultcast import cli
-from faultcast.model.dataset import open_dataset, unix_seconds
-from faultcast.model.import_json import read_export
-from faultcast.model.importer import import_prometheus
+from faultcast.model.features.offline import open_dataset, unix_seconds
+from faultcast.model.importers.export_reader import read_export
+from faultcast.model.importers.prometheus import import_prometheus
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.writer import simulate
 from tests.test_import_score import DCGM_COLUMNS, gpu_export, merged, network_export, write_json

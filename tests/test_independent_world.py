@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from faultcast.catalogue import Kind, Scope, metrics_for
-from faultcast.model.dataset import open_dataset
+from faultcast.model.features.offline import open_dataset
 from faultcast.modes import FailureMode
 from faultcast.schemas import FAILURE_FIELDS, NETWORK_SCHEMA, TELEMETRY_SCHEMA
 from faultcast.sim.independent import IndependentConfig, draw_world, generate

@@ -16,7 +16,7 @@ from faultcast import wire
 from faultcast.collector.shipper import Backoff, Shipper
 from faultcast.collector.spool import Spool
 from faultcast.demo.feed import twin_snapshots
-from faultcast.service.sample_journal import SampleJournal
+from faultcast.service.state.sample_journal import SampleJournal
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from tests.serve_process import ServeProcess, serve_processes, spool_waits

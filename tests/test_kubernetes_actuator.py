@@ -11,9 +11,14 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
-from faultcast.service.actuators import Remediation
-from faultcast.service.kubernetes import ANNOTATION_KEY, TAINT_KEY, KubernetesActuator, label_value
-from tests.conftest import refused_port
+from faultcast.service.remediation.actuators import Remediation
+from faultcast.service.remediation.kubernetes import (
+    ANNOTATION_KEY,
+    TAINT_KEY,
+    KubernetesActuator,
+    label_value,
+)
+from faultcast.testing.system import refused_port
 from tests.k8s_fake import FakeApiServer, Json, node, pod
 
 FOREIGN_TAINTS: list[Json] = [

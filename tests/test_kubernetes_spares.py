@@ -1,5 +1,5 @@
-"""Spares on Kubernetes (service/kubernetes_spares.py) and the actuator's end of a hand-over
-(service/kubernetes.py), through the real client against the fake API server (tests/k8s_fake.py);
+"""Spares on Kubernetes (service/remediation/spares/kubernetes.py) and the actuator's end of a hand-over
+(service/remediation/kubernetes.py), through the real client against the fake API server (tests/k8s_fake.py);
 then the whole round with the service's Prescheduler: a standby readied at the alert, told to go on
 at the snapshot, the old pod deleted; and a false alarm that deletes the standby."""
 
@@ -14,13 +14,18 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from faultcast.service.actuators import Remediation
-from faultcast.service.kubernetes import KubernetesActuator
-from faultcast.service.kubernetes_spares import ALERT_LABEL, STANDBY_FOR_LABEL, KubernetesSpares, standby_name
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.spares import Prescheduler, SpareRequest
+from faultcast.service.remediation.actuators import Remediation
+from faultcast.service.remediation.kubernetes import KubernetesActuator
+from faultcast.service.remediation.spares.kubernetes import (
+    ALERT_LABEL,
+    STANDBY_FOR_LABEL,
+    KubernetesSpares,
+    standby_name,
+)
+from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareRequest
+from faultcast.testing.system import refused_port
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import refused_port
 from tests.k8s_fake import FakeApiServer, Json, node, pod
 
 WAIT_S = 30.0

@@ -1,7 +1,10 @@
-"""Imports point one way, from vocabulary to tools (../shared/DESIGN.md, "Layout"):
+"""Imports point one way, from vocabulary to tools (docs/architecture.md, "Layers"):
 
     core  <-  collector, sim (physics only), model  <-  service  <-  demo, goodput  <-  cli
-    client  <-  proto only
+    client  <-  proto only;  testing (doubles and harnesses)  <-  tests and bench only
+
+Inside a package, its subpackages are layered too (SUBPACKAGES below), and no module imports its way
+back to itself (no cycles).
 
 Each folder's modules may import only the layers listed for it below; the simulator is a data source
 like any fleet, so collector, model and service never import it (the demo, goodput and the command
@@ -32,6 +35,20 @@ ALLOWED: dict[str, tuple[str, set[str]]] = {
     "goodput": (
         "faultcast.goodput",
         {CORE, PROTO, "faultcast.model", "faultcast.service", "faultcast.sim", "faultcast.demo"},
+    ),
+    # Doubles and harnesses for tests and benches: may use anything; nothing above imports it.
+    "testing": (
+        "faultcast.testing",
+        {
+            CORE,
+            PROTO,
+            "faultcast.client",
+            "faultcast.collector",
+            "faultcast.model",
+            "faultcast.service",
+            "faultcast.sim",
+            "faultcast.demo",
+        },
     ),
     "cli": (
         "faultcast.cli",
@@ -141,8 +158,126 @@ def test_only_the_command_line_parses_arguments() -> None:
     """The library is usable from Python without the CLI: argparse is imported in cli/ alone."""
     users = [
         str(path.relative_to(ROOT))
-        for folder in sorted(set(ALLOWED) - {"cli"})
+        for folder in sorted(set(ALLOWED) - {"cli", "testing"})  # testing/jobs: scripts with arguments
         for path in sorted((ROOT / folder).rglob("*.py"))
         if "argparse" in {name.split(".")[0] for name in _all_imports(path)}
     ]
     assert users == []
+
+
+# Inside a package: its subpackages, lowest first. A module of one may import its own subpackage, lower
+# ones and the package's top-level modules (the shared vocabulary: the model artifact, the metrics),
+# never a higher subpackage; the wiring modules (WIRING) are imported by no subpackage.
+SUBPACKAGES: dict[str, tuple[str, ...]] = {
+    "model": ("features", "importers", "evaluation", "training"),
+    "service": ("state", "remediation", "rpc"),
+    "collector": ("nvml",),
+}
+WIRING = {"faultcast.service.server"}
+
+
+def _subpackage_violations(folder: str) -> list[str]:
+    package, order = ALLOWED[folder][0], SUBPACKAGES[folder]
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        parts = path.relative_to(ROOT / folder).parts
+        if len(parts) == 1:
+            continue  # a top-level module: the package's face and wiring
+        rank = order.index(parts[0])
+        for module in sorted(_imported(path)):
+            if not module.startswith(package + "."):
+                continue
+            if module in WIRING or module.rpartition(".")[0] in WIRING:
+                found.append(f"{path.relative_to(ROOT)} imports the wiring {module}")
+                continue
+            first = module[len(package) + 1 :].split(".")[0]
+            if first in order and order.index(first) > rank:
+                found.append(f"{path.relative_to(ROOT)} ({parts[0]}) imports {module} ({first})")
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(SUBPACKAGES))
+def test_subpackages_import_their_own_and_lower_ones(folder: str) -> None:
+    assert _subpackage_violations(folder) == []
+
+
+def test_every_subpackage_is_layered() -> None:
+    for folder, order in SUBPACKAGES.items():
+        found = {p.parent.name for p in (ROOT / folder).glob("*/__init__.py")}
+        assert found == set(order), (folder, found ^ set(order))
+    unlayered = {
+        p.parent.relative_to(ROOT).as_posix()
+        for folder in set(ALLOWED) - set(SUBPACKAGES)
+        for p in (ROOT / folder).glob("*/__init__.py")
+    }
+    # Folders of their own that are not layers: the simulator's independent generator, the scripts
+    # the harnesses launch, the frozen reference features.
+    assert unlayered <= {"sim/independent", "testing/jobs", "testing/reference_features"}, unlayered
+
+
+def test_the_subpackage_check_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "model" / "features").mkdir(parents=True)
+    (tmp_path / "model" / "features" / "bad.py").write_text(
+        "from faultcast.model.training.train import train\nfrom faultcast.model.artifact import FaultModel\n"
+    )
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert _subpackage_violations("model") == [
+        "model/features/bad.py (features) imports faultcast.model.training.train (training)",
+        "model/features/bad.py (features) imports faultcast.model.training.train.train (training)",
+    ]
+
+
+def _module_of(path: Path) -> str:
+    folder, *rest = path.relative_to(ROOT).with_suffix("").parts
+    package = ALLOWED[folder][0]
+    return ".".join([package, *rest]).removesuffix(".__init__")
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the faultcast modules it imports (`from m import name`: m, and m.name where that is a
+    module). A module's own packages are left out: their `__init__` is the face that gathers it."""
+    paths = {
+        _module_of(path): path
+        for folder in ALLOWED
+        for path in (ROOT / folder).rglob("*.py")
+        if ENTRY_POINTS.get(path) is None
+    }
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        ancestors = {module.rsplit(".", n)[0] for n in range(module.count(".") + 1)}
+        graph[module] = {name for name in _imported(path) if name in paths} - ancestors
+    return graph
+
+
+def test_no_module_imports_its_way_back_to_itself() -> None:
+    assert _cycles(_module_graph()) == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return cycles
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "a.py").write_text("from faultcast.model.b import x\n")
+    (tmp_path / "model" / "b.py").write_text("def f():\n    from faultcast.model import a\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    graph = _module_graph()
+    assert graph["faultcast.model.a"] == {"faultcast.model.b"}
+    assert graph["faultcast.model.b"] == {"faultcast.model.a"}
+    assert _cycles(graph) == [["faultcast.model.a", "faultcast.model.b", "faultcast.model.a"]]

@@ -19,10 +19,10 @@ import pytest
 from faultcast.alert_text import alert_summary, risk_text, time_to_failure_text
 from faultcast.cli.app import main
 from faultcast.model.alert_content import Action, AlertContent
-from faultcast.model.batch_alerts import CSV_FIELDS, ScoredAlert, render_table, summary, write_csv
-from faultcast.model.dataset import open_dataset
-from faultcast.model.train import TrainConfig, make_split
-from faultcast.model.train_needs import EXPECTED_IN_SMALLEST, learnable_rate, shortfall
+from faultcast.model.evaluation.batch_alerts import CSV_FIELDS, ScoredAlert, render_table, summary, write_csv
+from faultcast.model.features.offline import open_dataset
+from faultcast.model.training.needs import EXPECTED_IN_SMALLEST, learnable_rate, shortfall
+from faultcast.model.training.train import TrainConfig, make_split
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.writer import simulate
 from faultcast.v1 import alerts_pb2 as apb

@@ -104,7 +104,7 @@ def label_values_in(source: str) -> dict[str, set[str]]:
 
 def _service_label_values() -> dict[str, set[str]]:
     found: dict[str, set[str]] = defaultdict(set)
-    for path in sorted(SERVICE.glob("*.py")):
+    for path in sorted(SERVICE.rglob("*.py")):
         for metric, values in label_values_in(path.read_text()).items():
             found[metric] |= values
     return found

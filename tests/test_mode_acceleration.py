@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from faultcast.cli.app import main
-from faultcast.model.dataset import DataError, open_dataset
-from faultcast.model.features import FeatureConfig
-from faultcast.model.train import TrainConfig, _sample_worlds, _world_rows, train
+from faultcast.model.features.engine import FeatureConfig
+from faultcast.model.features.offline import DataError, open_dataset
+from faultcast.model.training.train import TrainConfig, _sample_worlds, _world_rows, train
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import node_schedule
 from faultcast.sim.world import World

@@ -12,11 +12,8 @@ import numpy as np
 import pytest
 
 from faultcast.model.artifact import FaultModel, Logistic, ModelError, load
-from faultcast.model.dataset import Failure, FailureLog, Labels, open_dataset
-from faultcast.model.evaluate import held_out_part
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.incidents import AlertPolicy
-from faultcast.model.outcomes import (
+from faultcast.model.evaluation.evaluate import held_out_part
+from faultcast.model.evaluation.outcomes import (
     Outcome,
     PredictionPeriods,
     ScoredPeriod,
@@ -25,8 +22,11 @@ from faultcast.model.outcomes import (
     incidents,
     judge,
 )
-from faultcast.model.rules import RULES, RulesBaseline
-from faultcast.model.train import TrainConfig, make_split, train
+from faultcast.model.evaluation.rules import RULES, RulesBaseline
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import Failure, FailureLog, Labels, open_dataset
+from faultcast.model.incidents import AlertPolicy
+from faultcast.model.training.train import TrainConfig, make_split, train
 from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario

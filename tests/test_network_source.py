@@ -16,7 +16,7 @@ from faultcast.collector.network import NetworkSource
 from faultcast.collector.probes import DEFAULT_PEER_PORT, PeerProber, parse_peer, peer_id
 from faultcast.collector.source import Source
 from faultcast.readings import DeviceReading, Reading
-from tests.conftest import missing_part
+from faultcast.testing.system import missing_part
 
 # -- fixture trees --------------------------------------------------------------------------
 

@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.slurm import SlurmActuator
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.slurm import SlurmActuator
-from faultcast.service.validation import Limits
+from faultcast.testing.elastic_flow import Run, Shape, kill_tree, parent_of, reference, same, wait_until
+from faultcast.testing.slurm_cluster import SlurmCluster, running_cluster
+from faultcast.testing.system import require_binary
+from faultcast.testing.twin_feed import QUIET, Feed
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import require_binary
-from tests.elastic_flow import Run, Shape, kill_tree, parent_of, reference, same, wait_until
-from tests.slurm_cluster import SlurmCluster, running_cluster
-from tests.twin_feed import QUIET, Feed
 
 SHAPE = Shape(steps=24, every=3, hold_at=10)
 

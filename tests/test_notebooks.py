@@ -26,7 +26,7 @@ from nbclient import NotebookClient
 
 from faultcast.catalogue import Scope, by_name, metrics_for
 from faultcast.model.artifact import load
-from faultcast.model.dataset import open_dataset, unix_seconds
+from faultcast.model.features.offline import open_dataset, unix_seconds
 from faultcast.model.threshold_file import read as read_threshold_file
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario

@@ -14,11 +14,11 @@ import pynvml
 import pytest
 
 from faultcast.catalogue import TRACKED_XIDS, Scope, metrics_for
-from faultcast.collector.fake_nvml import FakeHang, FakeNvml
-from faultcast.collector.nvml import NvmlSource, NvmlUnavailable, nvml_available
-from faultcast.collector.nvml_xid import handle_key
+from faultcast.collector.nvml.source import NvmlSource, NvmlUnavailable, nvml_available
+from faultcast.collector.nvml.xid import handle_key
 from faultcast.collector.source import Source
 from faultcast.readings import GpuReading, Reading
+from faultcast.testing.fake_nvml import FakeHang, FakeNvml
 
 LINKS = 18
 GPU_NAMES = [m.name for m in metrics_for(Scope.GPU)]

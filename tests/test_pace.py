@@ -35,9 +35,9 @@ from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.telemetry import create_server
 from faultcast.service.server import Service
-from faultcast.service.state import StateStore
-from faultcast.service.telemetry import create_server
+from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario

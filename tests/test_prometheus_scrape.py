@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import start_http_server
 
 from faultcast.service.server import Service
-from tests.conftest import require_binary
+from faultcast.testing.system import require_binary
 from tests.prometheus_api import api, running_prometheus, until
 from tests.test_deploy import RULES, panel_queries
 

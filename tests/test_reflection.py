@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from faultcast.service.reflection import V1_SERVICE, enable_reflection
+from faultcast.service.rpc.reflection import V1_SERVICE, enable_reflection
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import telemetry_pb2 as tpb
 

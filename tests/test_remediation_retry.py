@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from faultcast.service.actuators import CircuitBreaker, Outcome, Remediation, RetryPolicy
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import Remediator
-from faultcast.service.state import StateStore
-from faultcast.service.state_acks import Ack
+from faultcast.service.remediation.actuators import CircuitBreaker, Outcome, Remediation, RetryPolicy
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.state.acks import Ack
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
 
@@ -121,7 +121,7 @@ def test_after_the_last_attempt_the_remediation_fails_with_the_last_error(
     remediator = Remediator(store, actuator, metrics, clock=clock, retry=policy)
     alert = migrate_alert(store, "a")
     _snapshot_done(remediator, alert)
-    with caplog.at_level(logging.WARNING, logger="faultcast.service.remediator"):
+    with caplog.at_level(logging.WARNING, logger="faultcast.service.remediation.remediator"):
         remediator.run_once()
         _advance(remediator, clock, START_S + 3600)
     assert [t - START_S for _, t in actuator.calls] == [0.0, 5.0, 15.0]
@@ -256,10 +256,10 @@ _KILLED_IN_THE_ACTUATOR = textwrap.dedent(
     import sys, threading
     from pathlib import Path
     from faultcast.service.metrics import ServiceMetrics
-    from faultcast.service.actuators import Outcome, Remediation
-    from faultcast.service.remediator import Remediator
-    from faultcast.service.state import StateStore
-    from faultcast.service.state_acks import Ack
+    from faultcast.service.remediation.actuators import Outcome, Remediation
+    from faultcast.service.remediation.remediator import Remediator
+    from faultcast.service.state.store import StateStore
+    from faultcast.service.state.acks import Ack
     from faultcast.v1 import alerts_pb2 as apb
 
     class Hang:

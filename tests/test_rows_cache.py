@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from faultcast.model import rows_cache
-from faultcast.model.rows_cache import Rates
+from faultcast.model.training import rows_cache
+from faultcast.model.training.rows_cache import Rates
 
 PLAIN, HARD, POSITIVE = 200_000, 50_000, 1_000
 

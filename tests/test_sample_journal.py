@@ -1,4 +1,4 @@
-"""The sample journal (service/sample_journal.py): samples back as they were written, in order, across
+"""The sample journal (service/state/sample_journal.py): samples back as they were written, in order, across
 segments; a torn or damaged tail ends its segment's replay with a warning, and nothing after it is
 taken for a sample; old segments go once no node needs them; a new run never appends to a segment a
 killed one left."""
@@ -13,7 +13,7 @@ import pytest
 
 from faultcast.demo.feed import twin_snapshots
 from faultcast.readings import NodeSnapshot
-from faultcast.service.sample_journal import SampleJournal
+from faultcast.service.state.sample_journal import SampleJournal
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from tests.disk import fill

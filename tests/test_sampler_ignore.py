@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from faultcast.model.dataset import Failure, FailureLog, Labels, Step
-from faultcast.model.train import _Sampler
+from faultcast.model.features.offline import Failure, FailureLog, Labels, Step
+from faultcast.model.training.train import _Sampler
 
 HORIZON, IGNORED, G = 1800.0, 7200.0, 4
 FAIL_AT = 100_000.0

@@ -21,11 +21,11 @@ from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.scoring_state import FORMAT, NodeState, StateRefused, decode, encode
 from faultcast.service.server import Service
-from faultcast.service.state import StateStore
-from faultcast.service.state_scoring import SavedState
-from faultcast.service.validation import Limits
+from faultcast.service.state.scoring import SavedState
+from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario

@@ -24,13 +24,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from faultcast import wire
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.actuators import Remediation
-from faultcast.service.auth import AccessPolicy, AuthError, Role, TokenBook, digest
 from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.remediation.actuators import Remediation
+from faultcast.service.rpc.auth import AccessPolicy, AuthError, Role, TokenBook, digest
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.state_acks import Ack
-from faultcast.service.validation import Limits
+from faultcast.service.state.acks import Ack
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.tls import ServerTLS, channel_credentials

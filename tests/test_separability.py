@@ -1,4 +1,4 @@
-"""Separability by one signal (faultcast.model.separability): the window statistics, episodes and the
+"""Separability by one signal (faultcast.model.evaluation.separability): the window statistics, episodes and the
 budget level on synthetic grids, then the measure on a small twin fleet with one scripted failure."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.separability import main as bench_main
-from faultcast.model.dataset import open_dataset
-from faultcast.model.separability import (
+from faultcast.model.evaluation.separability import (
     allowed_episodes,
     budget_level,
     counter_increase,
@@ -26,6 +25,7 @@ from faultcast.model.separability import (
     healthy_mask,
     separability,
 )
+from faultcast.model.features.offline import open_dataset
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario
 from faultcast.sim.writer import simulate

@@ -8,9 +8,9 @@ import argparse
 import pytest
 
 from faultcast.cli.app import build_parser, main
-from faultcast.service.actuators import RetryPolicy
 from faultcast.service.config import ServiceConfig
-from faultcast.service.validation import Limits
+from faultcast.service.remediation.actuators import RetryPolicy
+from faultcast.service.rpc.validation import Limits
 
 
 def _serve_parser() -> argparse.ArgumentParser:

@@ -13,10 +13,10 @@ import pytest
 
 from faultcast.cli import build_parser
 from faultcast.cli.serve import make_spares
-from faultcast.service.kubernetes_spares import KubernetesSpares
-from faultcast.service.slurm_spares import SlurmSpares
-from faultcast.service.spares import SpareRequest
-from faultcast.service.webhook_spares import WebhookSpares
+from faultcast.service.remediation.spares.kubernetes import KubernetesSpares
+from faultcast.service.remediation.spares.prescheduler import SpareRequest
+from faultcast.service.remediation.spares.slurm import SlurmSpares
+from faultcast.service.remediation.spares.webhook import WebhookSpares
 from tests.k8s_fake import FakeApiServer, node, pod
 
 FAULTCAST = str(Path(sys.executable).with_name("faultcast"))

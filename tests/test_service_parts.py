@@ -18,18 +18,24 @@ from faultcast.catalogue import Scope, index_of
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.alert_content import ActionPolicy, describe, ttf_quantiles
 from faultcast.model.artifact import FaultModel, load
+from faultcast.model.evaluation.outcomes import ScoredPeriod, incidents
 from faultcast.model.incidents import AlertPolicy, CloseReason, IncidentTracker
-from faultcast.model.outcomes import ScoredPeriod, incidents
 from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.readings import NodeSnapshot
-from faultcast.service.actuators import CircuitBreaker, NoopActuator, Outcome, Remediation, RetryPolicy
 from faultcast.service.alert_book import AlertBook
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import Remediator
+from faultcast.service.remediation.actuators import (
+    CircuitBreaker,
+    NoopActuator,
+    Outcome,
+    Remediation,
+    RetryPolicy,
+)
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.rpc.validation import Limits, SampleRejected, check
 from faultcast.service.scoring import ScoredStep, Scorer
-from faultcast.service.state import StateStore
-from faultcast.service.state_acks import Ack
-from faultcast.service.validation import Limits, SampleRejected, check
+from faultcast.service.state.acks import Ack
+from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb

@@ -16,7 +16,7 @@ from faultcast.collector.shipper import Backoff, Shipper
 from faultcast.collector.spool import Spool
 from faultcast.readings import NodeSnapshot
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.telemetry import TelemetryServicer, create_server
+from faultcast.service.rpc.telemetry import TelemetryServicer, create_server
 from faultcast.sim.realtime import SimulatedSource
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc

@@ -18,8 +18,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from faultcast.readings import Reading
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.realtime import SimulatedSource

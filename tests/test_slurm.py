@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from faultcast.service.actuators import Remediation
-from faultcast.service.slurm import SlurmActuator, SlurmCommands, SlurmError, parse_node_line
-from faultcast.service.slurm_spares import SlurmSpares
-from faultcast.service.spares import SpareRequest
-from tests.conftest import require_binary
-from tests.slurm_cluster import SlurmCluster, running_cluster
+from faultcast.service.remediation.actuators import Remediation
+from faultcast.service.remediation.slurm import SlurmActuator, SlurmCommands, SlurmError, parse_node_line
+from faultcast.service.remediation.spares.prescheduler import SpareRequest
+from faultcast.service.remediation.spares.slurm import SlurmSpares
+from faultcast.testing.slurm_cluster import SlurmCluster, running_cluster
+from faultcast.testing.system import require_binary
 
 
 def _remediation(
@@ -137,7 +137,7 @@ def test_parse_node_line_without_a_reason_or_stamp() -> None:
     assert parse_node_line(line) == ("DOWN+DRAIN", "Not responding")
 
 
-# -- spares (service/slurm_spares.py) and the hand-over's end of the old job ---------------------
+# -- spares (service/remediation/spares/slurm.py) and the hand-over's end of the old job ---------------------
 
 
 def _running(cluster: SlurmCluster, *options: str) -> tuple[str, str]:

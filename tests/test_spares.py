@@ -1,5 +1,5 @@
-"""The prescheduler (service/spares.py): when a spare is asked for, when it counts as ready, what a
-standby is told, and when the spare is given back. The provider here is a recording one (the
+"""The prescheduler (service/remediation/spares/prescheduler.py): when a spare is asked for, when it
+counts as ready, what a standby is told, and when the spare is given back. The provider here is a recording one (the
 scheduler's side is tested on real Slurm in tests/test_slurm.py and end to end in
 tests/test_handover_e2e.py); the standby's long poll runs on a real thread."""
 
@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from faultcast.service.actuators import Outcome
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.spares import (
+from faultcast.service.remediation.actuators import Outcome
+from faultcast.service.remediation.spares.prescheduler import (
     HandOverReply,
     Prepared,
     Prescheduler,

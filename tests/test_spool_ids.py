@@ -10,7 +10,7 @@ from contextlib import closing
 from pathlib import Path
 
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.state import StateStore
+from faultcast.service.state.store import StateStore
 from faultcast.sim.live import TwinSource
 from tests.attacks.victim import FLEET, serving
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from faultcast.catalogue import Scope, index_of, metrics_for
-from faultcast.model.dataset import Step, open_dataset, replay
-from faultcast.model.features import FeatureConfig
-from faultcast.model.online import OnlineFeatures
+from faultcast.model.features.engine import FeatureConfig
+from faultcast.model.features.offline import Step, open_dataset, replay
+from faultcast.model.features.online import OnlineFeatures
 from faultcast.readings import GpuReading, NodeSnapshot
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource

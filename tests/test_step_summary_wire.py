@@ -15,8 +15,8 @@ import pytest
 from faultcast import wire
 from faultcast.catalogue import Scope, index_of
 from faultcast.readings import GpuReading, NodeSnapshot, Reading, pack
-from faultcast.service.telemetry import TelemetryServicer, create_server
-from faultcast.service.validation import Limits
+from faultcast.service.rpc.telemetry import TelemetryServicer, create_server
+from faultcast.service.rpc.validation import Limits
 from faultcast.step_summary import StepSummary, combine
 from faultcast.v1 import telemetry_pb2 as pb
 from faultcast.v1 import telemetry_pb2_grpc as pb_grpc

@@ -18,7 +18,7 @@ from faultcast.collector.shipper import Backoff, Shipper
 from faultcast.collector.spool import Spool
 from faultcast.collector.summariser import StepSummariser
 from faultcast.readings import GpuReading, NodeSnapshot, Reading, pack
-from faultcast.service.telemetry import TelemetryServicer, create_server
+from faultcast.service.rpc.telemetry import TelemetryServicer, create_server
 from faultcast.step_summary import StepSummary, combine
 from faultcast.v1 import telemetry_pb2 as pb
 from tests.test_shipping import Received

@@ -20,8 +20,8 @@ import pytest
 
 import faultcast
 from faultcast.catalogue import Scope, metrics_for
-from faultcast.service.actuators import NoopActuator
 from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.actuators import NoopActuator
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
 from faultcast.v1 import alerts_pb2 as apb

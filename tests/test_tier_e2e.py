@@ -20,10 +20,10 @@ from faultcast.goodput.replay import model_digest
 from faultcast.model.artifact import load
 from faultcast.model.threshold_file import write
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
+from faultcast.testing.twin_feed import LAST, QUIET, Feed
 from faultcast.v1 import alerts_pb2 as apb
-from tests.twin_feed import LAST, QUIET, Feed
 
 JOB = Path(__file__).parent / "fixtures" / "replica_job.py"
 WAIT_S = 240.0

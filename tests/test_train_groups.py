@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 
 from faultcast.model.artifact import load, save
-from faultcast.model.dataset import open_dataset
-from faultcast.model.evaluate import MODE_FLOOR, WARMUP_S, score_period
-from faultcast.model.features import FeatureConfig
-from faultcast.model.outcomes import choose_threshold, choose_threshold_pooled
-from faultcast.model.recall_curve import read_curve
+from faultcast.model.evaluation.evaluate import MODE_FLOOR, WARMUP_S, score_period
+from faultcast.model.evaluation.outcomes import choose_threshold, choose_threshold_pooled
+from faultcast.model.evaluation.world_pass import map_worlds
+from faultcast.model.features.engine import FeatureConfig
+from faultcast.model.features.offline import open_dataset
 from faultcast.model.risk_range import risk_range
-from faultcast.model.train import (
+from faultcast.model.training.recall_curve import read_curve
+from faultcast.model.training.train import (
     TrainConfig,
     _world_rows,
     mode_balance,
     train,
     world_folds,
 )
-from faultcast.model.world_pass import map_worlds
 from faultcast.modes import NODE_LEVEL_MODES
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.world import World

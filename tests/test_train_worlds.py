@@ -11,16 +11,16 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-from faultcast.model import rows_cache
-from faultcast.model import train as train_module
 from faultcast.model.artifact import load
-from faultcast.model.dataset import open_dataset
-from faultcast.model.drift import load_reference
-from faultcast.model.evaluate import WARMUP_S, held_out_part
-from faultcast.model.features import FeatureConfig, FeatureEngine
-from faultcast.model.recall_curve import read_curve
-from faultcast.model.rows_cache import Rates
-from faultcast.model.train import (
+from faultcast.model.evaluation.drift import load_reference
+from faultcast.model.evaluation.evaluate import WARMUP_S, held_out_part
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import open_dataset
+from faultcast.model.training import rows_cache
+from faultcast.model.training import train as train_module
+from faultcast.model.training.recall_curve import read_curve
+from faultcast.model.training.rows_cache import Rates
+from faultcast.model.training.train import (
     TrainConfig,
     _calibrate,
     _Sampled,

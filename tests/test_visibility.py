@@ -1,4 +1,4 @@
-"""What a model can see (faultcast.model.visibility): the feature-to-input map checked against a real
+"""What a model can see (faultcast.model.evaluation.visibility): the feature-to-input map checked against a real
 feature engine, the report on a twin (everything visible) and on an import of a few dcgm-exporter
 default metrics (blind groups named, with the counters-file lines to add), the `faultcast score` and
 `faultcast calibrate` output, and the service's `faultcast_model_feature_group_visible` gauges from
@@ -24,15 +24,15 @@ from faultcast import cli
 from faultcast.catalogue import Scope, index_of
 from faultcast.dcgm import Vocabulary, names
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.model.feature_steps import WIDTH
-from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
-from faultcast.model.importer import import_prometheus
-from faultcast.model.input_groups import GROUPS, input_group
-from faultcast.model.visibility import FeatureMap, of_data
+from faultcast.model.evaluation.visibility import FeatureMap, of_data
+from faultcast.model.features.engine import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.features.groups import GROUPS, input_group
+from faultcast.model.features.steps import WIDTH
+from faultcast.model.importers.prometheus import import_prometheus
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.writer import simulate
@@ -113,7 +113,7 @@ def _run(blank: set[str], steps: int = 90) -> np.ndarray:
 
 
 def _rates() -> tuple[tuple[str, tuple[str, ...]], ...]:
-    from faultcast.model.features import NODE_RATES, RATES
+    from faultcast.model.features.engine import NODE_RATES, RATES
 
     return RATES + NODE_RATES
 
@@ -314,7 +314,7 @@ def test_calibrate_prints_and_writes_what_the_model_can_see(
 ) -> None:
     """The calibration itself is tests/test_calibrate.py's (it needs 50 healthy GPU-days); here its
     result is a stand-in and the report beside it is real."""
-    from faultcast.model import calibrate
+    from faultcast.model.training import calibrate
 
     monkeypatch.setattr(calibrate, "calibrate", lambda *args, **kwargs: _Calibrated())
     monkeypatch.setattr(calibrate, "summary", lambda result: "calibrated")

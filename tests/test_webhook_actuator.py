@@ -12,13 +12,13 @@ from typing import ClassVar
 
 import pytest
 
-from faultcast.service.actuators import Remediation, RetryPolicy, WebhookActuator
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import Remediator
-from faultcast.service.state import StateStore
-from faultcast.service.state_acks import Ack
+from faultcast.service.remediation.actuators import Remediation, RetryPolicy, WebhookActuator
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.state.acks import Ack
+from faultcast.service.state.store import StateStore
+from faultcast.testing.system import refused_port
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import refused_port
 
 REMEDIATION = Remediation(
     alert_id=42,

@@ -1,4 +1,4 @@
-"""Spares through a webhook (service/webhook_spares.py) against a real local HTTP server: what is
+"""Spares through a webhook (service/remediation/spares/webhook.py) against a real local HTTP server: what is
 posted, the receiver's handle, failures as results; then with the service's Prescheduler, the
 receiver's handle coming back in the release of a false alarm."""
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.spares import Prescheduler, SpareRequest
-from faultcast.service.webhook_spares import WebhookSpares
+from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareRequest
+from faultcast.service.remediation.spares.webhook import WebhookSpares
+from faultcast.testing.system import refused_port
 from faultcast.v1 import alerts_pb2 as apb
-from tests.conftest import refused_port
 from tests.webhook_receiver import Receiver, receiving
 
 REQUEST = SpareRequest(

@@ -15,7 +15,7 @@ import pytest
 
 from faultcast.catalogue import Kind, Scope, metrics_for
 from faultcast.cli.app import main
-from faultcast.model.dataset import unix_seconds
+from faultcast.model.features.offline import unix_seconds
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import node_schedule
 from faultcast.sim.world import LATER_PRIORS, PRIORS, World
@@ -306,7 +306,7 @@ def test_a_world_file_describes_a_fleet_and_bad_ones_are_refused(
 def test_the_simulate_command_runs_either_family_and_refuses_what_the_independent_one_takes_not(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from faultcast.model.dataset import open_dataset
+    from faultcast.model.features.offline import open_dataset
 
     base = ["simulate", "--nodes", "2", "--days", "0.1", "--seed", "4"]
     assert main([*base, "--family", "independent", "--out", str(tmp_path / "ind")]) == 0

@@ -3,7 +3,7 @@ alert in the store."""
 
 from __future__ import annotations
 
-from faultcast.service.state import StateStore
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
 

@@ -22,11 +22,11 @@ from typing import ClassVar
 import pytest
 
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.actuators import CircuitBreaker, NoopActuator
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY, Remediator
-from faultcast.service.state import StateStore
-from faultcast.service.state_acks import Ack
+from faultcast.service.remediation.actuators import CircuitBreaker, NoopActuator
+from faultcast.service.remediation.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY, Remediator
+from faultcast.service.state.acks import Ack
+from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from faultcast.service.state import StateStore
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.victim import NAME, STEPS_BEFORE, WAIT_S, Subscriber, push_victim, serving

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from faultcast.service.actuators import NoopActuator
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import Remediator
-from faultcast.service.state import StateStore
+from faultcast.service.remediation.actuators import NoopActuator
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
 

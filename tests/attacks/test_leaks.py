@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.limits import CallerLimits
+from faultcast.service.rpc.limits import CallerLimits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb

@@ -27,12 +27,12 @@ import pytest
 from faultcast import wire
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import ModelError, load
-from faultcast.model.features import FeatureConfig, FeatureEngine, feature_schema_hash
+from faultcast.model.features.engine import FeatureConfig, FeatureEngine, feature_schema_hash
 from faultcast.model.risk_range import risk_range
 from faultcast.readings import NodeSnapshot
+from faultcast.service.rpc.telemetry import AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.scoring import model_version
 from faultcast.service.server import Service
-from faultcast.service.telemetry import AsyncTelemetryServicer, TelemetryServicer
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import telemetry_pb2 as tpb
 from faultcast.v1 import telemetry_pb2_grpc as tpb_grpc
@@ -312,7 +312,7 @@ def test_a_sink_failing_on_one_sample_rejects_that_sample_and_the_stream_goes_on
 
     with (
         aio_telemetry_server(AsyncTelemetryServicer(core)) as port,
-        caplog.at_level(logging.ERROR, logger="faultcast.service.telemetry"),
+        caplog.at_level(logging.ERROR, logger="faultcast.service.rpc.telemetry"),
         grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
         acks = list(tpb_grpc.TelemetryStub(channel).Push(requests(), timeout=WAIT_S))

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from faultcast.service.actuators import Outcome, Remediation, RetryPolicy
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediator import Remediator
-from faultcast.service.state import StateStore
-from faultcast.service.state_acks import Ack
-from faultcast.service.state_db import StateWriteError
+from faultcast.service.remediation.actuators import Outcome, Remediation, RetryPolicy
+from faultcast.service.remediation.remediator import Remediator
+from faultcast.service.state.acks import Ack
+from faultcast.service.state.db import StateWriteError
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from tests.attacks.remediation_parts import Clock, migrate_alert
 from tests.disk import fill

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from faultcast.service.webhook_spares import WebhookSpares
+from faultcast.service.remediation.spares.webhook import WebhookSpares
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.remediation_parts import migrate_alert

@@ -16,8 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from faultcast.service.health import ALL
-from faultcast.service.limits import CallerLimits
+from faultcast.service.rpc.health import ALL
+from faultcast.service.rpc.limits import CallerLimits
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 from tests.attacks.tokened import Tokened, tokened_service

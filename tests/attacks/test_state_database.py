@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from faultcast.service.state import StateStore
-from faultcast.service.state_db import StateError, StateWriteError
+from faultcast.service.state.db import StateError, StateWriteError
+from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from tests.disk import fill
 from tests.serve_process import FAULTCAST

@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from tests.attacks.victim import NAME, WAIT_S, push_victim
 
 

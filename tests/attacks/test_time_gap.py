@@ -21,9 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from faultcast import wire
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
-from faultcast.model.dataset import Step
-from faultcast.model.features import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
-from faultcast.model.online import OnlineFeatures
+from faultcast.model.features.engine import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.features.offline import Step
+from faultcast.model.features.online import OnlineFeatures
 from faultcast.readings import NodeSnapshot
 from faultcast.service.scoring import Scorer
 from faultcast.service.server import Service

@@ -14,7 +14,7 @@ import pytest
 
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.server import Service
-from faultcast.service.state import StateStore
+from faultcast.service.state.store import StateStore
 from faultcast.sim.live import TwinSource
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc

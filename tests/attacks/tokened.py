@@ -12,13 +12,13 @@ from pathlib import Path
 
 import grpc
 
-from faultcast.service.auth import AccessPolicy, TokenBook, digest
 from faultcast.service.config import ServiceConfig
-from faultcast.service.limits import CallerLimits
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.remediation.spares.prescheduler import SpareProvider
+from faultcast.service.rpc.auth import AccessPolicy, TokenBook, digest
+from faultcast.service.rpc.limits import CallerLimits
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.spares import SpareProvider
-from faultcast.service.validation import Limits
 from faultcast.tls import ServerTLS, channel_credentials
 from tests.pki import Authority
 

@@ -15,8 +15,8 @@ import grpc
 
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.service.config import ServiceConfig
+from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
-from faultcast.service.validation import Limits
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario

@@ -1,0 +1,1 @@
+"""The NVML source: discovery, the scrape plan, calls under deadlines, Xid events, decoding."""

@@ -1,0 +1,1 @@
+"""Training: labelled rows from failure logs, the booster, calibration and fleet thresholds."""

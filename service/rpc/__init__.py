@@ -1,0 +1,2 @@
+"""The service's edge: the gRPC servicers, who may call what, caller limits, sample validation,
+health and reflection."""

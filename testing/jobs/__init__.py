@@ -1,0 +1,1 @@
+"""Training jobs the harnesses launch under torchrun (scripts, run by path)."""
