@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19's second target, issue 28's independent-family half: a fleet unlike any training world (the
+# A fleet unlike any training world (the
 # independent family), calibrated on two unlabelled days of its own history, then judged on the following
 # days: false alarms at acceleration 1 on days 2-7 of the same fleet, recall on its accelerated twin (the
 # same world, 24 nodes x 14 days at acceleration 100) at the calibrated threshold.

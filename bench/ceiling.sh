@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The in-world reference of one evaluation world (issue 28): the same recipe as bench/worlds.sh, trained
+# The in-world reference of one evaluation world: the same recipe as bench/worlds.sh, trained
 # on N other fleets drawn from that very world (its parameters, other seeds; the last validates), for
 # `faultcast evaluate --reference DATA=MODEL`: its recall at the model's false alarms is the ceiling.
 #   bash bench/ceiling.sh WORLD_SEED [OUT_DIR]          (fleets under OUT_DIR are reused)

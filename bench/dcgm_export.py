@@ -4,7 +4,7 @@ answer with seven of dcgm-exporter's default metrics at a 10-minute step, and so
     .venv/bin/python bench/dcgm_export.py TWIN_DIR EXPORT.json [--step 600] \
         [--freeze NODE:GPU:START_H ...] [--freeze-hours 37] [--metrics NAME,NAME,...]
 
-What it emulates (issue 19, third target; bench/healthy_dcgm.sh runs it):
+What it emulates (bench/healthy_dcgm.sh runs it):
 
 - The metrics: seven fields that dcgm-exporter's etc/default-counters.csv enables (NVIDIA/dcgm-exporter
   at 00d6d34): GPU and memory temperature, power draw, SM clock, GPU utilisation, the last Xid, and

@@ -1,4 +1,4 @@
-"""The offline feature path (issue 28): the engine's ms a step, training rows and scoring in GPU-days/s.
+"""The offline feature path: the engine's ms a step, training rows and scoring in GPU-days/s.
 
     faultcast simulate --world-seed 101 --seed 101 --nodes 16 --days 3 --acceleration 100 --out /tmp/sp/w
     faultcast train --data /tmp/sp/w --data /tmp/sp/w2 --out /tmp/sp/model   # any model of that schema

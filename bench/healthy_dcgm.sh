@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19's third target, emulated: healthy production telemetry as a plain dcgm-exporter fleet delivers
+# Healthy production telemetry as a plain dcgm-exporter fleet delivers
 # it (A100 nodes of 4 GPUs, 7 default metrics, a 10-minute query step, two exporters frozen for 37 h),
 # imported, calibrated on its first two unlabelled days, then scored on the four days after. Nothing in
 # the fleet fails, so every alert on days 2-6 is a false alarm; they are counted at the calibrated

@@ -1,5 +1,5 @@
 """What a predictive migration costs the suite's job, measured on the real local Slurm cluster, with
-and without pre-scheduling (issue 20).
+and without pre-scheduling.
 
 Both paths run the same 2-rank torchrun job (testing/jobs/guarded_job.py, CPU, gloo) under a real
 service and real Slurm daemons (testing/slurm_cluster.py), warned by the twin's HBM precursor

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training at scale (issue 28 item 2): worlds 201..(200+WORLDS) drawn from the twin's priors (16 nodes x
+# Training at scale: worlds 201..(200+WORLDS) drawn from the twin's priors (16 nodes x
 # 10 days at acceleration 100 each, 1,280 GPU-days), the last VALIDATE of them validating together,
 # early stopping by cross-validation over FOLDS groups of the others, JOBS worlds replayed at once, with
 # bench/worlds.sh's chosen booster settings (fewer negatives); then the evaluation on twin worlds

@@ -1,4 +1,4 @@
-"""What `faultcast evaluate` must spend per GPU-step, part by part, and the floor that sets (issue 28 item 6).
+"""What `faultcast evaluate` must spend per GPU-step, part by part, and the floor that sets.
 
     .venv/bin/python -m bench.scoring_floor --model out/scale-run-ign/model \
         --rows out/scale-rows/<key>/n0.01-h0.1.npz [--gpu-days 30720 --passes 2 --cores 2]

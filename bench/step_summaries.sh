@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the step summaries (issue 19 item 3) do to recall and false alarms: the same worlds as
+# What the step summaries do to recall and false alarms: the same worlds as
 # bench/worlds.sh, drawn again with the twin that writes each step's summary (out/worlds-s, out/lwo-s),
 # trained twice with bench/worlds.sh's chosen settings: with the 21 step-summary features, and with
 # them excluded (`--exclude '*_step_*'`: the model of a collector that ships only the last scrape).

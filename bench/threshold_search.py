@@ -1,4 +1,4 @@
-"""Choosing a threshold (issue 28): the batch state machine at hundreds of thresholds, every slot
+"""Choosing a threshold: the batch state machine at hundreds of thresholds, every slot
 updated at every step (as the service does) against only the slots that can change an outcome.
 
     faultcast simulate --world-seed 201 --seed 201 --nodes 16 --days 10 --acceleration 100 --out out/scale/w201

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The alert threshold's spread over training seeds (issues 19 and 28): training with the shipped
+# The alert threshold's spread over training seeds: training with the shipped
 # settings (BOOSTER below), five booster seeds on the same sampled rows (--sample-seed 0, rows from
 # --rows-cache), each threshold chosen on the validation worlds (pooled). Prints each seed's threshold,
 # trees, validation false alarms and recall, then the spread (highest / lowest threshold).
-#   bash bench/threshold_seeds.sh [OUT_DIR] [SEEDS...]          issue 19: worlds 101-108, one validating
+#   bash bench/threshold_seeds.sh [OUT_DIR] [SEEDS...]          worlds 101-108, one validating
 #   WORLDS="$(seq 201 220)" VALIDATE=4 DATA=out/scale ROWS=out/scale-rows JOBS=2 \
-#     bash bench/threshold_seeds.sh out/threshold-seeds-20       issue 28: 20 worlds, 4 validating
+#     bash bench/threshold_seeds.sh out/threshold-seeds-20       20 worlds, 4 validating
 set -euo pipefail
 out=${1:-out/threshold-seeds}
 shift $(( $# > 0 ? 1 : 0 ))

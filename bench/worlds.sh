@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train across drawn worlds and evaluate leave-world-out (issue 19): the figures behind the README's
+# Train across drawn worlds and evaluate leave-world-out: the figures behind the README's
 # model table. Worlds 101-107 train, world 108 validates (early stopping, calibration, thresholds);
 # the evaluation is on world 11 and the independent family, which no training choice ever saw, with
 # false alarms on world 11 at acceleration 1 (bench/leave_world_out.sh's data, generated once).

@@ -569,7 +569,7 @@ def _on_measured(
 
     unmeasured = frozenset(UNMEASURED)
     print()
-    print("issue 20's target at the measured costs:")
+    print("the goodput target at the measured costs:")
     print("\n".join(costs_report.target_lines(job, ev, job.costs, unmeasured)))
     scaled = cost_scaling.scale(measured, assumptions)
     large = replace(job, costs=cost_scaling.job_costs(scaled, args.detect, args.drain, args.detect_evident))

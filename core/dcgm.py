@@ -22,7 +22,7 @@ Both vocabularies also name `PARITY`: the default fields of dcgm-exporter that a
 metrics (encoder and decoder utilisation, reserved framebuffer, NVLink bandwidth, the DCP fields),
 which the collector exports for parity only: no model input, not on the wire, not imported.
 
-Issue 15 calls the newer names dcgm-exporter 4.9's (`DCGM_FI_DEV_GPU_TEMP_CELSIUS`). The fetched
+The newer names are sometimes called dcgm-exporter 4.9's (`DCGM_FI_DEV_GPU_TEMP_CELSIUS`). The fetched
 dcgm-exporter has no 4.9 release (newest: 4.5.3-4.8.2, pinned to go-dcgm of DCGM 4.5.3) and its
 default CSV still uses the classic names, so this is what DCGM 4.6 names the fields, not a
 confirmed 4.9 default CSV.

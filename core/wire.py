@@ -129,7 +129,7 @@ def _checked_or_none(scope: Scope, values: tuple[float, ...], what: str) -> tupl
 
 # The windows a collector may claim (window_s > 0): no scrape loop runs faster than a millisecond,
 # and a day is far beyond any step a model scores on. Outside them the number is garbage, and a
-# window of 1e-300 s overflowed the service's window arithmetic (issue 27).
+# window of 1e-300 s overflowed the service's window arithmetic.
 MIN_WINDOW_S = 1e-3
 MAX_WINDOW_S = 86_400.0
 

@@ -1,5 +1,5 @@
 """The goodput study on measured costs, as text: where the costs came from, how they were carried to a
-large job, and whether issue 20's target holds at them (and if not, what stands in the way)."""
+large job, and whether the goodput target holds at them (and if not, what stands in the way)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 20's target for a job's costs, and what stands in its way.
+"""The goodput target at a job's costs, and what stands in its way.
 
 The target: policy (b') keeps at least 95% effective training time, and loses at most half the
 GPU-hours that (a) loses. Both are bounds on (b')'s lost time (wall time less useful time), so what

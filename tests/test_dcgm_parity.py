@@ -90,7 +90,7 @@ NOT_EXPORTED = {
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "a vGPU guest's licence state: no vGPU on the nodes faultcast reads",
     "DCGM_FI_DRIVER_VERSION": "a label on every GPU series, not a series (as in dcgm-exporter)",
 }
-# What issue 15 found typed gauge here and counter there.
+# Fields once typed gauge here and counter in dcgm-exporter.
 ISSUE_COUNTERS = {
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",

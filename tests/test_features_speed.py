@@ -1,5 +1,5 @@
-"""The fast feature engine against the frozen reference (tests/reference_features: the engine before
-the issue-28 speed-up): the same features, bit for bit, on random data with NaN gaps, sparse exports,
+"""The fast feature engine against the frozen reference (faultcast.testing.reference_features: the
+engine before its vectorised rewrite): the same features, bit for bit, on random data with NaN gaps, sparse exports,
 counter resets, frozen exporters, absent GPUs and nodes, infinities, replaced GPUs and skipped runs."""
 
 from __future__ import annotations

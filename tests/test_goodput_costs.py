@@ -415,7 +415,7 @@ def test_with_measured_costs_the_command_runs_the_study_at_them_and_at_their_sca
         assert p["ettr"] == pytest.approx(at_scale[p["key"]].ettr)
     assert scaled["assumptions"]["bytes_per_node"] == pytest.approx(7e10 * 16 / 256)
     assert scaled["target"]["met"] == targets.check(at_scale["a"], at_scale["b_tuned"]).met
-    for heading in ("issue 20's target at the measured costs:", "scaled estimate: 70B parameters",
+    for heading in ("the goodput target at the measured costs:", "scaled estimate: 70B parameters",
                     "at the scaled estimate", "not modelled:", "| (b') lost time |"):  # fmt: skip
         assert heading in out
     assert out.count("target ((b') >= 95%") == 2
@@ -447,7 +447,7 @@ def test_without_costs_the_command_reports_the_flags_costs_as_before(
     assert figures["costs"] == {"source": "flags", "used": figures["basis"]["costs"]}
     assert figures["costs"]["used"]["migrate_s"] == 90.0
     assert "scaled" not in figures
-    assert "issue 20's target" not in out
+    assert "goodput target" not in out
     assert "costs: checkpoint 30 s" in out
 
 

@@ -1,4 +1,4 @@
-"""Issue 20, end to end on the real local Slurm cluster: the spare is readied during the warning and
+"""Pre-scheduled migration, end to end on the real local Slurm cluster: the spare is readied during the warning and
 the job hands over at its snapshot.
 
 The first alert on the job's node (snapshot only) makes the service submit a standby copy of the job

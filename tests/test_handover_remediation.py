@@ -1,4 +1,4 @@
-"""The remediator and the prescheduler together (issue 20): the hand-over is claimed on disk before
+"""The remediator and the prescheduler together: the hand-over is claimed on disk before
 the standby is told to go, a repeated acknowledgement hears the same decision (so the job holds
 again), the grace timer and a restart find the hand-over and never requeue beside the standby, and
 a paused remediation hands nothing over. The standby's long poll runs on a real thread; the

@@ -1,4 +1,4 @@
-"""Health Watch slots are shared fairly (issue 27, D): health needs no identity, so callers without one
+"""Health Watch slots are shared fairly: health needs no identity, so callers without one
 could take every slot; now they share a capped part of them (and each host a part of that), while a
 caller that presents an identity the service knows watches in slots kept for identified callers."""
 

@@ -1,4 +1,4 @@
-"""The streaming import (issue 19): slices and spills that do not change a byte of the output, series
+"""The streaming import: slices and spills that do not change a byte of the output, series
 split across files, the JSON reader on any block size, what a real fleet exports (node_exporter's
 InfiniBand and TCP series, dcgm-exporter's NVLink totals and GR_ENGINE_ACTIVE), what is not used
 reported once, frozen exporters blanked, and memory that follows the slice, not the history."""

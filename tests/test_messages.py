@@ -1,4 +1,4 @@
-"""Messages a person can act on (issue 30): what `faultcast train` needs when it refuses, alerts that
+"""Messages a person can act on: what `faultcast train` needs when it refuses, alerts that
 say when first and how far above their threshold they stand, and every directory flag of the CLI
 refused or created in one line."""
 

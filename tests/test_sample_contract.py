@@ -1,5 +1,5 @@
 """What a collector written from proto/README.md may send, pushed through the telemetry servicer of a
-real service (issue 27, B and C): empty `host_values` and `collector_values` mean nothing read (a
+real service: empty `host_values` and `collector_values` mean nothing read (a
 third-party collector that reads no host metrics still pushes its GPUs); a `window_s` no collector
 can have closed is a malformed sample with a reason, never a failure of the service's scoring."""
 

@@ -1,4 +1,4 @@
-"""`faultcast serve --help` shows every option's default (issue 27, F), taken here from the parser and
+"""`faultcast serve --help` shows every option's default, taken here from the parser and
 from the service's configuration itself, so a changed default cannot leave the help behind."""
 
 from __future__ import annotations

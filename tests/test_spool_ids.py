@@ -1,6 +1,6 @@
 """Spool ids are unsigned 64-bit numbers (proto/README.md: "a random 64-bit id"): an id from 2^63 up,
-half of all random ids, is taken, its cursor stored and read back across a restart like any other
-(issue 27, A). SQLite holds signed integers: such ids are stored as their two's complement, and
+half of all random ids, is taken, its cursor stored and read back across a restart like any other.
+SQLite holds signed integers: such ids are stored as their two's complement, and
 cursors written before, all below 2^63, read as they were."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.attacks.victim import FLEET, serving
 
 NODE = 0
 NAME = FLEET.node_name(NODE)
-SPOOL = 2**64 - 2**20 - 7  # at or above 2^63: refused at the hello before issue 27
+SPOOL = 2**64 - 2**20 - 7  # at or above 2^63: a valid id, once refused at the hello
 SENT = 6
 
 

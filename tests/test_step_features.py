@@ -1,4 +1,4 @@
-"""Step summaries in the features (issue 19 item 3): what happened between two model steps.
+"""Step summaries in the features: what happened between two model steps.
 
 Sixty 1 s scrapes and the one summarised sample a collector ships for them give the same features;
 a brake of seconds that the step's last scrape missed shows; too few scrapes, or a frozen exporter,

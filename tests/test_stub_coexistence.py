@@ -1,5 +1,5 @@
 """A third party's stubs of another revision of the .proto files load in the same process as the
-installed faultcast (issue 27, E). Both register faultcast_api/v1/*.proto and faultcast.v1.* names;
+installed faultcast. Both register faultcast_api/v1/*.proto and faultcast.v1.* names;
 in protobuf's default pool whichever came second failed to import ("duplicate file name"). The
 installed stubs now live in a pool of their own (faultcast.v1.pool), the wire names unchanged.
 

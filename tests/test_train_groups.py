@@ -1,4 +1,4 @@
-"""Choices by groups of worlds (issue 28 item 3): early stopping by cross-validation over groups of the
+"""Choices by groups of worlds: early stopping by cross-validation over groups of the
 training worlds, calibration and thresholds pooled over several validation worlds, and the per-world
 replay spread over local processes with the same rows as in one process."""
 

@@ -1,4 +1,4 @@
-"""Training across worlds (issue 19): the last world validates, risk is calibrated at the real failure
+"""Training across worlds: the last world validates, risk is calibrated at the real failure
 rate, error features are monotone, sampled rows are cached, and calibrate finds what training wrote."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from faultcast.sim.writer import simulate
 from faultcast.step_summary import SCRAPES_COLUMN, SUMMARY_COLUMNS
 
 START = 1_767_571_200  # 2026-01-05T00:00:00Z
-# Seven of dcgm-exporter's default-enabled fields (bench/dcgm_export.py's, issue 30's cluster), and a
+# Seven of dcgm-exporter's default-enabled fields (bench/dcgm_export.py's: a real cluster's export), and a
 # plausible value of each.
 DEFAULTS: dict[str, float] = {
     "DCGM_FI_DEV_GPU_TEMP": 60.0,
@@ -188,7 +188,7 @@ def _export(defaults: dict[str, float], nodes: int = 2, gpus: int = 2, samples: 
 
 @pytest.fixture(scope="module")
 def few(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An import of seven dcgm-exporter default metrics at 10 minutes, as issue 30's cluster exported."""
+    """An import of seven dcgm-exporter default metrics at 10 minutes, as a real cluster exported."""
     root = tmp_path_factory.mktemp("few")
     (root / "export.json").write_text(json.dumps(_export(DEFAULTS)))
     import_prometheus(root / "export.json", None, root / "data")

@@ -9,11 +9,11 @@ and holds (slice steps + lookahead) x GPUs x active columns values: memory follo
 and the slice, never the length of the history.
 
 Frozen exporters: a dcgm-exporter that hangs keeps serving its last readings, so Prometheus goes on
-storing the same values (issue 19 saw 37 hours of them). A working GPU never reports every gauge
+storing the same values (a real fleet's export held 37 hours of them). A working GPU never reports every gauge
 bit-identical for long: board power is read at milliwatt resolution and moves by far more than that
 from one read to the next even at idle (fans, VRM losses and leakage follow temperature), and the
-temperatures follow the inlet air. A frozen exporter, by contrast, repeats itself for hours (issue 19:
-37). The default threshold is an hour, not less, for exporters that round (integer degrees, a power
+temperatures follow the inlet air. A frozen exporter, by contrast, repeats itself for hours (37
+in that export). The default threshold is an hour, not less, for exporters that round (integer degrees, a power
 reading rounded to the watt at a power cap) and for the fleet twin, which clamps power at exactly the
 cap: subsampled to 5 minutes, its integer temperature and capped power hold still for up to 50
 minutes. So, per GPU, a run of steps in which every gauge it reports is identical to the step before

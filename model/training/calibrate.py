@@ -3,7 +3,7 @@
 A model's trained threshold held its false-alarm budget on the twin worlds it was validated on; a real
 fleet (hotter racks, other cards, other jobs) scores its healthy GPUs differently. Calibration scores
 the fleet's recent history with the model, through the same features and alert policy as serving,
-and takes the lowest threshold at which false alarms (issue 9's: incidents not followed by their
+and takes the lowest threshold at which false alarms (incidents not followed by their
 failure within the prediction period) on the windows not followed by a failure stay within the
 budget, per 1,000 GPU-days. With no failure log every incident counts as a false alarm: conservative,
 since an incident that a failure did follow is counted against the budget too.

@@ -147,7 +147,7 @@ class TrainConfig:
     # handful of failures otherwise gets a handful of leaves, and its risk never reaches a threshold.
     balance_modes: bool = False
     # Stack the booster with the logistic baseline and serve the blend where it catches more on the
-    # validation worlds at the same budget (off: the booster alone, as before issue 28).
+    # validation worlds at the same budget (off: the booster alone).
     blend: bool = True
 
 

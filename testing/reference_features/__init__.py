@@ -1,3 +1,3 @@
-"""The feature engine as it was before the issue-28 speed-up (commit 69914e7), frozen: the reference the
+"""The feature engine as it was before its vectorised rewrite (commit 69914e7), frozen: the reference the
 fast engine is compared with, bit for bit (tests/test_features_speed.py), and the "before" of
 bench/feature_path.py. Not used by faultcast itself; never edit it to follow the engine."""

@@ -1,4 +1,4 @@
-"""Issue 16, items 4 and 5: a service killed with SIGKILL and restarted on the same state keeps the
+"""A service killed with SIGKILL and restarted on the same state keeps the
 circuit breaker's window (a crash loop cannot drain without limit) and the grace deadline of every
 open snapshot-and-migrate alert (the drain comes at opened + grace, not restart + grace, and at once
 when the deadline passed while the service was down).

@@ -1,4 +1,4 @@
-"""A full state disk must not silence alerting (issue 16, item 3). The probe filled the state
+"""A full state disk must not silence alerting. The probe filled the state
 directory: the cursor thread died, alerts raised meanwhile were lost although their samples had been
 acknowledged, and after space came back cursors were never saved again. Here the state directory is
 a real 4 MiB tmpfs filled to the last byte."""

@@ -1,5 +1,5 @@
-"""The grace timer drains no node whose alert cleared because the risk fell back (issue 16, item
-7): the README promises it, and the probe saw it drain one. A node whose alert cleared because its
+"""The grace timer drains no node whose alert cleared because the risk fell back: the
+README promises it, and the probe saw it drain one. A node whose alert cleared because its
 GPUs went dark still goes: that may be the failure itself."""
 
 from __future__ import annotations

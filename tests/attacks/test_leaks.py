@@ -1,4 +1,4 @@
-"""Information and resource leaks (issue 16, item 9): what a refusal reveals, what one job may hold,
+"""Information and resource leaks: what a refusal reveals, what one job may hold,
 what malformed bytes and out-of-range integers do."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A model whose manifest (or threshold.json) holds an impossible setting must not load (issue 16,
-item 8): the probe set the threshold to -5 (88 alerts) and NaN (the service went silently blind),
+"""A model whose manifest (or threshold.json) holds an impossible setting must not load:
+the probe set the threshold to -5 (88 alerts) and NaN (the service went silently blind),
 k to 0, clear_steps and horizon_s to -1, and every one was accepted on load and on reload. Each bad
 value is refused with the file, the key and what is allowed; at start that is fatal, on reload the
 old model keeps serving.

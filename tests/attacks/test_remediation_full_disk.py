@@ -1,4 +1,4 @@
-"""Issue 16, item 3 (the remediator's part): with the state directory full, the remediator's worker
+"""A full state disk, the remediator's part: with the state directory full, the remediator's worker
 died and nothing was drained again once space came back. Now a write the store refuses is counted,
 kept and retried; the worker lives on; each node is drained once, when writes work again.
 

@@ -1,4 +1,4 @@
-"""The standby seam, tried as the attacker of issue 27 tried it, against a real service over TLS with
+"""The standby seam, tried as an attacker tried it, against a real service over TLS with
 bearer tokens and spares readied through a real webhook receiver (the "scheduler", which is handed
 each spare's claim and starts the standby with it).
 

@@ -1,4 +1,4 @@
-"""Nobody can lock out the admin (issue 16, item 2). The probe: 300 `Health.Watch` streams without
+"""Nobody can lock out the admin. The probe: 300 `Health.Watch` streams without
 any credentials took every worker thread for good, so SetRemediation, Acknowledge, RegisterJob and
 ListActiveAlerts timed out, even after the client left; one Watch kept `faultcast serve` from
 exiting on SIGTERM while its /metrics port stayed up."""

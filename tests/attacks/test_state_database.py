@@ -1,5 +1,5 @@
 """A damaged state database is refused with one clear line, never taken for a fresh one; alert ids
-never go backwards, even when the database is replaced by a new one (issue 16, item 6)."""
+never go backwards, even when the database is replaced by a new one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A background thread that dies is restarted, logged and counted (issue 16, item 1): the probe's
+"""A background thread that dies is restarted, logged and counted: the probe's
 cursor thread died on one bad value and the service stayed SERVING without it for good."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A jump forward in a node's event time must cost the service a bounded amount of work (issue 16:
-nothing a caller sends may silence alerting). The probe: with --max-sample-age 0 --max-clock-skew 0
+"""A jump forward in a node's event time must cost the service a bounded amount of work
+(nothing a caller sends may silence alerting). The probe: with --max-sample-age 0 --max-clock-skew 0
 ("no check"), a collector pushing only for its own node sent a sample stamped 1 s after the Unix
 epoch and then one stamped now. The scorer stepped the feature engine through every model step of
 the gap (~3e7 steps at ~1.5 ms each, on the gRPC event loop): ~13 h during which no Push, Health,

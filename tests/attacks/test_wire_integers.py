@@ -1,5 +1,5 @@
-"""Integers from the wire are range-checked at the edge; no failed write poisons the shared database
-(issue 16, item 1). The probe: a collector pushing only for its own node sends a sequence >= 2^63;
+"""Integers from the wire are range-checked at the edge; no failed write poisons the shared database.
+The probe: a collector pushing only for its own node sends a sequence >= 2^63;
 the cursor write died on OverflowError inside BEGIN IMMEDIATE, and from then on no node got an alert,
 RegisterJob answered OK without committing and cursors were never saved."""
 
@@ -87,7 +87,7 @@ def test_a_failed_write_leaves_no_transaction_open(tmp_path: Path) -> None:
 def test_a_collector_opening_streams_with_fresh_spool_ids_keeps_a_bounded_cursor_table(
     served: tuple[Service, grpc.Channel, Path],
 ) -> None:
-    """Issue 16, item 9: one collector made 23,122 cursor rows in 30 s with fresh spool ids."""
+    """The probe: one collector made 23,122 cursor rows in 30 s with fresh spool ids."""
     service, channel, state = served
     for spool in range(1, 41):
         _attack(channel, [1], spool_id=spool)
