@@ -3,8 +3,10 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
-# The demo: four twin nodes at 240x real time push to the service; HBM, firmware, NVLink and PCIe
-# failures come on cue over four simulated hours (about a minute; the first run also trains a model).
+# `make run`: the end-to-end demo (`faultcast demo`). Four twin nodes at 240x real time push to the
+# service, HBM, firmware, NVLink and PCIe failures come on cue over four simulated hours, and a console
+# trainer acknowledges each alert's snapshot before the service drains the node (no-op actuator). About
+# a minute; the first run also trains the demo model into out/demo-model.
 
 .PHONY: run test fast install system-deps lint typecheck unit proto docs bench clean
 
@@ -13,9 +15,9 @@ run: install
 
 test: install system-deps lint typecheck unit
 
-# The edit-run loop, under two minutes on two cores: lint, types (mypy's cache makes a rerun quick) and
+# The edit-run loop, about two minutes on two cores: lint, types (mypy's cache makes a rerun quick) and
 # the tests not marked slow (tests/conftest.py marks them, and says why), with fewer fuzz examples
-# (hypothesis profile "fast"). `make test` stays the test command. More pytest options through
+# (hypothesis profile "fast"). `make test` is the test command. More pytest options through
 # PYTEST_ARGS, e.g. `make fast PYTEST_ARGS="-x -k spool"`; see docs/testing.md.
 fast: install lint typecheck
 	FAULTCAST_HYPOTHESIS_PROFILE=$${FAULTCAST_HYPOTHESIS_PROFILE:-fast} $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
