@@ -48,7 +48,7 @@ class Source(enum.Enum):
     SELF = "self"  # the collector's own bookkeeping
 
 
-# Xid codes tracked one by one (../shared/FAILURE_MODES.md); anything else counts as "other".
+# Xid codes tracked one by one (docs/failure-modes.md, "Xid codes that matter"); anything else is "other".
 TRACKED_XIDS: tuple[int, ...] = (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 
 

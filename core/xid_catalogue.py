@@ -4,13 +4,13 @@ Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog", Ampere and newer GP
 (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): each Xid's mnemonic and its
 "Resolution Bucket (Immediate Action)" (RESTART_APP, RESET_GPU, RESTART_BM, IGNORE, WORKFLOW_*); the same
 table ships as data in NVIDIA's NVSentinel (xiderrorsmapping.csv, which also marks each code FATAL or
-NONFATAL). The modes come from ../shared/FAILURE_MODES.md and faultcast.modes.
+NONFATAL). The modes come from docs/failure-modes.md ("Xid codes that matter") and faultcast.modes.
 
 What faultcast makes of an Xid (`XidKind`):
 - FAILURE: the catalogue asks for a GPU reset, a reboot or a hardware workflow (the job on it is lost and
   the GPU must be serviced); the mode says which failure.
 - APPLICATION: the catalogue's answer is to restart the application (or to check it): user code, not
-  hardware (FAILURE_MODES.md: 13, 31, 43 follow user code). Skipped, counted.
+  hardware (docs/failure-modes.md: 13, 31, 43 follow user code). Skipped, counted.
 - INFORMATIONAL: the catalogue says IGNORE, or the Xid reports on another one (45 cleans up after an
   earlier error, 154 restates the recovery action another Xid needs): precursors and echoes, not failures
   (63 and 92 are memory wear a model should learn to see coming). Skipped, counted.
@@ -21,7 +21,7 @@ A code that is not in this table is unknown to faultcast: counted and reported, 
 
 Choices worth knowing:
 - Xid 94 (contained ECC error) is RESTART_APP in the catalogue, but the application it names was killed by
-  an uncorrectable memory error: for a training job that is a hardware failure (FAILURE_MODES.md lists
+  an uncorrectable memory error: for a training job that is a hardware failure (docs/failure-modes.md lists
   94/95 with 48 as memory). The GPU keeps working, which is why the catalogue only restarts the app.
 - Xid 94/95 are written as hbm_wear, never gpu_sram: the line names the unit that consumed the poisoned
   data ("Contained: SM (0x1)"), not where the error arose, so HBM and SRAM cannot be told apart from it.

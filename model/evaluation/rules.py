@@ -1,5 +1,6 @@
 """The rules operators use today, as a baseline: DCGM policy conditions and NVSentinel's InfiniBand
-thresholds (../shared/FAILURE_MODES.md), evaluated on the same feature rows as the model.
+thresholds (docs/failure-modes.md, "Rules operators use today"), evaluated on the same feature rows as
+the model.
 
 A rule either fires (score 1) or not (0); the alert policy then treats the score like a risk.
 """

@@ -254,7 +254,7 @@ def build(config: IndependentConfig, w: World) -> Schedule:
             node_busy[node] = until
             unit_up_at[node * g : node * g + g] = until
         if repair and kind in ("nvlink", "pcie", "ib") and rng.random() < w["reseat_burst_p"]:
-            # A short error burst after the reseat (FAILURE_MODES.md look-alike); never fails.
+            # A short error burst after the reseat (docs/failure-modes.md look-alike); never fails.
             length = rng.uniform(600, 2400)
             s.episodes.append(
                 _episode(rng, w, kind, node, gpu, until, until + length, fails=False, shape=0.0, strength=0.5)

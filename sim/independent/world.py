@@ -132,7 +132,7 @@ class Cause:
     level: str  # "gpu" or "node" (used when no mode is known)
     precursor: str  # "", "hbm", "cooling", "power", "nvlink", "pcie", "structural", "ib"
     p_precursor: float  # prior
-    precursor_median_s: float  # prior (FAILURE_MODES.md: minutes to hours)
+    precursor_median_s: float  # prior (docs/failure-modes.md: minutes to hours)
     xids: tuple[int, ...]
     p_replace: float  # prior
     repair: bool = True  # False: no hardware goes dark (a software crash: the job restarts)
@@ -279,7 +279,7 @@ def draw_world(seed: int) -> World:
         "tcp_retrans_ratio": _r(logu(1e-5, 5e-4)),  # prior
         "failure_rate_per_gpu_day": _r(4.7e-4 * u(0.8, 1.25)),  # Llama3, +-25% per world (prior)
         "cause_mix": {c.name: _r(float(m)) for c, m in zip(CAUSES, mix, strict=True)},  # Llama3
-        "p_precursor": p_pre,  # priors per cause (FAILURE_MODES.md: a minority have any)
+        "p_precursor": p_pre,  # priors per cause (docs/failure-modes.md: a minority have any)
         "precursor_median_s": pre_len,  # priors per cause
         "precursor_sigma": _r(u(0.7, 1.2)),  # prior: lognormal spread of lengths
         "precursor_strength_sigma": _r(u(0.5, 1.0)),  # prior: lognormal spread of strengths
