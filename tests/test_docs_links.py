@@ -1,10 +1,11 @@
 """Documents the repository cites are in the repository.
 
-A comment or a page that cites a document outside the checkout (`../shared/...`), or one that does not
-exist (`FAILURE_MODES.md`, a markdown link to a moved page), sends a reader nowhere. The design rules
-are in docs/design.md and the facts about failures in docs/failure-modes.md; this checks every tracked
-text file: no path into `../shared/`, every markdown link (`](path)` and `[name]: path`) resolves,
-every `docs/*.md` named resolves, and every other `*.md` named is the name of a tracked file.
+A comment or a page that cites a document outside the checkout (the `shared` folder beside it), or
+one that does not exist (a page by a name nothing has, a markdown link to a moved page), sends a reader
+nowhere. The design rules are in docs/design.md and the facts about failures in docs/failure-modes.md;
+this checks every tracked text file: no path into that folder (`OUTSIDE`), every markdown link
+(`](path)` and `[name]: path`) resolves inside the repository, every `docs/*.md` named resolves, and
+every other `*.md` named is the name of a file in the repository.
 """
 
 from __future__ import annotations
