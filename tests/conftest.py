@@ -55,6 +55,10 @@ settings.load_profile(
 # `service_model` trains the demo model, about a minute, so its tests are slow unless
 # FAULTCAST_TEST_SERVICE_MODEL names a model trained that way: then it costs nothing, and the tests that
 # use it join the fast loop unless they are slow on their own (listed below for that case).
+# A test whose outcome cannot depend on the model's quality (authentication, limits, reflection, health,
+# admin calls, registration, plumbing) takes `stub_model` instead: a real artifact built in milliseconds
+# that never alerts, so it is not slow on that account. Only a test that needs a precursor caught (or
+# scores that mean something) takes `service_model`.
 SLOW_FIXTURES = {
     "service_model": "trains the demo model (unless FAULTCAST_TEST_SERVICE_MODEL names one)",
     "tests/test_model.py::data": "simulates a fleet twin (and `trained` trains on it)",
@@ -164,6 +168,30 @@ SLOW_TESTS = {
             "retries on the remediator's backoff"
         ),
     },
+    # These use `stub_model` (fast): they are slow on their own.
+    "tests/test_security.py": {
+        "test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships": "processes",
+        "test_serve_refuses_to_start_without_tls_or_an_explicit_insecure": "`faultcast serve`",
+    },
+    "tests/attacks/test_starvation.py": {
+        "test_serve_exits_on_sigterm_with_watch_streams_and_a_subscription_open": "`faultcast serve`",
+    },
+    "tests/attacks/test_state_database.py": {
+        "test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file": "`faultcast serve`",
+    },
+    "tests/attacks/test_threads.py": {
+        "test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again": (
+            "waits for the supervisor's restart"
+        ),
+    },
+    "tests/test_failed_events.py": {
+        "test_a_collector_killed_or_hung_is_a_silent_node_and_one_that_stops_cleanly_is_not": (
+            "`faultcast collect` processes killed, hung and stopped"
+        ),
+    },
+    "tests/test_stub_coexistence.py": {
+        "test_their_stubs_and_faultcast_load_together_and_call_a_real_service": "protoc and a Python child",
+    },
     # The rest use `service_model`; they are listed for runs with FAULTCAST_TEST_SERVICE_MODEL set.
     "tests/test_goodput.py": {
         "test_the_goodput_command_prints_the_three_policies_recommends_a_threshold_and_plots": (
@@ -175,21 +203,11 @@ SLOW_TESTS = {
             "a fleet twin through the service"
         ),
     },
-    "tests/test_security.py": {
-        "test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships": "processes",
-        "test_serve_refuses_to_start_without_tls_or_an_explicit_insecure": "`faultcast serve`",
-    },
     "tests/attacks/test_crash_remediation.py": {
         "test_a_crash_loop_does_not_reset_the_circuit_breaker": "`faultcast serve` killed in a loop",
         "test_a_drain_whose_deadline_passed_while_the_service_was_down_comes_at_once_after_restart": (
             "`faultcast serve` killed and restarted"
         ),
-    },
-    "tests/attacks/test_starvation.py": {
-        "test_serve_exits_on_sigterm_with_watch_streams_and_a_subscription_open": "`faultcast serve`",
-    },
-    "tests/attacks/test_state_database.py": {
-        "test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file": "`faultcast serve`",
     },
     "tests/test_client_adapters.py": {
         "test_the_lightning_callback_checkpoints_periodically_and_skips_partial_snapshots": (
@@ -218,11 +236,6 @@ SLOW_TESTS = {
     "tests/attacks/test_time_gap.py": {
         "test_a_jump_in_event_time_leaves_the_service_answering_and_the_victim_alerted": (
             "a twin precursor through the service"
-        ),
-    },
-    "tests/attacks/test_threads.py": {
-        "test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again": (
-            "waits for the supervisor's restart"
         ),
     },
     "tests/attacks/test_wire_integers.py": {
@@ -276,6 +289,16 @@ def service_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from faultcast.demo.model import train_demo_model
 
     return train_demo_model(tmp_path_factory.mktemp("service-model"), tmp_path_factory.mktemp("service-data"))
+
+
+@pytest.fixture(scope="session")
+def stub_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real model artifact that loads like any other (`Service.open`, `faultcast serve --model`) but
+    is built in milliseconds and never alerts (faultcast.testing.stub_model): for the tests whose
+    outcome cannot depend on the model. A test that needs an alert from samples takes `service_model`."""
+    from faultcast.testing.stub_model import stub_model as build
+
+    return build(tmp_path_factory.mktemp("stub-model") / "model")
 
 
 @pytest.fixture

@@ -42,9 +42,9 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model_dir = tmp_path_factory.mktemp("serving") / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     service = Service.open(
         model_dir, tmp_path_factory.mktemp("state"), ServiceConfig(grace_s=3600.0), actuator=NoopActuator()
     )
@@ -381,9 +381,9 @@ def test_a_job_registration_names_real_nodes(served: Served) -> None:
 
 
 def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
-    service = Service.open(service_model, tmp_path)
+    service = Service.open(stub_model, tmp_path)
     node = _node()
     service.store.alerts.append([_opened(node, padding=2000) for _ in range(3000)])
     port = service.start("127.0.0.1:0")
@@ -411,10 +411,10 @@ def test_a_replay_cut_short_by_a_stopping_service_is_not_called_complete(
 
 
 def test_a_stopping_service_ends_a_live_subscription_with_unavailable(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
     # A client that reconnects only on errors must hear an error: an OK end left it deaf.
-    service = Service.open(service_model, tmp_path)
+    service = Service.open(stub_model, tmp_path)
     port = service.start("127.0.0.1:0")
     stopping = threading.Thread(target=service.stop, args=(5.0,))
     try:

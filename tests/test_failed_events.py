@@ -38,9 +38,9 @@ _nodes = count()
 
 
 @pytest.fixture(scope="module")
-def served(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+def served(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
     model_dir = tmp_path_factory.mktemp("serving") / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     config = ServiceConfig(grace_s=3600.0, silence_grace_s=1.0)
     service = Service.open(model_dir, tmp_path_factory.mktemp("state"), config, actuator=NoopActuator())
     port = service.start("127.0.0.1:0")

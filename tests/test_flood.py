@@ -72,7 +72,7 @@ class Flooded:
 
 
 @pytest.fixture(scope="module")
-def flooded(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flooded]:
+def flooded(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flooded]:
     directory = tmp_path_factory.mktemp("flood")
     pki = Authority(directory, "flood")
     server = pki.server()
@@ -84,7 +84,7 @@ def flooded(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         )
     )
     model_dir = directory / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     metrics = ServiceMetrics()
     service = Service.open(
         model_dir,

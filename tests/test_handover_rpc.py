@@ -17,8 +17,8 @@ from tests.attacks.tokened import Tokened, tokened_service
 
 
 @pytest.fixture(scope="module")
-def served(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
-    with tokened_service(service_model, tmp_path_factory.mktemp("handover")) as running:
+def served(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
+    with tokened_service(stub_model, tmp_path_factory.mktemp("handover")) as running:
         yield running
 
 

@@ -39,9 +39,9 @@ async def _refused(stub: health_pb2_grpc.HealthStub) -> str:
 
 
 def test_anonymous_watches_past_their_share_are_refused_and_identified_callers_still_watch(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
-    with tokened_service(service_model, tmp_path, caller_limits=LIMITS) as tokened:
+    with tokened_service(stub_model, tmp_path, caller_limits=LIMITS) as tokened:
 
         async def scenario() -> list[str]:
             async with (

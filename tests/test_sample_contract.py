@@ -24,10 +24,10 @@ from tests.attacks.victim import FLEET, serving
 
 @pytest.fixture(scope="module")
 def served(
-    service_model: Path, tmp_path_factory: pytest.TempPathFactory
+    stub_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Service, grpc.Channel]]:
     scratch = tmp_path_factory.mktemp("sample-contract")
-    with serving(service_model, scratch / "state", scratch) as running:
+    with serving(stub_model, scratch / "state", scratch) as running:
         yield running
 
 

@@ -73,7 +73,7 @@ def _token_line(token: str, role: str, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def secured(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+def secured(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     directory = tmp_path_factory.mktemp("pki")
     pki = Authority(directory, "fleet")
     server = pki.server()
@@ -93,7 +93,7 @@ def secured(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         + _token_line(token["job-2"], "trainer", "job-2")
     )
     model_dir = tmp_path_factory.mktemp("serving") / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     metrics = ServiceMetrics()  # the policy counts refusals on the service's registry, as `serve` does
     service = Service.open(
         model_dir,
@@ -360,10 +360,10 @@ def test_a_tokens_file_with_a_bad_line_is_refused_with_its_line_number(tmp_path:
 
 
 def test_serve_refuses_to_start_without_tls_or_an_explicit_insecure(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [FAULTCAST, "serve", "--model", str(service_model), "--state-dir", str(tmp_path)],
+        [FAULTCAST, "serve", "--model", str(stub_model), "--state-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -396,7 +396,7 @@ def test_serve_refuses_to_start_without_tls_or_an_explicit_insecure(
 
 
 def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
-    secured: Secured, service_model: Path, tmp_path: Path
+    secured: Secured, stub_model: Path, tmp_path: Path
 ) -> None:
     pki = secured.pki
     server = pki.server()
@@ -417,7 +417,7 @@ def test_serve_with_tls_and_tokens_takes_every_sample_a_collector_ships(
             FAULTCAST,
             "serve",
             "--model",
-            str(service_model),
+            str(stub_model),
             "--state-dir",
             str(tmp_path / "state"),
             "--listen",

@@ -21,18 +21,18 @@ SENT = 6
 
 
 def test_a_spool_id_above_2_63_is_taken_and_its_replay_after_a_restart_is_dropped(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
     source = TwinSource(FLEET, NODE, [])
     sent = list(twin_snapshots(source, NAME, SENT))
     state = tmp_path / "state"
-    with serving(service_model, state, tmp_path / "first") as (service, channel):
+    with serving(stub_model, state, tmp_path / "first") as (service, channel):
         acks = push(channel, NAME, sent, spool_id=SPOOL)
         assert [list(a.rejections) for a in acks] == [[] for _ in sent]
         assert acks[-1].acked_through == len(sent)
         service.stop(0)  # a clean stop saves the cursors
 
-    with serving(service_model, state, tmp_path / "second") as (service, channel):
+    with serving(stub_model, state, tmp_path / "second") as (service, channel):
         assert service.telemetry.cursors()[(NAME, SPOOL)] == len(sent)
         after = list(twin_snapshots(source, NAME, 3, first_sequence=len(sent) + 1))
         replay = sent[-2:]  # what the collector resends when it saw no ack for it

@@ -61,10 +61,10 @@ def their_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("order", ["third-party-first", "faultcast-first"])
 def test_their_stubs_and_faultcast_load_together_and_call_a_real_service(
-    their_stubs: Path, service_model: Path, tmp_path: Path, order: str
+    their_stubs: Path, stub_model: Path, tmp_path: Path, order: str
 ) -> None:
     model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     env = {**os.environ, "PYTHONPATH": str(their_stubs)}
     ran = subprocess.run(
         [sys.executable, str(SCRIPT), order, str(model_dir), str(tmp_path / "state")],

@@ -52,9 +52,9 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def service(service_model: Path, tmp_path: Path) -> Iterator[tuple[Service, int]]:
+def service(stub_model: Path, tmp_path: Path) -> Iterator[tuple[Service, int]]:
     model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     service = Service.open(
         model_dir, tmp_path / "state", ServiceConfig(grace_s=3600.0), actuator=NoopActuator()
     )

@@ -29,9 +29,9 @@ MALFORMED = b"\xff"  # a field tag whose varint never ends
 
 
 @pytest.fixture(scope="module")
-def tokened(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
+def tokened(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
     limits = CallerLimits(job_subscribers=JOB_SUBSCRIBERS)
-    with tokened_service(service_model, tmp_path_factory.mktemp("leaks"), caller_limits=limits) as running:
+    with tokened_service(stub_model, tmp_path_factory.mktemp("leaks"), caller_limits=limits) as running:
         yield running
 
 

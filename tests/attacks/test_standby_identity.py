@@ -119,14 +119,14 @@ def _await(served: Tokened, who: str, request: apb.AwaitHandOverRequest) -> apb.
 
 @pytest.mark.parametrize("trainers_register", [True, False], ids=["trainers-register", "admins-register"])
 def test_no_trainer_can_make_itself_another_jobs_standby_and_a_restart_keeps_it_so(
-    service_model: Path,
+    stub_model: Path,
     tmp_path: Path,
     scheduler: tuple[Receiver, str],
     trainers_register: bool,
 ) -> None:
     receiver, url = scheduler
     spares = WebhookSpares(url)
-    with tokened_service(service_model, tmp_path, spares=spares) as served:
+    with tokened_service(stub_model, tmp_path, spares=spares) as served:
         _register(served)  # (trainers register here; the admin-registration service is the restart)
         mine, theirs = _warn(served, ATTACKER), _warn(served, VICTIM)
         own_claim = _prepared(receiver, ATTACKER)["standby_env"]["FAULTCAST_STANDBY_CLAIM"]
@@ -204,7 +204,7 @@ def test_no_trainer_can_make_itself_another_jobs_standby_and_a_restart_keeps_it_
 
     # 5. A restart (the same state directory) keeps every refusal: they rest on what is on disk.
     with tokened_service(
-        service_model, tmp_path, spares=spares, trainers_register=trainers_register
+        stub_model, tmp_path, spares=spares, trainers_register=trainers_register
     ) as restarted:
         assert restarted.service.store.remediations.predecessors(VICTIM) == []
         after = _acts_for_the_victim(restarted, theirs)

@@ -30,11 +30,11 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @pytest.fixture(scope="module")
-def tokened(service_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
+def tokened(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tokened]:
     # The probe opened every Watch from one host, more than a host's share without an identity
     # (health_watches_per_host): raised to its number here, where the point is threads, not caps.
     limits = CallerLimits(health_watches_per_host=WATCHES)
-    with tokened_service(service_model, tmp_path_factory.mktemp("starve"), caller_limits=limits) as running:
+    with tokened_service(stub_model, tmp_path_factory.mktemp("starve"), caller_limits=limits) as running:
         yield running
 
 
@@ -90,9 +90,9 @@ def test_300_watch_streams_without_credentials_leave_every_other_call_answered(t
     assert after == expected
 
 
-def test_watch_streams_past_the_cap_are_refused_and_counted(service_model: Path, tmp_path: Path) -> None:
+def test_watch_streams_past_the_cap_are_refused_and_counted(stub_model: Path, tmp_path: Path) -> None:
     cap = 3
-    with tokened_service(service_model, tmp_path, caller_limits=CallerLimits(health_watches=cap)) as tokened:
+    with tokened_service(stub_model, tmp_path, caller_limits=CallerLimits(health_watches=cap)) as tokened:
 
         async def attack() -> tuple[grpc.StatusCode, int]:
             async with tokened.aio_channel() as stranger:
@@ -125,10 +125,10 @@ async def _until_watching(tokened: Tokened, count: int) -> None:
 
 
 def test_admin_pauses_remediation_under_watches_subscriptions_and_a_flood_of_calls(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
     # Few shared worker threads, so that the flood of trainers' calls keeps all of them busy.
-    with tokened_service(service_model, tmp_path, max_threads=4) as tokened:
+    with tokened_service(stub_model, tmp_path, max_threads=4) as tokened:
         store = tokened.service.store
         for job, node in (("job-a", "node-1"), ("job-b", "node-2"), ("job-c", "node-2")):
             store.jobs.register(job, [node])
@@ -183,11 +183,11 @@ def test_admin_pauses_remediation_under_watches_subscriptions_and_a_flood_of_cal
 
 
 def test_serve_exits_on_sigterm_with_watch_streams_and_a_subscription_open(
-    service_model: Path, tmp_path: Path
+    stub_model: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    served = ServeProcess(service_model, state, tmp_path / "serve.log")
+    served = ServeProcess(stub_model, state, tmp_path / "serve.log")
     try:
         health = health_pb2_grpc.HealthStub(served.channel)
         watches = [health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT_S) for _ in range(3)]

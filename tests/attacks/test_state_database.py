@@ -198,7 +198,7 @@ def test_an_existing_database_keeps_its_data_and_ids_across_a_restart(tmp_path: 
 
 @pytest.mark.parametrize("damage", ["empty", "half", "directory"])
 def test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file(
-    damage: str, service_model: Path, tmp_path: Path
+    damage: str, stub_model: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
     path = state / "faultcast-service.sqlite"
@@ -216,7 +216,7 @@ def test_serve_on_a_damaged_database_exits_with_one_line_naming_the_file(
             "serve",
             "--insecure",
             "--model",
-            str(service_model),
+            str(stub_model),
             "--state-dir",
             str(state),
             "--listen",

@@ -18,10 +18,10 @@ from tests.attacks.victim import NAME, WAIT_S, push_victim
 
 
 def test_a_cursor_thread_that_dies_is_restarted_counted_and_saves_again(
-    service_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    stub_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model_dir = tmp_path / "model"
-    shutil.copytree(service_model, model_dir)
+    shutil.copytree(stub_model, model_dir)
     service = Service.open(
         model_dir, tmp_path / "state", ServiceConfig(limits=Limits(max_future_s=0, max_age_s=0))
     )
