@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import secrets
@@ -10,19 +11,19 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from faultcast.cli.help_defaults import DefaultsShown
 from faultcast.cli.paths import create_parents, missing_input, uncreatable
 from faultcast.cli.tls_args import add_server_arguments, server_tls_options
 from faultcast.cli.types import Subcommands, duration, limit
+from faultcast.service.config import ServiceConfig
 from faultcast.service.remediation.actuators import Actuator, NoopActuator, RetryPolicy, WebhookActuator
 from faultcast.service.rpc.auth import Role, digest
 from faultcast.service.rpc.validation import Limits
 from faultcast.tls import TLSConfigError, server_tls
 
-if TYPE_CHECKING:  # the service's configuration loads the model package (LightGBM): only when serving
-    from faultcast.service.config import ServiceConfig
+if TYPE_CHECKING:
     from faultcast.service.remediation.spares.prescheduler import SpareProvider
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,18 @@ log = logging.getLogger(__name__)
 # something is stuck, and a process that neither serves nor exits is worse than one that exits.
 _STOP_LIMIT_S = 60.0
 SPARES = ("none", "slurm", "kubernetes", "webhook")  # --spares: where replacements are readied
+_FIELDS = {f.name: f for f in dataclasses.fields(ServiceConfig)}
+
+
+def config_default(name: str) -> Any:
+    """ServiceConfig's default for field `name` ("part.field": a nested config's), the default of the
+    flag that sets it (tests/test_cli_defaults.py ties them): a flag left out means what leaving the
+    field out of ServiceConfig means. Read from the fields, building a nested config alone: a whole
+    ServiceConfig() builds its ActionPolicy, which loads the model package (LightGBM) on every command."""
+    part, _, leaf = name.partition(".")
+    field = _FIELDS[part]
+    value = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+    return getattr(value, leaf) if leaf else value
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -107,73 +120,86 @@ def add_parser(commands: Subcommands) -> None:
     serve.add_argument(
         "--grace",
         type=duration,
-        default=300.0,
+        default=config_default("grace_s"),
         help="remediate this long after a snapshot-and-migrate alert without SNAPSHOT_DONE",
     )
     serve.add_argument(
         "--remediation-attempts",
         type=int,
-        default=6,
+        default=config_default("retry.max_attempts"),
         help="tries per remediation before it is recorded as failed (1: no retry)",
     )
     serve.add_argument(
         "--remediation-backoff",
         type=duration,
-        default=5.0,
+        default=config_default("retry.initial_s"),
         help="wait before the first retry of a failed remediation; each next wait doubles, with jitter",
     )
     serve.add_argument(
         "--remediation-backoff-max",
         type=duration,
-        default=300.0,
+        default=config_default("retry.max_s"),
         help="the longest wait between two tries of a remediation",
     )
     serve.add_argument(
         "--silent-after",
         type=int,
-        default=5,
+        default=config_default("silent_after_steps"),
         metavar="STEPS",
         help="model steps without a sample after which a node is silent: its alerts clear and it is counted",
     )
     serve.add_argument(
         "--failure-grace",
         type=duration,
-        default=2.0,
+        default=config_default("silence_grace_s"),
         help="a node whose collector stream broke (not closed with its goodbye) and did not come back "
         "within this long has failed: a FAILED event (node silent)",
     )
     serve.add_argument(
         "--keepalive",
         type=duration,
-        default=1.0,
+        default=config_default("keepalive_s"),
         help="ping every stream's peer this often; one that does not answer a ping within 1.5 times this "
         "long is gone (a hung or powered-off node sends no reset)",
     )
     serve.add_argument(
         "--failure-hold",
         type=duration,
-        default=600.0,
+        default=config_default("failure_hold_s"),
         help="after a FAILED event, further evidence of the same GPU (or node) within this long is "
         "folded into it, not sent again",
     )
     serve.add_argument(
         "--checkpoint-every",
         type=int,
-        default=15,
+        default=config_default("checkpoint_steps"),
         metavar="STEPS",
         help="save a node's scoring state every this many scored steps (and whenever its alerts change); "
         "a restart replays at most that many steps of journalled samples per node",
     )
-    serve.add_argument("--max-drains", type=int, default=4, help="circuit breaker: nodes per window")
-    serve.add_argument("--drain-window", type=duration, default=3600.0, help="circuit breaker window")
+    serve.add_argument(
+        "--max-drains",
+        type=int,
+        default=config_default("max_drains"),
+        help="circuit breaker: nodes per window",
+    )
+    serve.add_argument(
+        "--drain-window",
+        type=duration,
+        default=config_default("drain_window_s"),
+        help="circuit breaker window",
+    )
     serve.add_argument(
         "--max-clock-skew",
         type=limit,
-        default=300.0,
+        default=config_default("limits.max_future_s"),
         help="refuse samples this far ahead of the service's clock (0: no check, for the accelerated twin)",
     )
     serve.add_argument(
-        "--max-sample-age", type=limit, default=6 * 3600.0, help="refuse older samples (0: no check)"
+        "--max-sample-age",
+        type=limit,
+        default=config_default("limits.max_age_s"),
+        help="refuse older samples (0: no check)",
     )
     serve.add_argument(
         "--nodes-file",
@@ -339,8 +365,6 @@ def _inventory(path: Path | None) -> frozenset[str]:
 def service_config(args: argparse.Namespace) -> ServiceConfig:
     """The service's tunables from `faultcast serve`'s flags; ValueError (or OSError, SystemExit for
     the nodes file) on a value the service cannot run with."""
-    from faultcast.service.config import ServiceConfig
-
     return ServiceConfig(
         limits=Limits(
             max_future_s=args.max_clock_skew, max_age_s=args.max_sample_age, nodes=_inventory(args.nodes_file)

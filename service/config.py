@@ -8,11 +8,20 @@ metrics registry) are not configuration: they are passed to `Service` itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from faultcast.model.alert_content import ActionPolicy
 from faultcast.service.remediation.actuators import CircuitBreaker, RetryPolicy
 from faultcast.service.rpc.limits import CallerLimits
 from faultcast.service.rpc.validation import Limits
+
+if TYPE_CHECKING:  # the model package loads LightGBM: `faultcast serve`'s flags read defaults from here
+    from faultcast.model.alert_content import ActionPolicy
+
+
+def _default_actions() -> ActionPolicy:
+    from faultcast.model.alert_content import ActionPolicy
+
+    return ActionPolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +42,7 @@ class ServiceConfig:
     # When a failed remediation is tried again, and how often.
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Which action an alert recommends (watch, snapshot, snapshot and migrate).
-    actions: ActionPolicy = field(default_factory=ActionPolicy)
+    actions: ActionPolicy = field(default_factory=_default_actions)
     # Nodes the scorer keeps state for; samples of more are refused.
     max_nodes: int = 100_000
     # Per-caller rates and caps (streams, calls, subscribers, health watches, backlog).
