@@ -30,3 +30,8 @@ def __getattr__(name: str) -> object:
 
         return ResumableDistributedSampler
     raise AttributeError(f"module 'faultcast.client' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazy names too: what `__all__` offers is listed whether or not it was loaded yet.
+    return sorted({*globals(), *__all__})
