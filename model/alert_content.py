@@ -90,6 +90,35 @@ def median_ttf_s(risk: np.ndarray, within: np.ndarray, horizon_s: float) -> np.n
 
 
 @dataclass(frozen=True, slots=True)
+class Heads:
+    """What the model's heads say of some rows: the risk, the risk within each time bucket, the time
+    to failure's quantiles and each mode's probability. Read once by whoever scores the rows (the
+    service's scorer, for rows near an alert) and handed to `describe`, which then runs no head again."""
+
+    risk: np.ndarray  # (rows,)
+    within: np.ndarray  # (rows, buckets): risk of failing within each bucket of ttf_edges
+    ttf_s: np.ndarray  # (rows, len(TTF_QUANTILES)): p10, p50, p90 seconds
+    mode_probabilities: np.ndarray  # (rows, modes)
+
+    def row(self, i: int) -> Heads:
+        """Row `i` alone, as one-row arrays."""
+        return Heads(
+            self.risk[i : i + 1],
+            self.within[i : i + 1],
+            self.ttf_s[i : i + 1],
+            self.mode_probabilities[i : i + 1],
+        )
+
+
+def read_heads(model: FaultModel, rows: np.ndarray, risk: np.ndarray | None = None) -> Heads:
+    """Run the model's heads over feature rows (rows, features); `risk`: the rows' risk when already
+    known, else computed."""
+    risk = model.risk(rows) if risk is None else np.asarray(risk, dtype=np.float64)
+    within = model.risk_within(rows, risk)
+    return Heads(risk, within, ttf_quantiles(risk, within, model.horizon_s), model.mode_probabilities(rows))
+
+
+@dataclass(frozen=True, slots=True)
 class AlertContent:
     """What an alert says about one scored row."""
 
@@ -107,35 +136,36 @@ def describe(
     rows: np.ndarray,
     *,
     risk: np.ndarray | None = None,
+    heads: Heads | None = None,
     top: int = 5,
     actions: ActionPolicy = DEFAULT_ACTIONS,
     move_at: float = 0.0,
 ) -> list[AlertContent]:
-    """The content of an alert for each feature row (rows, features); `risk`: the rows' risk when
-    already known (the scorer's), else computed; `move_at`: the move tier's threshold (see
-    ActionPolicy.action)."""
+    """The content of an alert for each feature row (rows, features); `heads`: what the model's heads
+    said of these rows when already read (`read_heads`), else read here; `risk`: the rows' risk when
+    already known (the scorer's) and `heads` is not given, else computed; `move_at`: the move tier's
+    threshold (see ActionPolicy.action). Only the features' contributions are computed in any case."""
     if len(rows) == 0:
         return []
-    risk = model.risk(rows) if risk is None else np.asarray(risk, dtype=np.float64)
-    within = model.risk_within(rows, risk)
-    quantiles = ttf_quantiles(risk, within, model.horizon_s)
-    probabilities = model.mode_probabilities(rows)
+    heads = read_heads(model, rows, risk) if heads is None else heads
     contributions = model.contributions(rows, top=top)
+    probabilities = heads.mode_probabilities
     out = []
     for i in range(len(rows)):
         likely = int(np.argmax(probabilities[i])) if probabilities.shape[1] else -1
         mode = model.modes[likely] if likely >= 0 else "unknown"
-        ttf = tuple(float(v) for v in quantiles[i]) if mode in MODES_WITH_PRECURSOR else None
+        ttf = tuple(float(v) for v in heads.ttf_s[i]) if mode in MODES_WITH_PRECURSOR else None
         p50 = ttf[1] if ttf is not None else float("inf")
+        risk_i = float(heads.risk[i])
         out.append(
             AlertContent(
                 mode=mode,
                 mode_probability=float(probabilities[i, likely]) if likely >= 0 else float("nan"),
-                risk=float(risk[i]),
-                risk_within=tuple(float(v) for v in within[i]),
+                risk=risk_i,
+                risk_within=tuple(float(v) for v in heads.within[i]),
                 ttf_s=ttf,  # type: ignore[arg-type]  # three quantiles by construction
                 top_features=tuple(contributions[i]),
-                action=actions.action(mode, float(risk[i]), p50, move_at),
+                action=actions.action(mode, risk_i, p50, move_at),
             )
         )
     return out

@@ -1,13 +1,12 @@
 """Scored steps in, alert events out, through the model's alert state machine (model/incidents.py,
-the same one every offline figure runs).
+the same one every offline figure runs): the incident tracking of the service.
 
 One incident is one alert: an OPENED event (its id is the alert's opened_id) when the risk of a GPU
 has reached the threshold for `k` scores; UPDATED events (same opened_id) when the likely mode
 changes (held for `k` scores), the recommended action escalates, or the failure looks nearer (its
 median time to failure enters a nearer 5/15/30-minute band); one CLEARED event when the risk has
-stayed under the hold level, the GPUs went dark, or the node fell silent. An OPENED or UPDATED event
-carries the whole alert (mode, risk, time to failure as a range, top contributions, action, model),
-built by model/alert_content.py as `faultcast score` builds its rows.
+stayed under the hold level, the GPUs went dark, or the node fell silent. What an event says is
+built by service/alert_events.py, from the content the scorer's heads gave (computed once).
 
 A node that sent samples and then sends none for `silent_after_steps` model steps by the service's
 clock, while other nodes do, is silent: its open alerts clear (NODE_SILENT; the silence may be the
@@ -20,12 +19,12 @@ samples come late (a clock behind, a spool replaying) is not silent; and when ev
 at once it is the service that is cut off, so none is marked silent (FaultcastIngestStalled says so
 instead).
 
-Events go to the durable log first, then to whoever listens (the remediator, metrics).
+Events go to the durable log first, then to whoever listens (service/alert_publishing.py: the log
+lines, the remediator and subscribers, the metrics).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -36,59 +35,50 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from prometheus_client import Gauge
 
 from faultcast.failure_signs import FailureSign
-from faultcast.model.alert_content import (
-    DEFAULT_ACTIONS,
-    Action,
-    ActionPolicy,
-    AlertContent,
-    describe,
-    ttf_edges,
-)
+from faultcast.model.alert_content import DEFAULT_ACTIONS, Action, ActionPolicy
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
-from faultcast.modes import NODE_LEVEL_MODES, FailureMode
+from faultcast.modes import NODE_LEVEL_MODES
+from faultcast.service.alert_events import (
+    ACTION_TO_PB,
+    CLEAR_TO_PB,
+    MODE_TO_PB,
+    PB_TO_ACTION,
+    PB_TO_MODE,
+    EventWriter,
+    mode_of,
+)
+from faultcast.service.alert_publishing import AlertPublisher, Listener
 from faultcast.service.failure_events import TrainerReport, failure_event
-from faultcast.service.metrics import ALERT_TIERS, ServiceMetrics
-from faultcast.service.model_info import model_info
-from faultcast.service.scoring import ScoredStep, model_version
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.scoring import ScoredStep
 from faultcast.service.state.db import StateWriteError
 from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
+# The contract's names, kept importable from here for the book's callers.
+__all__ = [
+    "ACTION_TO_PB",
+    "CLEAR_TO_PB",
+    "MODE_TO_PB",
+    "PB_TO_ACTION",
+    "PB_TO_MODE",
+    "AlertBook",
+    "BookNodeState",
+    "Listener",
+    "SavedIncident",
+]
+
 log = logging.getLogger(__name__)
 
-# The contract's name for each failure mode comes from the mode itself (faultcast.modes).
-MODE_TO_PB: dict[str, apb.FailureMode.ValueType] = {
-    m.value: apb.FailureMode.Value(m.proto_name) for m in FailureMode
-}
-PB_TO_MODE = {v: k for k, v in MODE_TO_PB.items()}
-ACTION_TO_PB: dict[Action, apb.RecommendedAction.ValueType] = {
-    Action.WATCH: apb.RECOMMENDED_ACTION_WATCH,
-    Action.SNAPSHOT_ONLY: apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY,
-    Action.SNAPSHOT_AND_MIGRATE: apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
-}
-PB_TO_ACTION = {v: k for k, v in ACTION_TO_PB.items()}
-CLEAR_TO_PB: dict[CloseReason, apb.ClearReason.ValueType] = {
-    CloseReason.RISK_FELL: apb.CLEAR_REASON_RISK_FELL,
-    CloseReason.GPU_DARK: apb.CLEAR_REASON_GPU_DARK,
-    CloseReason.NODE_SILENT: apb.CLEAR_REASON_NODE_SILENT,
-}
 _SILENT_SETTING = "silent_nodes"  # the silent nodes, kept in the state store across restarts
 # While the state database refuses alert events (a full disk), the scoring thread holds them and
 # tries again, waiting this long at first and doubling up to the most.
 _STORE_RETRY_S = (0.1, 5.0)
 
-Listener = Callable[[Sequence[apb.Alert]], None]
 Clock = Callable[[], float]
-
-
-def _band(ttf_s: float, bands_s: Sequence[float]) -> int:
-    """The band of a median time to failure: 0 under the first bound (5 min), 1 under the next, ...;
-    len(bands_s) beyond the last or unknown. An open alert is updated when it enters a nearer one."""
-    return int(np.searchsorted(bands_s, ttf_s, side="right")) if np.isfinite(ttf_s) else len(bands_s)
 
 
 @dataclass
@@ -160,13 +150,9 @@ class AlertBook:
         self.stopping = stopping or threading.Event()
         self._silent_unsaved = False  # the silent nodes changed and could not be stored yet
         self._lock = threading.Lock()
-        self._listeners: list[Listener] = []
         self._nodes: dict[str, int] = {}  # node name -> tracker node number
         self._names: list[str] = []
         self._alerts: dict[int, _Open] = {}  # incident key -> its alert
-        # Each GPU's risk series (the gauge child) and the likely mode shown for it.
-        self._risk_child: dict[tuple[str, int], Gauge] = {}
-        self._mode_shown: dict[tuple[str, int], str] = {}
         self._heard: dict[str, _Heard] = {}
         # Per node, events stored before a restart that the replay from its saved state derives
         # again (`expect`): matched, not stored twice.
@@ -181,48 +167,37 @@ class AlertBook:
         self._silent: dict[str, bool] = {}  # silent node -> whether an alert was open when it fell silent
         # Alerts a previous run left open, by node, until the node is scored (or falls silent).
         self._restored: dict[str, list[apb.Alert]] = {}
+        self.publisher = AlertPublisher(metrics, self._open_unlocked, lambda: len(self._silent))
         self._use(model)
         started = self.clock()
         for alert in store.alerts.open_now():
             self._restored.setdefault(alert.node, []).append(alert)
-            self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).inc()
+            self.publisher.count_open(alert)
             # Not heard since this start: silent if it stays quiet for the limit while others speak.
             self._heard.setdefault(alert.node, _Heard(-math.inf, started))
         self._orphans: list[apb.Alert] = []  # restored alerts none of whose GPUs is free: they clear
         for name, during in json.loads(store.settings.get(_SILENT_SETTING) or "{}").items():
             self._silent[str(name)] = bool(during)
-            self.metrics.node_silent.labels(str(name), "true" if during else "false").set(1.0)
-        self.metrics.silent_nodes.set_function(lambda: float(len(self._silent)))
-        for name in ALERT_TIERS:
-            tier = apb.AlertTier.Value(f"ALERT_TIER_{name.upper()}")
-            self.metrics.alerts_by_tier.labels(name).set_function(functools.partial(self._open_at_tier, tier))
+            self.publisher.silent(str(name), bool(during))
 
-    def _open_at_tier(self, tier: int) -> float:
-        """How many alerts stand at `tier` now (an alert of a service older than tiers counts as MOVE).
-        Without the book's lock: a scrape must not wait while the scoring thread holds it (it does for
-        as long as the database refuses writes); copying a dict's values is one step under the GIL."""
+    def _open_unlocked(self) -> list[apb.Alert]:
+        """The newest event of every open alert, without the book's lock (for the metrics' scrape:
+        copying a dict's values is one step under the GIL)."""
         latest = [a.latest for a in list(self._alerts.values())]
-        latest += [a for alerts in list(self._restored.values()) for a in list(alerts)]
-        return float(sum(1 for a in latest if (a.tier or apb.ALERT_TIER_MOVE) == tier))
+        return latest + [a for alerts in list(self._restored.values()) for a in list(alerts)]
 
     def _use(self, model: FaultModel) -> None:
         self.model = model
-        self.version = model_version(model)
-        self.info = model_info(model)
+        self.events = EventWriter(model, self.actions, self.top_features)
         self.g = model.feature_config.gpus_per_node
         self.cadence_s = model.feature_config.cadence_s
-        self._ttf_edges = ttf_edges(model.horizon_s).tolist()
-        # Alerts open at the protect tier's threshold when there is one (and hold at its hold level);
-        # the move tier's threshold decides when one rises to MOVE.
+        # Alerts open at the protect tier's threshold when there is one (and hold at its hold level).
         self.tracker = IncidentTracker(model.policy, [model.open_threshold], self.g, NODE_LEVEL_MODES)
-        self._move_at = model.threshold if model.protect_threshold is not None else 0.0
-        self.metrics.alert_threshold.set(model.threshold)
-        self.metrics.alert_protect_threshold.set(model.protect_threshold or 0.0)
-        self.metrics.alert_hold_threshold.set(model.policy.hold(model.open_threshold))
+        self.publisher.use(model)
 
     def listen(self, listener: Listener) -> None:
         """Call `listener` with every batch of stored events, after they are durable."""
-        self._listeners.append(listener)
+        self.publisher.listen(listener)
 
     def active(self) -> list[apb.Alert]:
         """The newest event of every open alert, oldest alert first."""
@@ -342,9 +317,8 @@ class AlertBook:
             node = self._nodes[name] = len(self._names)
             self._names.append(name)
             self.tracker.grow((node + 1) * self.g)
-            active = self.metrics.active_alerts
             for alert in self._restored.pop(name, []):
-                active.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
+                self.publisher.count_open(alert, -1)
             base = node * self.g
             self.tracker.set_runs(list(range(base, base + self.g)), state.runs)
             for saved in state.incidents:
@@ -360,7 +334,7 @@ class AlertBook:
                 self._alerts[incident.key] = _Open(
                     latest, saved.band, saved.candidate, saved.candidate_scores
                 )
-                active.labels(PB_TO_MODE.get(latest.mode, "unknown")).inc()
+                self.publisher.count_open(latest)
             self._heard[name] = _Heard(state.heard_event_s, self.clock())
 
     # -- scoring ------------------------------------------------------------------------------
@@ -384,7 +358,7 @@ class AlertBook:
         `count`: not yet counted among the active alerts (those restored at start were)."""
         if count:
             for alert in alerts:
-                self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).inc()
+                self.publisher.count_open(alert)
         # GPU alerts first: a node-level alert takes back every GPU of the node no GPU alert holds (the
         # GPUs that held it at the restart are not recorded; those with a low risk soon let go).
         for alert in sorted(alerts, key=lambda a: (a.gpu < 0, a.opened_id)):
@@ -395,13 +369,13 @@ class AlertBook:
                 alert.gpu,
                 [node * self.g + gpu for gpu in gpus],
                 opened,
-                PB_TO_MODE.get(alert.mode, "unknown"),
+                mode_of(alert),
             )
             if incident is None:
                 self._orphans.append(alert)
                 continue
             ttf = alert.time_to_failure.p50_seconds if alert.HasField("time_to_failure") else float("inf")
-            self._alerts[incident.key] = _Open(alert, self._band(ttf))
+            self._alerts[incident.key] = _Open(alert, self.events.band(ttf))
 
     def observe(self, scored: Sequence[ScoredStep], *, announce: bool = True) -> list[apb.Alert]:
         """Run the state machine over scored steps (oldest first); returns the stored events, told
@@ -425,17 +399,17 @@ class AlertBook:
                 (changes,) = self.tracker.update(
                     s.step, np.arange(base, base + self.g), s.risk, s.present, s.mode
                 )
-                self._publish_risk(s)
+                self.publisher.risk(s, self.g)
                 events = [self._cleared(i, s.time_s, s) for i in changes.closed]
                 events += [self._orphan_cleared(alert, s.time_s) for alert in self._orphans]
                 self._orphans.clear()
                 events += self._updates(s, node, {i.key for i in changes.opened})
-                opening = [(i, *self._opened(s, i)) for i in changes.opened]
+                opening = [(i, *self.events.opened(s, i)) for i in changes.opened]
                 if not events and not opening:
                     continue
                 stored.extend(self._store(events, opening))
         if announce:
-            self._announce(stored)
+            self.announce(stored)
         return stored
 
     def _store(
@@ -444,26 +418,19 @@ class AlertBook:
         """Store (and so number) the events before anything else sees them; track what they change,
         active alerts by mode included. `opening`: (incident, its OPENED event, its band)."""
         saved = self._append(events + [alert for _, alert, _ in opening])
-        active = self.metrics.active_alerts
         for event in saved[: len(events)]:
-            mode = PB_TO_MODE.get(event.mode, "unknown")
             for key, held in list(self._alerts.items()):
                 if held.latest.opened_id != event.opened_id:
                     continue
-                before = PB_TO_MODE.get(held.latest.mode, "unknown")
                 if event.state == apb.ALERT_STATE_CLEARED:
                     del self._alerts[key]
-                    active.labels(before).dec()
+                    self.publisher.count_open(held.latest, -1)
                 else:
+                    self.publisher.mode_changed(held.latest, event)
                     held.latest = event
-                    if before != mode:
-                        active.labels(before).dec()
-                        active.labels(mode).inc()
         for (incident, _, band), alert in zip(opening, saved[len(events) :], strict=True):
             self._alerts[incident.key] = _Open(alert, band)
-            mode = PB_TO_MODE.get(alert.mode, "unknown")
-            self.metrics.alerts.labels(mode).inc()
-            active.labels(mode).inc()
+            self.publisher.opened(alert)
         return saved
 
     def _append(self, events: list[apb.Alert]) -> list[apb.Alert]:
@@ -556,128 +523,18 @@ class AlertBook:
             for sign, report in failures:
                 open_here = [a.latest for a in self._alerts.values() if a.latest.node == sign.node]
                 open_here += self._restored.get(sign.node, [])
-                events.append(failure_event(sign, open_here, self.info, report))
+                events.append(failure_event(sign, open_here, self.events.info, report))
             stored = self._append_new(events) if wait else self.store.alerts.append(events)
-        for event in stored:
-            evidence = (
-                apb.FailureEvidence.Name(event.failure.evidence).removeprefix("FAILURE_EVIDENCE_").lower()
-            )
-            foreseen = "true" if event.failure.foreseen_by else "false"
-            self.metrics.failures.labels(evidence, foreseen).inc()
-        self._announce(stored)
+        self.publisher.failures(stored)
+        self.announce(stored)
         return stored
 
     def announce(self, stored: Sequence[apb.Alert]) -> None:
         """Tell the listeners of stored events (those `observe` or `check_silence` returned
-        unannounced)."""
-        self._announce(stored)
-
-    def _announce(self, stored: Sequence[apb.Alert]) -> None:
-        for alert in stored:
-            mode = PB_TO_MODE.get(alert.mode, "unknown")
-            where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
-            if alert.kind == apb.EVENT_KIND_OPENED:
-                log.warning(
-                    "alert %d: %s %s risk %.2f, failure expected in about %.0f min (%s)",
-                    alert.id,
-                    where,
-                    mode,
-                    alert.risk,
-                    alert.time_to_failure.p50_seconds / 60,
-                    apb.RecommendedAction.Name(alert.action),
-                )
-            elif alert.kind == apb.EVENT_KIND_UPDATED:
-                log.warning(
-                    "alert %d (update of %d): %s now %s, risk %.2f, %s",
-                    alert.id,
-                    alert.opened_id,
-                    where,
-                    mode,
-                    alert.risk,
-                    apb.RecommendedAction.Name(alert.action),
-                )
-            elif alert.kind == apb.EVENT_KIND_FAILED:
-                log.error(
-                    "alert %d: FAILED %s: %s (%s)%s",
-                    alert.id,
-                    where,
-                    alert.failure.detail,
-                    mode,
-                    f", foreseen by alert {', '.join(map(str, alert.failure.foreseen_by))}"
-                    if alert.failure.foreseen_by
-                    else ", not foreseen",
-                )
-        if stored:
-            for listener in self._listeners:
-                listener(stored)
+        unannounced), after a log line each."""
+        self.publisher.announce(stored)
 
     # -- events -------------------------------------------------------------------------------
-
-    def _content(self, s: ScoredStep, gpu: int) -> AlertContent:
-        row = s.features[gpu][None, :]
-        (content,) = describe(
-            self.model,
-            row,
-            risk=np.asarray([s.risk[gpu]]),
-            top=self.top_features,
-            actions=self.actions,
-            move_at=self._move_at,
-        )
-        return content
-
-    def _tier(self, risk: float) -> apb.AlertTier.ValueType:
-        """The tier a score puts an alert at: MOVE once it reaches the move tier's threshold."""
-        return apb.ALERT_TIER_MOVE if risk >= self.model.threshold else apb.ALERT_TIER_PROTECT
-
-    def _event(
-        self, s: ScoredStep, incident: Incident, gpu: int, mode: str, content: AlertContent, kind: int
-    ) -> apb.Alert:
-        alert = apb.Alert(
-            node=s.node,
-            gpu=incident.gpu,
-            gpu_uuid="" if incident.node_level else s.uuids[incident.gpu],
-            mode=MODE_TO_PB.get(mode, apb.FAILURE_MODE_UNSPECIFIED),
-            risk=content.risk,
-            top_features=[
-                apb.FeatureContribution(feature=n, value=v, contribution=c)
-                for n, v, c in content.top_features
-            ],
-            action=ACTION_TO_PB[content.action],
-            state=apb.ALERT_STATE_OPEN,
-            kind=kind,  # type: ignore[arg-type]
-            time_unix_nano=int(s.time_s * 1e9),
-            model_version=self.version,
-            model=self.info,
-            gpus=sorted(slot % self.g for slot in incident.slots),
-            tier=self._tier(content.risk),
-        )
-        if content.ttf_s is not None:
-            p10, p50, p90 = content.ttf_s
-            alert.time_to_failure_seconds = p50
-            alert.time_to_failure.CopyFrom(
-                apb.TimeToFailure(
-                    reference_time_unix_nano=alert.time_unix_nano,
-                    p10_seconds=p10,
-                    p50_seconds=p50,
-                    p90_seconds=p90,
-                    risk_within=[
-                        apb.RiskWithin(seconds=t, risk=r)
-                        for t, r in zip(self._ttf_edges[1:], content.risk_within, strict=True)
-                    ],
-                )
-            )
-        return alert
-
-    def _band(self, ttf_s: float) -> int:
-        return _band(ttf_s, self._ttf_edges[1:])
-
-    def _opened(self, s: ScoredStep, incident: Incident) -> tuple[apb.Alert, int]:
-        """The OPENED event, with the content of the highest-risk GPU that opened the incident, and
-        the band of that GPU's median time to failure."""
-        gpus = [slot % self.g for slot in incident.slots_at_open]
-        best = max(gpus, key=lambda gpu: float(s.risk[gpu]))
-        alert = self._event(s, incident, best, incident.mode, self._content(s, best), apb.EVENT_KIND_OPENED)
-        return alert, self._band(float(s.ttf_s[best]))
 
     def _updates(self, s: ScoredStep, node: int, just_opened: set[int]) -> list[apb.Alert]:
         """UPDATED events for this node's open alerts whose likely mode changed (for `k` scores), whose
@@ -700,36 +557,21 @@ class AlertBook:
             if not risk >= hold:
                 continue
             latest = held.latest
-            shown = PB_TO_MODE.get(latest.mode, "unknown")
+            shown = mode_of(latest)
             mode = self._confirmed_mode(held, s.mode[gpu], shown)
-            action = self.actions.action(mode, risk, ttf, self._move_at)
+            action = self.actions.action(mode, risk, ttf, self.events.move_at)
             was = PB_TO_ACTION.get(latest.action, Action.WATCH)
             # Only a score that would open an alert may escalate one.
             escalates = action.value > was.value and risk >= self.model.open_threshold
             # The tier rises (never falls) with a score at the move tier's threshold.
             rises = latest.tier == apb.ALERT_TIER_PROTECT and risk >= self.model.threshold
-            nearer = self._band(ttf) < held.band
+            nearer = self.events.band(ttf) < held.band
             if mode == shown and not escalates and not nearer and not rises:
                 continue
-            content = self._content(s, gpu)
             # The action never steps down within an incident: a drain asked for stays asked for.
             strongest = action if escalates else was
-            content = AlertContent(
-                mode,
-                content.mode_probability,
-                content.risk,
-                content.risk_within,
-                content.ttf_s,
-                content.top_features,
-                strongest,
-            )
-            held.band = min(held.band, self._band(ttf))
-            update = self._event(s, incident, gpu, mode, content, apb.EVENT_KIND_UPDATED)
-            update.tier = max(update.tier, latest.tier or apb.ALERT_TIER_MOVE)  # no tier: older than tiers
-            update.opened_id = latest.opened_id
-            if latest.gpu_uuid and not update.gpu_uuid:
-                update.gpu_uuid = latest.gpu_uuid
-            out.append(update)
+            held.band = min(held.band, self.events.band(ttf))
+            out.append(self.events.updated(s, incident, gpu, mode, strongest, latest))
         return out
 
     def _confirmed_mode(self, held: _Open, scored: str, shown: str) -> str:
@@ -758,52 +600,13 @@ class AlertBook:
     ) -> apb.Alert:
         """The CLEARED event of an alert restored at start and never scored since (so not in the
         tracker): it was counted as active at the start, so it is counted down here."""
-        self.metrics.active_alerts.labels(PB_TO_MODE.get(alert.mode, "unknown")).dec()
-        return apb.Alert(
-            node=alert.node,
-            gpu=alert.gpu,
-            gpu_uuid=alert.gpu_uuid,
-            mode=alert.mode,
-            action=alert.action,
-            state=apb.ALERT_STATE_CLEARED,
-            kind=apb.EVENT_KIND_CLEARED,
-            time_unix_nano=int(time_s * 1e9),
-            model_version=self.version,
-            model=self.info,
-            opened_id=alert.opened_id,
-            cleared_reason=text,
-            clear_reason=reason,
-            gpus=alert.gpus,
-            tier=alert.tier,
-        )
+        self.publisher.count_open(alert, -1)
+        return self.events.restored_cleared(alert, time_s, text, reason)
 
     def _cleared(self, incident: Incident, time_s: float, s: ScoredStep | None, text: str = "") -> apb.Alert:
         held = self._alerts.get(incident.key)
         latest = held.latest if held is not None else apb.Alert()
-        gpus = sorted(latest.gpus)
-        risk = 0.0
-        if s is not None:
-            present = [g for g in gpus if 0 <= g < self.g and s.present[g]]
-            risk = max((float(s.risk[g]) for g in present), default=0.0)
-        reason = incident.reason or CloseReason.RISK_FELL
-        return apb.Alert(
-            node=latest.node or self._names[incident.node],
-            gpu=incident.gpu,
-            gpu_uuid=latest.gpu_uuid,
-            mode=latest.mode,
-            risk=risk,
-            action=latest.action,
-            state=apb.ALERT_STATE_CLEARED,
-            kind=apb.EVENT_KIND_CLEARED,
-            time_unix_nano=int(time_s * 1e9),
-            model_version=self.version,
-            model=self.info,
-            opened_id=latest.opened_id,
-            cleared_reason=text or reason.value,
-            clear_reason=CLEAR_TO_PB[reason],
-            gpus=gpus,
-            tier=latest.tier,
-        )
+        return self.events.cleared(incident, latest, self._names[incident.node], time_s, s, text)
 
     # -- silence --------------------------------------------------------------------------------
 
@@ -814,8 +617,7 @@ class AlertBook:
         else:
             heard.event_s, heard.clock_s = max(heard.event_s, s.time_s), self.clock()
         if self._silent.pop(s.node, None) is not None:
-            self.metrics.node_silent.remove(s.node, "true")
-            self.metrics.node_silent.remove(s.node, "false")
+            self.publisher.heard_again(s.node)
             self._save_silent()
             log.warning("node %s is sending samples again", s.node)
 
@@ -850,7 +652,7 @@ class AlertBook:
                 if name not in self._silent and now - last[name] >= limit_s:
                     stored.extend(self._fall_silent(name, heard, limit_s))
         if announce:
-            self._announce(stored)
+            self.announce(stored)
         return stored
 
     def _fall_silent(self, name: str, heard: _Heard, limit_s: float) -> list[apb.Alert]:
@@ -871,9 +673,7 @@ class AlertBook:
         during = bool(events)
         self._silent[name] = during
         self._save_silent()
-        self.metrics.node_silent.labels(name, "true" if during else "false").set(1.0)
-        for key in [k for k in self._risk_child if k[0] == name]:
-            self._forget_risk(key)
+        self.publisher.silent(name, during)
         if during:
             log.error(
                 "node %s fell silent (no sample for %.0f s) with %d alert(s) open: it may have failed; "
@@ -898,41 +698,3 @@ class AlertBook:
         """Silent nodes now, each with whether an alert was open when it fell silent."""
         with self._lock:
             return dict(self._silent)
-
-    # -- metrics --------------------------------------------------------------------------------
-
-    def _publish_risk(self, s: ScoredStep) -> None:
-        """Each present GPU's risk on its own series (node, gpu); the likely mode, where the scorer
-        named one (rows near the threshold), on a series of its own so that a change of mode never
-        breaks the risk series. A GPU that went dark loses both."""
-        for gpu in range(self.g):
-            key = (s.node, gpu)
-            held = self._risk_child.get(key)
-            if not s.present[gpu]:
-                if held is not None:
-                    self._forget_risk(key)
-                continue
-            if held is None:
-                # The labelled child is kept: at 10,000 GPUs, looking it up by labels on every
-                # score is a measurable share of the scoring thread.
-                held = self.metrics.failure_risk.labels(s.node, str(gpu))
-                self._risk_child[key] = held
-            held.set(float(s.risk[gpu]))
-            mode = s.mode[gpu] if s.mode[gpu] not in ("", "none") else None
-            shown = self._mode_shown.get(key)
-            if mode != shown:
-                if shown is not None:
-                    self.metrics.likely_mode.remove(s.node, str(gpu), shown)
-                if mode is not None:
-                    self.metrics.likely_mode.labels(s.node, str(gpu), mode).set(1.0)
-                    self._mode_shown[key] = mode
-                else:
-                    self._mode_shown.pop(key, None)
-
-    def _forget_risk(self, key: tuple[str, int]) -> None:
-        node, gpu = key
-        if self._risk_child.pop(key, None) is not None:
-            self.metrics.failure_risk.remove(node, str(gpu))
-        shown = self._mode_shown.pop(key, None)
-        if shown is not None:
-            self.metrics.likely_mode.remove(node, str(gpu), shown)

@@ -4,7 +4,9 @@ Each node has its own `OnlineFeatures` on the model's grid (its cadence, epoch-a
 incoming 1 s samples are resampled exactly as training laid its table, and one node's clock running
 ahead never makes another node's samples late. A node's grid step is complete once a sample of a
 later step arrives; completed steps wait in a queue and `score_pending` scores all their GPUs in one
-LightGBM call (the risk, the mode head and the time-to-failure head).
+LightGBM call (the risk, the mode head and the time-to-failure head). What the heads say of a row near
+an alert (model/alert_content.py's `Heads`) goes with its step, so that the alert book words an
+alert from it and runs no head again.
 
 A node whose samples jump ahead in event time (a clock set wrong, or a caller stamping samples as it
 likes) costs a few steps of work, not one per step of the gap: the first steps without a sample are
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from faultcast.model.alert_content import median_ttf_s
+from faultcast.model.alert_content import TTF_QUANTILES, Heads, read_heads
 from faultcast.model.artifact import FaultModel
 from faultcast.model.features.online import MAX_EMPTY_STEPS, LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
@@ -57,7 +59,9 @@ class ScoredStep:
     uuids: tuple[str, ...]
     risk: np.ndarray = field(default_factory=lambda: np.zeros(0))  # NaN where absent
     mode: list[str] = field(default_factory=list)
-    ttf_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ttf_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the median; NaN where not near
+    # GPU -> what the model's heads said of its row, for the rows near an alert: an alert's content.
+    heads: dict[int, Heads] = field(default_factory=dict)
 
 
 @dataclass
@@ -232,6 +236,7 @@ class Scorer:
         risk = np.full(len(present), np.nan)
         ttf = np.full(len(present), np.nan)
         modes = np.full(len(present), "", dtype=object)
+        near_heads: list[tuple[int, Heads]] = []  # (batch row, its heads) for the rows near an alert
         if len(x):
             r = model.risk(x)
             risk[present] = r
@@ -241,12 +246,13 @@ class Scorer:
             rows = np.nonzero(present)[0]
             modes[rows] = "none"
             if near.any():
-                xs = x[near]
-                ttf[rows[near]] = median_ttf_s(r[near], model.risk_within(xs, r[near]), model.horizon_s)
+                heads = read_heads(model, x[near], r[near])
+                ttf[rows[near]] = heads.ttf_s[:, TTF_QUANTILES.index(0.5)]
                 if model.modes:
                     modes[rows[near]] = np.asarray(model.modes, dtype=object)[
-                        np.argmax(model.mode_probabilities(xs), axis=1)
+                        np.argmax(heads.mode_probabilities, axis=1)
                     ]
+                near_heads = [(int(row), heads.row(i)) for i, row in enumerate(rows[near])]
         g = model.feature_config.gpus_per_node
         for i, s in enumerate(batch):
             s.risk, s.ttf_s, s.mode = (
@@ -254,6 +260,9 @@ class Scorer:
                 ttf[i * g : (i + 1) * g],
                 list(modes[i * g : (i + 1) * g]),
             )
+            s.heads = {}
+        for row, heads_of_row in near_heads:
+            batch[row // g].heads[row % g] = heads_of_row
         return batch
 
     def swap_model(self, model: FaultModel) -> bool:
