@@ -359,9 +359,7 @@ def test_a_tokens_file_with_a_bad_line_is_refused_with_its_line_number(tmp_path:
 # -- the commands, as the README's secure deployment runs them ---------------------------------
 
 
-def test_serve_refuses_to_start_without_tls_or_an_explicit_insecure(
-    stub_model: Path, tmp_path: Path
-) -> None:
+def test_serve_refuses_to_start_without_tls_or_an_explicit_insecure(stub_model: Path, tmp_path: Path) -> None:
     done = subprocess.run(
         [FAULTCAST, "serve", "--model", str(stub_model), "--state-dir", str(tmp_path)],
         capture_output=True,
