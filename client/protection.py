@@ -94,7 +94,7 @@ class ProtectionOptions(TypedDict, total=False):
     keep: int
     migration_wait_s: float
     standby_for: str | None
-    stand_by: bool
+    stands_by: bool
     replica_every: int
     replica_root: str | os.PathLike[str]
     racks: Mapping[str, str] | None
@@ -121,7 +121,7 @@ class Protection:
         keep: int = 2,
         migration_wait_s: float = 300.0,
         standby_for: str | None = None,
-        stand_by: bool = False,
+        stands_by: bool = False,
         replica_every: int = 0,
         replica_root: str | os.PathLike[str] = DEFAULT_ROOT,
         racks: Mapping[str, str] | None = None,
@@ -131,7 +131,7 @@ class Protection:
     ) -> None:
         """`target`: the faultcast service (None: checkpoints only). `job_id` and `node` default to
         Slurm's SLURM_JOB_ID and SLURMD_NODENAME, then FAULTCAST_JOB_ID/torchrun's run id and the
-        host name. `stand_by`: the service may ready a standby copy of this job on a spare during an
+        host name. `stands_by`: the service may ready a standby copy of this job on a spare during an
         alert (the scheduler runs the job's whole batch script or pod a second time: say so only when
         that is safe). `standby_for`: this run is the standby of that job (default:
         FAULTCAST_STANDBY_FOR, see faultcast.client.standby); `resume()` then waits for the
@@ -191,7 +191,7 @@ class Protection:
             if self.standby_for and standby.restarted()
             else ""
         )
-        self.stand_by = stand_by or self.standby_for is not None
+        self.stands_by = stands_by or self.standby_for is not None
         self._guard_args = (target, credentials, sorted(set(nodes)))
         self.on_failure = on_failure
         self.guard: Guard | None = None
@@ -243,7 +243,7 @@ class Protection:
                 [self.node],
                 credentials=credentials,
                 job_nodes=job_nodes,
-                stands_by=self.stand_by,
+                stands_by=self.stands_by,
                 on_failure=self.on_failure,
                 replaces_nodes=self.replace_node,
             ).start()
@@ -469,7 +469,7 @@ class Protection:
         staged_at = time.time()
         self.stats.snapshot_blocking_s.append(staged_at - started)
         release = threading.Event()
-        server, peers = self._serve(staged, release) if migrate and self.stand_by else (None, [])
+        server, peers = self._serve(staged, release) if migrate and self.stands_by else (None, [])
         written = self.store.write_staged(staged, step, self.rank, self._io_group)
         pending = _AlertWrite(step, alert, reason, started, staged_at, written, server, peers, release)
         if self.rank == 0:

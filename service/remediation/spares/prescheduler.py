@@ -176,7 +176,7 @@ class Prescheduler:
         self._spares: dict[str, Spare] = {}  # job id -> its newest spare
         # Jobs whose trainer registered as able to stand by (kept in memory: a guard registers again
         # on every connect, so a restarted service hears it again).
-        self._stand_by: set[str] = set()
+        self._stands_by: set[str] = set()
         self._asked: set[int] = set()  # alerts (opened ids) a spare was asked for: one each
         self._stopping = False
         self._cv = threading.Condition()
@@ -232,7 +232,7 @@ class Prescheduler:
             if not job:
                 continue
             with self._cv:
-                if job not in self._stand_by:
+                if job not in self._stands_by:
                     continue  # its trainer cannot take a spare over: a copy would train beside it
                 if key in self._asked:
                     continue  # one spare per alert: its updates, a decline or a refusal ask no more
@@ -258,9 +258,9 @@ class Prescheduler:
         """A job registered (RegisterJob): whether its trainer can stand by on a spare."""
         with self._cv:
             if stands_by:
-                self._stand_by.add(job_id)
+                self._stands_by.add(job_id)
             else:
-                self._stand_by.discard(job_id)
+                self._stands_by.discard(job_id)
 
     def _job_on(self, node: str) -> str:
         for job, nodes in sorted(self.jobs().items()):
@@ -375,7 +375,7 @@ class Prescheduler:
                 return
             spare.step, spare.checkpoint_uri = step, checkpoint_uri
             self._end(spare, SpareState.HANDED_OVER, f"hand-over for alert {alert_id}")
-            self._stand_by.discard(spare.request.job_id)
+            self._stands_by.discard(spare.request.job_id)
         self._count("handed_over")
         log.info(
             "job %s handed over to standby %s on %s at step %d",
