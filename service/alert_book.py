@@ -128,7 +128,8 @@ class _Heard:
 
 class AlertBook:
     """Scored steps in, alert events out: runs the model's alert state machine per GPU, stores
-    every event in the alert log before anyone hears of it, and marks silent nodes. Thread-safe."""
+    every event in the alert log before anyone hears of it (its `publisher` tells them), and marks
+    silent nodes. Thread-safe."""
 
     def __init__(
         self,
@@ -619,7 +620,6 @@ class AlertBook:
         if self._silent.pop(s.node, None) is not None:
             self.publisher.heard_again(s.node)
             self._save_silent()
-            log.warning("node %s is sending samples again", s.node)
 
     def _save_silent(self) -> None:
         """Keep the silent nodes across restarts; a refused write is tried again at the next check."""
@@ -673,17 +673,7 @@ class AlertBook:
         during = bool(events)
         self._silent[name] = during
         self._save_silent()
-        self.publisher.silent(name, during)
-        if during:
-            log.error(
-                "node %s fell silent (no sample for %.0f s) with %d alert(s) open: it may have failed; "
-                "its alerts clear as 'node silent'",
-                name,
-                limit_s,
-                len(events),
-            )
-        else:
-            log.warning("node %s fell silent: no sample for %.0f s", name, limit_s)
+        self.publisher.fell_silent(name, limit_s, len(events))
         return self._store(events, []) if events else []
 
     def arrived(self, node: str, event_s: float) -> None:

@@ -99,15 +99,31 @@ class AlertPublisher:
     # -- nodes ----------------------------------------------------------------------------------
 
     def silent(self, name: str, during: bool) -> None:
-        """The node is silent (`during`: an alert was open when it fell silent); its risk series go."""
+        """The node is silent (`during`: an alert was open when it fell silent; at start, as saved);
+        its risk series go."""
         self.metrics.node_silent.labels(name, "true" if during else "false").set(1.0)
         for key in [k for k in self._risk_child if k[0] == name]:
             self._forget_risk(key)
+
+    def fell_silent(self, name: str, limit_s: float, cleared: int) -> None:
+        """The node fell silent just now, its `cleared` open alerts with it."""
+        self.silent(name, cleared > 0)
+        if cleared:
+            log.error(
+                "node %s fell silent (no sample for %.0f s) with %d alert(s) open: it may have failed; "
+                "its alerts clear as 'node silent'",
+                name,
+                limit_s,
+                cleared,
+            )
+        else:
+            log.warning("node %s fell silent: no sample for %.0f s", name, limit_s)
 
     def heard_again(self, name: str) -> None:
         """A silent node sends again."""
         self.metrics.node_silent.remove(name, "true")
         self.metrics.node_silent.remove(name, "false")
+        log.warning("node %s is sending samples again", name)
 
     def risk(self, s: ScoredStep, gpus: int) -> None:
         """Each present GPU's risk on its own series (node, gpu); the likely mode, where the scorer
@@ -147,7 +163,7 @@ class AlertPublisher:
 
 
 def _log_event(alert: apb.Alert) -> None:
-    """The log line of an OPENED, UPDATED or FAILED event (a CLEARED one says nothing new)."""
+    """The log line of an OPENED, UPDATED or FAILED event (a CLEARED event has none)."""
     mode = mode_of(alert)
     where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
     if alert.kind == apb.EVENT_KIND_OPENED:
