@@ -8,8 +8,9 @@ without a cycle.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from faultcast.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from faultcast.collector.agent import NodeCollector
@@ -44,13 +45,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value  # once loaded, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())

@@ -1,4 +1,4 @@
-"""Streaming features and the failure-prediction model (issue: failure-prediction model).
+"""Streaming features and the failure-prediction model.
 
 What a user loads, trains and imports data with is importable from here (`from faultcast.model import
 load, train`). Each name loads its module on first use (PEP 562): the service and the command line
@@ -8,8 +8,9 @@ LightGBM, scikit-learn and pandas on import.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from faultcast.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from faultcast.model.artifact import FaultModel, ModelError, load, save
@@ -48,13 +49,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value  # once loaded, an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())
