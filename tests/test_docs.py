@@ -15,6 +15,19 @@ def test_the_metric_page_matches_the_catalogue() -> None:
     assert table.strip() in page, "docs/metrics.md is stale: regenerate it with `make docs`"
 
 
+def test_the_readmes_metric_counts_are_the_catalogues() -> None:
+    """The README once said 66 GPU metrics where the catalogue had 67: the count is checked, not kept."""
+    from faultcast.catalogue import METRICS, Scope, Source
+
+    gpu = [m for m in METRICS if m.scope is Scope.GPU]
+    counts = {source: sum(m.source is source for m in gpu) for source in Source}
+    sentence = (
+        f"{len(gpu)} per-GPU metrics: {counts[Source.NVML]} read through NVML, {counts[Source.DERIVED]} throttle "
+        f"flags derived from them, {counts[Source.SELF]} of the collector's own"
+    )
+    assert sentence in " ".join((ROOT / "README.md").read_text().split())  # line breaks as spaces
+
+
 def test_the_readme_five_line_integration_runs_and_survives_an_absent_service(tmp_path: Path) -> None:
     """The README's loop, as written, on a real model; the service it names does not exist here."""
     import torch
