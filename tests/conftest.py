@@ -7,14 +7,11 @@ import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from faultcast.testing.system import missing_part
-
-T = TypeVar("T")
 
 # -- hypothesis profiles -------------------------------------------------------------------------------
 # FAULTCAST_HYPOTHESIS_PROFILE picks one; the default is "ci" when CI=true and "dev" otherwise.
