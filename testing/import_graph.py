@@ -51,7 +51,9 @@ def _rooms_by_module(root: Path) -> dict[str, str]:
     return rooms
 
 
-def _imports(path: Path) -> Iterable[str]:
+def imported_names(path: Path) -> Iterable[str]:
+    """Every module `path` imports, and every `module.name` it imports from one (absolute imports;
+    lazy ones inside functions included)."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
@@ -69,7 +71,7 @@ def edges(root: Path = ROOT) -> set[tuple[str, str]]:
             if path.name == "__main__.py":
                 continue  # `python -m faultcast` only starts the command line
             source = room_of(path, root)
-            for name in _imports(path):
+            for name in imported_names(path):
                 target = "proto" if name == PROTO or name.startswith(PROTO + ".") else rooms.get(name)
                 if target is not None and target != source:
                     found.add((source, target))
@@ -88,10 +90,11 @@ def mermaid(root: Path = ROOT) -> str:
     """The drawing: a box per package, with its subpackages inside; an arrow from importer to
     imported, between packages (drawn once per pair) and between the rooms of one package. core and
     the stubs, which every package may import, are left out to keep the picture readable."""
-    found = {(a, b) for a, b in edges(root) if b not in {"core", "proto"} and a != "core"}
+    every = edges(root)
+    found = {(a, b) for a, b in every if b not in {"core", "proto"} and a != "core"}
     between = sorted({(_package(a), _package(b)) for a, b in found if _package(a) != _package(b)})
     inside = sorted((a, b) for a, b in found if _package(a) == _package(b))
-    rooms = sorted({room for arrow in found for room in arrow} | {a for a, _ in edges(root)})
+    rooms = sorted({a for a, _ in every} | {b for _, b in found})
     lines = ["```mermaid", "flowchart TD"]
     for package in sorted({_package(r) for r in rooms} - {"core", "proto"}):
         inner = [r for r in rooms if r.startswith(package + "/")]

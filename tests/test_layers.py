@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from faultcast.testing.import_graph import imported_names
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = "faultcast.v1"
 # Folder -> its package, and the packages it may import besides itself and the standard library.
@@ -82,14 +84,7 @@ def _imported(path: Path) -> set[str]:
 
 def _all_imports(path: Path) -> set[str]:
     """Every module `path` imports, and every `module.name` it imports from one."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return set(imported_names(path))
 
 
 def _package_of(module: str) -> str:
