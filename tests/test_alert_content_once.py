@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from faultcast.demo.feed import twin_snapshots
-from faultcast.model.alert_content import describe, median_ttf_s, read_heads
+from faultcast.model.alert_content import median_ttf_s, read_heads
 from faultcast.model.artifact import FaultModel, load
 from faultcast.service.alert_book import AlertBook
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.scoring import ScoredStep, Scorer
+from faultcast.service.scoring import NEAR_THRESHOLD, ScoredStep, Scorer
 from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
@@ -76,9 +76,15 @@ def test_the_scorer_keeps_what_the_heads_said_of_every_row_near_an_alert(
             np.testing.assert_array_equal(getattr(kept, name), getattr(fresh, name), err_msg=name)
         # The step's median time to failure is the heads' own, as the scorer always gave it.
         assert s.ttf_s[gpu] == median_ttf_s(fresh.risk, fresh.within, model.horizon_s)[0]
-        assert describe(model, row, heads=kept) == describe(model, row, risk=np.asarray([s.risk[gpu]]))
-    # Only rows near an alert carry heads: the heads ran only where they did before.
-    assert all(s.risk[g] >= 0.5 * model.open_threshold for s, g in near)
+    # Exactly the rows near an alert carry heads: the heads ran where they did before, and every
+    # row the book may describe has them.
+    wanted = {
+        (id(s), gpu)
+        for batch in batches
+        for s in batch
+        for gpu in np.nonzero(s.present & (s.risk >= NEAR_THRESHOLD * model.open_threshold))[0]
+    }
+    assert {(id(s), gpu) for s, gpu in near} == wanted
 
 
 def test_the_book_words_events_from_the_scorers_heads_exactly_as_describing_afresh(
