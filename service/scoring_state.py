@@ -113,8 +113,22 @@ def encode(state: NodeState) -> bytes:
     return FORMAT + zlib.compress(pickle.dumps(state, protocol=5), 1)
 
 
+# Modules the state's classes lived in before the model's subpackages (the classes themselves are
+# unchanged): a service upgraded across the move takes its nodes' saved states back, as after any
+# restart, instead of refusing them and warming every node up again.
+_MOVED = {
+    "faultcast.model.features": "faultcast.model.features.engine",
+    "faultcast.model.feature_inputs": "faultcast.model.features.inputs",
+    "faultcast.model.feature_relative": "faultcast.model.features.relative",
+    "faultcast.model.feature_steps": "faultcast.model.features.steps",
+    "faultcast.model.online": "faultcast.model.features.online",
+    "faultcast.model.windows": "faultcast.model.features.windows",
+}
+
+
 class _Admitted(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> object:
+        module = _MOVED.get(module, module)
         if (module, name) in _NUMPY:
             return super().find_class(module, name)
         if (module, name) in _STATE_CLASSES:
