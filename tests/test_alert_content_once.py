@@ -79,7 +79,7 @@ def test_the_scorer_keeps_what_the_heads_said_of_every_row_near_an_alert(
     # Exactly the rows near an alert carry heads: the heads ran where they did before, and every
     # row the book may describe has them.
     wanted = {
-        (id(s), gpu)
+        (id(s), int(gpu))
         for batch in batches
         for s in batch
         for gpu in np.nonzero(s.present & (s.risk >= NEAR_THRESHOLD * model.open_threshold))[0]
