@@ -99,10 +99,13 @@ def test_unreadable_saved_deadlines_are_skipped() -> None:
 def test_timers_looked_at_again_keep_their_deadline() -> None:
     timers = GraceTimers()
     timers.start(7, 10.0)
+    assert timers.take_dirty()
     assert timers.due(10.0) == [7]
     timers.look_again(7, 11.0)
+    assert timers.due(10.5) == []  # not before it is looked at again
     assert timers.due(11.0) == [7]
-    assert timers.running(7)
+    assert not timers.take_dirty()  # nothing new to write: the deadline is the one written
+    assert timers.on_disk(now=11.0, wall=1011.0) == {"7": 1010.0}
 
 
 # -- which alerts start a timer ----------------------------------------------------------------
@@ -123,7 +126,7 @@ def test_alerts_that_do_not_ask_for_a_move_start_no_timer() -> None:
 
 
 def test_an_alert_whose_risk_fell_settles_its_timer() -> None:
-    for reason in policy.RISK_FELL:
+    for reason in (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED):
         cleared = _alert(id=9, state=apb.ALERT_STATE_CLEARED, clear_reason=reason)
         assert policy.grace_step(cleared, GraceTimers()) == (7, GraceStep.SETTLE)
 
@@ -174,8 +177,9 @@ def test_only_a_snapshot_done_of_a_move_takes_the_node_out() -> None:
 
 
 def test_the_remediation_names_the_alert_and_the_job() -> None:
+    # The newest event (id 9) of alert 7: the remediation is the alert's, by its first event's id.
     r = policy.remediation_for(
-        _alert(mode=apb.FAILURE_MODE_HBM_WEAR), "job-1", requeue=False, checkpoint_uri="file:///c"
+        _alert(id=9, mode=apb.FAILURE_MODE_HBM_WEAR), "job-1", requeue=False, checkpoint_uri="file:///c"
     )
     assert (r.alert_id, r.node, r.gpu, r.job_id, r.requeue, r.checkpoint_uri) == (
         7,
@@ -185,7 +189,7 @@ def test_the_remediation_names_the_alert_and_the_job() -> None:
         False,
         "file:///c",
     )
-    assert r.mode != "unknown"
+    assert r.mode == "hbm_wear"
 
 
 def test_what_the_job_is_told_when_its_remediation_is_queued() -> None:

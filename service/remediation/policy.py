@@ -118,14 +118,14 @@ def grace_step(alert: apb.Alert, timers: GraceTimers) -> tuple[int, GraceStep] |
     key = alert.opened_id or alert.id
     if alert.state == apb.ALERT_STATE_CLEARED and alert.clear_reason in RISK_FELL:
         return key, GraceStep.SETTLE
-    migrate = alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
-    if alert.state != apb.ALERT_STATE_OPEN or not migrate or timers.started(key):
+    if alert.state != apb.ALERT_STATE_OPEN or not moves_node(alert) or timers.started(key):
         return None
     return key, GraceStep.AFTER_GRACE
 
 
-def wants_grace(alert: apb.Alert) -> bool:
-    """Whether an open alert left without a stored deadline gets a grace timer at a start."""
+def moves_node(alert: apb.Alert) -> bool:
+    """Whether the alert recommends snapshot-and-migrate: its node is taken out after SNAPSHOT_DONE
+    or its grace period (an open one left without a stored deadline gets a timer at a start)."""
     return alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
 
 
@@ -160,7 +160,7 @@ def ack_answer(alert: apb.Alert, action: int, grace_s: float, *, fell: bool) -> 
     out no node now; None when it does (a SNAPSHOT_DONE of snapshot-and-migrate)."""
     if fell:
         return f"noted; alert {alert.opened_id} has cleared (its risk fell back): nothing to remediate"
-    if alert.action != apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE:
+    if not moves_node(alert):
         what = apb.RecommendedAction.Name(alert.action)
         return f"noted; alert {alert.opened_id} recommends {what}: {alert.node} stays in service"
     if action != apb.ACK_ACTION_SNAPSHOT_DONE:

@@ -59,7 +59,6 @@ from faultcast.service.remediation.policy import GraceStep
 from faultcast.service.remediation.records import (
     BREAKER_WINDOW_KEY,
     GRACE_DEADLINES_KEY,
-    PAUSED_BY_KEY,
     Records,
 )
 from faultcast.service.remediation.spares.prescheduler import Prescheduler
@@ -68,7 +67,7 @@ from faultcast.service.state.acks import Ack
 from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
-__all__ = ["BREAKER_WINDOW_KEY", "GRACE_DEADLINES_KEY", "PAUSED_BY_KEY", "Remediator"]
+__all__ = ["BREAKER_WINDOW_KEY", "GRACE_DEADLINES_KEY", "Remediator"]
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +96,7 @@ class Remediator:
         """`clock` times everything in this process; `wall` dates what is kept for the next one.
         `store_retry_s`: how soon work the store refused to record is tried again. `prescheduler`:
         the spares readied during alerts, handed the job at its snapshot (None: none are)."""
-        self.store, self.actuator, self.metrics = store, actuator, metrics
-        self.prescheduler = prescheduler
-        self.grace_s, self.clock, self.wall, self.store_retry_s = grace_s, clock, wall, store_retry_s
+        self.actuator, self.grace_s, self.clock, self.wall = actuator, grace_s, clock, wall
         self.breaker = breaker or CircuitBreaker()
         self.records = Records(store, actuator.name, clock=clock, wall=wall, store_retry_s=store_retry_s)
         # Who paused remediation (SetRemediation), None while it runs; kept across restarts.
@@ -129,7 +126,6 @@ class Remediator:
             retry=self.retry,
             rng=rng or random.Random(),  # noqa: S311 (jitter, not cryptography)
             clock=clock,
-            store_retry_s=store_retry_s,
         )
         self.records.restore_breaker(self.breaker)
         self.records.restore_grace(self._timers, grace_s)
@@ -347,11 +343,10 @@ class Remediator:
         return claimed
 
     def _admit(self, r: Remediation) -> str | None:
-        """None when the node may go (its admission is on disk first); else why not, the
-        remediation finished as refused."""
+        """None when the node may go (its admission is on disk first); else why not (the caller
+        finishes the remediation as refused)."""
         refused = policy.refusal(self.paused_by, self.breaker, r.node, self.clock())
         if refused is not None:
-            self.worker.finish(r, "refused", refused)
             return refused
         # Before the actuator runs: a kill right after must not forget the node.
         self.records.save_breaker(self.breaker)
@@ -368,6 +363,8 @@ class Remediator:
                 return task, self._answer_again(alert, "pending")
             task = replace(task, claimed=True)
             refused = self._admit(r)
+            if refused is not None:
+                self.worker.finish(r, "refused", refused)
         except sqlite3.OperationalError as exc:
             self.records.trouble(exc)
             return task, None
@@ -421,7 +418,7 @@ class Remediator:
         declined and whose deadline did not reach the disk (a version that kept none, or a write
         refused before a kill) gets a full grace period from now."""
         for alert in self.records.open_alerts():
-            if not policy.wants_grace(alert) or not self.records.job_on(alert.node):
+            if not policy.moves_node(alert) or not self.records.job_on(alert.node):
                 continue
             if self._timers.started(alert.opened_id) or self.records.outcome_of(alert.opened_id) is not None:
                 continue

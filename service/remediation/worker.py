@@ -18,12 +18,10 @@ from dataclasses import dataclass, replace
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation import policy
 from faultcast.service.remediation.actuators import Actuator, Remediation, RetryPolicy
-from faultcast.service.remediation.records import Records
+from faultcast.service.remediation.records import Clock, Records
 from faultcast.service.supervise import start_supervised
 
 log = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +39,8 @@ class Task:
 @dataclass(frozen=True, slots=True)
 class Steps:
     """What the worker asks of the remediator: `claim` a task on disk (False: not remediated here),
-    `admit` a remediation past the pause and the circuit breaker (None, or why not, finished as
-    refused), `fire` a due grace timer, `resume` what an earlier run left, `save_settings` (the grace
+    `admit` a remediation past the pause and the circuit breaker (None, or why not: the worker
+    finishes it as refused), `fire` a due grace timer, `resume` what an earlier run left, `save_settings` (the grace
     deadlines and pause, once the store is not being waited for)."""
 
     claim: Callable[[Task], bool]
@@ -68,11 +66,10 @@ class Worker:
         retry: RetryPolicy,
         rng: random.Random,
         clock: Clock,
-        store_retry_s: float,
     ) -> None:
         self.records, self.actuator, self.metrics = records, actuator, metrics
         self.timers, self.cv, self.steps = timers, cv, steps
-        self.retry, self.rng, self.clock, self.store_retry_s = retry, rng, clock, store_retry_s
+        self.retry, self.rng, self.clock = retry, rng, clock
         self._work: list[Task] = []
         self._retry_at: list[tuple[float, int]] = []  # (clock time, alert id): backoff timers
         self._retrying: dict[int, Task] = {}  # alert id -> the task its backoff timer runs
@@ -93,7 +90,7 @@ class Worker:
 
     def retry_store_later(self) -> None:
         """Try refused writes again after store_retry_s (the lock held)."""
-        at = self.clock() + self.store_retry_s
+        at = self.clock() + self.records.store_retry_s
         if self._store_retry_at is None or at < self._store_retry_at:
             self._store_retry_at = at
         self.cv.notify_all()
@@ -148,7 +145,7 @@ class Worker:
             except sqlite3.OperationalError as exc:  # the store could not be read: look again later
                 self.records.trouble(exc)
                 with self.cv:
-                    self.timers.look_again(alert_id, self.clock() + self.store_retry_s)
+                    self.timers.look_again(alert_id, self.clock() + self.records.store_retry_s)
             except BaseException:
                 with self.cv:  # the timers not yet looked at stay armed (firing again queues nothing twice)
                     for later in due[i:]:
@@ -174,7 +171,9 @@ class Worker:
                     return
                 task = replace(task, claimed=True)
             if not task.admitted:
-                if self.steps.admit(r) is not None:
+                refused = self.steps.admit(r)
+                if refused is not None:
+                    self.finish(r, "refused", refused)
                     return
                 task = replace(task, admitted=True)
             attempts = self.records.begin_attempt(r.alert_id)

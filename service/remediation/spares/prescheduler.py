@@ -40,14 +40,13 @@ from typing import Protocol
 from faultcast.service.alert_book import PB_TO_MODE
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation.actuators import Outcome
+from faultcast.service.remediation.policy import RISK_FELL  # a false alarm: its spare has nothing to do
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-# Clear reasons that make an alert a false alarm: its spare has nothing to do.
-_RISK_FELL = (apb.CLEAR_REASON_RISK_FELL, apb.CLEAR_REASON_SUPERSEDED)
 # What a standby's environment carries (every provider sets them; faultcast.client.standby reads the first).
 STANDBY_FOR = "FAULTCAST_STANDBY_FOR"  # the job it stands by for
 STANDBY_ALERT = "FAULTCAST_STANDBY_ALERT"  # the alert that asked for it: the standby names it when it asks
@@ -223,7 +222,7 @@ class Prescheduler:
             if alert.state == apb.ALERT_STATE_CLEARED:
                 # A false alarm; or the GPU went dark or the node silent before any snapshot came
                 # (the job crashed, or goes the usual way): the spare has nothing to take over.
-                why = "its risk fell back" if alert.clear_reason in _RISK_FELL else alert.cleared_reason
+                why = "its risk fell back" if alert.clear_reason in RISK_FELL else alert.cleared_reason
                 self._release_for_alert(key, f"the alert cleared: {why or 'cleared'}")
                 continue
             if alert.state != apb.ALERT_STATE_OPEN:
