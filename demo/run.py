@@ -30,7 +30,7 @@ from faultcast.alert_text import alert_summary
 from faultcast.demo.settings import DemoSettings
 from faultcast.model.evaluation.outcomes import DEFAULT_PERIODS, Outcome, PredictionPeriods
 from faultcast.modes import FailureMode
-from faultcast.service.alert_book import PB_TO_MODE
+from faultcast.service.alert_events import mode_of
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -241,7 +241,7 @@ def _listen(
                 continue  # the caught-up marker
             alert = event.alert
             t = alert.time_unix_nano / 1e9 - sim_start
-            mode = PB_TO_MODE.get(alert.mode, "unknown")
+            mode = mode_of(alert)
             where = f"{alert.node} gpu {alert.gpu}" if alert.gpu >= 0 else f"{alert.node} (node)"
             if alert.kind == apb.EVENT_KIND_CLEARED:
                 print(f"[{_clock(t)}] CLEARED {alert.opened_id}: {where}: {alert.cleared_reason}")

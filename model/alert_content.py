@@ -89,7 +89,7 @@ def median_ttf_s(risk: np.ndarray, within: np.ndarray, horizon_s: float) -> np.n
     return ttf_quantiles(risk, within, horizon_s, (0.5,))[:, 0]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # arrays: `==` would compare element by element
 class Heads:
     """What the model's heads say of some rows: the risk, the risk within each time bucket, the time
     to failure's quantiles and each mode's probability. Read once by whoever scores the rows (the
@@ -144,7 +144,7 @@ def describe(
     """The content of an alert for each feature row (rows, features); `heads`: what the model's heads
     said of these rows when already read (`read_heads`), else read here; `risk`: the rows' risk when
     already known (the scorer's) and `heads` is not given, else computed; `move_at`: the move tier's
-    threshold (see ActionPolicy.action). Only the features' contributions are computed in any case."""
+    threshold (see ActionPolicy.action). With `heads`, only the features' contributions are computed."""
     if len(rows) == 0:
         return []
     heads = read_heads(model, rows, risk) if heads is None else heads

@@ -41,15 +41,7 @@ from faultcast.model.alert_content import DEFAULT_ACTIONS, Action, ActionPolicy
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.modes import NODE_LEVEL_MODES
-from faultcast.service.alert_events import (
-    ACTION_TO_PB,
-    CLEAR_TO_PB,
-    MODE_TO_PB,
-    PB_TO_ACTION,
-    PB_TO_MODE,
-    EventWriter,
-    mode_of,
-)
+from faultcast.service.alert_events import PB_TO_ACTION, EventWriter, mode_of
 from faultcast.service.alert_publishing import AlertPublisher, Listener
 from faultcast.service.failure_events import TrainerReport, failure_event
 from faultcast.service.metrics import ServiceMetrics
@@ -58,13 +50,7 @@ from faultcast.service.state.db import StateWriteError
 from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 
-# The contract's names, kept importable from here for the book's callers.
 __all__ = [
-    "ACTION_TO_PB",
-    "CLEAR_TO_PB",
-    "MODE_TO_PB",
-    "PB_TO_ACTION",
-    "PB_TO_MODE",
     "AlertBook",
     "BookNodeState",
     "Listener",

@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from faultcast.service.alert_book import PB_TO_MODE
+from faultcast.service.alert_events import PB_TO_MODE
 from faultcast.service.metrics import (
     ALERT_MODES,
     AUTH_DENIED_REASONS,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from faultcast.service.alert_book import PB_TO_MODE
+from faultcast.service.alert_events import mode_of
 from faultcast.service.remediation.actuators import CircuitBreaker, Remediation
 from faultcast.service.state.acks import Ack
 from faultcast.v1 import alerts_pb2 as apb
@@ -174,7 +174,7 @@ def remediation_for(alert: apb.Alert, job: str, *, requeue: bool, checkpoint_uri
         alert_id=alert.opened_id,
         node=alert.node,
         gpu=alert.gpu,
-        mode=PB_TO_MODE.get(alert.mode, "unknown"),
+        mode=mode_of(alert),
         risk=alert.risk,
         job_id=job,
         requeue=requeue,

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from faultcast.service.alert_book import PB_TO_MODE
+from faultcast.service.alert_events import mode_of
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation.actuators import Outcome
 from faultcast.service.remediation.policy import RISK_FELL  # a false alarm: its spare has nothing to do
@@ -244,7 +244,7 @@ class Prescheduler:
                     job,
                     alert.node,
                     alert.gpu,
-                    PB_TO_MODE.get(alert.mode, "unknown"),
+                    mode_of(alert),
                     alert.risk,
                     claim=secrets.token_urlsafe(32),
                 )
