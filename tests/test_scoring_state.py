@@ -235,17 +235,22 @@ def test_a_node_that_stops_sending_pins_no_journal_segment(
     assert min(segments) > 20  # none of the dead node's
 
 
+def _one_saved_state(service_model: Path, state: Path, samples: list[NodeSnapshot]) -> SavedState:
+    """The state a service saves of its one node after 30 samples and a stop."""
+    first = _service(service_model, state)
+    _feed(first, samples[:30])
+    first.stop()
+    (saved,) = _saved(state)
+    return saved
+
+
 def test_a_state_that_decodes_but_is_not_made_of_a_nodes_parts_is_refused(
     service_model: Path, tmp_path: Path, samples: list[NodeSnapshot], caplog: pytest.LogCaptureFixture
 ) -> None:
     # Planted in the state database: a blob whose alert part is a scorer's state. It stopped every
     # start with an AttributeError; now the node starts over and the service starts.
     state = tmp_path / "state"
-    first = _service(service_model, state)
-    _feed(first, samples[:30])
-    first.stop()
-    (saved,) = _saved(state)
-    good = decode(saved.state)
+    good = decode(_one_saved_state(service_model, state, samples).state)
     _replace_state(state, encode(NodeState(good.scoring, good.scoring)))  # type: ignore[arg-type]
 
     second = _service(service_model, state)
@@ -272,11 +277,7 @@ def test_a_state_saved_before_the_model_subpackages_is_taken_back(
 ) -> None:
     # A service upgraded across the move of the feature modules (model/features.py and its parts into
     # model/features/) goes on from its nodes' saved states instead of warming every node up again.
-    state = tmp_path / "state"
-    first = _service(service_model, state)
-    _feed(first, samples[:30])
-    first.stop()
-    (saved,) = _saved(state)
+    saved = _one_saved_state(service_model, tmp_path / "state", samples)
     today = decode(saved.state)
     before = _as_saved_before_the_move(today)
     # The same state, in today's classes (compared as protocol-3 pickles: protocol 5's own bytes are
