@@ -6,6 +6,8 @@ killed one left."""
 from __future__ import annotations
 
 import math
+import struct
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from faultcast.demo.feed import twin_snapshots
 from faultcast.readings import NodeSnapshot
-from faultcast.service.state.sample_journal import SampleJournal
+from faultcast.service.state.sample_journal import JournalFull, SampleJournal
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from tests.disk import fill
@@ -125,3 +127,97 @@ def test_on_a_full_disk_a_write_is_refused_and_the_journal_goes_on_once_there_is
     journal.close()
     # What was refused is not there (a part of it may be, torn: its segment's replay ends before it).
     assert [e.sequence for e in SampleJournal(small_disk / "journal").entries()] == [1, 3]
+
+
+def _written(directory: Path, count: int) -> tuple[SampleJournal, list[NodeSnapshot]]:
+    """A journal with `count` samples in one segment, closed as a killed run leaves it."""
+    journal = SampleJournal(directory)
+    samples = [replace(s, spool_id=1) for s in _samples(count)]
+    for s in samples:
+        journal.append(s)
+    journal.close()
+    return journal, samples
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        bytes(4096),  # a power cut: the size updated, the data not
+        bytes(8),  # one zero header: a length-0 record whose CRC-32 (0) matches
+        struct.pack("!II", 1, zlib.crc32(b"x")) + b"x",  # whole, checksummed, too short for a node name
+        struct.pack("!II", 3, zlib.crc32(b"\x00\x09a")) + b"\x00\x09a",  # a name running past the record
+    ],
+    ids=["zeros", "zero-header", "one-byte-record", "short-name"],
+)
+def test_a_record_that_cannot_be_read_whole_ends_its_segment_and_the_rest_replays(
+    tmp_path: Path, tail: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each of these stopped every start with a struct.error from the entry reader.
+    journal, samples = _written(tmp_path, 3)
+    path = tmp_path / f"{journal.segment:012d}.log"
+    good = path.stat().st_size
+    with path.open("ab") as segment:
+        segment.write(tail)
+
+    reader = SampleJournal(tmp_path)
+    assert [e.sequence for e in reader.entries()] == [s.sequence for s in samples]
+    assert reader.damaged == 1
+    (line,) = [r.getMessage() for r in caplog.records if "not replayed" in r.getMessage()]
+    assert path.name in line
+    assert f"at byte {good} of {good + len(tail)}" in line
+
+
+def test_a_planted_last_segment_name_has_the_segments_numbered_again_in_order(tmp_path: Path) -> None:
+    # After 999999999999.log the next segment's name had 13 digits: never listed, never replayed.
+    _, samples = _written(tmp_path, 2)
+    (tmp_path / "999999999999.log").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("not a segment")
+
+    second = SampleJournal(tmp_path)
+    assert second.segments() == [1, 2]  # the journal's own first, the planted one after it
+    later = [replace(s, spool_id=1) for s in _samples(4)[2:]]
+    for s in later:
+        assert second.append(s) == 3
+    second.close()  # as a kill -9 leaves it: nothing saved, all in the journal
+
+    third = SampleJournal(tmp_path)
+    assert [e.sequence for e in third.entries()] == [s.sequence for s in samples + later]
+    assert third.segment == 4
+
+
+def test_a_segment_that_cannot_be_deleted_is_logged_once_and_the_journal_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / f"{1:012d}.log").mkdir()  # a directory in a segment's name
+    journal = SampleJournal(tmp_path)
+    assert journal.segment == 2
+    samples = [replace(s, spool_id=1) for s in _samples(2)]
+    journal.append(samples[0])
+    journal.rotate()
+    journal.append(samples[1])
+
+    assert journal.forget_before(journal.segment) == 1  # segment 2 went, the directory stayed
+    assert journal.forget_before(journal.segment) == 0
+    assert journal.undeletable == {1}
+    assert sum("cannot be deleted" in r.getMessage() for r in caplog.records) == 1
+    journal.close()
+    assert [e.sequence for e in SampleJournal(tmp_path).entries()] == [samples[1].sequence]
+
+
+def test_a_write_past_the_journals_bound_is_refused_and_taken_again_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    first, refused, later = [replace(s, spool_id=1) for s in _samples(3)]
+    journal = SampleJournal(tmp_path)
+    journal.append(first)
+    journal.rotate()
+    journal.max_bytes = journal.bytes  # full
+    with pytest.raises(JournalFull):  # refused before anything is written
+        journal.append(refused)
+    assert journal.bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
+    journal.forget_before(journal.segment)  # the state covering the first sample was saved
+    assert journal.bytes == 0
+    journal.append(later)
+    journal.close()
+    assert [e.sequence for e in SampleJournal(tmp_path).entries()] == [later.sequence]
+    assert SampleJournal(tmp_path).bytes == sum(p.stat().st_size for p in tmp_path.iterdir())

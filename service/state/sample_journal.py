@@ -13,7 +13,14 @@ its checksum and ends the replay of that segment, with a warning).
 A record: its length and CRC-32 (struct `!II`), then the node's name (2-byte length), the spool id and
 sequence (8 bytes each) and the sample as a telemetry NodeSample message. A segment is closed at
 `segment_bytes` and a new one begun; `forget_before(n)` deletes the segments older than n once every
-node's saved state is newer than them.
+node's saved state is newer than them. The journal holds at most `max_bytes` (a write past it is
+refused like one the disk refuses: the service saves states to make room, see service/server.py).
+
+What the directory holds is not trusted: a record that cannot be read whole (torn, zero-filled,
+failing its checksum, too short for its own fields) ends its segment's replay; a segment that cannot
+be read or deleted is logged and counted and the journal goes on; a segment name so high that the
+next one could not be named in 12 digits (planted) makes the journal number its segments from 1
+again, in their order, so that every segment it writes is found and replayed in order.
 """
 
 from __future__ import annotations
@@ -41,7 +48,13 @@ _HEADER = struct.Struct("!II")  # record length (after the header), CRC-32 of th
 _KEY = struct.Struct("!H")  # the node name's length
 _IDS = struct.Struct("!QQ")  # spool id, sequence
 _NAME = re.compile(r"^(\d{12})\.log$")
+_LAST_SEGMENT = 10**12 - 1  # the highest number a 12-digit name holds
 _MAX_RECORD = 64 << 20  # a length beyond this is damage, not a sample
+MAX_BYTES = 64 << 30  # what the journal may hold by default
+
+
+class JournalFull(OSError):  # noqa: N818 (a refusal like a full disk, not a bug)
+    """A write the journal refuses because it holds `max_bytes` already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +72,24 @@ class SampleJournal:
     """Append-only segments of samples in `directory` (see the module docstring). `append` from the
     ingest path; `entries` at start; `forget_before` once saved states cover older segments."""
 
-    def __init__(self, directory: Path, *, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(
+        self, directory: Path, *, segment_bytes: int = SEGMENT_BYTES, max_bytes: int = MAX_BYTES
+    ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         existing = self.segments()
+        if existing and existing[-1] >= _LAST_SEGMENT:
+            existing = self._renumber(existing)
         # Never append to a segment a killed run left: its tail may be torn.
         self.segment = (existing[-1] + 1) if existing else 1
         self._fd: int | None = None
         self._size = 0
+        self.bytes = sum(self._size_of(n) for n in existing)  # what the segments hold, in all
         self.damaged = 0  # segments whose replay stopped at a torn or damaged record
+        self.undeletable: set[int] = set()  # segments forgotten that could not be deleted
 
     def segments(self) -> list[int]:
         """The numbers of the segments on disk, oldest first."""
@@ -77,6 +97,28 @@ class SampleJournal:
 
     def _path(self, segment: int) -> Path:
         return self.directory / f"{segment:012d}.log"
+
+    def _size_of(self, segment: int) -> int:
+        try:
+            return self._path(segment).stat().st_size
+        except OSError:
+            return 0
+
+    def _renumber(self, existing: list[int]) -> list[int]:
+        """Number the segments 1, 2, ... in their order: the next after the highest could not be
+        named (a planted name). Renamed lowest first, each to a number no higher than its own: no
+        segment is overwritten, and a kill midway leaves them in order still."""
+        log.warning(
+            "journal %s holds segment %s, past which no segment can be named: its %d segment(s) are "
+            "numbered from 1 again, in their order",
+            self.directory,
+            self._path(existing[-1]).name,
+            len(existing),
+        )
+        for new, old in enumerate(existing, start=1):
+            if new != old:
+                os.replace(self._path(old), self._path(new))
+        return list(range(1, len(existing) + 1))
 
     def append(self, snapshot: NodeSnapshot) -> int:
         """Write one taken sample (its spool id and sequence with it); returns the segment it is in.
@@ -91,10 +133,13 @@ class SampleJournal:
         )
         record = _HEADER.pack(len(body), zlib.crc32(body)) + body
         with self._lock:
+            if self.bytes + len(record) > self.max_bytes:
+                raise JournalFull(f"the journal holds {self.bytes} bytes, its limit is {self.max_bytes}")
             if self._fd is None or (self._size + len(record) > self.segment_bytes and self._size > 0):
                 self._open_next()
             assert self._fd is not None
             written = os.write(self._fd, record)
+            self.bytes += written
             if written != len(record):  # a short write: the rest of the segment cannot be trusted
                 self._close()
                 self.segment += 1
@@ -106,7 +151,13 @@ class SampleJournal:
         if self._fd is not None:
             self._close()
             self.segment += 1
-        self._fd = os.open(self._path(self.segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        path = self._path(self.segment)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            if path.exists() and not path.is_file():  # something else took its name: the next one
+                self.segment += 1
+            raise
         self._size = os.fstat(self._fd).st_size
 
     def _close(self) -> None:
@@ -140,17 +191,8 @@ class SampleJournal:
             return
         at = 0
         while at < len(data):
-            problem = ""
-            if at + _HEADER.size > len(data):
-                problem = "a torn record header"
-            else:
-                length, crc = _HEADER.unpack_from(data, at)
-                body = data[at + _HEADER.size : at + _HEADER.size + length]
-                if length > _MAX_RECORD or len(body) != length:
-                    problem = "a torn record"
-                elif zlib.crc32(body) != crc:
-                    problem = "a record whose checksum does not match"
-            if problem:
+            entry, problem = self._record(segment, data, at)
+            if entry is None:
                 self.damaged += 1
                 log.warning(
                     "journal segment %s ends in %s at byte %d of %d; the samples after it are not "
@@ -162,16 +204,33 @@ class SampleJournal:
                     len(data),
                 )
                 return
-            at += _HEADER.size + length
-            try:
-                yield self._entry(segment, body)
-            except (ValueError, wire.WireError, DecodeError) as exc:
-                self.damaged += 1
-                log.warning("journal segment %s holds a record that does not decode (%s): skipped", path, exc)
+            yield entry
+            at += _HEADER.size + _HEADER.unpack_from(data, at)[0]
+
+    def _record(self, segment: int, data: bytes, at: int) -> tuple[Entry | None, str]:
+        """The entry of the record at `at`, or None and what is wrong with it: any record that cannot
+        be read whole ends its segment (a power cut leaves zeros, which read as an empty record
+        whose checksum matches)."""
+        if at + _HEADER.size > len(data):
+            return None, "a torn record header"
+        length, crc = _HEADER.unpack_from(data, at)
+        body = data[at + _HEADER.size : at + _HEADER.size + length]
+        if length == 0:
+            return None, "an empty record (zeros, as a power cut leaves)"
+        if length > _MAX_RECORD or len(body) != length:
+            return None, "a torn record"
+        if zlib.crc32(body) != crc:
+            return None, "a record whose checksum does not match"
+        try:
+            return self._entry(segment, body), ""
+        except (struct.error, ValueError, wire.WireError, DecodeError) as exc:
+            return None, f"a record that does not decode ({exc})"
 
     @staticmethod
     def _entry(segment: int, body: bytes) -> Entry:
         (name_length,) = _KEY.unpack_from(body, 0)
+        if _KEY.size + name_length + _IDS.size > len(body):
+            raise ValueError(f"its node name ({name_length} bytes) runs past the record")
         node = body[_KEY.size : _KEY.size + name_length].decode()
         spool, sequence = _IDS.unpack_from(body, _KEY.size + name_length)
         sample = tpb.NodeSample.FromString(body[_KEY.size + name_length + _IDS.size :])
@@ -186,12 +245,28 @@ class SampleJournal:
         for old in self.segments():
             if old >= limit:
                 break
+            size = self._size_of(old)
             try:
                 self._path(old).unlink()
-                gone += 1
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # not a file of ours (a directory planted in its name), or no rights
+                self._undeletable(old, exc)
+                continue
+            gone += 1
+            with self._lock:
+                self.bytes = max(0, self.bytes - size)
         return gone
+
+    def _undeletable(self, segment: int, exc: OSError) -> None:
+        """Logged once per segment: the journal goes on, that name stays until someone removes it."""
+        if segment not in self.undeletable:
+            self.undeletable.add(segment)
+            log.error(
+                "journal segment %s cannot be deleted (%s); it is left as it is, and the journal goes on",
+                self._path(segment),
+                exc,
+            )
 
     def close(self) -> None:
         with self._lock:
