@@ -72,6 +72,8 @@ PACKAGES = sorted({package for package, _ in ALLOWED.values()} | {PROTO}, key=le
 SHARED_LEAVES = {
     "faultcast.alert_text": "how an alert reads to a person: the client's log lines, the demo and "
     "`faultcast score` word it alike",
+    "faultcast.actions": "the recommended actions' table (rank, snapshot, node moved): the model "
+    "chooses, the service escalates and drains, the client snapshots by the same one",
 }
 # `python -m faultcast` must live in the top package's folder, yet it only starts the command line.
 ENTRY_POINTS = {ROOT / "core" / "__main__.py": {"faultcast.cli"}}
