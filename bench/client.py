@@ -62,6 +62,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from faultcast.actions import asks_snapshot
 from faultcast.demo.feed import push, twin_snapshots
 from faultcast.readings import NodeSnapshot
 from faultcast.service.config import ServiceConfig
@@ -86,7 +87,6 @@ START_TIMEOUT_S = 240.0  # torchrun, three interpreters importing torch, the gua
 TRIAL_TIMEOUT_S = 120.0
 EXIT_TIMEOUT_S = 120.0
 POLL_S = 0.05
-SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
 
 
 # -- the model and the telemetry ----------------------------------------------------------------
@@ -164,7 +164,7 @@ class AlertLog:
                     if alert.state == apb.ALERT_STATE_OPEN:
                         self.received.setdefault(alert.opened_id, now)
                         self.opened.setdefault(alert.opened_id, alert)
-                        if alert.action in SNAPSHOT_ACTIONS:
+                        if asks_snapshot(alert.action):
                             self.requested.add(alert.opened_id)
                     elif alert.state == apb.ALERT_STATE_CLEARED:
                         self.cleared[alert.opened_id] = alert.cleared_reason

@@ -32,15 +32,12 @@ from types import TracebackType
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from faultcast.actions import action_rank, asks_snapshot
 from faultcast.alert_text import alert_summary
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
 log = logging.getLogger(__name__)
-
-# Alerts whose recommended action asks the trainer for a snapshot.
-_SNAPSHOT_ACTIONS = (apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE)
-_ACTION_RANK = {apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY: 1, apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE: 2}
 
 
 def _covers(taken_for: apb.Alert, pending: apb.Alert) -> bool:
@@ -50,7 +47,7 @@ def _covers(taken_for: apb.Alert, pending: apb.Alert) -> bool:
     if pending.id == taken_for.id:
         return True
     same_alert = (pending.opened_id or pending.id) == (taken_for.opened_id or taken_for.id)
-    return same_alert and _ACTION_RANK.get(pending.action, 0) <= _ACTION_RANK.get(taken_for.action, 0)
+    return same_alert and action_rank(pending.action) <= action_rank(taken_for.action)
 
 
 # Waits before sending an acknowledgement again after UNAVAILABLE (then it is given up, logged).
@@ -389,14 +386,14 @@ class Guard:
             self.last_id = max(self.last_id, alert.id)
             pending = self._pending
             key = alert.opened_id or alert.id
-            asked = _ACTION_RANK.get(alert.action, 0)
-            if alert.state == apb.ALERT_STATE_OPEN and alert.action in _SNAPSHOT_ACTIONS:
+            asked = action_rank(alert.action)
+            if alert.state == apb.ALERT_STATE_OPEN and asks_snapshot(alert.action):
                 self._warnings[key] = alert
             else:
                 self._warnings.pop(key, None)
             if (
                 alert.state == apb.ALERT_STATE_OPEN
-                and alert.action in _SNAPSHOT_ACTIONS
+                and asks_snapshot(alert.action)
                 and (asked > self._asked.get(key, 0) or (pending is not None and pending.opened_id == key))
             ):
                 # One snapshot per alert and action: an update that only re-estimates the mode or the

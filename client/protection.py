@@ -32,6 +32,7 @@ import grpc
 import torch
 import torch.distributed as dist
 
+from faultcast.actions import moves_node
 from faultcast.client import identity, job_key, migration, peer_state, snapshot_reader, standby
 from faultcast.client.agreement import Agreement, Vote
 from faultcast.client.guard import Guard
@@ -390,7 +391,7 @@ class Protection:
             if self._alert_write is not None:  # an earlier alert's snapshot: written by now, mostly
                 self._finish_alert_snapshot()
             alert = self.guard.pending() if self.guard is not None else None
-            migrate = alert is not None and alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
+            migrate = alert is not None and moves_node(alert.action)
             protect = (
                 self.replicas is not None
                 and self.guard is not None

@@ -5,25 +5,17 @@ that pushed the risk up, and the recommended action.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
 
+from faultcast.actions import Action
 from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel
 from faultcast.modes import MODES_WITH_PRECURSOR
 
 # Modes whose failure takes a whole node (NODE_LEVEL_MODES) get one alert per node (gpu -1); only
 # modes with a precursor get a time to failure.
 TTF_QUANTILES = (0.1, 0.5, 0.9)
-
-
-class Action(enum.Enum):
-    """What the job on the node should do (the proto's RecommendedAction)."""
-
-    WATCH = 1
-    SNAPSHOT_ONLY = 2
-    SNAPSHOT_AND_MIGRATE = 3
 
 
 @dataclass(frozen=True, slots=True)

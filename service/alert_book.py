@@ -36,12 +36,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from faultcast.actions import Action
 from faultcast.failure_signs import FailureSign
-from faultcast.model.alert_content import DEFAULT_ACTIONS, Action, ActionPolicy
+from faultcast.model.alert_content import DEFAULT_ACTIONS, ActionPolicy
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
 from faultcast.modes import NODE_LEVEL_MODES
-from faultcast.service.alert_events import PB_TO_ACTION, EventWriter, mode_of
+from faultcast.service.alert_events import EventWriter, mode_of
 from faultcast.service.alert_publishing import AlertPublisher, Listener
 from faultcast.service.failure_events import TrainerReport, failure_event
 from faultcast.service.metrics import ServiceMetrics
@@ -547,9 +548,9 @@ class AlertBook:
             shown = mode_of(latest)
             mode = self._confirmed_mode(held, s.mode[gpu], shown)
             action = self.actions.action(mode, risk, ttf, self.events.move_at)
-            was = PB_TO_ACTION.get(latest.action, Action.WATCH)
+            was = Action.of(latest.action) or Action.WATCH
             # Only a score that would open an alert may escalate one.
-            escalates = action.value > was.value and risk >= self.model.open_threshold
+            escalates = action.rank > was.rank and risk >= self.model.open_threshold
             # The tier rises (never falls) with a score at the move tier's threshold.
             rises = latest.tier == apb.ALERT_TIER_PROTECT and risk >= self.model.threshold
             nearer = self.events.band(ttf) < held.band

@@ -1,5 +1,6 @@
-"""What an alert event says: the contract's names for failure modes, actions and clear reasons, and
-the OPENED, UPDATED and CLEARED messages the alert book stores.
+"""What an alert event says: the contract's names for failure modes and clear reasons (an action is
+already its contract number, faultcast.actions), and the OPENED, UPDATED and CLEARED messages the
+alert book stores.
 
 An OPENED or UPDATED event carries the whole alert (mode, risk, time to failure as a range, top
 contributions, action, model), built by model/alert_content.py as `faultcast score` builds its rows,
@@ -12,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from faultcast.model.alert_content import Action, ActionPolicy, AlertContent, describe, ttf_edges
+from faultcast.actions import Action
+from faultcast.model.alert_content import ActionPolicy, AlertContent, describe, ttf_edges
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident
 from faultcast.modes import FailureMode
@@ -25,12 +27,6 @@ MODE_TO_PB: dict[str, apb.FailureMode.ValueType] = {
     m.value: apb.FailureMode.Value(m.proto_name) for m in FailureMode
 }
 PB_TO_MODE = {v: k for k, v in MODE_TO_PB.items()}
-ACTION_TO_PB: dict[Action, apb.RecommendedAction.ValueType] = {
-    Action.WATCH: apb.RECOMMENDED_ACTION_WATCH,
-    Action.SNAPSHOT_ONLY: apb.RECOMMENDED_ACTION_SNAPSHOT_ONLY,
-    Action.SNAPSHOT_AND_MIGRATE: apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE,
-}
-PB_TO_ACTION = {v: k for k, v in ACTION_TO_PB.items()}
 CLEAR_TO_PB: dict[CloseReason, apb.ClearReason.ValueType] = {
     CloseReason.RISK_FELL: apb.CLEAR_REASON_RISK_FELL,
     CloseReason.GPU_DARK: apb.CLEAR_REASON_GPU_DARK,
@@ -98,7 +94,7 @@ class EventWriter:
                 apb.FeatureContribution(feature=n, value=v, contribution=c)
                 for n, v, c in content.top_features
             ],
-            action=ACTION_TO_PB[content.action],
+            action=apb.RecommendedAction.ValueType(content.action.value),
             state=apb.ALERT_STATE_OPEN,
             kind=kind,  # type: ignore[arg-type]
             time_unix_nano=int(s.time_s * 1e9),

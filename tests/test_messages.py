@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from faultcast.actions import Action
 from faultcast.alert_text import alert_summary, risk_text, time_to_failure_text
 from faultcast.cli.app import main
-from faultcast.model.alert_content import Action, AlertContent
+from faultcast.model.alert_content import AlertContent
 from faultcast.model.evaluation.batch_alerts import CSV_FIELDS, ScoredAlert, render_table, summary, write_csv
 from faultcast.model.features.offline import open_dataset
 from faultcast.model.training.needs import EXPECTED_IN_SMALLEST, learnable_rate, shortfall
