@@ -18,6 +18,17 @@ its serialised state in host memory (two of its own, two of its sender's) when e
 many ranks; a rank that is the buddy of several (nodes of uneven size) holds two per sender. While a
 replica is being made, two more transient copies (the staged state and its bytes). Nothing here is
 removed when the job ends: delete the job's folder then (a job's own clean-up, or a tmpfs per job).
+A folder under `root` that is not private (made by another user, a symbolic link, others may write
+it) is not used: the replicas go to a folder beside it whose name only the job knows (from its key),
+with a warning. Temporary files of a replica killed on its way are removed when the job starts again.
+
+Replicas degrade, they never end training: a part that cannot be written (host memory full), a
+sender announcing a size that is negative or beyond `max_part_bytes`, or sending fewer bytes than it
+announced (each part ends in a trailer giving its length), is not kept, counted in `stats` (`failed`,
+`refused`) and warned about once; the step before stays the newest whole one and the next replica
+tries again. Room for a part is reserved before it is received (a full tmpfs is then a refusal, not
+a SIGBUS while writing into the mapping). A sender that sends more bytes than it announced aborts
+the receiving process inside gloo itself: this code never does.
 
 What blocks training: the copy of the state to host memory at the step (`stage`), and, only when the
 previous replica is still on its way at the next one, the wait for it. Serialising, sending (one
@@ -37,6 +48,8 @@ says so) and restores from its files.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import io
 import logging
 import math
@@ -44,6 +57,8 @@ import os
 import queue
 import re
 import stat
+import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -61,9 +76,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = f"/dev/shm/faultcast-{os.geteuid()}"  # noqa: S108 (host memory on purpose: a tmpfs)
 """Where the replicas live by default: host memory, one folder per user (the job's folder in it is
-private: mode 0700, this user's, never a symbolic link)."""
+private: mode 0700, this user's, never a symbolic link; see `_home` when it is not)."""
 _NICE = 10  # the replica thread's CPU priority below training's (serialising and writing yield to steps)
 _PART = re.compile(r"^step-(\d+)\.pt$")
+_PARTIAL = re.compile(r"^\.step-(\d+)\.pt\.partial$")
+_TRAILER = struct.Struct("<8sQ")  # every part ends with: magic, the length of what precedes it
+_MAGIC = b"fcpart01"
+_BOUND_FACTOR, _BOUND_SLACK = 4, 64 * 2**20  # the default bound on a sender's part, from this rank's own
 
 
 @dataclass
@@ -78,6 +97,9 @@ class ReplicaStats:
     restored_step: int | None = None
     fetched_from_peer: int = 0  # parts a restore received from another node
     bytes_fetched: int = 0  # and their bytes
+    failed: int = 0  # parts not written (own or held): host memory full, a folder gone, the exchange broken
+    refused: int = 0  # senders' parts refused: a size out of bounds announced, fewer bytes sent
+    stale_removed: int = 0  # temporary files of replicas killed on their way, removed at the start
     seconds: list[float] = field(default_factory=list)  # each replica's background time (wall)
     cpu_seconds: list[float] = field(default_factory=list)  # and the replica thread's CPU time for it
 
@@ -116,29 +138,34 @@ class BuddyReplicas:
         root: str | os.PathLike[str] = DEFAULT_ROOT,
         node: str | None = None,
         racks: Mapping[str, str] | None = None,
+        max_part_bytes: int | None = None,
     ) -> None:
         """`key`: the job's signing key (the rank part's seal); `every`: steps between replicas;
         `node`: this rank's node name (default: the scheduler's); `racks`: node name to rack, when
-        the topology is known. Collective: every rank constructs it at the same point."""
+        the topology is known; `max_part_bytes`: the largest part taken from a sender (default: four
+        times this rank's own part and 64 MiB, for ranks whose parts differ more, pipeline stages).
+        Collective: every rank constructs it at the same point."""
         if every < 1:
             raise ValueError(f"every must be at least 1, not {every}")
         if not dist.is_initialized():
             raise ValueError("buddy replicas need torch.distributed initialised (a job of several nodes)")
-        self.state, self.key, self.every = state, key, every
+        self.state, self.key, self.every, self.max_part_bytes = state, key, every, max_part_bytes
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.node = identity.node_name(node)
         self.nodes = identity.all_gather_strings(self.node)
         self.buddy = buddies(self.nodes, racks)
         self.senders = [r for r, b in enumerate(self.buddy) if b == self.rank]
-        self.folder = _private(_private(Path(root)) / _safe(job_id)) / _safe(self.node)
+        self.folder = _home(Path(root), _safe(job_id), _safe(self.node), key)
         self.stats = ReplicaStats()
+        self._warned: set[str] = set()
+        self._largest_own = 0  # bytes of this rank's largest own part so far (the bound on senders')
+        self.stats.stale_removed = _sweep(self.folder, *self._writers())
         self._group = dist.new_group(backend="gloo")  # its own: never interleaved with training's
         self._jobs: queue.Queue[tuple[int, StateDict] | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
         self._staged_step: int | None = None
         self._staged_at: float | None = None  # time.monotonic() of the newest staging
-        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="faultcast-replicas", daemon=True)
         self._thread.start()
         if self.buddy[self.rank] < 0:
@@ -165,8 +192,6 @@ class BuddyReplicas:
         started = time.perf_counter()
         self._idle.wait()  # the previous replica is still on its way: every rank waits alike
         waited = time.perf_counter() - started
-        if self._error is not None:
-            raise RuntimeError("the replica thread failed") from self._error
         staged = peer_state.stage(self.state.to_save(step, self.rank, self.key))
         self._idle.clear()
         self._jobs.put((step, staged))
@@ -174,10 +199,9 @@ class BuddyReplicas:
         self.stats.blocked_s += time.perf_counter() - started
 
     def wait(self) -> None:
-        """Block until the replica on its way is whole (for tests and a clean end)."""
+        """Block until the replica on its way is done (for tests and a clean end); whether it is
+        whole, `stats` says."""
         self._idle.wait()
-        if self._error is not None:
-            raise RuntimeError("the replica thread failed") from self._error
 
     def close(self) -> None:
         """Finish the replica on its way and stop the thread; the replicas stay in host memory."""
@@ -195,38 +219,127 @@ class BuddyReplicas:
             started, cpu_started = time.perf_counter(), time.thread_time()
             try:
                 self._replicate(step, staged)
-            except BaseException as exc:  # surfaced to training at the next step_end
-                log.exception("faultcast: replica of step %d failed", step)
-                self._error = exc
-            self.stats.seconds.append(time.perf_counter() - started)
-            self.stats.cpu_seconds.append(time.thread_time() - cpu_started)
-            del job, staged  # the staged copy's memory goes back before the next one is made
-            self._idle.set()
+            except Exception as exc:  # the exchange broke: this replica is lost, training goes on
+                self._trouble("exchange", "failed", f"the replica of step {step} failed on its way: {exc!r}")
+            finally:
+                self.stats.seconds.append(time.perf_counter() - started)
+                self.stats.cpu_seconds.append(time.thread_time() - cpu_started)
+                del job, staged  # the staged copy's memory goes back before the next one is made
+                self._idle.set()
 
     def _replicate(self, step: int, staged: StateDict) -> None:
         """Write this rank's part into host memory, send it to the buddy straight from there, and
-        receive the parts held for others straight into theirs (no copy in between)."""
+        receive the parts held for others straight into theirs (no copy in between). Every rank
+        goes through the same messages whatever fails on its side (a size of 0: no part this time;
+        a refusal: the part is not sent), so no peer waits for a message that never comes."""
         own = self.folder / "own" / f"rank-{self.rank}"
-        size = _write(own, step, lambda partial: torch.save(staged, partial))
-        payload = torch.from_file(str(own / f"step-{step}.pt"), shared=False, size=size, dtype=torch.uint8)
-        buddy = self.buddy[self.rank]
+        size = self._write_own(own, step, staged)
+        announced = self._exchange_sizes(size)
+        incoming: dict[int, _Incoming] = {}
+        try:
+            for sender, claimed in announced.items():
+                part = self._room_for(sender, step, claimed, size)
+                if part is not None:
+                    incoming[sender] = part
+            taken = self._exchange_verdicts(set(incoming), size)
+            works = [dist.irecv(part.tensor, src=s, group=self._group) for s, part in incoming.items()]
+            if taken:
+                payload = torch.from_file(
+                    str(own / f"step-{step}.pt"), shared=False, size=size, dtype=torch.uint8
+                )
+                works.append(dist.isend(payload, dst=self.buddy[self.rank], group=self._group))
+            _wait_all(works)
+            if size and not taken and self.buddy[self.rank] >= 0:
+                self._trouble(
+                    "untaken", "failed", f"the buddy took no part of step {step} (no room, or refused)"
+                )
+            for sender, part in incoming.items():
+                if not part.whole():
+                    self._trouble("short", "refused", f"rank {sender} sent fewer bytes than it announced")
+                    continue
+                try:
+                    part.settle()
+                except OSError as exc:
+                    self._trouble("hold", "failed", f"the part of rank {sender} was not kept: {exc}")
+        finally:
+            for part in incoming.values():
+                part.discard()  # nothing left of a part refused, failed or cut short
+        self.stats.made += int(size > 0 and (taken or self.buddy[self.rank] < 0))
+        self.stats.bytes_sent += size if taken else 0
+        self.stats.bytes_held = _bytes_under(self.folder)
+
+    def _write_own(self, own: Path, step: int, staged: StateDict) -> int:
+        """This rank's part of `step` written whole into host memory; its size, or 0 when it could not
+        be written (nothing of it is left: the previous part stays the newest)."""
+        try:
+            size = _write(own, step, lambda partial: _save(staged, partial))
+        except Exception as exc:  # a full tmpfs raises from torch.save as RuntimeError, not only OSError
+            self._trouble("own", "failed", f"this rank's part of step {step} was not written: {exc}")
+            return 0
+        self._largest_own = max(self._largest_own, size)
+        return size
+
+    def _exchange_sizes(self, size: int) -> dict[int, int]:
+        """Send the size of this rank's part to its buddy (0: none this time); the sizes its senders
+        announce, by sender."""
         sizes = {s: torch.zeros(1, dtype=torch.int64) for s in self.senders}
         works = [dist.irecv(t, src=s, group=self._group) for s, t in sizes.items()]
-        if buddy >= 0:
-            works.append(dist.isend(torch.tensor([size]), dst=buddy, group=self._group))
+        if self.buddy[self.rank] >= 0:
+            works.append(dist.isend(torch.tensor([size]), dst=self.buddy[self.rank], group=self._group))
         _wait_all(works)
-        incoming = {
-            s: _Incoming(self.folder / "holds" / f"rank-{s}", step, int(t.item())) for s, t in sizes.items()
-        }
-        works = [dist.irecv(part.tensor, src=s, group=self._group) for s, part in incoming.items()]
-        if buddy >= 0:
-            works.append(dist.isend(payload, dst=buddy, group=self._group))
+        return {s: int(t.item()) for s, t in sizes.items()}
+
+    def _room_for(self, sender: int, step: int, claimed: int, own_size: int) -> _Incoming | None:
+        """Room in host memory for the part `sender` announced, reserved; None when it announced
+        none, a size out of bounds (refused: nothing is allocated for it) or there is no room."""
+        if claimed == 0:
+            return None  # the sender has no part this time (its own write failed)
+        bound = self._bound(own_size)
+        if not _TRAILER.size < claimed <= bound:
+            self._trouble(
+                "size", "refused", f"rank {sender} announced {claimed} bytes (at most {bound} taken)"
+            )
+            return None
+        try:
+            return _Incoming(self.folder / "holds" / f"rank-{sender}", step, claimed)
+        except OSError as exc:  # ENOSPC: host memory full
+            self._trouble("hold", "failed", f"no room for the part of rank {sender} ({claimed} bytes): {exc}")
+            return None
+
+    def _bound(self, own_size: int) -> int:
+        """The largest part taken from a sender."""
+        if self.max_part_bytes is not None:
+            return self.max_part_bytes
+        return _BOUND_FACTOR * max(own_size, self._largest_own) + _BOUND_SLACK
+
+    def _exchange_verdicts(self, taking: set[int], size: int) -> bool:
+        """Tell each sender whether its part is taken (room reserved); whether the buddy takes this
+        rank's part (it is then sent)."""
+        works = [dist.isend(torch.tensor([int(s in taking)]), dst=s, group=self._group) for s in self.senders]
+        verdict = torch.zeros(1, dtype=torch.int64)
+        if self.buddy[self.rank] >= 0:
+            works.append(dist.irecv(verdict, src=self.buddy[self.rank], group=self._group))
         _wait_all(works)
-        for part in incoming.values():
-            part.done()
-        self.stats.made += 1
-        self.stats.bytes_sent += size if buddy >= 0 else 0
-        self.stats.bytes_held = _bytes_under(self.folder)
+        return size > 0 and bool(verdict.item())
+
+    def _trouble(self, kind: str, counter: str, message: str) -> None:
+        """A replica degraded: counted (`stats.failed` or `stats.refused`), warned about the first
+        time of each kind and at debug level after that (a full tmpfs fails every replica)."""
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        if kind in self._warned:
+            log.debug("faultcast: replicas: %s", message)
+            return
+        self._warned.add(kind)
+        log.warning("faultcast: replicas: %s; training goes on (counted in the replicas' stats)", message)
+
+    def _writers(self) -> tuple[list[Path], list[Path]]:
+        """The folders of the node's folder this rank writes into, and those some rank of this node
+        writes into (own/ of each rank on the node, holds/ of each rank whose buddy is on it)."""
+        here = {r for r, n in enumerate(self.nodes) if n == self.node}
+        mine = [Path("own", f"rank-{self.rank}")] + [Path("holds", f"rank-{s}") for s in self.senders]
+        node = [Path("own", f"rank-{r}") for r in here]
+        node += [Path("holds", f"rank-{s}") for s, b in enumerate(self.buddy) if b in here]
+        return mine, node
 
     # -- restore ----------------------------------------------------------------------------------------
 
@@ -295,6 +408,62 @@ def _wait_all(works: Sequence[dist.Work | None]) -> None:
             work.wait()
 
 
+def _home(root: Path, job: str, node: str, key: bytes) -> Path:
+    """The node's replica folder: root/job/node, when root and root/job are private (`_private`).
+    Else (another user made root first, a symbolic link, others may write it, it cannot be made) a
+    folder beside root whose name only the job knows (from its key: no one can make it first, and a
+    restart of the job finds it), else a fresh one under the temporary folder (a restarted process
+    does not find its replicas there). Never raises: a folder that cannot be written at all fails
+    each replica, counted."""
+    digest = hmac.new(key, b"faultcast replicas " + job.encode(), hashlib.sha256).hexdigest()[:16]
+    for base in (root, root.parent / f"{root.name}-{digest}"):
+        try:
+            folder = _private(_private(base) / job) / node
+        except (OSError, ValueError) as exc:
+            log.warning("faultcast: replicas: the folder %s is not used: %s", base, exc)
+            continue
+        if base != root:
+            log.warning("faultcast: replicas: using %s instead (a restart of the job finds it)", base)
+        return folder
+    for parent in (root.parent, None):
+        with contextlib.suppress(OSError):
+            fresh = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=parent))
+            log.warning("faultcast: replicas: using %s (a restarted process will not find them)", fresh)
+            return fresh / job / node
+    log.warning("faultcast: replicas: no private folder could be made: no replica will be kept")
+    return root / job / node
+
+
+def _sweep(folder: Path, mine: Sequence[Path], node: Sequence[Path]) -> int:
+    """Remove the temporary files replicas killed on their way left under the node's `folder`: in
+    the folders this rank writes (`mine`: it writes nothing yet) and in those no rank of the node
+    writes (`node` lists those some rank does: another world's ranks); of this user, named as this
+    module names them. A rank of the node that writes its folders now is never touched. Their count."""
+    written = set(node)
+    removed = 0
+    for kind in ("own", "holds"):
+        with contextlib.suppress(OSError):
+            for rank_dir in (folder / kind).iterdir():
+                relative = rank_dir.relative_to(folder)
+                if relative in written and relative not in mine:
+                    continue
+                removed += _remove_partials(rank_dir)
+    if removed:
+        log.info("faultcast: replicas: removed %d temporary files of replicas killed on their way", removed)
+    return removed
+
+
+def _remove_partials(rank_dir: Path) -> int:
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in rank_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if _PARTIAL.match(entry.name) and entry.lstat().st_uid == os.geteuid():
+                    entry.unlink()
+                    removed += 1
+    return removed
+
+
 def _private(folder: Path) -> Path:
     """`folder`, created mode 0700 if missing; ValueError unless it is a real folder of this user that
     no one else may read or write (replicas hold the job's weights, loaded back without question)."""
@@ -315,28 +484,66 @@ def _safe(name: str) -> str:
 
 class _Incoming:
     """A part on its way from a peer, received straight into its file in host memory (mapped), made
-    whole (renamed) only once all of it is there."""
+    whole (renamed) only once all of it is there. Its room is reserved first: on a full tmpfs that is
+    an OSError here, where writing into a mapping of a sparse file would be a SIGBUS."""
 
     def __init__(self, folder: Path, step: int, size: int) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.folder, self.step = folder, step
+        self.folder, self.step, self.size = folder, step, size
         self.partial = folder / f".step-{step}.pt.partial"
-        with self.partial.open("wb") as out:
-            out.truncate(size)
-        self.tensor = torch.from_file(str(self.partial), shared=True, size=size, dtype=torch.uint8)
+        fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            self.partial.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        self._mapped: torch.Tensor | None = torch.from_file(
+            str(self.partial), shared=True, size=size, dtype=torch.uint8
+        )
 
-    def done(self) -> None:
-        del self.tensor
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The part's room, mapped: what is received goes straight there."""
+        assert self._mapped is not None, "the part was settled or discarded"
+        return self._mapped
+
+    def whole(self) -> bool:
+        """Whether all the announced bytes came: the part's trailer is at its very end (fewer bytes
+        leave the reserved room's zeros there)."""
+        magic, length = _TRAILER.unpack(self.tensor[-_TRAILER.size :].numpy().tobytes())
+        return bool(magic == _MAGIC and length == self.size - _TRAILER.size)
+
+    def settle(self) -> None:
+        self._mapped = None  # unmapped before the rename
         _settle(self.folder, self.step, self.partial)
+
+    def discard(self) -> None:
+        """Nothing left of the part unless it was settled."""
+        self._mapped = None
+        self.partial.unlink(missing_ok=True)
+
+
+def _save(staged: StateDict, partial: Path) -> None:
+    """A part: the state as torch.save writes it, then the trailer giving its length."""
+    with partial.open("wb") as out:
+        torch.save(staged, out)
+        out.write(_TRAILER.pack(_MAGIC, out.tell()))
 
 
 def _write(folder: Path, step: int, save: Callable[[Path], object]) -> int:
-    """The part of `step`, written whole by `save` (into a temp file, then renamed); its size."""
+    """The part of `step`, written whole by `save` (into a temp file, then renamed); its size. When
+    it fails, the temp file is removed (host memory given back) and the error raised."""
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".step-{step}.pt.partial"
-    save(partial)
-    size = partial.stat().st_size
-    _settle(folder, step, partial)
+    try:
+        save(partial)
+        size = partial.stat().st_size
+        _settle(folder, step, partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return size
 
 
@@ -364,10 +571,18 @@ def _held(folder: Path) -> list[list[int]]:
 
 
 def _read(folder: Path, rank: int, step: int) -> bytes:
+    """The state's bytes of a whole part (its trailer checked and left off)."""
     for kind in ("own", "holds"):
         path = folder / kind / f"rank-{rank}" / f"step-{step}.pt"
         if path.is_file():
-            return path.read_bytes()
+            with path.open("rb") as part:
+                size = part.seek(0, os.SEEK_END)
+                part.seek(max(size - _TRAILER.size, 0))
+                magic, length = _TRAILER.unpack(part.read(_TRAILER.size).rjust(_TRAILER.size, b"\0"))
+                if magic != _MAGIC or length != size - _TRAILER.size:
+                    raise ValueError(f"the replica {path} is damaged (its trailer does not give its length)")
+                part.seek(0)
+                return part.read(length)
     raise FileNotFoundError(f"no part of rank {rank} at step {step} under {folder}")
 
 
