@@ -60,6 +60,20 @@ def add_parsers(commands: Subcommands) -> None:
         help="with --url: tries of each call before giving up, 1 s, 2 s, 4 s ... apart (default 5)",
     )
     imp.add_argument(
+        "--request-deadline",
+        type=duration,
+        default=300.0,
+        help="with --url: the most one request may take, its answer read whole; a server that sends a "
+        "byte now and then is cut off and the request retried (default 5m)",
+    )
+    imp.add_argument(
+        "--max-answer-mib",
+        type=int,
+        default=128,
+        help="with --url: the largest answer read, in MiB (default 128; the fetch sizes its queries to "
+        "answers of some 25 to 45 MiB, and one takes about seven times its size in memory)",
+    )
+    imp.add_argument(
         "--points",
         type=int,
         default=11_000,
@@ -172,7 +186,15 @@ def _fetch(args: argparse.Namespace) -> Path:
     if args.attempts < 1:
         raise DataError(f"--attempts must be at least 1, got {args.attempts}")
     token = args.bearer_token_file.read_text().strip() if args.bearer_token_file else None
-    client = Client(args.url, attempts=args.attempts, bearer_token=token)
+    if not (args.request_deadline > 0 and args.max_answer_mib >= 1):
+        raise DataError("--request-deadline must be positive and --max-answer-mib at least 1")
+    client = Client(
+        args.url,
+        attempts=args.attempts,
+        bearer_token=token,
+        deadline_s=args.request_deadline,
+        max_answer_bytes=args.max_answer_mib << 20,
+    )
     report = fetch_prometheus(args.url, since, until, args.step, folder, points=args.points, client=client)
     print(
         f"read {client.shown}: {report.answers_fetched} answers fetched, {report.answers_reused} kept from an "

@@ -6,7 +6,15 @@ series (11,000), retried on connection errors, 429 and 5xx, and split in halves 
 a chunk would load too many samples. Every answer is written whole (through a temporary file and a
 rename) as `NNN-CCCCC-<hash>.json` in the fetch directory: a rerun after an interruption skips the
 answers already there, so a fetch resumes where it stopped. The directory is an ordinary export:
-`import-prometheus --export DIR` reads it again and gives the same rows.
+`import-prometheus --export DIR` reads it again and gives the same rows. The fetch lists the answer
+files it writes (WRITTEN) and reuses, moves or removes those alone: whatever else is in the folder
+stays as it is.
+
+A server is trusted with nothing: each request has a deadline for its whole answer (DEADLINE_S) and
+reads at most MAX_ANSWER_MIB of it, a redirect is followed on the URL's own origin only (the
+credentials go nowhere else), every answer used is checked to have the shape the fetch reads (a
+malformed one is an error in one line naming the call), and the server's text is cleaned of escape
+sequences and credentials before it reaches a message (`Client.clean`).
 
 Step summaries: the model reads, for a few gauges (faultcast.step_summary.SUMMARISED), the minimum,
 maximum and mean over the scrapes inside each step, and how many there were. Where the raw series is
@@ -22,6 +30,7 @@ the step (t - step, t], the same span the last value at t closes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import http.client
@@ -30,6 +39,8 @@ import logging
 import math
 import os
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -37,7 +48,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TextIO
 
 from faultcast.model.features.offline import DataError
 
@@ -55,6 +66,11 @@ DESCRIPTION = "fetch.txt"
 """The fetch directory's note of what it holds (not .json: the import reads only those)."""
 _OVER_TIME = {"min": "min_over_time", "max": "max_over_time", "mean": "avg_over_time"}
 _TOO_MANY = "too many samples"
+MAX_ANSWER_MIB = 128
+"""The most bytes of one answer read, in MiB: an answer of PER_ANSWER samples is some 25 to 45 MiB,
+and one parsed takes about seven times its size in memory."""
+DEADLINE_S = 300.0
+"""The most seconds one request may take, its answer read whole (each attempt its own)."""
 
 
 class PrometheusError(DataError):
@@ -91,14 +107,24 @@ class FetchReport:
     probes: int = 0  # range queries asking how finely a name is scraped
 
 
+class _Refused(Exception):  # noqa: N818 (not an OSError or ValueError: never retried)
+    """An answer no retry would mend: too big, nested too deeply, or a redirect to another origin."""
+
+
 class Client:
-    """GET/POST on a Prometheus's /api/v1, with retries."""
+    """GET/POST on a Prometheus's /api/v1, with retries. Every answer is read whole within
+    `deadline_s` (a server that trickles bytes is cut off, as one that says nothing is after
+    `timeout_s`) and at most `max_answer_bytes` of it; credentials go to the URL's origin alone (a
+    redirect elsewhere is refused), and the server's text reaches a message cleaned
+    (`Client.clean`)."""
 
     def __init__(
         self,
         url: str,
         *,
         timeout_s: float = 60.0,
+        deadline_s: float = DEADLINE_S,
+        max_answer_bytes: int = MAX_ANSWER_MIB << 20,
         attempts: int = 5,
         backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -111,19 +137,29 @@ class Client:
             )
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
+        if not (deadline_s > 0 and max_answer_bytes > 0):
+            raise ValueError(
+                f"deadline and answer size must be positive, got {deadline_s}, {max_answer_bytes}"
+            )
         host = parts.hostname + (f":{parts.port}" if parts.port else "")
         host = f"[{host}]" if ":" in parts.hostname and not host.startswith("[") else host
         self.base = urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
         self.shown = self.base  # credentials never appear in messages, logs or files
         self._headers = {"Accept": "application/json"}
+        self._secrets: list[str] = []  # what `clean` removes from the server's text
         if (
             parts.username is not None
         ):  # basic auth from the URL, as curl and Prometheus's own clients take it
-            pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-            self._headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+            user, password = urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or "")
+            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {pair}"
+            self._secrets += [pair, parts.username, parts.password or "", user, password]
         if bearer_token:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
+            self._secrets.append(bearer_token)
+        self._secrets = sorted({s for s in self._secrets if s}, key=len, reverse=True)
         self.timeout_s, self.attempts, self.backoff_s, self._sleep = timeout_s, attempts, backoff_s, sleep
+        self.deadline_s, self.max_answer_bytes = deadline_s, max_answer_bytes
         self.retries = 0
 
     def call(self, path: str, params: dict[str, str]) -> Any:
@@ -144,35 +180,245 @@ class Client:
                 self.retries += 1
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
-                    answer = json.load(response)
-            except urllib.error.HTTPError as exc:
-                error = _error_of(exc)
+                answer = self._answer(request)
+            except _HTTPRefusal as exc:
+                error = self.clean(exc.text)
                 if exc.code == 429 or exc.code >= 500:
                     last = f"HTTP {exc.code}: {error}"
                     continue
-                raise PrometheusError(f"{self.shown}: {path} refused (HTTP {exc.code}): {error}") from exc
+                raise PrometheusError(f"{self.shown}: {path} refused (HTTP {exc.code}): {error}") from None
+            except _Refused as exc:
+                raise PrometheusError(f"{self.shown}: {path}: {self.clean(str(exc))}") from None
             except (
                 OSError,
                 ValueError,
                 http.client.HTTPException,
             ) as exc:  # URLError, timeouts, resets, a cut-off body
-                last = str(getattr(exc, "reason", exc))
+                last = self.clean(str(getattr(exc, "reason", exc)))
                 continue
             if not isinstance(answer, dict) or answer.get("status") != "success":
-                raise PrometheusError(f"{self.shown}: {path} answered {str(answer)[:300]}")
+                raise PrometheusError(f"{self.shown}: {path} answered {self.clean(_brief(answer))}")
             return answer.get("data")
         raise PrometheusError(
             f"{self.shown}: {path}: gave up after {self.attempts} attempts; the last: {last}"
         )
 
+    def _answer(self, request: urllib.request.Request) -> Any:
+        """One attempt: the answer parsed, read whole within the deadline and the size cap."""
+        watch = _Watch(self.deadline_s)
+        opener = urllib.request.build_opener(_SameOrigin(), _HTTPHandler(watch), _HTTPSHandler(watch))
+        try:
+            try:
+                with opener.open(request, timeout=min(self.timeout_s, self.deadline_s)) as response:
+                    body = _read_capped(response, self.max_answer_bytes)
+            except urllib.error.HTTPError as exc:
+                with exc:
+                    raise _HTTPRefusal(exc.code, _error_of(exc)) from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            if watch.expired:  # the watch cut the socket: say why, not what the cut looked like
+                raise TimeoutError(f"no whole answer within the {self.deadline_s:g} s deadline") from exc
+            raise
+        finally:
+            watch.stop()
+        try:
+            return json.loads(body)
+        except RecursionError:
+            raise _Refused("an answer nested too deeply to read") from None
+
+    def clean(self, text: str, limit: int = 200) -> str:
+        """The server's text made fit for a message: escape sequences and other control characters
+        gone, credentials and whatever follows an Authorization/Bearer/Basic word redacted, and cut
+        to `limit` characters (a server may echo the request's headers back)."""
+        text = _ESCAPE.sub("", text)
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+        text = _CREDENTIAL.sub(lambda m: f"{m.group(1)} [redacted]", text)
+        text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_ESCAPE = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-_]?)|\x9b[0-?]*[ -/]*[@-~]"
+)
+"""ANSI escape sequences (CSI, OSC, and the two-character ones), in their 7- and 8-bit forms."""
+_CREDENTIAL = re.compile(
+    r"(?i)\b(authorization|bearer|basic|token|password)\b[\"']?\s*[:=]?\s*[\"']?"
+    r"(?:(?:bearer|basic)\s+)?[^\s,;\"'&}]*"
+)
+
+
+class _HTTPRefusal(Exception):  # noqa: N818
+    """An HTTP error status and the text the server gave with it."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(code, text)
+        self.code, self.text = code, text
+
+
+def _brief(answer: Any) -> str:
+    """An answer that is not a success, in a few words (never the repr of a deep structure)."""
+    if isinstance(answer, dict):
+        return f"status {str(answer.get('status'))[:40]!r}, error {str(answer.get('error'))[:200]!r}"
+    return f"a JSON {type(answer).__name__}, not an object"
+
 
 def _error_of(exc: urllib.error.HTTPError) -> str:
+    """The `error` of an error answer (its first 64 KiB), else the status line's reason."""
     try:
-        answer = json.loads(exc.read())
-        return str(answer.get("error", answer))
-    except (OSError, ValueError, AttributeError):
-        return exc.reason if isinstance(exc.reason, str) else str(exc)
+        answer = json.loads(exc.read(_ERROR_BYTES))
+    except (OSError, ValueError, RecursionError, http.client.HTTPException):
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        return str(answer["error"])
+    return exc.reason if isinstance(exc.reason, str) else f"HTTP {exc.code}"
+
+
+_ERROR_BYTES = 64 << 10
+_READ = 1 << 20
+
+
+def _read_capped(response: http.client.HTTPResponse, cap: int) -> bytearray:
+    """The body, refused once it passes `cap` bytes (declared or read): never held whole beyond it."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _Refused(_too_big(cap, f"an answer of {int(declared) / 2**20:.0f} MiB is over"))
+    body = bytearray()
+    while chunk := response.read(_READ):
+        body += chunk
+        if len(body) > cap:
+            raise _Refused(_too_big(cap, "an answer longer than"))
+    return body
+
+
+def _too_big(cap: int, what: str) -> str:
+    return (
+        f"{what} the {cap / 2**20:g} MiB limit (--max-answer-mib): raise it, or ask fewer points "
+        "a query (--points)"
+    )
+
+
+class _Watch:
+    """One request's deadline: when it passes, the request's sockets are shut, which ends a read
+    blocked on a server that sends a byte now and then (a socket timeout counts each read alone)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    # The plain socket's shutdown (a TLS one's would touch the TLS state another thread reads); one
+    # closed already, or detached by the TLS wrap that replaced it, needs none.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _Connection(http.client.HTTPConnection):
+    """A connection whose socket the watch can shut."""
+
+    def __init__(self, host: str, *, watch: _Watch, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._watch = watch
+        self._create_connection = self._watched
+
+    def _watched(self, *args: Any, **kwargs: Any) -> socket.socket:
+        sock = socket.create_connection(*args, **kwargs)
+        self._watch.add(sock)
+        return sock
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    """An https connection whose sockets the watch can shut: the plain one through the handshake,
+    then the TLS one that replaces it."""
+
+    def __init__(self, host: str, *, watch: _Watch, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._watch = watch
+        self._create_connection = self._watched
+
+    def _watched(self, *args: Any, **kwargs: Any) -> socket.socket:
+        sock = socket.create_connection(*args, **kwargs)
+        self._watch.add(sock)
+        return sock
+
+    def connect(self) -> None:
+        super().connect()
+        self._watch.add(self.sock)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._watch = watch
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection, req)
+
+    def _connection(self, host: str, /, **kwargs: Any) -> http.client.HTTPConnection:
+        return _Connection(host, watch=self._watch, **kwargs)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._watch = watch
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._connection, req)
+
+    def _connection(self, host: str, /, **kwargs: Any) -> http.client.HTTPConnection:
+        return _TLSConnection(host, watch=self._watch, **kwargs)
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect on the same origin (scheme, host, port) only: the request's Authorization
+    header would go wherever the redirect points, so a redirect elsewhere is refused."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if _origin(newurl) != _origin(req.full_url):
+            there = urllib.parse.urlsplit(newurl)
+            shown = f"{there.scheme}://{there.hostname or ''}" + (f":{there.port}" if there.port else "")
+            raise _Refused(
+                f"redirected (HTTP {code}) to another server, {shown}: not followed, so that the "
+                "credentials go nowhere else; give that server as --url if it is the one"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port that is no number: an origin of its own
+        port = -1
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
 def parse_time(text: str, *, now: float | None = None) -> float:
@@ -302,10 +548,10 @@ def fetch(
     client = client or Client(url)
     _claim(folder, client.shown, step_s)
     window = {"start": _number(start), "end": _number(end)}
-    listed = client.call("label/__name__/values", window) or []
+    listed = _list(client, "label/__name__/values", client.call("label/__name__/values", window))
     names = sorted(name for name in listed if isinstance(name, str) and known(name))
     if not names:
-        shown = ", ".join(str(n) for n in listed[:8]) or "none"
+        shown = client.clean(", ".join(str(n)[:80] for n in listed[:8])) or "none"
         raise PrometheusError(
             f"{client.shown}: no metric the import knows between {_iso(start)} and {_iso(end)} "
             f"(DCGM_FI_DEV_GPU_TEMP, ...); names there: {shown}"
@@ -320,30 +566,37 @@ def fetch(
     report.queries = len(queries)
     width = {name: _series_count(client, name, window) for name in sorted({q.reads for q in queries})}
     wanted: set[str] = set()
-    kept = {m.group(2): path for path in folder.iterdir() if (m := _ANSWER.match(path.name))}
-    for q, query in enumerate(queries):
-        most = min(points, max(1, per_answer // max(1, width[query.reads])))
-        for a, b in _chunks(start, end, step_s, most):
-            digest = hashlib.sha256(f"{query.expr}|{a}|{b}|{step_s}".encode()).hexdigest()[:12]
-            target = folder / f"{q:03d}-{round(a):011d}-{digest}.json"  # file order: query, then time
-            wanted.add(target.name)
-            if digest in kept:
-                if kept[digest] != target:
-                    kept[digest].replace(target)  # the same answer, the query at another place
-                report.answers_reused += 1
-                continue
-            result = _range(client, query.expr, a, b, step_s, report)
-            for series in result:
-                labels = series.setdefault("metric", {})
-                labels["__name__"] = query.name
-                if query.stat is not None:
-                    labels[STEP_LABEL] = query.stat
-            report.series += len(result)
-            _write_answer(target, result)
-            report.answers_fetched += 1
-    for path in folder.iterdir():
-        if (_ANSWER.match(path.name) and path.name not in wanted) or path.suffix == ".partial":
-            path.unlink()  # this folder's answers of another window, or one cut short
+    own = _own(folder)
+    kept = {
+        m.group(2): folder / name for name in own if (m := _ANSWER.match(name)) and (folder / name).is_file()
+    }
+    with (folder / WRITTEN).open("a", encoding="utf-8") as written:
+        for q, query in enumerate(queries):
+            most = min(points, max(1, per_answer // max(1, width[query.reads])))
+            for a, b in _chunks(start, end, step_s, most):
+                digest = hashlib.sha256(f"{query.expr}|{a}|{b}|{step_s}".encode()).hexdigest()[:12]
+                target = folder / f"{q:03d}-{round(a):011d}-{digest}.json"  # file order: query, then time
+                wanted.add(target.name)
+                if digest in kept:
+                    if kept[digest] != target:
+                        _mine(target, own, written)
+                        kept[digest].replace(target)  # the same answer, the query at another place
+                    report.answers_reused += 1
+                    continue
+                result = _range(client, query.expr, a, b, step_s, report)
+                for series in result:
+                    labels = series["metric"]
+                    labels["__name__"] = query.name
+                    if query.stat is not None:
+                        labels[STEP_LABEL] = query.stat
+                report.series += len(result)
+                _mine(target, own, written)
+                _write_answer(target, result)
+                report.answers_fetched += 1
+    for name in sorted(own - wanted):  # its answers of another window, and any cut short
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).with_suffix(".partial").unlink(missing_ok=True)
+    _note_written(folder, wanted)
     report.retries = client.retries
     log.info(
         "fetched %d answers (%d reused) of %d queries from %s",
@@ -357,6 +610,40 @@ def fetch(
 
 _ANSWER = re.compile(r"^(\d{3})-\d{11}-([0-9a-f]{12})\.json$")
 """A fetch folder's answer file: query, first evaluation time, digest of the query and its span."""
+WRITTEN = "fetched.txt"
+"""The fetch folder's list of the answer files the fetch wrote (or began to), one name a line: the
+files it may reuse, replace or remove. Whatever else the folder holds is never touched."""
+
+
+def _own(folder: Path) -> set[str]:
+    """The answer files this folder's fetch wrote."""
+    listed = folder / WRITTEN
+    if listed.exists():
+        return {name for name in listed.read_text(encoding="utf-8").splitlines() if _ANSWER.match(name)}
+    # A fetch folder from before the list was kept: its answers are those of the fetch it notes.
+    return {path.name for path in folder.iterdir() if _ANSWER.match(path.name)}
+
+
+def _mine(target: Path, own: set[str], written: TextIO) -> None:
+    """Note `target` as the fetch's before it is written (so that a fetch cut short can remove it);
+    DataError when a file the fetch did not write has its name."""
+    if target.name in own:
+        return
+    if target.exists() or target.with_suffix(".partial").exists():
+        raise DataError(
+            f"--fetch-dir {target.parent}: {target.name} is not a file this fetch wrote: "
+            "move it away or give another --fetch-dir"
+        )
+    written.write(target.name + "\n")
+    written.flush()
+    own.add(target.name)
+
+
+def _note_written(folder: Path, names: set[str]) -> None:
+    """The list of the fetch's files, now those of this window alone."""
+    fresh = folder / (WRITTEN + ".new")
+    fresh.write_text("".join(f"{name}\n" for name in sorted(names)), encoding="utf-8")
+    fresh.replace(folder / WRITTEN)
 
 
 def _claim(folder: Path, server: str, step_s: float) -> None:
@@ -376,13 +663,22 @@ def _claim(folder: Path, server: str, step_s: float) -> None:
     elif folder.exists() and any(folder.iterdir()):
         raise DataError(f"--fetch-dir {folder} is not empty and holds no fetch: give an empty or new folder")
     folder.mkdir(parents=True, exist_ok=True)
+    if not note.exists():
+        (folder / WRITTEN).touch()  # a new fetch: nothing in the folder is its own yet
     note.write_text(about)
 
 
 def _series_count(client: Client, name: str, window: dict[str, str]) -> int:
     """How many series of this name the window holds (from the index: no samples are read)."""
-    listed = client.call("series", {"match[]": name, **window}) or []
-    return len(listed)
+    return len(_list(client, f"series of {name}", client.call("series", {"match[]": name, **window})))
+
+
+def _list(client: Client, what: str, data: Any) -> list[Any]:
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise PrometheusError(f"{client.shown}: {what}: answered a JSON {type(data).__name__}, not a list")
+    return data
 
 
 def _scrape_intervals(
@@ -396,7 +692,7 @@ def _scrape_intervals(
     for name in names:
         expr = f"max(count_over_time({name}[{_window(step_s)}]))"
         result = _range(client, expr, start, end, coarse_step, report)
-        most = max((float(v) for s in result for _, v in s.get("values", [])), default=0.0)
+        most = max((float(v) for s in result for _, v in s["values"]), default=0.0)
         if most >= 2:
             out[name] = step_s / most
     return out
@@ -418,10 +714,46 @@ def _range(client: Client, expr: str, a: float, b: float, step_s: float, report:
             _range(client, expr, a, middle, step_s, report),
             _range(client, expr, middle + step_s, b, step_s, report),
         )
+    return _matrix(client, expr, data)
+
+
+def _matrix(client: Client, expr: str, data: Any) -> list[dict[str, Any]]:
+    """The series of a range query's `data`, each checked to be what the fetch writes and the import
+    reads (labels of text, [time, "number"] pairs): PrometheusError naming the query otherwise."""
+
+    def wrong(what: str) -> PrometheusError:
+        return PrometheusError(f"{client.shown}: {expr!r} answered {what}, not a range query's matrix")
+
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
-        raise PrometheusError(f"{client.shown}: {expr!r} did not answer a matrix: {str(data)[:200]}")
-    result: list[Any] = data.get("result", [])
+        kind = data.get("resultType") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise wrong(client.clean(str(kind)[:40]))
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise wrong(f"a result that is a JSON {type(result).__name__}")
+    for k, series in enumerate(result):
+        if not isinstance(series, dict):
+            raise wrong(f"a series (#{k}) that is a JSON {type(series).__name__}")
+        labels = series.setdefault("metric", {})
+        if not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
+            raise wrong(f"labels of series #{k} that are not names to text")
+        values = series.get("values")
+        if not isinstance(values, list) or not all(_sample(pair) for pair in values):
+            raise wrong(f'values of series #{k} that are not [time, "number"] pairs')
     return result
+
+
+def _sample(pair: Any) -> bool:
+    """Whether a range query's value is [finite time, number as text] (NaN and Inf as Prometheus writes them)."""
+    if not (type(pair) is list and len(pair) == 2 and type(pair[1]) is str):
+        return False
+    t = pair[0]
+    if not (type(t) in (int, float) and math.isfinite(t)):
+        return False
+    try:
+        float(pair[1])
+    except ValueError:
+        return False
+    return True
 
 
 def _merge(first: list[Any], second: list[Any]) -> list[Any]:
