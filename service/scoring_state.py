@@ -20,7 +20,9 @@ stored (`AlertBook.expect`), none stored twice.
 The blob is zlib-compressed pickle, read back by an unpickler that admits only the classes a state
 is made of (numpy arrays and the model's and scorer's own classes): the state database is the
 service's own, but a damaged or planted blob must not run code; it is refused and logged, and the
-node starts over.
+node starts over. So is one whose parts do not fit the model (a queued step's features of another
+shape, runs for another number of GPUs): taken back, it would fail the first scoring tick, and with
+it the restored steps of every other node.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import pickle
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
+
 from faultcast.model.alert_content import ActionPolicy
 from faultcast.model.artifact import FaultModel
 from faultcast.service.alert_book import BookNodeState
-from faultcast.service.scoring import NodeScoringState, model_version
+from faultcast.service.scoring import NodeScoringState, ScoredStep, model_version
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +140,9 @@ class _Admitted(pickle.Unpickler):
         raise StateRefused(f"a saved state names {module}.{name}, which no saved state holds")
 
 
-def decode(blob: bytes) -> NodeState:
-    """The state a blob holds; StateRefused when it is damaged or not a state."""
+def decode(blob: bytes, model: FaultModel | None = None) -> NodeState:
+    """The state a blob holds; StateRefused when it is damaged or not a state, or (given the model
+    it is to be taken back under) when its parts do not fit that model (`check_fits`)."""
     if not blob.startswith(FORMAT):
         raise StateRefused("not a saved scoring state of this format")
     try:
@@ -153,4 +158,29 @@ def decode(blob: bytes) -> NodeState:
         or not (state.book is None or isinstance(state.book, BookNodeState))
     ):
         raise StateRefused(f"holds a {type(state).__name__} not made of a node's states")
+    if model is not None:
+        check_fits(state, model)
     return state
+
+
+def check_fits(state: NodeState, model: FaultModel) -> None:
+    """StateRefused unless every part of `state` has the shape `model` scores: its features' settings,
+    its GPUs, each queued step's features and presence, and its alert runs."""
+    g = model.feature_config.gpus_per_node
+    features = (g, len(model.feature_names))
+    scoring = state.scoring
+    if scoring.online.config != model.feature_config:
+        raise StateRefused("its features were computed under other settings")
+    if len(scoring.uuids) != g:
+        raise StateRefused(f"it holds {len(scoring.uuids)} GPUs' UUIDs, the model {g} GPUs")
+    for step in scoring.queued:
+        if not isinstance(step, ScoredStep):
+            raise StateRefused(f"its queue holds a {type(step).__name__}, not a scored step")
+        if not (_shaped(step.features, features) and _shaped(step.present, (g,)) and len(step.uuids) == g):
+            raise StateRefused(f"its queued step {step.step} does not have the model's shape {features}")
+    if state.book is not None and not _shaped(state.book.runs, (4, g)):
+        raise StateRefused(f"its alert runs do not have the shape (4, {g})")
+
+
+def _shaped(array: object, shape: tuple[int, ...]) -> bool:
+    return isinstance(array, np.ndarray) and array.shape == shape

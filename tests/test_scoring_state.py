@@ -400,3 +400,39 @@ def _later(after_nano: int) -> list[NodeSnapshot]:
         for s in twin_snapshots(source, NAME, int(FAIL_S / 60) + 40)
         if s.time_unix_nano > after_nano + 20 * 60e9
     ][:15]
+
+
+def test_a_state_that_does_not_fit_the_model_is_refused_and_other_nodes_keep_their_steps(
+    stub_model: Path, tmp_path: Path, samples: list[NodeSnapshot], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Tampered: a queued step with features of another shape was taken back silently, and the first
+    # scoring tick failed on it, losing the other nodes' restored steps with it.
+    state = tmp_path / "state"
+    first = _service(stub_model, state)
+    calm = _calm(11)
+    for node, other in zip(samples[:10], calm[:10], strict=True):
+        first._ingest(node)
+        first._ingest(other)
+        _score(first)
+    first._ingest(samples[10])  # each completes a step, saved in its queue (killed before scoring)
+    first._ingest(calm[10])
+    with first._scoring:
+        first._save_states(first.scorer.nodes())
+    first.store.close()
+    store = StateStore.in_dir(state)
+    (saved,) = [s for s in store.scoring.load() if s.node == NAME]
+    tampered = decode(saved.state)
+    (step,) = tampered.scoring.queued
+    step.features = np.zeros((step.features.shape[0], step.features.shape[1] + 3))
+    store.scoring.save([replace(saved, state=encode(tampered))])
+    store.close()
+
+    second = _service(stub_model, state)
+    with caplog.at_level(logging.ERROR):
+        second.recover()
+    scored = second.scorer.score_pending()
+    second.store.close()
+    (refusal,) = [r.getMessage() for r in caplog.records if "is not taken back" in r.getMessage()]
+    assert refusal.startswith(f"the saved scoring state of node {NAME} is not taken back: its queued step")
+    assert FLEET.node_name(0) in {s.node for s in scored}  # the other node's restored step is scored
+    assert NAME in {s.node for s in scored}  # the refused node warmed up again from its journal
