@@ -222,11 +222,24 @@ def _trickle(handler: _Handler) -> None:
 def test_a_server_sending_a_byte_now_and_then_is_cut_off_at_the_deadline() -> None:
     with serving(_trickle) as server:
         waits: list[float] = []
-        client = Client(server.url, attempts=2, timeout_s=30, deadline_s=0.5, sleep=waits.append)
+        client = Client(server.url, attempts=2, timeout_s=30, deadline_s=0.2, sleep=waits.append)
         with pytest.raises(PrometheusError, match=r"gave up after 2 attempts; the last: no whole answer "
-                           r"within the 0.5 s deadline"):  # fmt: skip
+                           r"within the 0.2 s deadline"):  # fmt: skip
             client.call("label/__name__/values", {})
     assert waits == [1.0]  # a request cut off is retried like one that timed out
+
+
+def test_the_limits_are_flags_and_their_refusals_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serving(_endless) as server:
+        err = _one_line(capsys, main(_import(server.url, tmp_path / "a", "--max-answer-mib", "1")))
+    assert "an answer longer than the 1 MiB limit (--max-answer-mib)" in err
+    with serving(_trickle) as server:
+        err = _one_line(capsys, main(_import(server.url, tmp_path / "b", "--request-deadline", "300ms")))
+    assert "no whole answer within the 0.3 s deadline" in err
+    err = _one_line(capsys, main(_import("http://127.0.0.1:9", tmp_path / "c", "--max-answer-mib", "0")))
+    assert "--max-answer-mib at least 1" in err
 
 
 # -- 12: malformed answers are one line naming the query ---------------------------------------------------
@@ -319,6 +332,17 @@ def test_a_rerun_removes_only_what_the_fetch_wrote(tmp_path: Path) -> None:
     assert not (folder / mine[-1]).exists()  # the fetch's own answer of the first window's last span
     assert not (folder / mine[-1]).with_suffix(".partial").exists()
     assert len(list(folder.glob("0*.json"))) == moved.answers_fetched + moved.answers_reused
+
+
+def test_a_fetch_folder_from_before_the_list_keeps_its_answers(tmp_path: Path) -> None:
+    folder = tmp_path / "fetch"
+    with serving(prometheus) as server:
+        fetch_prometheus(server.url, SINCE, UNTIL, STEP, folder, points=3)
+        (folder / "fetched.txt").unlink()  # as an older faultcast left it: its answers are the fetch's
+        again = fetch_prometheus(server.url, SINCE, UNTIL, STEP, folder, points=3)
+    assert again.answers_reused == 3
+    assert again.answers_fetched == 0
+    assert (folder / "fetched.txt").read_text().splitlines() == sorted(p.name for p in folder.glob("0*.json"))
 
 
 def test_a_file_with_the_name_of_an_answer_to_write_is_not_overwritten(tmp_path: Path) -> None:
