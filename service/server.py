@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import sqlite3
 import threading
 import time
 from concurrent import futures
@@ -52,7 +53,7 @@ from faultcast.service.scoring_state import (
     features_signature,
 )
 from faultcast.service.state.db import StateWriteError
-from faultcast.service.state.sample_journal import SampleJournal
+from faultcast.service.state.sample_journal import JournalFull, SampleJournal
 from faultcast.service.state.scoring import SavedState
 from faultcast.service.state.store import StateStore
 from faultcast.service.supervise import start_supervised
@@ -128,11 +129,13 @@ class Service:
             stopping=self.stopping,
         )
         self.failure_watch = FailureWatch(
-            hold_s=config.failure_hold_s, silence_grace_s=config.silence_grace_s
+            hold_s=config.failure_hold_s, silence_grace_s=config.silence_grace_s, flaps=self.metrics
         )
         self._failures: list[FailureSign] = []  # signs taken at ingest, for the scoring thread to publish
         self._reporting = threading.Lock()
-        self.journal = SampleJournal(journal_dir or store.path.parent / JOURNAL_DIR)
+        self.journal = SampleJournal(
+            journal_dir or store.path.parent / JOURNAL_DIR, max_bytes=config.journal_bytes
+        )
         # Taking a sample and writing it to the journal happen together, and a node's state is
         # captured between two of them: a saved state never holds a sample the journal lacks.
         self._ingest_lock = threading.Lock()
@@ -141,6 +144,10 @@ class Service:
         # samples it has taken in all (a save covers what it took up to its capture).
         self._unsaved_since: dict[str, int] = {}
         self._taken: dict[str, int] = {}
+        # node -> journal bytes of its samples since its last save; the nodes to save at the scoring
+        # thread's next turn so that the journal stays within its bounds (`_journal_room`).
+        self._unsaved_bytes: dict[str, int] = {}
+        self._save_for_room: set[str] = set()
         self._saving_failed = False
         self._journal_failing = False
         self._recovered = False
@@ -298,6 +305,7 @@ class Service:
         """Write the sample to the journal (the ingest lock held). A disk that refuses it does not
         stop ingest: the sample is scored all the same, and only a restart before its node's next
         save would lose it (said once per outage, counted in faultcast_state_write_failures)."""
+        held = self.journal.bytes
         try:
             segment = self.journal.append(snapshot)
         except OSError as exc:
@@ -310,17 +318,36 @@ class Service:
                     exc,
                 )
             self._journal_failing = True
+            if isinstance(exc, JournalFull):
+                self._journal_room(set(self._unsaved_since))
             return
         if self._journal_failing:
             log.warning("the sample journal takes writes again")
             self._journal_failing = False
-        self._unsaved_since.setdefault(snapshot.node, segment)
-        self._taken[snapshot.node] = self._taken.get(snapshot.node, 0) + 1
+        node = snapshot.node
+        self._unsaved_since.setdefault(node, segment)
+        self._taken[node] = self._taken.get(node, 0) + 1
+        self._unsaved_bytes[node] = self._unsaved_bytes.get(node, 0) + self.journal.bytes - held
+        if self.journal.bytes > self.journal.max_bytes // 2:  # every node that pins a segment
+            self._journal_room(set(self._unsaved_since))
+        elif self._unsaved_bytes[node] > self.config.journal_node_bytes:
+            self._journal_room({node})
+
+    def _journal_room(self, nodes: set[str]) -> None:
+        """Have the scoring thread save these nodes at its next turn (the ingest lock held): their
+        saved states cover their journalled samples, and the segments holding them can go."""
+        if nodes <= self._save_for_room or self._saving_failed:  # a failing save is not tried per sample
+            return
+        self._save_for_room |= nodes
+        with self._work:
+            self._ready += 1  # wakes the scoring thread, which scores what waits and saves these
+            self._work.notify()
 
     def score_now(self) -> list[apb.Alert]:
         """Score what is waiting and run the alert policy; the scoring thread's one step. Returns once
         every step completed before the call has been through the alert book."""
         with self._scoring:
+            self._save_for_journal()
             scored = self.scorer.score_pending()
             if not scored:
                 return []
@@ -352,6 +379,15 @@ class Service:
 
     # -- saved scoring state ------------------------------------------------------------------
 
+    def _save_for_journal(self) -> None:
+        """Save the nodes `_journal_room` asked for (the scoring lock held), after beginning a new
+        journal segment: all they took before it is then in segments their saved states cover."""
+        with self._ingest_lock:
+            nodes, self._save_for_room = self._save_for_room, set()
+            if nodes:
+                self.journal.rotate()
+        self._save_states(sorted(nodes))
+
     def _save_states(self, nodes: list[str]) -> None:
         """Save these nodes' scoring state (on the scoring thread, no batch in flight: every step a
         node completed is either through the alert book or in its saved queue), then forget the
@@ -362,13 +398,15 @@ class Service:
         features = features_signature(self.model)
         book = book_signature(self.model, self.config.actions, _TOP_FEATURES)
         saved: list[SavedState] = []
-        taken_at_capture: dict[str, int] = {}
+        taken_at_capture: dict[str, tuple[int, int]] = {}
+        refused: list[tuple[str, int]] = []  # nodes the scorer holds nothing of, and the segment then
         for name in nodes:
             with self._ingest_lock:
                 segment = self.journal.segment
                 scoring = self.scorer.node_state(name)
-                taken_at_capture[name] = self._taken.get(name, 0)
-            if scoring is None:
+                taken_at_capture[name] = (self._taken.get(name, 0), self._unsaved_bytes.get(name, 0))
+            if scoring is None:  # every sample it sent was refused: a replay refuses them again
+                refused.append((name, segment))
                 continue
             state = NodeState(scoring, self.book.node_state(name))
             saved.append(SavedState(name, features, book, self.store.alerts.last_id, segment, encode(state)))
@@ -382,11 +420,14 @@ class Service:
         self._saving_failed = False
         self.metrics.states_saved.inc(len(saved))
         with self._ingest_lock:
-            for s in saved:
-                if self._taken.get(s.node, 0) == taken_at_capture[s.node]:
-                    self._unsaved_since.pop(s.node, None)  # nothing taken since: it needs no journal
+            for name, segment in [(s.node, s.segment) for s in saved] + refused:
+                taken, held = taken_at_capture[name]
+                self._unsaved_bytes[name] = self._unsaved_bytes.get(name, 0) - held
+                if self._taken.get(name, 0) == taken:
+                    self._unsaved_since.pop(name, None)  # nothing taken since: it needs no journal
+                    self._unsaved_bytes.pop(name, None)
                 else:
-                    self._unsaved_since[s.node] = s.segment  # what it took after the capture is from here on
+                    self._unsaved_since[name] = segment  # what it took after the capture is from here on
         self._forget_journal()
 
     def _forget_journal(self) -> None:
@@ -417,7 +458,7 @@ class Service:
                 stale += 1
                 continue
             try:
-                state = decode(saved.state)
+                state = decode(saved.state, self.model)  # refused unless it fits the model
                 self.scorer.restore_node(saved.node, state.scoring)
             except (StateRefused, ValueError, TypeError, AttributeError) as exc:
                 # A blob that decodes but does not fit (planted, or from another version) is refused
@@ -546,6 +587,12 @@ class Service:
             known = self.failure_watch.held_on_node(sign.node)
             if known:
                 return known, True
+            if not self.store.writable:
+                # Refused at once: the scoring thread may hold the alert book while it waits for the
+                # database to take its events again, and an RPC must not wait behind it.
+                raise StateWriteError(
+                    "a trainer's failure report", sqlite3.OperationalError("writes refused")
+                )
             (stored,) = self.book.failed([(sign, report)], wait=False)
             self.failure_watch.hold(sign, stored.id)
             return stored.id, False
