@@ -71,6 +71,18 @@ class FailureSign:
     xid: int = 0
 
 
+def drains_node(sign: FailureSign) -> bool:
+    """Whether the evidence takes the node out of service: hardware evidence does; a trainer's report
+    does not (a dead rank may be a software bug), nor an Xid whose catalogue action is only to restart
+    the application (Xid 94, a contained ECC error: the GPU keeps working)."""
+    if sign.evidence is Evidence.TRAINER_REPORT:
+        return False
+    if sign.evidence is Evidence.XID:
+        xid = lookup(sign.xid)
+        return xid is None or xid.drains_node
+    return True
+
+
 def _rose(before: float, now: float) -> bool:
     return math.isfinite(before) and math.isfinite(now) and now > before
 

@@ -22,7 +22,8 @@ A code that is not in this table is unknown to faultcast: counted and reported, 
 Choices worth knowing:
 - Xid 94 (contained ECC error) is RESTART_APP in the catalogue, but the application it names was killed by
   an uncorrectable memory error: for a training job that is a hardware failure (docs/failure-modes.md lists
-  94/95 with 48 as memory). The GPU keeps working, which is why the catalogue only restarts the app.
+  94/95 with 48 as memory), written to the failure log. The GPU keeps working, which is why the catalogue
+  only restarts the app: the service's FAILED event for it does not drain the node (`Xid.drains_node`).
 - Xid 94/95 are written as hbm_wear, never gpu_sram: the line names the unit that consumed the poisoned
   data ("Contained: SM (0x1)"), not where the error arose, so HBM and SRAM cannot be told apart from it.
 - Xid 79 (fallen off the bus) is written as `detachment`: the line does not say whether PCIe, power,
@@ -56,6 +57,12 @@ class Xid:
     action: str  # the catalogue's Resolution Bucket (Immediate Action)
     kind: XidKind
     mode: FailureMode | None = None  # set for FAILURE only
+
+    @property
+    def drains_node(self) -> bool:
+        """Whether the node must be taken out of service: not when the catalogue asks only for the
+        application to be restarted (Xid 94: the error was contained, the GPU keeps working)."""
+        return self.action != "RESTART_APP"
 
 
 _F, _A, _I, _U = XidKind.FAILURE, XidKind.APPLICATION, XidKind.INFORMATIONAL, XidKind.UNMAPPED

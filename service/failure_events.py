@@ -1,9 +1,12 @@
 """FAILED events: a failure that happened, as an alert event of its own (proto: EVENT_KIND_FAILED).
 
 The event names what showed it (Failure.evidence and its words), the most likely failure mode that
-evidence points to, and the alerts open on the node at that moment (`foreseen_by`): what tells a
-failure the model foresaw from one nobody did. Hardware evidence takes the node out of service
-(`drains_node`); a trainer's report does not (a dead rank may be a software bug).
+evidence points to, and the alerts open at that moment that foresaw it (`foreseen_by`): what tells a
+failure the model foresaw from one nobody did. Evidence on a GPU was foreseen only by the alerts on
+that GPU (its own, or a node-level alert the GPU joined); node-level evidence (a port, the node silent,
+a trainer's report) by every alert open on the node. Hardware evidence takes the node out of service
+(`drains_node`); a trainer's report does not (a dead rank may be a software bug), nor Xid 94, which
+NVIDIA's catalogue answers with an application restart (faultcast.failure_signs.drains_node).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from faultcast.failure_signs import Evidence, FailureSign
+from faultcast.failure_signs import Evidence, FailureSign, drains_node
 from faultcast.modes import FailureMode
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.xid_catalogue import lookup
@@ -62,13 +65,15 @@ def failure_event(
     report: TrainerReport | None = None,
 ) -> apb.Alert:
     """The FAILED event of one sign, before it is stored (the log gives it its id and opened_id).
-    `open_alerts`: the newest event of each alert open on the sign's node, which foresaw it. A GPU
+    `open_alerts`: the newest event of each alert open on the sign's node (those on its GPU foresaw a
+    GPU's failure, all of them a node's). A GPU
     that fell off the bus says little of why (power, PCIe, cooling or the board): an alert open on
     that very GPU names the mode it saw coming, and the event takes it."""
     mode = failure_mode(sign, report)
     mode_pb = apb.FailureMode.Value(mode.proto_name) if mode is not None else apb.FAILURE_MODE_UNSPECIFIED
+    on_gpu = [a for a in open_alerts if a.gpu == sign.gpu or sign.gpu in a.gpus]
+    foresaw = on_gpu if sign.gpu >= 0 else open_alerts
     if sign.gpu >= 0 and (sign.xid == 79 or sign.evidence is Evidence.GPU_LOST):
-        on_gpu = [a for a in open_alerts if a.gpu == sign.gpu or sign.gpu in a.gpus]
         named = [a for a in on_gpu if a.mode != apb.FAILURE_MODE_UNSPECIFIED]
         if named:
             mode_pb = max(named, key=lambda a: a.opened_id).mode
@@ -76,8 +81,8 @@ def failure_event(
         evidence=EVIDENCE_TO_PB[sign.evidence],
         xid=sign.xid,
         detail=sign.detail,
-        drains_node=sign.evidence is not Evidence.TRAINER_REPORT,
-        foreseen_by=sorted({a.opened_id for a in open_alerts}),
+        drains_node=drains_node(sign),
+        foreseen_by=sorted({a.opened_id for a in foresaw}),
     )
     if report is not None:
         failure.job_id, failure.trainer_failure, failure.rank = report.job_id, report.what, report.rank

@@ -17,7 +17,7 @@ from faultcast.collector.spool import Spool
 from faultcast.failure_signs import FATAL_XIDS, Evidence, FailureSign, failure_signs
 from faultcast.readings import DeviceReading, GpuReading, NodeSnapshot, pack
 from faultcast.service.failure_events import TrainerReport, failure_event
-from faultcast.service.failure_watch import FailureWatch
+from faultcast.service.failure_watch import CUT_REJOIN_S, FailureWatch
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.node import NodeTwin
@@ -216,9 +216,16 @@ def test_a_cut_off_is_decided_once_for_the_whole_burst() -> None:
     for node in ("a", "b", "c"):  # the service's network drops: streams break over a second
         watch.stream_ended(node, goodbye=False)
         clock.now += 0.5
-    clock.now += 2.0  # a's grace is over, c's not yet
+    clock.now += 2.0  # a's grace is over, c's not yet: c may still come back, so nothing is decided
+    assert (watch.silent(), watch.cut_off) == ([], 0)
+    assert watch.next_silence_check() == pytest.approx(0.5)  # when c's grace is over
+    clock.now += 0.5
     assert (watch.silent(), watch.cut_off) == ([], 3)
     clock.now += 5.0  # c is not judged alone later
+    assert watch.silent() == []
+    for node in ("a", "b", "c"):  # the service's network is back: they reconnect
+        watch.stream_opened(node)
+    clock.now += 60.0
     assert watch.silent() == []
     assert watch.next_silence_check() is None
 
@@ -278,10 +285,16 @@ def test_a_failed_event_names_the_alerts_that_foresaw_it_and_takes_their_mode_fo
         1,
         5,
     )
-    assert list(event.failure.foreseen_by) == [7, 8]  # every alert open on the node
+    assert list(event.failure.foreseen_by) == [7]  # the alert on the failed GPU, not the one on GPU 4
     assert event.mode == apb.FAILURE_MODE_PCIE  # why it fell off the bus: what the alert on it saw
     unforeseen = failure_event(off_the_bus, [other], info)
-    assert (unforeseen.mode, list(unforeseen.failure.foreseen_by)) == (apb.FAILURE_MODE_DETACHMENT, [8])
+    assert (unforeseen.mode, list(unforeseen.failure.foreseen_by)) == (apb.FAILURE_MODE_DETACHMENT, [])
+    network = apb.Alert(id=6, opened_id=6, node="node-1", gpu=-1, gpus=[1, 2], mode=apb.FAILURE_MODE_NVLINK)
+    assert list(failure_event(off_the_bus, [network, other], info).failure.foreseen_by) == [
+        6
+    ]  # GPU 1 joined it
+    port = FailureSign("node-1", -1, "", Evidence.IB_PORT_DOWN, "port", 5)
+    assert list(failure_event(port, [pcie, other], info).failure.foreseen_by) == [7, 8]  # node-level: all
     dbe = FailureSign("node-1", 1, "GPU-b", Evidence.XID, "Xid 48", 5, xid=48)
     assert failure_event(dbe, [pcie], info).mode == apb.FAILURE_MODE_HBM_WEAR  # the Xid says it
     report = TrainerReport("job", apb.TRAINER_FAILURE_NCCL_WATCHDOG, 3, "")
@@ -291,3 +304,120 @@ def test_a_failed_event_names_the_alerts_that_foresaw_it_and_takes_their_mode_fo
         False,
         3,
     )
+
+
+def test_xid_94_is_a_failure_that_drains_nothing_and_does_not_hide_a_worse_one() -> None:
+    """NVIDIA's catalogue answers a contained ECC error (Xid 94) with an application restart: a FAILED
+    event that drains nothing, and its hold does not swallow a double-bit error on the GPU after it."""
+    info = apb.ModelInfo(version="m")
+    contained = FailureSign("node-1", 0, "GPU-a", Evidence.XID, "Xid 94", 5, xid=94)
+    assert not failure_event(contained, [], info).failure.drains_node
+    assert failure_event(dataclasses.replace(contained, xid=95), [], info).failure.drains_node
+    watch = FailureWatch(clock=Clock())
+    watch.observe(_snapshot(_gpu()))
+    (sign,) = watch.observe(_snapshot(_gpu(xid_94_events=1.0), t=2))
+    watch.hold(sign, 5)
+    (worse,) = watch.observe(_snapshot(_gpu(xid_94_events=1.0, xid_48_events=1.0), t=3))
+    assert (worse.xid, watch.held_on_node("node-1")) == (48, 5)
+
+
+def test_a_trainers_report_holds_only_trainer_reports_and_hides_no_hardware_evidence() -> None:
+    """A job that reported a dead rank on the node does not hide the node's port going down or its
+    collector falling silent: each raises its own sign (and FAILED event, which drains the node)."""
+    clock = Clock()
+    watch = FailureWatch(hold_s=5.0, silence_grace_s=1.0, clock=clock)
+    report = FailureSign("node-1", -1, "", Evidence.TRAINER_REPORT, "dead rank", 1)
+    watch.hold(report, 40)
+    assert watch.held_on_node("node-1") == 40  # a second rank's report folds into it
+    watch.observe(_snapshot(_gpu(), ports=(_port(4.0),)))
+    (port,) = watch.observe(_snapshot(_gpu(), t=2, ports=(_port(1.0),)))
+    assert port.evidence is Evidence.IB_PORT_DOWN
+    watch.hold(port, 41)
+    for node in ("node-1", "node-2", "node-3"):
+        watch.stream_opened(node)
+    watch.stream_ended("node-1", goodbye=False)
+    clock.now += 1.0
+    (silent,) = watch.silent()
+    assert (silent.node, silent.evidence) == ("node-1", Evidence.NODE_SILENT)
+
+
+def test_a_node_is_compared_anew_after_its_collector_restarts() -> None:
+    """A port that went down is not raised again by the first sample after the collector's restart (a
+    reboot, a repair) that still shows it down: the node starts again from that sample."""
+    watch = FailureWatch(clock=Clock(), hold_s=0.0)
+    watch.observe(_snapshot(_gpu(), ports=(_port(4.0),)))
+    watch.stream_opened("node-1")
+    watch.stream_ended("node-1", goodbye=True)  # stopped for the repair
+    assert watch.observe(_snapshot(_gpu(), t=2, ports=(_port(1.0),))) == []
+    watch.observe(_snapshot(_gpu(), t=3, ports=(_port(4.0),)))  # repaired at last
+    (down,) = watch.observe(_snapshot(_gpu(), t=4, ports=(_port(1.0),)))  # and down again: a failure
+    assert down.evidence is Evidence.IB_PORT_DOWN
+
+
+def _flap(watch: FailureWatch, clock: Clock, node: str, times: int) -> None:
+    """The node's stream breaks and comes back `times` times, 1.5 s apart."""
+    for _ in range(times):
+        watch.stream_ended(node, goodbye=False)
+        clock.now += 0.3
+        watch.stream_opened(node)
+        clock.now += 1.2
+
+
+@pytest.mark.parametrize(("nodes", "flappers"), [(3, 1), (5, 2)])
+def test_flapping_collectors_cannot_declare_a_cut_off(nodes: int, flappers: int) -> None:
+    """While a minority of collectors break and reopen their streams, a node that really dies is
+    silent: a node that came back within the grace is no part of a cut, and a flapping node is flagged
+    and never counted towards one."""
+    clock = Clock()
+    heard: list[tuple[str, bool, int]] = []
+
+    class Listener:
+        def flapping(self, node: str, now_flapping: bool, nodes_flapping: int) -> None:
+            heard.append((node, now_flapping, nodes_flapping))
+
+    watch = FailureWatch(silence_grace_s=2.0, clock=clock, flaps=Listener())
+    names = [f"node-{i}" for i in range(1, nodes + 1)]
+    for node in names:
+        watch.stream_opened(node)
+    dead, flapping = names[1], [n for n in names if n != names[1]][:flappers]
+    watch.stream_ended(dead, goodbye=False)
+    for _ in range(4):  # through the dead node's grace and well past it, every flapper broken at times
+        for node in flapping:
+            watch.stream_ended(node, goodbye=False)
+        clock.now += 0.7
+        assert watch.silent() == []  # nothing is decided while a flapper may still come back
+        for node in flapping:
+            watch.stream_opened(node)
+        clock.now += 0.8
+        if (signs := watch.silent()) != []:
+            break
+    assert [(s.node, s.evidence) for s in signs] == [(dead, Evidence.NODE_SILENT)]
+    assert watch.cut_off == 0
+    _flap(watch, clock, flapping[0], 3)
+    assert flapping[0] in watch.flapping()
+    assert (flapping[0], True) in [(n, f) for n, f, _ in heard]
+    clock.now += 61.0
+    assert watch.flapping() == []  # quiet for a window: it flaps no more
+    assert heard[-1][1] is False
+
+
+def test_a_cut_off_that_does_not_come_back_is_silent_after_all() -> None:
+    """Collectors that hang together (every one SIGSTOPped within a grace) look like the service cut
+    off; once other nodes are heard again, those not back within CUT_REJOIN_S are silent: a cut-off
+    postpones the verdict, it does not forget the nodes. While nobody at all is heard, none is."""
+    clock = Clock()
+    watch = FailureWatch(silence_grace_s=1.0, clock=clock)
+    for node in ("a", "b", "c", "d"):
+        watch.stream_opened(node)
+    for node in ("a", "b", "c", "d"):
+        watch.stream_ended(node, goodbye=False)
+    clock.now += 1.0
+    assert (watch.silent(), watch.cut_off) == ([], 4)
+    clock.now += 100.0
+    assert watch.silent() == []  # nobody is heard: the service may be the one cut off
+    watch.stream_opened("a")  # the network is back; a reconnects, the others do not
+    clock.now += CUT_REJOIN_S - 1
+    assert watch.silent() == []
+    assert watch.next_silence_check() == pytest.approx(1.0)
+    clock.now += 1.0
+    assert sorted(s.node for s in watch.silent()) == ["b", "c", "d"]
