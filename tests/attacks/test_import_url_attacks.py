@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import ssl
 import threading
 import time
 import urllib.parse
@@ -23,6 +24,7 @@ from faultcast.cli.app import main
 from faultcast.model.features.offline import DataError
 from faultcast.model.importers.fetch import Client, PrometheusError
 from faultcast.model.importers.prometheus import fetch_prometheus
+from tests.pki import Authority
 
 NAME = "DCGM_FI_DEV_GPU_TEMP"
 STEP = 60.0
@@ -227,6 +229,28 @@ def test_a_server_sending_a_byte_now_and_then_is_cut_off_at_the_deadline() -> No
                            r"within the 0.2 s deadline"):  # fmt: skip
             client.call("label/__name__/values", {})
     assert waits == [1.0]  # a request cut off is retried like one that timed out
+
+
+def test_over_https_too_the_answer_is_read_and_a_trickle_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pki = Authority(tmp_path / "pki", "prometheus")
+    pair = pki.server()
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca.cert))  # the default context trusts the test CA
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(pair.cert, pair.key)
+    for reply in (lambda h: h.send(200, _success(["up"])), _trickle):
+        with serving(reply) as server:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
+            client = Client(
+                server.url.replace("http:", "https:"), attempts=1, deadline_s=0.2, bearer_token=TOKEN
+            )
+            if reply is _trickle:
+                with pytest.raises(PrometheusError, match=r"no whole answer within the 0\.2 s deadline"):
+                    client.call("label/__name__/values", {})
+            else:
+                assert client.call("label/__name__/values", {}) == ["up"]
+                assert server.seen[0][1]["Authorization"] == f"Bearer {TOKEN}"
 
 
 def test_the_limits_are_flags_and_their_refusals_one_line(
