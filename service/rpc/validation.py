@@ -1,6 +1,8 @@
 """Checks on one decoded sample before it reaches the features.
 
-A sample is refused whole only when nothing in it can be trusted (its node or its time); a bad value
+A sample is refused whole only when nothing in it can be trusted (its node or its time) or when it is
+bigger than any real node's (a label or a device list past its bound, see `Limits`: what is taken is
+journalled, and one caller must not fill the service's disk); a bad value
 inside it (an infinity, a magnitude beyond any real reading, a negative counter, a GPU index the
 model has no slot for) is blanked, counted by reason, and the rest of the sample is kept; a GPU's
 step summary loses its entries for the metrics blanked (and entries that are bad themselves). NaN is
@@ -30,6 +32,14 @@ class SampleRejected(ValueError):  # noqa: N818 (a reason for a reject counter, 
 
 
 MAX_NODE_NAME = 253  # a DNS name
+# NVML's buffers for a GPU's UUID and its name are 96 bytes (NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+# NVML_DEVICE_NAME_V2_BUFFER_SIZE), and DCGM's are no longer: well past either.
+MAX_GPU_LABEL = 256
+# A device is an interface (IFNAMSIZ, 16), an InfiniBand port ("mlx5_0:1") or a peer ("node-b:22": a
+# host name and a port).
+MAX_DEVICE_NAME = MAX_NODE_NAME + 16
+# Interfaces, InfiniBand ports and probed peers of one node: a few dozen on the largest hosts.
+MAX_DEVICES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,11 @@ class Limits:
     # The fleet's inventory: samples from any other node are refused ("unknown_node"). Empty: any
     # well-formed name is taken (up to the service's --max-nodes).
     nodes: frozenset[str] = frozenset()
+    # A sample with a GPU's UUID or name, or a device's name, longer than these (characters), or more
+    # devices than `max_devices`, is refused whole ("oversize_field").
+    max_gpu_label: int = MAX_GPU_LABEL
+    max_device_name: int = MAX_DEVICE_NAME
+    max_devices: int = MAX_DEVICES
 
 
 # Above any reading NVML, sysfs or a 64-bit counter can produce (2**64 is 1.8e19): such a value is
@@ -125,6 +140,7 @@ def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSna
         raise SampleRejected(
             "stale_timestamp", f"sample from {node} is {now_s - t:.0f} s old (limit {limits.max_age_s:.0f} s)"
         )
+    _check_sizes(snapshot, limits)
     issues: Counter[str] = Counter()
     gpus: list[GpuReading] = []
     seen: set[int] = set()
@@ -147,6 +163,25 @@ def check(snapshot: NodeSnapshot, now_s: float, limits: Limits) -> tuple[NodeSna
         return snapshot, issues
     cleaned = replace(snapshot, gpus=tuple(gpus), devices=tuple(devices), host=host)
     return cleaned, issues
+
+
+def _check_sizes(snapshot: NodeSnapshot, limits: Limits) -> None:
+    """SampleRejected("oversize_field") for a label or a device list no real node has."""
+
+    def refuse(what: str, size: int, limit: int) -> SampleRejected:
+        return SampleRejected(
+            "oversize_field", f"sample from {snapshot.node}: {what} is {size} long (limit {limit})"
+        )
+
+    for gpu in snapshot.gpus:
+        for what, text in (("UUID", gpu.uuid), ("model name", gpu.model_name)):
+            if len(text) > limits.max_gpu_label:
+                raise refuse(f"GPU {gpu.index}'s {what}", len(text), limits.max_gpu_label)
+    if len(snapshot.devices) > limits.max_devices:
+        raise refuse("its device list", len(snapshot.devices), limits.max_devices)
+    for d in snapshot.devices:
+        if len(d.device) > limits.max_device_name:
+            raise refuse(f"the name of a {d.scope.value} device", len(d.device), limits.max_device_name)
 
 
 def _dedupe(devices: list[DeviceReading], issues: Counter[str]) -> list[DeviceReading]:
