@@ -256,10 +256,16 @@ class _HTTPRefusal(Exception):  # noqa: N818
 
 
 def _brief(answer: Any) -> str:
-    """An answer that is not a success, in a few words (never the repr of a deep structure)."""
-    if isinstance(answer, dict):
-        return f"status {str(answer.get('status'))[:40]!r}, error {str(answer.get('error'))[:200]!r}"
-    return f"a JSON {type(answer).__name__}, not an object"
+    """An answer that is not a success, in a few words: its text fields, never the repr of a
+    structure (as deep or as long as the server likes)."""
+    if not isinstance(answer, dict):
+        return f"a JSON {type(answer).__name__}, not an object"
+    return f"status {_text(answer.get('status'))[:40]!r}, error {_text(answer.get('error'))[:200]!r}"
+
+
+def _text(value: Any) -> str:
+    """A JSON value as text when it is text, else its type's name."""
+    return value if isinstance(value, str) else f"<a JSON {type(value).__name__}>"
 
 
 def _error_of(exc: urllib.error.HTTPError) -> str:
@@ -725,8 +731,8 @@ def _matrix(client: Client, expr: str, data: Any) -> list[dict[str, Any]]:
         return PrometheusError(f"{client.shown}: {expr!r} answered {what}, not a range query's matrix")
 
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
-        kind = data.get("resultType") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
-        raise wrong(client.clean(str(kind)[:40]))
+        kind = _text(data.get("resultType")) if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise wrong(client.clean(kind[:40]))
     result = data.get("result")
     if not isinstance(result, list):
         raise wrong(f"a result that is a JSON {type(result).__name__}")
@@ -736,7 +742,7 @@ def _matrix(client: Client, expr: str, data: Any) -> list[dict[str, Any]]:
         labels = series.setdefault("metric", {})
         if not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
             raise wrong(f"labels of series #{k} that are not names to text")
-        values = series.get("values")
+        values = series.setdefault("values", [])  # none: a series of native histograms alone
         if not isinstance(values, list) or not all(_sample(pair) for pair in values):
             raise wrong(f'values of series #{k} that are not [time, "number"] pairs')
     return result
