@@ -104,3 +104,35 @@ def test_a_node_that_sent_once_does_not_pin_the_journal_under_anothers_flood(
     cursors = _restarted(stub_model, state)
     assert cursors[(quiet.node, 3)] == 1
     assert cursors[(flood[0].node, 3)] == 60
+
+
+def test_a_segment_that_cannot_be_deleted_breaks_neither_scoring_nor_a_clean_stop(
+    stub_model: Path, tmp_path: Path
+) -> None:
+    # A directory in a segment's name failed every scoring tick ("the samples of this tick are
+    # lost"), and a clean stop then exited 1 with a traceback.
+    state = tmp_path / "state"
+    (state / "journal" / f"{1:012d}.log").mkdir(parents=True)
+    service = _service(stub_model, state, checkpoint_steps=1)
+    for sample in _samples(0, 3):
+        service._ingest(replace(sample, time_unix_nano=sample.time_unix_nano + sample.sequence * 60 * 10**9))
+        service.score_now()  # a step completed: its node saved, the journal before it forgotten
+    service.stop()
+    assert service.journal.undeletable == {1}
+    assert service.journal.segments() == [1, service.journal.segment]
+
+
+def test_a_journal_ending_in_zeros_starts_and_replays_what_is_before_them(
+    stub_model: Path, tmp_path: Path
+) -> None:
+    # A power cut leaves the last segment's size updated and its data not: every start exited 1
+    # with a struct.error from the journal's reader.
+    state = tmp_path / "state"
+    service = _service(stub_model, state)
+    for sample in _samples(0, 5):
+        service._ingest(sample)
+    service.store.close()  # killed
+    with (state / "journal" / f"{service.journal.segment:012d}.log").open("ab") as segment:
+        segment.write(bytes(4096))
+
+    assert _restarted(stub_model, state)[(FLEET.node_name(0), 3)] == 5
