@@ -178,6 +178,14 @@ def add_parser(commands: Subcommands) -> None:
         "a restart replays at most that many steps of journalled samples per node",
     )
     serve.add_argument(
+        "--journal-max",
+        type=int,
+        default=config_default("journal_bytes") >> 20,
+        metavar="MIB",
+        help="the sample journal holds at most this many MiB: past half of it every node is saved, so "
+        "that its segments can go; at it, samples are scored but not journalled",
+    )
+    serve.add_argument(
         "--max-drains",
         type=int,
         default=config_default("max_drains"),
@@ -379,6 +387,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
         ),
         silent_after_steps=args.silent_after,
         checkpoint_steps=args.checkpoint_every,
+        journal_bytes=args.journal_max << 20,
         silence_grace_s=args.failure_grace,
         keepalive_s=args.keepalive,
         failure_hold_s=args.failure_hold,
