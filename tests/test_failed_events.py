@@ -112,15 +112,17 @@ def test_a_critical_xid_reaches_the_trainer_as_one_failed_event(
         # It happened: the node is taken out and the job requeued at once, no grace to wait out.
         _until(lambda: (service.store.remediations.of(failed.id) or ("pending",))[0] != "pending")
         assert service.store.remediations.of(failed.id) == ("ok", f"noop: would drain {node}")
-        # A later failure of the node (another GPU) is remediated too: a FAILED event drained once
-        # does not hold its node for ever.
+        # A second GPU failing on the node just drained is its own FAILED event, but one incident:
+        # the node is not drained again and the job, requeued once already, is not requeued twice.
         fake.inject_xid(2, 79)
         collector.scrape()  # its sample comes after the step was closed: refused, its evidence kept
         _until(lambda: len(guard.failures) == 2)
         second = guard.failures[-1]
         assert second.gpu == 2
-        _until(lambda: (service.store.remediations.of(second.id) or ("pending",))[0] != "pending")
-        assert service.store.remediations.of(second.id) == ("ok", f"noop: would drain {node}")
+        _until(lambda: service.store.remediations.of(second.id) is not None)
+        outcome, detail = service.store.remediations.of(second.id) or ("", "")
+        assert (outcome, f"alert {failed.id}:" in detail) == ("joined", True)
+        assert [r.alert_id for r, outcome, _ in service.remediator.done if outcome == "ok"] == [failed.id]
         assert service.failure_watch.folded >= 1
         listing = apb_grpc.AlertsStub(grpc.insecure_channel(target)).ListActiveAlerts(
             apb.ListActiveAlertsRequest(nodes=[node])

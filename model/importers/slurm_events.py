@@ -13,8 +13,9 @@ are UTC; without accounting (AccountingStorageType=accounting_storage/none, as i
 cluster, which runs no slurmdbd) sacctmgr has no history and only the current reasons are read, which the
 summary says.
 
-A reason is read by `ReasonRules`: faultcast's own drains ("faultcast alert N: ...", the Slurm actuator's
-reason) are predictions, not failures; planned maintenance is not a failure; a reason that names a cause
+A reason is read by `ReasonRules`: faultcast's own drains for a prediction ("faultcast alert N: ...", the
+Slurm actuator's reason) are not failures; its drains for a failure it saw happen ("faultcast failure N:
+xid 79 detachment ...") are, with the mode they name; planned maintenance is not a failure; a reason that names a cause
 gets that cause's mode; the rest is counted as unexplained and not guessed.
 """
 
@@ -38,7 +39,10 @@ SACCTMGR_FIELDS = ("NodeName", "TimeStart", "TimeEnd", "State", "Reason", "User"
 SINFO_FORMAT = "%N|%H|%T|%U|%E"
 """`sinfo -R -N -h -o` format read live: node, reason time, state, user(uid), reason (last: it may hold |)."""
 FAULTCAST_REASON = re.compile(r"^\s*faultcast alert \d+:", re.IGNORECASE)
-"""How the Slurm actuator's drains begin (faultcast.service.remediation.actuators.Remediation.reason)."""
+"""How the Slurm actuator's drains for a prediction begin (faultcast.service.remediation.actuators.
+Remediation.reason)."""
+FAULTCAST_FAILURE = re.compile(r"^\s*faultcast failure \d+: (?:xid (\d+)|\w+) (\w+)", re.IGNORECASE)
+"""How its drains for a failure that happened (a FAILED event) begin: the evidence, then the mode."""
 
 
 class SlurmEventError(ValueError):
@@ -110,6 +114,11 @@ class ReasonRules:
     def read(self, reason: str) -> Reading:
         if FAULTCAST_REASON.match(reason):
             return Reading(Verdict.PREDICTION)
+        failed = FAULTCAST_FAILURE.match(reason)
+        if failed:  # the service saw it happen: a failure, with the mode its evidence named
+            mode = failed.group(2).lower()
+            known = mode if mode in {m.value for m in FailureMode} else ""
+            return Reading(Verdict.FAILURE, known, int(failed.group(1)) if failed.group(1) else None)
         for pattern, mode in self.extra:
             if pattern.search(reason):
                 return Reading(Verdict.PLANNED) if mode == "skip" else Reading(Verdict.FAILURE, mode)

@@ -41,11 +41,29 @@ class Remediation:
     requeue: bool  # requeue (or evict) the job as well as draining the node
     checkpoint_uri: str = ""  # where the trainer's snapshot went, when it acknowledged one
     handover_to: str = ""  # the standby that took the job over at that snapshot: end the job, no requeue
+    # A failure that happened (a FAILED event): what showed it ("xid", "gpu_lost", "node_silent", ...);
+    # "" for a prediction. Hardware evidence is a fact the circuit breaker does not hold back.
+    evidence: str = ""
+    # The other registered jobs on a failed node that are requeued too (each by its own policy: a job
+    # that replaces its nodes itself is not listed); empty for a prediction, which moves one job.
+    also_requeue: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A stored request read back from JSON gives a list.
+        object.__setattr__(self, "also_requeue", tuple(self.also_requeue))
+
+    @property
+    def requeued(self) -> list[str]:
+        """Every job requeued (or evicted) with the drain, the alert's own first."""
+        own = [self.job_id] if self.requeue and self.job_id and not self.handover_to else []
+        return own + [job for job in self.also_requeue if job not in own]
 
     @property
     def reason(self) -> str:
         """One line an operator sees in `sinfo -R` or on the Kubernetes taint: names the alert."""
         gpu = f" gpu {self.gpu}" if self.gpu >= 0 else ""
+        if self.evidence:
+            return f"faultcast failure {self.alert_id}: {self.evidence} {self.mode}{gpu}"
         return f"faultcast alert {self.alert_id}: {self.mode}{gpu} risk {self.risk:.2f}"
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -149,20 +150,20 @@ class KubernetesActuator:
             done.append(self._cordon_and_taint(remediation))
             if remediation.handover_to:
                 return self._end_handed_over(remediation, done)
-            if not remediation.requeue:
-                return Outcome(True, "kubernetes: " + "; ".join(done))
-            if not remediation.job_id:
+            if remediation.requeue and not remediation.job_id:
                 done.append("no job registered on the node, nothing to evict")
-                return Outcome(True, "kubernetes: " + "; ".join(done))
-            evicted, refused = self._evict_job(remediation)
+            refused: list[str] = []
+            for job in remediation.requeued:  # the alert's job, then the other jobs a failure moves
+                evicted, refusals = self._evict_job(replace(remediation, job_id=job))
+                pods = ", ".join(evicted) if evicted else "none"
+                done.append(f"evicted {len(evicted)} pod(s) of job {job}: {pods}")
+                refused += refusals
         except _StepFailedError as exc:
             return Outcome(False, "kubernetes: " + "; ".join([*done, str(exc)]))
         except ApiException as exc:
             return Outcome(False, "kubernetes: " + "; ".join([*done, f"node {node}: {api_error(exc)}"]))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return Outcome(False, "kubernetes: " + "; ".join([*done, f"API server unreachable: {exc}"]))
-        pods = ", ".join(evicted) if evicted else "none"
-        done.append(f"evicted {len(evicted)} pod(s) of job {remediation.job_id}: {pods}")
         return Outcome(not refused, "kubernetes: " + "; ".join(done + refused))
 
     def _cordon_and_taint(self, remediation: Remediation) -> str:

@@ -8,10 +8,11 @@ is tested directly (tests/test_remediation_policy.py).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from faultcast.actions import moves_node as action_moves_node
 from faultcast.service.alert_events import mode_of
 from faultcast.service.remediation.actuators import CircuitBreaker, Remediation
 from faultcast.service.state.acks import Ack
@@ -126,7 +127,7 @@ def grace_step(alert: apb.Alert, timers: GraceTimers) -> tuple[int, GraceStep] |
 def moves_node(alert: apb.Alert) -> bool:
     """Whether the alert recommends snapshot-and-migrate: its node is taken out after SNAPSHOT_DONE
     or its grace period (an open one left without a stored deadline gets a timer at a start)."""
-    return alert.action == apb.RECOMMENDED_ACTION_SNAPSHOT_AND_MIGRATE
+    return action_moves_node(alert.action)
 
 
 # -- alerts and acknowledgements --------------------------------------------------------------
@@ -168,8 +169,33 @@ def ack_answer(alert: apb.Alert, action: int, grace_s: float, *, fell: bool) -> 
     return None
 
 
-def remediation_for(alert: apb.Alert, job: str, *, requeue: bool, checkpoint_uri: str) -> Remediation:
-    """The remediation of the alert's node; `requeue` False for a job that replaces its nodes itself."""
+def evidence_of(alert: apb.Alert) -> str:
+    """What showed a FAILED event's failure, in the words a drain reason carries ("xid 79",
+    "gpu_lost", "node_silent", ...); "" for a prediction."""
+    if alert.kind != apb.EVENT_KIND_FAILED:
+        return ""
+    if alert.failure.evidence == apb.FAILURE_EVIDENCE_XID:
+        return f"xid {alert.failure.xid}"
+    name = apb.FailureEvidence.Name(alert.failure.evidence).removeprefix("FAILURE_EVIDENCE_").lower()
+    return name or "unspecified"
+
+
+SILENCE = "node_silent"  # the one failure evidence that a cut-off network can fake
+
+
+def bypasses_breaker(r: Remediation) -> bool:
+    """Whether the circuit breaker lets the remediation through uncounted: a failure that happened,
+    with hardware evidence, is a fact, not a prediction, and its node goes whatever the window
+    holds. The breaker guards predictions (a model bug must not drain a cluster) and silences (a
+    burst of them is what a partition looks like)."""
+    return bool(r.evidence) and r.evidence != SILENCE
+
+
+def remediation_for(
+    alert: apb.Alert, job: str, *, requeue: bool, checkpoint_uri: str, also_requeue: Sequence[str] = ()
+) -> Remediation:
+    """The remediation of the alert's node; `requeue` False for a job that replaces its nodes itself;
+    `also_requeue`: the other jobs on a failed node that are requeued with it."""
     return Remediation(
         alert_id=alert.opened_id,
         node=alert.node,
@@ -179,7 +205,22 @@ def remediation_for(alert: apb.Alert, job: str, *, requeue: bool, checkpoint_uri
         job_id=job,
         requeue=requeue,
         checkpoint_uri=checkpoint_uri,
+        evidence=evidence_of(alert),
+        also_requeue=tuple(also_requeue),
     )
+
+
+def jobs_moved(
+    jobs: Sequence[str], replacing: Collection[str], *, failed: bool, own: str = ""
+) -> tuple[str, bool, tuple[str, ...]]:
+    """Which of the node's registered `jobs` (sorted) a drain moves: (the alert's job, whether it
+    is requeued, the others requeued with it). `own`: the job that acknowledged, when one did. A
+    prediction moves one job (the one that acknowledged, else the first); a failure that happened
+    moves every job on the node, each by its own policy: a job in `replacing` replaces its nodes
+    itself and is not requeued."""
+    job = own or (jobs[0] if jobs else "")
+    others = [j for j in jobs if j != job and j not in replacing] if failed else []
+    return job, job not in replacing, tuple(others)
 
 
 def queued_answer(actuator: str, r: Remediation) -> str:
@@ -210,12 +251,17 @@ def answer_again(opened_id: int, outcome: str, detail: str, stored: Remediation 
 # -- the circuit breaker ----------------------------------------------------------------------
 
 
-def refusal(paused_by: str | None, breaker: CircuitBreaker, node: str, now: float) -> str | None:
+def refusal(
+    paused_by: str | None, breaker: CircuitBreaker, node: str, now: float, *, fact: bool = False
+) -> str | None:
     """None when `node` may go now (the breaker counts it); else why not. The breaker counts a node
     once, at its first attempt: a retry takes out no more nodes, and must not be refused because the
-    window moved on meanwhile."""
+    window moved on meanwhile. `fact`: a failure with hardware evidence (`bypasses_breaker`), which
+    only a pause holds back and the breaker neither refuses nor counts."""
     if paused_by is not None:
         return f"remediation paused by {paused_by}; {node} left in service"
+    if fact:
+        return None
     if not breaker.allow(node, now):
         return (
             f"circuit breaker: {breaker.max_nodes} nodes already taken out in "

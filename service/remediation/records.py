@@ -163,10 +163,23 @@ class Records:
 
     def job_on(self, node: str) -> str:
         """The registered job that runs on `node` ("" when none does)."""
-        for job, nodes in sorted(self.store.jobs.all().items()):
-            if node in nodes:
-                return job
-        return ""
+        jobs = self.store.jobs.on_node(node)
+        return jobs[0] if jobs else ""
+
+    def jobs_on(self, node: str) -> list[str]:
+        """Every registered job that runs on `node`, sorted."""
+        return self.store.jobs.on_node(node)
+
+    def recent_failures(self, since_unix: float) -> list[apb.Alert]:
+        """The FAILED events that drain their node and happened at or after `since_unix`."""
+        since_ns = int(since_unix * 1e9)
+        return [
+            e for e in self.store.alerts.failures() if e.failure.drains_node and e.time_unix_nano >= since_ns
+        ]
+
+    def taken_out_since(self, node: str, since_unix: float) -> list[int]:
+        """The alerts `node` was taken out for (or is being) since `since_unix` (wall clock)."""
+        return self.store.remediations.taken_out_since(node, since_unix)
 
     # -- claims, attempts and outcomes ----------------------------------------------------------
 

@@ -92,10 +92,17 @@ class Remediator:
         rng: random.Random | None = None,
         store_retry_s: float = 1.0,
         prescheduler: Prescheduler | None = None,
+        incident_s: float = 3600.0,
     ) -> None:
         """`clock` times everything in this process; `wall` dates what is kept for the next one.
         `store_retry_s`: how soon work the store refused to record is tried again. `prescheduler`:
-        the spares readied during alerts, handed the job at its snapshot (None: none are)."""
+        the spares readied during alerts, handed the job at its snapshot (None: none are).
+        `incident_s`: a node taken out within this long is not taken out again (one incident, one
+        drain: its jobs were requeued once; repair takes longer); a failure stored within it and
+        never remediated (a kill came between) is remediated at the next start."""
+        if incident_s <= 0:
+            raise ValueError(f"incident_s must be positive, got {incident_s}")
+        self.incident_s = incident_s
         self.actuator, self.grace_s, self.clock, self.wall = actuator, grace_s, clock, wall
         self.breaker = breaker or CircuitBreaker()
         self.records = Records(store, actuator.name, clock=clock, wall=wall, store_retry_s=store_retry_s)
@@ -107,6 +114,13 @@ class Remediator:
         self._timers = policy.GraceTimers()
         self._draining: dict[str, int] = {}  # node -> the alert it was last taken out for
         self._replacing: set[str] = set()  # jobs that replace their nodes themselves: never requeued
+        # What jobs asked for at registration is on disk: a restart neither requeues a job that
+        # replaces its nodes nor forgets which jobs can stand by.
+        for job, flags in store.jobs.flags().items():
+            if flags.replaces_nodes:
+                self._replacing.add(job)
+            if prescheduler is not None and flags.stands_by:
+                prescheduler.note_job(job, stands_by=True)
         self._resumed = False
         self.handover = HandOver(prescheduler, self.records)
         steps = Steps(
@@ -130,7 +144,7 @@ class Remediator:
         self.records.restore_breaker(self.breaker)
         self.records.restore_grace(self._timers, grace_s)
         # Every outcome exists from the start, so the first failure shows in increase().
-        for outcome in ("ok", "failed", "refused"):
+        for outcome in ("ok", "failed", "refused", "joined"):
             metrics.remediations.labels(actuator.name, outcome)
         metrics.circuit_open.set_function(lambda: 1.0 if self.breaker.is_open(self.clock()) else 0.0)
         metrics.remediation_retries_pending.set_function(lambda: float(self.worker.retries_pending()))
@@ -202,8 +216,17 @@ class Remediator:
                 elif self._may_have_job(alert.node):
                     now = self.clock()
                     self._timers.start(key, now if what is GraceStep.NOW else now + self.grace_s)
+                    if what is GraceStep.NOW:
+                        self._settle_foreseeing(alert)
             self._cv.notify_all()
         self._save_grace()  # on disk before the alert is a second old, if the store takes it
+
+    def _settle_foreseeing(self, failed: apb.Alert) -> None:
+        """A failure's drain settles the grace timers of the alerts that foresaw it (the lock held):
+        one incident, one drain; the failure's own remediation takes the node out now."""
+        for opened_id in failed.failure.foreseen_by:
+            if opened_id != failed.id:
+                self._timers.settle(opened_id)
 
     def _may_have_job(self, node: str) -> bool:
         """Whether a registered job runs on `node`; True when the store cannot say (the timer
@@ -248,18 +271,28 @@ class Remediator:
     ) -> tuple[bool, str]:
         """Queue the alert's remediation; (whether it was queued, what the service does, in words).
         A standby waiting for the job takes it over at this snapshot (not on the grace timer's)."""
-        job = job_id or self.records.job_on(alert.node)
-        if not job:
+        jobs = self.records.jobs_on(alert.node)
+        if not job_id and not jobs:
             return False, f"no registered job on {alert.node}: nothing to remediate"
         claimed = self.records.outcome_of(alert.opened_id)
         if claimed is not None:
             return False, self._answer_again(alert, *claimed)
         other = self._taken_out_for(alert.node, alert.opened_id)
         if other is not None:
-            return False, f"{alert.node} is already being taken out for alert {other}: not drained twice"
-        # A job that replaces its nodes goes on without this one: nothing to requeue.
-        requeue = job not in self._replacing
-        remediation = policy.remediation_for(alert, job, requeue=requeue, checkpoint_uri=checkpoint_uri)
+            said = f"{alert.node} is already being taken out for alert {other}: not drained twice"
+            if alert.kind == apb.EVENT_KIND_FAILED:
+                self._join(alert, other, said)
+            return False, said
+        # A job that replaces its nodes goes on without this one: nothing to requeue. A failure
+        # that happened moves every job on the node, each by its own policy.
+        with self._cv:
+            replacing = set(self._replacing)
+        job, requeue, others = policy.jobs_moved(
+            jobs, replacing, failed=alert.kind == apb.EVENT_KIND_FAILED, own=job_id
+        )
+        remediation = policy.remediation_for(
+            alert, job, requeue=requeue, checkpoint_uri=checkpoint_uri, also_requeue=others
+        )
         handed = self.handover.at_snapshot(
             remediation,
             step,
@@ -281,6 +314,16 @@ class Remediator:
             self.worker.queue([task])
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
         return True, policy.queued_answer(self.actuator.name, remediation)
+
+    def _join(self, failed: apb.Alert, other: int, said: str) -> None:
+        """A failure on a node taken out lately is part of that incident: its outcome says so on
+        disk ("joined"), so that every FAILED event's fate can be read, and nothing is acted on."""
+        r = policy.remediation_for(failed, "", requeue=False, checkpoint_uri="")
+        try:
+            if self.records.claim(r):
+                self.worker.finish(r, "joined", said)
+        except sqlite3.OperationalError as exc:  # the node is out already: only the record is lost
+            self.records.trouble(exc)
 
     def _answer_again(self, alert: apb.Alert, outcome: str, detail: str = "") -> str:
         """What a repeated acknowledgement is told: the decision made the first time."""
@@ -304,7 +347,12 @@ class Remediator:
                 continue
             if self.records.holds_node(other, outcome):
                 return other
-        return None
+        # Taken out lately, whatever for: the Xid, the silence that follows it and the alert that
+        # foresaw them are one incident; a second drain would requeue jobs already moved.
+        recent = [
+            a for a in self.records.taken_out_since(node, self.wall() - self.incident_s) if a != opened_id
+        ]
+        return recent[-1] if recent else None
 
     def _fire(self, alert_id: int) -> None:
         """The alert's grace period ended: remediate unless it was declined or the risk fell."""
@@ -345,9 +393,12 @@ class Remediator:
     def _admit(self, r: Remediation) -> str | None:
         """None when the node may go (its admission is on disk first); else why not (the caller
         finishes the remediation as refused)."""
-        refused = policy.refusal(self.paused_by, self.breaker, r.node, self.clock())
+        fact = policy.bypasses_breaker(r)
+        refused = policy.refusal(self.paused_by, self.breaker, r.node, self.clock(), fact=fact)
         if refused is not None:
             return refused
+        if fact:
+            return None  # not counted: nothing of the breaker's window to write
         # Before the actuator runs: a kill right after must not forget the node.
         self.records.save_breaker(self.breaker)
         return None
@@ -427,6 +478,19 @@ class Remediator:
             with self._cv:
                 if not self._timers.started(alert.opened_id):
                     self._timers.start(alert.opened_id, self.clock() + self.grace_s)
+        # A failure stored but never remediated (a kill between its event and its timer's write):
+        # due now, if it is recent (an old one's node was dealt with by hand meanwhile).
+        for failed in self.records.recent_failures(self.wall() - self.incident_s):
+            if self._timers.started(failed.id) or self.records.outcome_of(failed.id) is not None:
+                continue
+            if not self.records.job_on(failed.node):
+                continue
+            with self._cv:
+                if not self._timers.started(failed.id):
+                    log.warning(
+                        "failure %d on %s was never remediated; remediating now", failed.id, failed.node
+                    )
+                    self._timers.start(failed.id, self.clock())
 
     # -- the worker -------------------------------------------------------------------------
 

@@ -114,26 +114,27 @@ class SlurmActuator:
             return Outcome(False, f"slurm: drain of node {node} failed: {failure}")
         log.info("drained Slurm node %s (%s)", node, reason)
         done = [f"drained node {node} ({reason})"]
-        if remediation.handover_to:
+        if remediation.handover_to:  # only at a snapshot: a prediction, which moves one job
             return self._end_handed_over(remediation, done)
-        if not remediation.requeue:
-            return Outcome(True, "slurm: " + "; ".join(done))
-        if not job_id:
+        if remediation.requeue and not job_id:
             done.append("no job registered on the node, nothing to requeue")
-            return Outcome(True, "slurm: " + "; ".join(done))
+        ok = True
+        for job in remediation.requeued:  # the alert's job, then the other jobs a failure moves
+            ok = self._requeue(job, done) and ok
+        return Outcome(ok, "slurm: " + "; ".join(done))
+
+    def _requeue(self, job_id: str, done: list[str]) -> bool:
+        """Requeue one job; whether it worked (what happened is added to `done`)."""
         if not JOB_ID.fullmatch(job_id):
             done.append(f"job id {job_id!r} is not a Slurm job id, requeued nothing")
-            return Outcome(False, "slurm: " + "; ".join(done))
-        return self._requeue(job_id, done)
-
-    def _requeue(self, job_id: str, done: list[str]) -> Outcome:
+            return False
         failure = self._scontrol("requeue", job_id)
         if failure:
             done.append(f"requeue of job {job_id} failed: {failure}")
-            return Outcome(False, "slurm: " + "; ".join(done))
+            return False
         log.info("requeued Slurm job %s", job_id)
         done.append(f"requeued job {job_id}")
-        return Outcome(True, "slurm: " + "; ".join(done))
+        return True
 
     def _end_handed_over(self, remediation: Remediation, done: list[str]) -> Outcome:
         """The standby took the job over at its snapshot: cancel the job on the drained node."""
@@ -146,7 +147,7 @@ class SlurmActuator:
             # The standby was told to go and is gone (or never was a Slurm job): ending the job too
             # would lose it. Requeue it, from the same snapshot, as without a spare.
             done.append(f"standby job {standby} is not running ({state or 'unknown to squeue'})")
-            return self._requeue(job_id, done)
+            return Outcome(self._requeue(job_id, done), "slurm: " + "; ".join(done))
         failure = self.commands.run("scancel", job_id)
         if isinstance(failure, str):
             done.append(f"cancelling job {job_id} failed: {failure}")

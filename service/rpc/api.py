@@ -377,7 +377,12 @@ class AlertsServicer(apb_grpc.AlertsServicer):
             context.abort(*refusal)
         if not all(is_host_name(node) for node in request.nodes):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "every node must be a host name (none empty)")
-        self.store.jobs.register(request.job_id, list(request.nodes))
+        self.store.jobs.register(
+            request.job_id,
+            list(request.nodes),
+            replaces_nodes=request.replaces_nodes,
+            stands_by=request.stands_by,
+        )
         self.remediator.note_job(request.job_id, replaces_nodes=request.replaces_nodes)
         if self.prescheduler is not None:
             self.prescheduler.note_job(request.job_id, stands_by=request.stands_by)

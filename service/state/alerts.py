@@ -125,6 +125,15 @@ class AlertLog:
             alerts = self._open_now(self._db.connection)
         return [a for a in alerts if wanted is None or a.node in wanted], head
 
+    def failures(self, limit: int = 1000) -> list[apb.Alert]:
+        """The newest FAILED events (at most `limit`), oldest first."""
+        rows = self._db.read(
+            "SELECT payload FROM (SELECT id, payload FROM alerts WHERE state = ? ORDER BY id DESC LIMIT ?) "
+            "ORDER BY id",
+            (apb.ALERT_STATE_FAILED, limit),
+        )
+        return _alerts(rows)
+
     def newest_event(self, opened_id: int) -> apb.Alert | None:
         """The newest event of the alert `opened_id` (its CLEARED event once it has cleared)."""
         row = self._db.read_one(

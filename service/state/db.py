@@ -84,6 +84,10 @@ _ADDED_COLUMNS = {
         ("attempts", "INTEGER NOT NULL DEFAULT 0"),
     ),
     "cursors": (("seen_unix", "REAL NOT NULL DEFAULT 0"),),
+    "jobs": (
+        ("replaces_nodes", "INTEGER NOT NULL DEFAULT 0"),
+        ("stands_by", "INTEGER NOT NULL DEFAULT 0"),
+    ),
 }
 # The largest integer SQLite stores (signed 64 bits): anything from the wire above it is refused at
 # the edge, before it can reach a write.

@@ -126,6 +126,16 @@ class RemediationLedger:
         )
         return [(int(a), str(o)) for a, o in rows]
 
+    def taken_out_since(self, node: str, since_unix: float) -> list[int]:
+        """The alerts `node` was taken out for (or is being) that were claimed or finished at or
+        after `since_unix`, oldest first."""
+        rows = self._db.read(
+            "SELECT alert_id FROM remediations WHERE node = ? AND outcome IN ('pending', 'ok') "
+            "AND at_unix >= ? ORDER BY alert_id",
+            (node, since_unix),
+        )
+        return [int(a) for (a,) in rows]
+
     def of(self, alert_id: int) -> tuple[str, str] | None:
         """(outcome, detail) of the alert's remediation, if one was claimed; outcome "pending" while
         it is being carried out or waits for a retry."""
