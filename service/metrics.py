@@ -29,6 +29,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "unknown_node",
     "future_timestamp",
     "stale_timestamp",
+    "oversize_field",
     # scoring (service/scoring.py, service/server.py)
     "too_many_nodes",
     "late",
