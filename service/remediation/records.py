@@ -214,7 +214,10 @@ class Records:
         the store refuses."""
         request = json.dumps(asdict(r))
         return self.write(
-            "a claim", lambda: self.store.remediations.claim(r.alert_id, r.node, self.actuator, request)
+            "a claim",
+            lambda: self.store.remediations.claim(
+                r.alert_id, r.node, self.actuator, request, at_unix=self.wall()
+            ),
         )
 
     def begin_attempt(self, alert_id: int) -> int:
@@ -227,7 +230,8 @@ class Records:
         """Keep why an attempt failed; only the reason is lost when the store refuses."""
         try:
             self.write(
-                "why an attempt failed", lambda: self.store.remediations.note_failed_attempt(alert_id, detail)
+                "why an attempt failed",
+                lambda: self.store.remediations.note_failed_attempt(alert_id, detail, at_unix=self.wall()),
             )
         except sqlite3.OperationalError as exc:
             self.trouble(exc)
@@ -235,7 +239,10 @@ class Records:
     def store_outcome(self, r: Remediation, outcome: str, detail: str) -> bool:
         """Write the outcome; False when the store refused it (the caller keeps it)."""
         try:
-            self.write("an outcome", lambda: self.store.remediations.finish(r.alert_id, outcome, detail))
+            self.write(
+                "an outcome",
+                lambda: self.store.remediations.finish(r.alert_id, outcome, detail, at_unix=self.wall()),
+            )
         except sqlite3.OperationalError as exc:
             self.trouble(exc)
             return False

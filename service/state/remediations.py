@@ -30,7 +30,9 @@ class RemediationLedger:
     def __init__(self, db: StateDatabase) -> None:
         self._db = db
 
-    def claim(self, alert_id: int, node: str, actuator: str, request: str = "") -> bool:
+    def claim(
+        self, alert_id: int, node: str, actuator: str, request: str = "", *, at_unix: float | None = None
+    ) -> bool:
         """Mark the alert as being remediated, keeping `request` (what to do, for a restart to carry
         on); False when it already was (never drain twice)."""
         cursor = self._db.checked_write(
@@ -38,7 +40,7 @@ class RemediationLedger:
             lambda db: db.execute(
                 "INSERT OR IGNORE INTO remediations (alert_id, node, actuator, outcome, detail, at_unix, "
                 "request) VALUES (?, ?, ?, 'pending', '', ?, ?)",
-                (alert_id, node, actuator, time.time(), request),
+                (alert_id, node, actuator, at_unix or time.time(), request),
             ),
         )
         return cursor.rowcount == 1
@@ -91,23 +93,24 @@ class RemediationLedger:
             raise KeyError(f"no pending remediation of alert {alert_id}")
         return int(row[0])
 
-    def note_failed_attempt(self, alert_id: int, detail: str) -> None:
+    def note_failed_attempt(self, alert_id: int, detail: str, *, at_unix: float | None = None) -> None:
         """Keep why the last attempt failed while the remediation waits for its next one."""
         self._db.checked_write(
             "remediation",
             lambda db: db.execute(
                 "UPDATE remediations SET detail = ?, at_unix = ? WHERE alert_id = ? AND outcome = 'pending'",
-                (detail, time.time(), alert_id),
+                (detail, at_unix or time.time(), alert_id),
             ),
         )
 
-    def finish(self, alert_id: int, outcome: str, detail: str) -> None:
-        """Record how the remediation ended (`outcome` other than "pending")."""
+    def finish(self, alert_id: int, outcome: str, detail: str, *, at_unix: float | None = None) -> None:
+        """Record how the remediation ended (`outcome` other than "pending"); `at_unix`: when, by the
+        remediator's wall clock (the time.time() of now by default)."""
         self._db.checked_write(
             "remediation",
             lambda db: db.execute(
                 "UPDATE remediations SET outcome = ?, detail = ?, at_unix = ? WHERE alert_id = ?",
-                (outcome, detail, time.time(), alert_id),
+                (outcome, detail, at_unix or time.time(), alert_id),
             ),
         )
 
