@@ -94,7 +94,7 @@ class AlertPublisher:
                 apb.FailureEvidence.Name(event.failure.evidence).removeprefix("FAILURE_EVIDENCE_").lower()
             )
             foreseen = "true" if event.failure.foreseen_by else "false"
-            self.metrics.failures.labels(evidence, foreseen).inc()
+            self.metrics.count_failure(evidence, foreseen, event.node)
 
     # -- nodes ----------------------------------------------------------------------------------
 

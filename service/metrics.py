@@ -156,11 +156,35 @@ class ServiceMetrics:
         self.alerts = Counter("faultcast_alerts", "Alerts raised, by failure mode.", ["mode"], registry=r)
         self.failures = Counter(
             "faultcast_failures",
-            "Failures seen happen (FAILED events), by what showed them and whether an alert was open on "
-            "the node (foreseen).",
-            ["evidence", "foreseen"],
+            "Failures seen happen (FAILED events), by what showed them, whether an alert foresaw them, and "
+            'the node ("" for a trainer\'s report; "other" past the first FAILURE_NODE_LABELS nodes).',
+            ["evidence", "foreseen", "node"],
             registry=r,
         )
+        self._failure_nodes: set[str] = set()  # the nodes the failures counter names so far
+        self.flapping_nodes = Gauge(
+            "faultcast_flapping_nodes",
+            "Nodes whose collector streams keep breaking and reopening (FLAP_BREAKS within FLAP_WINDOW_S, "
+            "service/failure_watch.py): logged by name, never counted towards a cut-off of the service.",
+            registry=r,
+        )
+
+    def count_failure(self, evidence: str, foreseen: str, node: str) -> None:
+        """One FAILED event. The node labels hardware evidence only (the page names the node to repair;
+        a trainer's report drains nothing), and only the first FAILURE_NODE_LABELS nodes by name: later
+        ones share "other", so a flood of node names cannot grow the series without bound."""
+        if evidence == Evidence.TRAINER_REPORT.value:
+            node = ""
+        elif node not in self._failure_nodes:
+            if len(self._failure_nodes) < FAILURE_NODE_LABELS:
+                self._failure_nodes.add(node)
+            else:
+                node = "other"
+        self.failures.labels(evidence, foreseen, node).inc()
+
+    def flapping(self, node: str, now_flapping: bool, nodes_flapping: int) -> None:
+        """FailureWatch's FlapListener: how many nodes flap now (the node is named in the log)."""
+        self.flapping_nodes.set(nodes_flapping)
 
     def _add_ingest_and_scoring(self, r: CollectorRegistry) -> None:
         """Samples taken, refused and blanked; lag and clock skew; scoring latency."""
@@ -211,7 +235,7 @@ class ServiceMetrics:
         self.remediations = Counter(
             "faultcast_remediations",
             "Remediations finished, by actuator and outcome (ok, failed after every retry, refused by the "
-            "circuit breaker).",
+            "circuit breaker or a pause, joined: a failure on a node taken out lately, one incident).",
             ["actuator", "outcome"],
             registry=r,
         )
@@ -342,14 +366,16 @@ class ServiceMetrics:
         ):
             for value in values:
                 metric.labels(value)
-        for evidence in Evidence:
-            for foreseen in ("true", "false"):
-                self.failures.labels(evidence.value, foreseen)
+        for foreseen in ("true", "false"):  # a node's own series start with its first failure
+            self.failures.labels(Evidence.TRAINER_REPORT.value, foreseen, "")
         for tier in ALERT_TIERS:
             self.alerts_by_tier.labels(tier)
         for group in VISIBILITY_GROUPS:
             self.feature_group_visible.labels(group)
 
+
+FAILURE_NODE_LABELS = 256
+"""Nodes named by faultcast_failures_total; failures of further nodes count under node="other"."""
 
 ALERT_TIERS = ("protect", "move")
 """The alert tiers' label values (faultcast_alerts_by_tier), the proto's AlertTier without the prefix."""
@@ -365,6 +391,7 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_alerts_by_tier",
     "faultcast_node_silent",
     "faultcast_failures_total",
+    "faultcast_flapping_nodes",
     "faultcast_silent_nodes",
     "faultcast_active_alerts",
     "faultcast_alerts_total",
