@@ -17,7 +17,10 @@ that completes a step: a node sending many samples a step, or replaying its spoo
 silent while it sends, so its alerts do not depend on how fast its samples come. A node whose
 samples come late (a clock behind, a spool replaying) is not silent; and when every node goes quiet
 at once it is the service that is cut off, so none is marked silent (FaultcastIngestStalled says so
-instead).
+instead). A node whose collector stream broke and did not come back (its NODE_SILENT FAILED event,
+service/failure_watch.py) is silent at once, whether or not other nodes are heard: a node alone in its
+fleet, or one of a fleet gone quiet, has its foreseeing alerts cleared the same way, after the FAILED
+event that names them.
 
 Events go to the durable log first, then to whoever listens (service/alert_publishing.py: the log
 lines, the remediator and subscribers, the metrics).
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from faultcast.actions import Action
-from faultcast.failure_signs import FailureSign
+from faultcast.failure_signs import Evidence, FailureSign
 from faultcast.model.alert_content import DEFAULT_ACTIONS, ActionPolicy
 from faultcast.model.artifact import FaultModel
 from faultcast.model.incidents import CloseReason, Incident, IncidentTracker
@@ -513,8 +516,14 @@ class AlertBook:
                 open_here += self._restored.get(sign.node, [])
                 events.append(failure_event(sign, open_here, self.events.info, report))
             stored = self._append_new(events) if wait else self.store.alerts.append(events)
+            cleared = [
+                event
+                for sign, _ in failures
+                if sign.evidence is Evidence.NODE_SILENT
+                for event in self._stream_silent(sign.node)
+            ]
         self.publisher.failures(stored)
-        self.announce(stored)
+        self.announce([*stored, *cleared])
         return stored
 
     def announce(self, stored: Sequence[apb.Alert]) -> None:
@@ -642,11 +651,22 @@ class AlertBook:
             self.announce(stored)
         return stored
 
-    def _fall_silent(self, name: str, heard: _Heard, limit_s: float) -> list[apb.Alert]:
-        text = (
-            f"node silent: no sample for {self.silent_after_steps} model steps ({limit_s:.0f} s) while this "
-            "alert was open; it may be the predicted failure itself"
-        )
+    def _stream_silent(self, name: str) -> list[apb.Alert]:
+        """The node's collector stream broke and did not come back (its NODE_SILENT FAILED event, the
+        lock held): the node is silent now, whether or not another node is heard (check_silence waits
+        for one, so a node alone in its fleet, or one of a fleet gone quiet, would keep its alerts open);
+        its open alerts clear as NODE_SILENT, after the FAILED event that names them."""
+        if name in self._silent:
+            return []
+        heard = self._heard.get(name, _Heard(-math.inf, -math.inf))
+        last_clock_s = max(heard.clock_s, self._arrived.get(name, (0.0, -math.inf))[1])
+        quiet_s = self.clock() - last_clock_s if math.isfinite(last_clock_s) else 0.0
+        why = "its collector's stream broke and did not come back"
+        return self._fall_silent(name, heard, quiet_s, why)
+
+    def _fall_silent(self, name: str, heard: _Heard, limit_s: float, why: str = "") -> list[apb.Alert]:
+        why = why or f"no sample for {self.silent_after_steps} model steps ({limit_s:.0f} s)"
+        text = f"node silent: {why} while this alert was open; it may be the predicted failure itself"
         # The event time of a CLEARED event is the node's last scored step (its clock, not ours).
         last_s = heard.event_s if math.isfinite(heard.event_s) else 0.0
         events: list[apb.Alert] = []
