@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -101,15 +102,29 @@ class Shipper:
         with self.spool.changed:
             self.spool.changed.notify_all()
         # The request stream ends at once (stop is set): the service sees the stream closed, a
-        # goodbye, not a broken stream (which it would take for a dead node). Cancelled only when
-        # the service does not answer the close within `goodbye`.
-        if self._thread is not None:
-            self._thread.join(min(timeout, _GOODBYE_S))
+        # goodbye, not a broken stream (which it would take for a dead node). Samples sent before it
+        # may still be waiting for the service's pace: while their acks keep coming, the goodbye is
+        # on its way. Cancelled only when no ack came for `_GOODBYE_S`, or after `timeout`.
+        self._await_goodbye(timeout)
         call = self._call
         if call is not None:
             call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves RpcContext.cancel untyped
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _await_goodbye(self, timeout: float) -> None:
+        """Wait for the shipping thread to end, for as long as the service keeps acknowledging the
+        samples ahead of the goodbye (at most `timeout` seconds)."""
+        thread = self._thread
+        if thread is None:
+            return
+        deadline, acked = time.monotonic() + timeout, -1
+        while thread.is_alive() and acked != self.spool.acked_through:
+            acked = self.spool.acked_through
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            thread.join(min(left, _GOODBYE_S))
 
     # -- the loop ------------------------------------------------------------------------------
 
