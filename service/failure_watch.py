@@ -103,7 +103,8 @@ class FailureWatch:
         self._held: dict[HoldKey, tuple[float, int]] = {}  # hold_key -> (until, its event id)
         self._streams: dict[str, int] = {}  # node -> Push streams open now
         self._broken: dict[str, float] = {}  # node -> when its last stream broke (clock), while none is open
-        self._cut: dict[str, float] = {}  # node -> when a cut-off was decided for it, until it comes back
+        # node -> (when its stream broke, when a cut-off was decided for it), until it comes back
+        self._cut: dict[str, tuple[float, float]] = {}
         self._seen: set[str] = set()  # every node that opened a stream: the fleet a cut-off is half of
         self._heard_since: float | None = None  # since when some stream has been open without a break
         self._breaks: dict[str, deque[float]] = {}  # node -> when its streams broke, within FLAP_WINDOW_S
@@ -223,7 +224,7 @@ class FailureWatch:
                 return 0.0
             waits = [at + self.silence_grace_s - now for at in self._broken.values()]
             if self._heard_since is not None:
-                waits += [max(at, self._heard_since) + CUT_REJOIN_S - now for at in self._cut.values()]
+                waits += [max(at, self._heard_since) + CUT_REJOIN_S - now for _, at in self._cut.values()]
             future = [w for w in waits if w > 0]
             if future:
                 return min(future)
@@ -242,9 +243,9 @@ class FailureWatch:
                 burst = {n: at for n, at in self._broken.items() if at - first <= self.silence_grace_s}
                 counted = [n for n in burst if n not in self._flapping]
                 if len(counted) >= 2 and 2 * len(counted) >= len(self._seen):
-                    for node in burst:  # the whole burst, decided once: its later nodes are cut off too
+                    for node, at in burst.items():  # the whole burst, decided once: its later nodes too
                         del self._broken[node]
-                        self._cut[node] = now
+                        self._cut[node] = (at, now)
                     self.cut_off += len(burst)
                     log.warning(
                         "the streams of %d of %d nodes broke together and stayed broken: taken for the "
@@ -260,10 +261,10 @@ class FailureWatch:
                     if now - at >= self.silence_grace_s:
                         del self._broken[node]
                         found[node] = at
-            for node, at in list(self._cut.items()):
-                if self._heard_since is not None and now - max(at, self._heard_since) >= CUT_REJOIN_S:
+            for node, (broke, decided) in list(self._cut.items()):
+                if self._heard_since is not None and now - max(decided, self._heard_since) >= CUT_REJOIN_S:
                     del self._cut[node]
-                    found[node] = at
+                    found[node] = broke
             for node in found:
                 self._previous.pop(node, None)  # what it sends when it is back is compared anew
             signs = [

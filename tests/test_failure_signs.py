@@ -420,4 +420,6 @@ def test_a_cut_off_that_does_not_come_back_is_silent_after_all() -> None:
     assert watch.silent() == []
     assert watch.next_silence_check() == pytest.approx(1.0)
     clock.now += 1.0
-    assert sorted(s.node for s in watch.silent()) == ["b", "c", "d"]
+    signs = watch.silent()
+    assert sorted(s.node for s in signs) == ["b", "c", "d"]
+    assert all("broke 131.0 s ago" in s.detail for s in signs)  # since its stream broke
