@@ -31,7 +31,7 @@ from faultcast.readings import NodeSnapshot
 from faultcast.service.alert_book import AlertBook, BookNodeState
 from faultcast.service.config import ServiceConfig
 from faultcast.service.drift_monitor import DriftMonitor
-from faultcast.service.failure_events import TrainerReport
+from faultcast.service.failure_events import EVIDENCE_TO_PB, TrainerReport
 from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
@@ -476,7 +476,12 @@ class Service:
             kept += 1
         replayed = 0
         now = time.monotonic()
+        signs: list[FailureSign] = []
         for entry in self.journal.entries():
+            # Every journalled sample through the failure watch, as at ingest: a kill between a
+            # sign's sample and its FAILED event loses no failure, and the next live sample is
+            # compared with the last one journalled rather than with nothing.
+            signs += self.failure_watch.observe(entry.snapshot)
             key = (entry.node, entry.spool_id)
             if entry.sequence <= taken.get(key, 0):
                 continue  # in its node's saved state already
@@ -502,6 +507,7 @@ class Service:
             if horizon is not None:
                 self.book.quiet_until(name, horizon)
         self.telemetry.advance(taken)
+        self._recover_failures(signs)
         with self._work:
             self._ready += self.scorer.backlog()
         log.info(
@@ -515,6 +521,39 @@ class Service:
             time.monotonic() - started,
         )
         return replayed
+
+    def _recover_failures(self, signs: list[FailureSign]) -> None:
+        """The failures the journal shows: those the log holds are held again, as the run before
+        held them; one missing (the kill came between its sample and its FAILED event) is published
+        now, if it happened within the failure hold (an older one was left to the operator)."""
+        stored = {
+            (e.node, e.gpu, e.failure.evidence, e.failure.xid, e.time_unix_nano): e.id
+            for e in self.store.alerts.failures()
+        }
+        horizon_ns = time.time_ns() - int(self.failure_watch.hold_s * 1e9)
+        missing = []
+        for sign in signs:
+            event = stored.get(
+                (sign.node, sign.gpu, EVIDENCE_TO_PB[sign.evidence], sign.xid, sign.time_unix_nano)
+            )
+            if event is not None:
+                self.failure_watch.hold(sign, event)
+            elif sign.time_unix_nano >= horizon_ns:
+                missing.append(sign)
+            else:
+                log.warning(
+                    "journalled failure on %s (%s) is too old to act on; not published",
+                    sign.node,
+                    sign.detail,
+                )
+        if missing:
+            log.warning(
+                "%d failure(s) in the journal had no FAILED event (a kill came between); publishing",
+                len(missing),
+            )
+            with self._work:
+                self._failures += missing
+                self._work.notify()
 
     def _restore_behind(self, name: str, book: BookNodeState, log_head: int) -> None:
         """A node killed between storing its events and saving its state: its saved alert state is
