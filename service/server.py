@@ -36,7 +36,7 @@ from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
 from faultcast.service.remediation.remediator import Remediator
-from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareProvider
+from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareProvider, SpareSetting
 from faultcast.service.rpc.api import AdminServicer, AlertsServicer
 from faultcast.service.rpc.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.rpc.health import ALL, Health
@@ -152,7 +152,9 @@ class Service:
         self._journal_failing = False
         self._recovered = False
         self.prescheduler = (
-            Prescheduler(spares, self.store.jobs.all, self.metrics) if spares is not None else None
+            Prescheduler(spares, self.store.jobs.all, self.metrics, kept=SpareSetting(self.store.settings))
+            if spares is not None
+            else None
         )
         self.remediator = Remediator(
             self.store,

@@ -28,19 +28,21 @@ from __future__ import annotations
 import enum
 import functools
 import hmac
+import json
 import logging
 import queue
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from faultcast.service.alert_events import mode_of
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation.actuators import Outcome
 from faultcast.service.remediation.policy import RISK_FELL  # a false alarm: its spare has nothing to do
+from faultcast.service.state.settings import Settings
 from faultcast.v1 import alerts_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -134,6 +136,80 @@ class Spare:
         return self.state in (SpareState.ASKED, SpareState.READY)
 
 
+class KeptSpares(Protocol):
+    """Where the spares are kept for the next process (the state store's settings): a spare the
+    scheduler readied outlives a restart of the service, and so must the service's word on it."""
+
+    def load(self) -> str | None:
+        """What `save` last wrote (None: nothing)."""
+
+    def save(self, value: str | None) -> None:
+        """Keep `value`; raises when the store refuses."""
+
+
+class SpareSetting:
+    """The spares kept in the state store's settings (`KeptSpares`)."""
+
+    KEY = "prescheduled_spares"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def load(self) -> str | None:
+        return self.settings.get(self.KEY)
+
+    def save(self, value: str | None) -> None:
+        self.settings.save(self.KEY, value)
+
+
+# The spares a restart takes back: those a standby may still ask about. One released or failed is
+# over (its standby heard it, or hears "no spare" and exits).
+_KEPT_STATES = (SpareState.ASKED, SpareState.READY, SpareState.RESERVED, SpareState.HANDED_OVER)
+
+
+def spares_to_json(spares: Sequence[Spare]) -> str | None:
+    """The spares worth keeping, as JSON (None when none is)."""
+    kept = [
+        {
+            "request": asdict(s.request),
+            # A reservation not yet recorded is undone by a restart: its standby waits on.
+            "state": (SpareState.READY if s.state == SpareState.RESERVED else s.state).value,
+            "handle": s.handle,
+            "named_job": s.named_job,
+            "standby_job": s.standby_job,
+            "standby_node": s.standby_node,
+            "step": s.step,
+            "checkpoint_uri": s.checkpoint_uri,
+        }
+        for s in spares
+        if s.state in _KEPT_STATES
+    ]
+    return json.dumps(kept) if kept else None
+
+
+def spares_from_json(raw: str, now: float) -> list[Spare]:
+    """The spares `spares_to_json` kept; ValueError or TypeError when the text is not such a list.
+    A spare that was ready is taken back as asked: its standby is ready again when it next asks."""
+    spares = []
+    for kept in json.loads(raw):
+        state = SpareState(kept["state"])
+        spare = Spare(
+            SpareRequest(**kept["request"]),
+            asked_at=now,
+            state=SpareState.ASKED if state == SpareState.READY else state,
+            handle=str(kept["handle"]),
+            named_job=str(kept["named_job"]),
+            standby_job=str(kept["standby_job"]),
+            standby_node=str(kept["standby_node"]),
+            step=int(kept["step"]),
+            checkpoint_uri=str(kept["checkpoint_uri"]),
+        )
+        if spare.state not in _KEPT_STATES or not isinstance(spare.request.claim, str):
+            raise ValueError(f"a kept spare of job {spare.request.job_id} in state {state.value}")
+        spares.append(spare)
+    return spares
+
+
 class StandbyRefused(Exception):  # noqa: N818 (a refusal with its reason, as AuthError)
     """An AwaitHandOver that may not speak for the spare: no claim, another spare's, or another job id
     than the one the service named. `reason` labels faultcast_auth_denied_total."""
@@ -166,13 +242,17 @@ class Prescheduler:
         *,
         clock: Clock = time.monotonic,
         give_back_after_s: float = GIVE_BACK_AFTER_S,
+        kept: KeptSpares | None = None,
     ) -> None:
         """`jobs`: the registered jobs and their nodes (the state store's), read when an alert opens.
         `give_back_after_s`: how long a released standby that heard it is given to exit by itself
-        before the scheduler is told to end it."""
+        before the scheduler is told to end it. `kept`: where the spares are kept across restarts
+        (None: in memory only); those an earlier run kept are taken back here."""
         self.provider, self.jobs, self.metrics, self.clock = provider, jobs, metrics, clock
         self.give_back_after_s = give_back_after_s
+        self.kept = kept
         self._spares: dict[str, Spare] = {}  # job id -> its newest spare
+        self._keep_lock = threading.Lock()  # one writer of the kept spares at a time, newest last
         # Jobs whose trainer registered as able to stand by (kept in memory: a guard registers again
         # on every connect, so a restarted service hears it again).
         self._stands_by: set[str] = set()
@@ -181,6 +261,37 @@ class Prescheduler:
         self._cv = threading.Condition()
         self._calls: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._take_back()
+
+    # -- what a restart keeps -------------------------------------------------------------------
+
+    def _take_back(self) -> None:
+        """The spares an earlier run kept: the scheduler still runs their standbys, which ask again
+        with the same claim (and one told to go hears it again)."""
+        raw = self.kept.load() if self.kept is not None else None
+        if raw is None:
+            return
+        try:
+            spares = spares_from_json(raw, self.clock())
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("the spares an earlier run kept are unreadable (%s); going on without them", exc)
+            return
+        for spare in spares:
+            self._spares[spare.request.job_id] = spare
+            self._asked.add(spare.request.alert_id)
+        log.info("took back %d spare(s) an earlier run readied", len(spares))
+
+    def _keep(self) -> None:
+        """Write the spares worth keeping; a refusal loses only what a restart would take back."""
+        if self.kept is None:
+            return
+        with self._keep_lock:
+            with self._cv:
+                value = spares_to_json(list(self._spares.values()))
+            try:
+                self.kept.save(value)
+            except Exception as exc:
+                log.warning("the spares could not be kept for a restart: %s", exc)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -251,6 +362,7 @@ class Prescheduler:
                 spare = Spare(request, asked_at=self.clock())
                 self._spares[job] = spare
             self._count("asked")
+            self._keep()
             self._calls.put(functools.partial(self._prepare, spare))
 
     def note_job(self, job_id: str, *, stands_by: bool) -> None:
@@ -281,6 +393,7 @@ class Prescheduler:
             else:
                 failed = False
             released = spare.state == SpareState.RELEASED
+        self._keep()
         if failed:
             self._count("failed")
             log.warning("no spare for job %s: %s", spare.request.job_id, prepared.detail)
@@ -305,6 +418,7 @@ class Prescheduler:
             asked = bool(spare.handle)
             heard = spare.waiting > 0  # a standby held right now hears "released" and exits itself
         self._count("released")
+        self._keep()
         log.info("spare for job %s released: %s", job_id, why)
         if asked and heard and self.give_back_after_s > 0:
             # Its own exit first (status 75, its log says why); the scheduler's cancel after, for
@@ -376,6 +490,7 @@ class Prescheduler:
             self._end(spare, SpareState.HANDED_OVER, f"hand-over for alert {alert_id}")
             self._stands_by.discard(spare.request.job_id)
         self._count("handed_over")
+        self._keep()
         log.info(
             "job %s handed over to standby %s on %s at step %d",
             spare.request.job_id,
@@ -429,6 +544,7 @@ class Prescheduler:
             if first:
                 self._count("ready")
                 log.info("standby %s on %s waits to take over job %s", job_id, node, standby_for)
+                self._calls.put(self._keep)  # off the caller's thread (the event loop's, for the RPC)
             if not self._waits(spare) or spare.waiting >= MAX_HELD:
                 return self._reply(spare)  # final, or answered at once: held calls are capped per spare
             spare.waiting += 1
