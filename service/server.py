@@ -595,7 +595,12 @@ class Service:
                 self._ready = 0
                 signs, self._failures = self._failures, []
             try:
+                before = set(self.book.silent_nodes())
                 self._publish_failures(signs + self.failure_watch.silent())
+                silenced = sorted(set(self.book.silent_nodes()) - before)
+                if silenced:  # a NODE_SILENT failure silences its node: saved, as below
+                    with self._scoring:
+                        self._save_states(silenced)
                 self.score_now()
                 if time.monotonic() - checked >= _SILENCE_CHECK_S:
                     checked = time.monotonic()
