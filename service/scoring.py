@@ -103,6 +103,7 @@ class Scorer:
         self._nodes: dict[str, _Node] = {}
         self._queue: list[ScoredStep] = []
         self._lock = threading.Lock()
+        self.unscorable = 0  # steps the model could not score, dropped one by one
 
     def backlog(self) -> int:
         """Completed steps waiting to be scored (ingest holds collectors back past a bound)."""
@@ -225,45 +226,29 @@ class Scorer:
             }
 
     def score_pending(self) -> list[ScoredStep]:
-        """Score every completed step waiting, in one call per head; oldest first."""
+        """Score every completed step waiting, in one call per head; oldest first. A batch the model
+        cannot score is scored again step by step, so that one bad step (a planted state, a shape a
+        bug let through) loses itself alone, logged and counted in `unscorable`, not every node's."""
         with self._lock:
             batch, self._queue = self._queue, []
             model = self.model
         if not batch:
             return []
-        present = np.concatenate([s.present for s in batch])
-        x = np.concatenate([s.features for s in batch])[present]
-        risk = np.full(len(present), np.nan)
-        ttf = np.full(len(present), np.nan)
-        modes = np.full(len(present), "", dtype=object)
-        near_heads: list[tuple[int, Heads]] = []  # (batch row, its heads) for the rows near an alert
-        if len(x):
-            r = model.risk(x)
-            risk[present] = r
-            # The mode and time heads are many more trees than the risk: they run only for rows
-            # near an alert (half the threshold and up); the others are labelled "none".
-            near = r >= NEAR_THRESHOLD * model.open_threshold
-            rows = np.nonzero(present)[0]
-            modes[rows] = "none"
-            if near.any():
-                heads = read_heads(model, x[near], r[near])
-                ttf[rows[near]] = heads.ttf_s[:, TTF_QUANTILES.index(0.5)]
-                if model.modes:
-                    modes[rows[near]] = np.asarray(model.modes, dtype=object)[
-                        np.argmax(heads.mode_probabilities, axis=1)
-                    ]
-                near_heads = [(int(row), heads.row(i)) for i, row in enumerate(rows[near])]
-        g = model.feature_config.gpus_per_node
-        for i, s in enumerate(batch):
-            s.risk, s.ttf_s, s.mode = (
-                risk[i * g : (i + 1) * g],
-                ttf[i * g : (i + 1) * g],
-                list(modes[i * g : (i + 1) * g]),
-            )
-            s.heads = {}
-        for row, heads_of_row in near_heads:
-            batch[row // g].heads[row % g] = heads_of_row
-        return batch
+        try:
+            return _score(batch, model)
+        except Exception:
+            if len(batch) == 1:
+                self.unscorable += 1
+                raise
+            log.exception("scoring %d steps at once failed; scoring them one by one", len(batch))
+        scored = []
+        for step in batch:
+            try:
+                scored += _score([step], model)
+            except Exception:
+                self.unscorable += 1
+                log.exception("step %d of node %s cannot be scored; it is dropped", step.step, step.node)
+        return scored
 
     def swap_model(self, model: FaultModel) -> bool:
         """Serve `model` from the next score on; True when the nodes' feature state carries over
@@ -281,3 +266,41 @@ class Scorer:
             for node in self._nodes.values():
                 node.online.empty_steps = empty_steps
             return same
+
+
+def _score(batch: list[ScoredStep], model: FaultModel) -> list[ScoredStep]:
+    """Score the steps in one call per head: each step's risk, and the mode, time and top heads of
+    its rows near an alert."""
+    present = np.concatenate([s.present for s in batch])
+    x = np.concatenate([s.features for s in batch])[present]
+    risk = np.full(len(present), np.nan)
+    ttf = np.full(len(present), np.nan)
+    modes = np.full(len(present), "", dtype=object)
+    near_heads: list[tuple[int, Heads]] = []  # (batch row, its heads) for the rows near an alert
+    if len(x):
+        r = model.risk(x)
+        risk[present] = r
+        # The mode and time heads are many more trees than the risk: they run only for rows
+        # near an alert (half the threshold and up); the others are labelled "none".
+        near = r >= NEAR_THRESHOLD * model.open_threshold
+        rows = np.nonzero(present)[0]
+        modes[rows] = "none"
+        if near.any():
+            heads = read_heads(model, x[near], r[near])
+            ttf[rows[near]] = heads.ttf_s[:, TTF_QUANTILES.index(0.5)]
+            if model.modes:
+                modes[rows[near]] = np.asarray(model.modes, dtype=object)[
+                    np.argmax(heads.mode_probabilities, axis=1)
+                ]
+            near_heads = [(int(row), heads.row(i)) for i, row in enumerate(rows[near])]
+    g = model.feature_config.gpus_per_node
+    for i, s in enumerate(batch):
+        s.risk, s.ttf_s, s.mode = (
+            risk[i * g : (i + 1) * g],
+            ttf[i * g : (i + 1) * g],
+            list(modes[i * g : (i + 1) * g]),
+        )
+        s.heads = {}
+    for row, heads_of_row in near_heads:
+        batch[row // g].heads[row % g] = heads_of_row
+    return batch

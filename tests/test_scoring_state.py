@@ -23,6 +23,7 @@ from faultcast.readings import NodeSnapshot
 from faultcast.service import scoring_state
 from faultcast.service.config import ServiceConfig
 from faultcast.service.rpc.validation import Limits
+from faultcast.service.scoring import Scorer
 from faultcast.service.scoring_state import FORMAT, NodeState, StateRefused, decode, encode
 from faultcast.service.server import Service
 from faultcast.service.state.scoring import SavedState
@@ -436,3 +437,23 @@ def test_a_state_that_does_not_fit_the_model_is_refused_and_other_nodes_keep_the
     assert refusal.startswith(f"the saved scoring state of node {NAME} is not taken back: its queued step")
     assert FLEET.node_name(0) in {s.node for s in scored}  # the other node's restored step is scored
     assert NAME in {s.node for s in scored}  # the refused node warmed up again from its journal
+
+
+def test_a_step_the_model_cannot_score_is_dropped_alone_and_the_others_are_scored(
+    stub_model: Path, samples: list[NodeSnapshot]
+) -> None:
+    # Whatever lets such a step through (a bug, a state the checks missed): the whole tick failed
+    # on it, and every node's steps of that tick were lost with it.
+    scorer = Scorer(load(stub_model))
+    for node, other in zip(samples[:11], _calm(11), strict=True):
+        scorer.add(node, 0.0)
+        scorer.add(other, 0.0)
+    queued = scorer.backlog()
+    bad = next(s for s in scorer._queue if s.node == NAME)
+    bad.features = np.zeros((bad.features.shape[0], bad.features.shape[1] + 3))
+    scored = scorer.score_pending()
+    assert scorer.unscorable == 1
+    assert len(scored) == queued - 1
+    assert bad not in scored
+    assert FLEET.node_name(0) in {s.node for s in scored}
+    assert all(s.risk.shape == (s.present.shape[0],) for s in scored)
