@@ -170,6 +170,14 @@ def add_parser(commands: Subcommands) -> None:
         "folded into it, not sent again",
     )
     serve.add_argument(
+        "--incident",
+        type=duration,
+        default=config_default("incident_s"),
+        help="a node taken out of service is not taken out again within this long (one incident, one "
+        "drain: its jobs are requeued once); a failure stored but never remediated is remediated at a "
+        "start if this recent",
+    )
+    serve.add_argument(
         "--checkpoint-every",
         type=int,
         default=config_default("checkpoint_steps"),
@@ -391,6 +399,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
         silence_grace_s=args.failure_grace,
         keepalive_s=args.keepalive,
         failure_hold_s=args.failure_hold,
+        incident_s=args.incident,
     )
 
 

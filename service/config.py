@@ -55,6 +55,11 @@ class ServiceConfig:
     # A failure that happened (a FAILED event) holds its GPU, or its node, this long: the evidence
     # that follows it (the "GPU lost" after the Xid 79, every rank reporting one death) is folded in.
     failure_hold_s: float = 600.0
+    # A node taken out of service is not taken out again within this long, whatever the alert: the
+    # Xid, the silence after it and the alert that foresaw them are one incident, one drain (its jobs
+    # were requeued once; repair takes longer). A failure stored and never remediated (a kill came
+    # between) is remediated at the next start if it is this recent.
+    incident_s: float = 3600.0
     # A node whose collector stream broke and that opened none again within this long has failed
     # (a collector stopped on purpose says goodbye and never counts; this is for crashes and blips).
     silence_grace_s: float = 2.0
@@ -78,6 +83,8 @@ class ServiceConfig:
                 f"failure_hold_s must be >= 0, silence_grace_s and keepalive_s > 0; got {self.failure_hold_s}, "
                 f"{self.silence_grace_s} and {self.keepalive_s}"
             )
+        if self.incident_s <= 0:
+            raise ValueError(f"incident_s must be positive, not {self.incident_s}")
         if self.checkpoint_steps < 1:
             raise ValueError(f"checkpoint_steps must be at least 1, not {self.checkpoint_steps}")
         if self.journal_bytes <= 0 or self.journal_node_bytes <= 0:

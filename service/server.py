@@ -164,6 +164,7 @@ class Service:
             breaker=config.breaker(),
             retry=config.retry,
             prescheduler=self.prescheduler,
+            incident_s=config.incident_s,
         )
         if self.prescheduler is not None:
             self.book.listen(self.prescheduler.on_alerts)  # the spare is asked for first

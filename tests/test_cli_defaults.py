@@ -27,6 +27,7 @@ FLAGS = {
     "--failure-grace": ("5s", "silence_grace_s", 5.0),
     "--keepalive": ("3s", "keepalive_s", 3.0),
     "--failure-hold": ("70s", "failure_hold_s", 70.0),
+    "--incident": ("2h", "incident_s", 7200.0),
     "--checkpoint-every": ("4", "checkpoint_steps", 4),
     "--max-drains": ("2", "max_drains", 2),
     "--drain-window": ("10m", "drain_window_s", 600.0),
