@@ -402,8 +402,9 @@ class Protection:
             if vote.protect and self.replicas is not None:
                 self.replicas.replicate(step)
                 self.stats.protect_replicas.append(step)
-            if vote.migrate and self.replace_node and self.replicas is not None:
-                self._hand_over_to_spare(step, alert, migrate)
+            # A replica that did not reach every buddy whole: the files take the move instead.
+            handed = vote.migrate and self.replace_node and self._hand_over_to_spare(step, alert, migrate)
+            if handed:
                 return
             if vote.snapshot:
                 self._snapshot_for_alert(step, alert, migrate=vote.migrate)
@@ -411,17 +412,30 @@ class Protection:
         if self.checkpoint_every and step % self.checkpoint_every == 0:
             self._start_checkpoint(step)
 
-    def _hand_over_to_spare(self, step: int, alert: apb.Alert | None, warned_here: bool) -> None:
+    def _hand_over_to_spare(self, step: int, alert: apb.Alert | None, warned_here: bool) -> bool:
         """Collective: replicate this step now, whole on every buddy before anyone goes on; the ranks
         of the warned node(s) acknowledge it and leave the job (`replace_node`). `warned_here`: this
-        rank's guard has the snapshot-and-migrate alert."""
-        assert self.replicas is not None
+        rank's guard has the snapshot-and-migrate alert. False, and nobody leaves, when the replica
+        failed on some rank (host memory full, a buddy's part refused): the caller snapshots to
+        files instead, so that the spare never goes on from an older replica."""
+        if self.replicas is None:
+            return False
+        failures = self.replicas.stats.failed + self.replicas.stats.refused
         self.replicas.replicate(step)
         self.replicas.wait()
-        warned = {node for node in identity.all_gather_strings(self.node if warned_here else "") if node}
+        whole = self.replicas.stats.failed + self.replicas.stats.refused == failures
+        said = identity.all_gather_strings(f"{int(whole)} {self.node if warned_here else ''}")
+        if not all(word.startswith("1") for word in said):
+            log.warning(
+                "faultcast: the replica of step %d is not whole on every rank; snapshotting to files", step
+            )
+            return False
+        warned = {node for word in said if (node := word[2:])}
         self.stats.snapshots.append(step)
         if self.node not in warned:
-            return  # go on: the next collective fails once the warned node has left, and torchrun restarts
+            return (
+                True  # go on: the next collective fails once the warned node has left, and torchrun restarts
+            )
         if self.guard is not None and alert is not None:
             self.stats.acknowledgements.append(self.guard.snapshot_done(step, f"replica:{step}", alert))
         log.warning(
@@ -432,6 +446,7 @@ class Protection:
         )
         self.close()
         _leave_the_job()
+        return True  # not reached: the process has left
 
     def close(self) -> None:
         """Finish a checkpoint under way and stop the guard."""
