@@ -39,6 +39,8 @@ from faultcast.model.evaluation.drift import (
 from faultcast.model.evaluation.outcomes import ScoredPeriod
 from faultcast.model.features.engine import FeatureConfig, FeatureEngine
 from faultcast.model.features.offline import Dataset, Step, open_dataset, replay
+from faultcast.model.threshold_file import read as read_threshold
+from faultcast.model.threshold_file import write as write_threshold
 from faultcast.model.training import calibrate as cal
 from faultcast.model.training import train as train_module
 from faultcast.model.training.recall_curve import RecallCurveError, read_curve, write_curve
@@ -460,3 +462,20 @@ def test_the_service_exports_drift_per_group_against_the_models_reference(
         assert all(math.isfinite(v) and v >= 0 for v in exported.values())
     finally:
         (model_copy / "reference.json").unlink()
+
+
+def test_apply_keeps_a_protect_tier_below_the_new_threshold_and_drops_one_above_it(
+    calibrated: cal.Calibration, model_copy: Path, tmp_path: Path
+) -> None:
+    # calibrate --apply rewrote threshold.json without protect_threshold: the protect tier an
+    # operator had set up was quietly gone at the next reload.
+    own = tmp_path / "model"
+    shutil.copytree(model_copy, own)
+    digest = load(own).card.files["model.txt"]
+    below, above = calibrated.threshold / 2, min(0.99, (1 + calibrated.threshold) / 2)
+    for protect, kept in ((below, below), (above, None)):
+        write_threshold(own, above if protect == below else 0.999, digest, {"source": "operator"}, protect)
+        cal.apply(replace(calibrated, model_dir=own))
+        chosen = read_threshold(own, digest)
+        assert chosen is not None
+        assert (chosen.threshold, chosen.protect_threshold) == (calibrated.threshold, kept)

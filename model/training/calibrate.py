@@ -48,6 +48,7 @@ bounds say how far the history supports it.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -72,6 +73,8 @@ from faultcast.model.evaluation.outcomes import (
 from faultcast.model.features.offline import Dataset, FailureLog, Step, open_dataset, read_failures, replay
 from faultcast.model.training import recall_curve
 from faultcast.modes import NODE_LEVEL_MODES
+
+log = logging.getLogger(__name__)
 
 SOURCE = "faultcast calibrate"
 BLOCK_S = 86_400.0  # block maxima per GPU-day
@@ -606,13 +609,26 @@ def calibrate(
 
 def apply(calibration: Calibration) -> Path:
     """Write threshold.json beside the model with the calibrated threshold and its basis: the service
-    serves it from its next start or reload."""
-    from faultcast.model.threshold_file import write
+    serves it from its next start or reload. A protect tier the file had is kept while it stays below
+    the new threshold (calibration moves the alert threshold only); one that would not is dropped,
+    with a warning."""
+    from faultcast.model.threshold_file import ThresholdFileError, read, write
 
     model = load(calibration.model_dir)
-    return write(
-        calibration.model_dir, calibration.threshold, model.card.files["model.txt"], calibration.basis()
-    )
+    digest = model.card.files["model.txt"]
+    try:
+        before = read(calibration.model_dir, digest)
+    except ThresholdFileError:
+        before = None  # another model's, or damaged: replaced whole
+    protect = before.protect_threshold if before is not None else None
+    if protect is not None and protect >= calibration.threshold:
+        log.warning(
+            "the protect tier's threshold %g is not below the calibrated threshold %g: the tier is dropped",
+            protect,
+            calibration.threshold,
+        )
+        protect = None
+    return write(calibration.model_dir, calibration.threshold, digest, calibration.basis(), protect)
 
 
 def summary(c: Calibration) -> str:
