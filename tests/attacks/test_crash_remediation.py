@@ -22,17 +22,15 @@ from typing import ClassVar
 import pytest
 
 from faultcast.demo.feed import push, twin_snapshots
-from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.remediation.actuators import CircuitBreaker, NoopActuator
-from faultcast.service.remediation.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY, Remediator
+from faultcast.service.remediation.actuators import CircuitBreaker
+from faultcast.service.remediation.remediator import BREAKER_WINDOW_KEY, GRACE_DEADLINES_KEY
 from faultcast.service.state.acks import Ack
-from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.live import TwinSource
 from faultcast.sim.schedule import Scenario
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
-from tests.attacks.remediation_parts import migrate_alert
+from tests.attacks.remediation_parts import Clocks, migrate_alert, remediator_on
 from tests.serve_process import ServeProcess
 
 FLEET = FleetConfig(nodes=4, days=1.0, seed=77, acceleration=1.0)
@@ -205,52 +203,12 @@ def test_a_drain_whose_deadline_passed_while_the_service_was_down_comes_at_once_
 # -- in process: a Remediator abandoned, a new one over the same file -------------------------
 
 
-WALL_S = 1_750_000_000.0
 GRACE_S = 60.0
 
 
-class _Clocks:
-    """A monotonic clock (`mono`) and a wall clock (`wall`); a restart starts the monotonic clock
-    again from a small value, as a reboot does, while the wall clock goes on."""
-
-    def __init__(self) -> None:
-        self.now_mono, self.now_wall = 1000.0, WALL_S
-
-    def mono(self) -> float:
-        return self.now_mono
-
-    def wall(self) -> float:
-        return self.now_wall
-
-    def advance(self, seconds: float) -> None:
-        self.now_mono += seconds
-        self.now_wall += seconds
-
-    def restart(self, down_s: float) -> None:
-        self.now_mono = 7.0
-        self.now_wall += down_s
-
-
-def _remediator(
-    path: Path, clocks: _Clocks, breaker: CircuitBreaker | None = None
-) -> tuple[Remediator, NoopActuator, StateStore]:
-    """A remediator as a new process starts one: its own connection to the database file."""
-    store, actuator = StateStore.in_dir(path), NoopActuator()
-    remediator = Remediator(
-        store,
-        actuator,
-        ServiceMetrics(),
-        grace_s=GRACE_S,
-        breaker=breaker,
-        clock=clocks.mono,
-        wall=clocks.wall,
-    )
-    return remediator, actuator, store
-
-
-def _opened(path: Path, clocks: _Clocks, node: str = "a") -> apb.Alert:
+def _opened(path: Path, clocks: Clocks, node: str = "a") -> apb.Alert:
     """An alert opened under a first remediator, which is then abandoned 1 s later (killed)."""
-    first, _, store = _remediator(path, clocks)
+    first, _, store = remediator_on(path, clocks, GRACE_S)
     store.jobs.register("j1", ["a", "b", "c", "d"])
     alert = migrate_alert(store, node)
     first.on_alerts([alert])
@@ -259,10 +217,10 @@ def _opened(path: Path, clocks: _Clocks, node: str = "a") -> apb.Alert:
 
 
 def test_the_grace_deadline_survives_a_kill_and_fires_at_opened_plus_grace(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     alert = _opened(tmp_path, clocks)
     clocks.restart(down_s=20.0)  # back 21 s after the alert opened
-    second, actuator, store = _remediator(tmp_path, clocks)
+    second, actuator, store = remediator_on(tmp_path, clocks, GRACE_S)
     second.resume()
     clocks.advance(GRACE_S - 22.0)
     second.run_once()
@@ -276,20 +234,20 @@ def test_the_grace_deadline_survives_a_kill_and_fires_at_opened_plus_grace(tmp_p
 
 
 def test_a_deadline_that_passed_while_the_service_was_down_fires_at_once(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     alert = _opened(tmp_path, clocks)
     clocks.restart(down_s=600.0)
-    second, actuator, _ = _remediator(tmp_path, clocks)
+    second, actuator, _ = remediator_on(tmp_path, clocks, GRACE_S)
     second.resume()
     assert second.run_once() == 1
     assert [r.alert_id for r in actuator.seen] == [alert.id]
 
 
 def test_a_wall_clock_set_back_never_stretches_a_deadline_past_a_full_grace(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     alert = _opened(tmp_path, clocks)
     clocks.restart(down_s=-3600.0)  # the wall clock went back an hour meanwhile
-    second, actuator, _ = _remediator(tmp_path, clocks)
+    second, actuator, _ = remediator_on(tmp_path, clocks, GRACE_S)
     second.resume()
     clocks.advance(GRACE_S + 1)
     second.run_once()
@@ -299,8 +257,8 @@ def test_a_wall_clock_set_back_never_stretches_a_deadline_past_a_full_grace(tmp_
 def test_the_deadline_of_an_alert_whose_risk_fell_is_dropped_and_not_fired_after_restart(
     tmp_path: Path,
 ) -> None:
-    clocks = _Clocks()
-    first, _, store = _remediator(tmp_path, clocks)
+    clocks = Clocks()
+    first, _, store = remediator_on(tmp_path, clocks, GRACE_S)
     store.jobs.register("j1", ["a", "b"])
     calm, hot = migrate_alert(store, "a"), migrate_alert(store, "b")
     first.on_alerts([calm, hot])
@@ -320,15 +278,17 @@ def test_the_deadline_of_an_alert_whose_risk_fell_is_dropped_and_not_fired_after
     first.on_alerts([cleared])
     assert set(json.loads(store.settings.get(GRACE_DEADLINES_KEY) or "{}")) == {str(hot.id)}  # kept small
     clocks.restart(down_s=600.0)
-    second, actuator, _ = _remediator(tmp_path, clocks)
+    second, actuator, _ = remediator_on(tmp_path, clocks, GRACE_S)
     second.resume()
     second.run_once()
     assert [r.node for r in actuator.seen] == ["b"]
 
 
 def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path: Path) -> None:
-    clocks = _Clocks()
-    first, _, store = _remediator(tmp_path, clocks, CircuitBreaker(max_nodes=2, window_s=600.0))
+    clocks = Clocks()
+    first, _, store = remediator_on(
+        tmp_path, clocks, GRACE_S, breaker=CircuitBreaker(max_nodes=2, window_s=600.0)
+    )
     store.jobs.register("j1", ["a", "b", "c", "d"])
     for node in ("a", "b"):
         first.on_ack(Ack(migrate_alert(store, node).id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))
@@ -336,7 +296,9 @@ def test_the_breaker_window_survives_a_kill_and_ends_on_the_wall_clock(tmp_path:
     assert [outcome for _, outcome, _ in first.done] == ["ok", "ok"]
 
     clocks.restart(down_s=100.0)  # killed; back 100 s later, with a fresh breaker from the command line
-    second, actuator, store = _remediator(tmp_path, clocks, CircuitBreaker(max_nodes=2, window_s=600.0))
+    second, actuator, store = remediator_on(
+        tmp_path, clocks, GRACE_S, breaker=CircuitBreaker(max_nodes=2, window_s=600.0)
+    )
     assert second.breaker.is_open(clocks.mono())
     third = migrate_alert(store, "c")
     second.on_ack(Ack(third.id, "j1", apb.ACK_ACTION_SNAPSHOT_DONE, 1, ""))

@@ -13,54 +13,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from faultcast.model.importers.slurm_events import Reading, ReasonRules, Verdict
-from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.remediation.actuators import CircuitBreaker, NoopActuator, Remediation
 from faultcast.service.remediation.remediator import Remediator
 from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
-from tests.attacks.remediation_parts import migrate_alert
+from tests.attacks.remediation_parts import Clocks, migrate_alert, remediator_on
 
 GRACE_S = 300.0
 
 
-class _Clocks:
-    """The process's monotonic clock and the wall clock, moved together by the test."""
-
-    def __init__(self) -> None:
-        self.now_mono, self.now_wall = 50.0, 1_800_000_000.0
-
-    def mono(self) -> float:
-        return self.now_mono
-
-    def wall(self) -> float:
-        return self.now_wall
-
-    def advance(self, s: float) -> None:
-        self.now_mono += s
-        self.now_wall += s
-
-
 def _remediator(
-    path: Path, clocks: _Clocks, *, breaker: CircuitBreaker | None = None
+    path: Path, clocks: Clocks, *, breaker: CircuitBreaker | None = None
 ) -> tuple[Remediator, NoopActuator, StateStore]:
-    """A remediator as a process starts one: its own connection to the database file."""
-    store, actuator = StateStore.in_dir(path), NoopActuator()
-    remediator = Remediator(
-        store,
-        actuator,
-        ServiceMetrics(),
-        grace_s=GRACE_S,
-        breaker=breaker,
-        clock=clocks.mono,
-        wall=clocks.wall,
-    )
-    return remediator, actuator, store
+    return remediator_on(path, clocks, GRACE_S, breaker=breaker)
 
 
 def _failed(
     store: StateStore,
     node: str,
-    clocks: _Clocks,
+    clocks: Clocks,
     *,
     evidence: apb.FailureEvidence.ValueType = apb.FAILURE_EVIDENCE_XID,
     gpu: int = 1,
@@ -90,7 +61,7 @@ def _drained(actuator: NoopActuator) -> list[tuple[int, str, str]]:
 
 
 def test_one_failure_is_one_drain_across_its_events_and_the_alert_that_foresaw_it(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     remediator, actuator, store = _remediator(tmp_path, clocks)
     store.jobs.register("j1", ["a"])
     foreseeing = migrate_alert(store, "a")
@@ -114,7 +85,7 @@ def test_one_failure_is_one_drain_across_its_events_and_the_alert_that_foresaw_i
 
 
 def test_a_node_taken_out_an_incident_ago_is_drained_again_for_a_new_failure(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     remediator, actuator, store = _remediator(tmp_path, clocks)
     store.jobs.register("j1", ["a"])
     first = _failed(store, "a", clocks)
@@ -128,7 +99,7 @@ def test_a_node_taken_out_an_incident_ago_is_drained_again_for_a_new_failure(tmp
 
 
 def test_a_failure_requeues_every_job_on_the_node_each_by_its_own_policy(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     remediator, actuator, store = _remediator(tmp_path, clocks)
     store.jobs.register("a-first", ["n1", "n2"])
     store.jobs.register("b-replaces", ["n1"], replaces_nodes=True)
@@ -145,7 +116,7 @@ def test_a_failure_requeues_every_job_on_the_node_each_by_its_own_policy(tmp_pat
 
 
 def test_the_first_job_replacing_its_nodes_still_lets_the_others_be_requeued(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     remediator, actuator, store = _remediator(tmp_path, clocks)
     store.jobs.register("a-replaces", ["n1"], replaces_nodes=True)
     remediator.note_job("a-replaces", replaces_nodes=True)
@@ -156,7 +127,7 @@ def test_the_first_job_replacing_its_nodes_still_lets_the_others_be_requeued(tmp
 
 
 def test_a_prediction_still_moves_only_the_job_that_acknowledged(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     remediator, actuator, store = _remediator(tmp_path, clocks)
     store.jobs.register("a", ["n1"])
     store.jobs.register("b", ["n1"])
@@ -168,7 +139,7 @@ def test_a_prediction_still_moves_only_the_job_that_acknowledged(tmp_path: Path)
 
 
 def test_a_job_that_replaces_its_nodes_is_not_requeued_after_a_restart(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     first, _, store = _remediator(tmp_path, clocks)
     store.jobs.register("v", ["n1"], replaces_nodes=True)
     first.note_job("v", replaces_nodes=True)
@@ -185,7 +156,7 @@ def test_a_job_that_replaces_its_nodes_is_not_requeued_after_a_restart(tmp_path:
 def test_the_circuit_breaker_lets_hardware_failures_through_and_holds_silences_and_predictions(
     tmp_path: Path,
 ) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     breaker = CircuitBreaker(max_nodes=1, window_s=3600.0)
     remediator, actuator, store = _remediator(tmp_path, clocks, breaker=breaker)
     nodes = [f"s{i}" for i in range(5)]
@@ -204,7 +175,7 @@ def test_the_circuit_breaker_lets_hardware_failures_through_and_holds_silences_a
 
 
 def test_a_pause_holds_back_even_a_hardware_failure(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     remediator, actuator, store = _remediator(tmp_path, clocks)
     store.jobs.register("j1", ["a"])
     remediator.set_paused("admin")
@@ -216,7 +187,7 @@ def test_a_pause_holds_back_even_a_hardware_failure(tmp_path: Path) -> None:
 
 
 def test_a_failure_stored_just_before_a_kill_is_drained_at_the_next_start(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     _, _, store = _remediator(tmp_path, clocks)
     store.jobs.register("j1", ["a"])
     failed = _failed(store, "a", clocks)  # stored; the kill came before any listener heard of it
@@ -229,7 +200,7 @@ def test_a_failure_stored_just_before_a_kill_is_drained_at_the_next_start(tmp_pa
 
 
 def test_an_old_failure_never_remediated_is_left_to_the_operator_at_a_start(tmp_path: Path) -> None:
-    clocks = _Clocks()
+    clocks = Clocks()
     _, _, store = _remediator(tmp_path, clocks)
     store.jobs.register("j1", ["a"])
     _failed(store, "a", clocks)
