@@ -34,6 +34,7 @@ from faultcast.service.drift_monitor import DriftMonitor
 from faultcast.service.failure_events import EVIDENCE_TO_PB, TrainerReport
 from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.pending_failures import PendingFailures
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
 from faultcast.service.remediation.remediator import Remediator
 from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareProvider, SpareSetting
@@ -132,6 +133,7 @@ class Service:
             hold_s=config.failure_hold_s, silence_grace_s=config.silence_grace_s, flaps=self.metrics
         )
         self._failures: list[FailureSign] = []  # signs taken at ingest, for the scoring thread to publish
+        self.pending_failures = PendingFailures(self.store.settings)  # and on disk until published
         self._reporting = threading.Lock()
         self.journal = SampleJournal(
             journal_dir or store.path.parent / JOURNAL_DIR, max_bytes=config.journal_bytes
@@ -289,6 +291,7 @@ class Service:
         # Evidence of a failure counts even in a sample the scorer refuses (one come after its step).
         signs = self.failure_watch.observe(snapshot)
         if signs:
+            self.pending_failures.add(signs)  # on disk before the sample is acknowledged
             with self._work:
                 self._failures += signs
                 self._work.notify()
@@ -479,12 +482,7 @@ class Service:
             kept += 1
         replayed = 0
         now = time.monotonic()
-        signs: list[FailureSign] = []
         for entry in self.journal.entries():
-            # Every journalled sample through the failure watch, as at ingest: a kill between a
-            # sign's sample and its FAILED event loses no failure, and the next live sample is
-            # compared with the last one journalled rather than with nothing.
-            signs += self.failure_watch.observe(entry.snapshot)
             key = (entry.node, entry.spool_id)
             if entry.sequence <= taken.get(key, 0):
                 continue  # in its node's saved state already
@@ -510,7 +508,7 @@ class Service:
             if horizon is not None:
                 self.book.quiet_until(name, horizon)
         self.telemetry.advance(taken)
-        self._recover_failures(signs)
+        self._recover_failures()
         with self._work:
             self._ready += self.scorer.backlog()
         log.info(
@@ -525,33 +523,24 @@ class Service:
         )
         return replayed
 
-    def _recover_failures(self, signs: list[FailureSign]) -> None:
-        """The failures the journal shows: those the log holds are held again, as the run before
-        held them; one missing (the kill came between its sample and its FAILED event) is published
-        now, if it happened within the failure hold (an older one was left to the operator)."""
+    def _recover_failures(self) -> None:
+        """The failure signs an earlier run took and acknowledged but was killed before storing their
+        FAILED events: published now (one stored meanwhile is not published twice)."""
         stored = {
-            (e.node, e.gpu, e.failure.evidence, e.failure.xid, e.time_unix_nano): e.id
+            (e.node, e.gpu, e.failure.evidence, e.failure.xid, e.time_unix_nano)
             for e in self.store.alerts.failures()
         }
-        horizon_ns = time.time_ns() - int(self.failure_watch.hold_s * 1e9)
-        missing = []
-        for sign in signs:
-            event = stored.get(
-                (sign.node, sign.gpu, EVIDENCE_TO_PB[sign.evidence], sign.xid, sign.time_unix_nano)
-            )
-            if event is not None:
-                self.failure_watch.hold(sign, event)
-            elif sign.time_unix_nano >= horizon_ns:
-                missing.append(sign)
-            else:
-                log.warning(
-                    "journalled failure on %s (%s) is too old to act on; not published",
-                    sign.node,
-                    sign.detail,
-                )
+        left = self.pending_failures.load()
+        missing = [
+            s
+            for s in left
+            if (s.node, s.gpu, EVIDENCE_TO_PB[s.evidence], s.xid, s.time_unix_nano) not in stored
+        ]
+        self.pending_failures.done([s for s in left if s not in missing])
         if missing:
             log.warning(
-                "%d failure(s) in the journal had no FAILED event (a kill came between); publishing",
+                "%d failure(s) taken before the last stop had no FAILED event (a kill came between); "
+                "publishing them",
                 len(missing),
             )
             with self._work:
@@ -626,6 +615,7 @@ class Service:
         stored = self.book.failed([(sign, None) for sign in signs])
         for sign, event in zip(signs, stored, strict=True):
             self.failure_watch.hold(sign, event.id)
+        self.pending_failures.done(signs)
 
     def report_failure(self, sign: FailureSign, report: TrainerReport) -> tuple[int, bool]:
         """A trainer's report (ReportFailure): its FAILED event's id, or that of the failure already
