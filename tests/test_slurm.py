@@ -258,3 +258,32 @@ def test_a_job_whose_standby_is_gone_is_requeued_rather_than_lost(
         )
     finally:
         cluster.run("scancel", job_id, check=False)
+
+
+def test_a_failure_requeues_every_job_and_one_that_cannot_be_is_said_not_retried(
+    cluster: SlurmCluster, actuator: SlurmActuator
+) -> None:
+    job_id = cluster.sbatch("--requeue", "--nodes=1", "--job-name=fc-many", "--wrap", "sleep 300")
+    cluster.wait_for(f"job {job_id} running", lambda: cluster.job(job_id)[0] == "RUNNING")
+    node = cluster.job(job_id)[1]
+    failed = Remediation(
+        alert_id=8,
+        node=node,
+        gpu=3,
+        mode="detachment",
+        risk=0.0,
+        job_id=job_id,
+        requeue=True,
+        evidence="xid 79",
+        also_requeue=("999999",),  # registered on the node, long gone from Slurm
+    )
+
+    outcome = actuator.remediate(failed)
+
+    assert outcome.ok, outcome.detail  # the alert's own job requeued: not retried for the other's sake
+    assert f"requeued job {job_id}" in outcome.detail
+    assert "requeue of job 999999 failed" in outcome.detail
+    state, reason = actuator.node_state(node)
+    assert "DRAIN" in state
+    assert reason.startswith("faultcast failure 8: xid 79 detachment gpu 3")
+    cluster.run("scancel", job_id, check=False)

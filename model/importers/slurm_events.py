@@ -15,7 +15,8 @@ summary says.
 
 A reason is read by `ReasonRules`: faultcast's own drains for a prediction ("faultcast alert N: ...", the
 Slurm actuator's reason) are not failures; its drains for a failure it saw happen ("faultcast failure N:
-xid 79 detachment ...") are, with the mode they name; planned maintenance is not a failure; a reason that names a cause
+xid 79 detachment ...") are, with the mode they name, except a node gone silent (a collector crash or a
+network cut looks the same), which is unexplained; planned maintenance is not a failure; a reason that names a cause
 gets that cause's mode; the rest is counted as unexplained and not guessed.
 """
 
@@ -41,7 +42,7 @@ SINFO_FORMAT = "%N|%H|%T|%U|%E"
 FAULTCAST_REASON = re.compile(r"^\s*faultcast alert \d+:", re.IGNORECASE)
 """How the Slurm actuator's drains for a prediction begin (faultcast.service.remediation.actuators.
 Remediation.reason)."""
-FAULTCAST_FAILURE = re.compile(r"^\s*faultcast failure \d+: (?:xid (\d+)|\w+) (\w+)", re.IGNORECASE)
+FAULTCAST_FAILURE = re.compile(r"^\s*faultcast failure \d+: (?:xid (\d+)|(\w+)) (\w+)", re.IGNORECASE)
 """How its drains for a failure that happened (a FAILED event) begin: the evidence, then the mode."""
 
 
@@ -116,7 +117,10 @@ class ReasonRules:
             return Reading(Verdict.PREDICTION)
         failed = FAULTCAST_FAILURE.match(reason)
         if failed:  # the service saw it happen: a failure, with the mode its evidence named
-            mode = failed.group(2).lower()
+            if (failed.group(2) or "").lower() == "node_silent":
+                # A collector crash or a network cut looks the same: counted, not guessed.
+                return Reading(Verdict.UNEXPLAINED)
+            mode = failed.group(3).lower()
             known = mode if mode in {m.value for m in FailureMode} else ""
             return Reading(Verdict.FAILURE, known, int(failed.group(1)) if failed.group(1) else None)
         for pattern, mode in self.extra:

@@ -157,7 +157,10 @@ class KubernetesActuator:
                 evicted, refusals = self._evict_job(replace(remediation, job_id=job))
                 pods = ", ".join(evicted) if evicted else "none"
                 done.append(f"evicted {len(evicted)} pod(s) of job {job}: {pods}")
-                refused += refusals
+                if job == remediation.job_id:
+                    refused += refusals  # the alert's own job decides, as on Slurm
+                else:
+                    done += refusals
         except _StepFailedError as exc:
             return Outcome(False, "kubernetes: " + "; ".join([*done, str(exc)]))
         except ApiException as exc:

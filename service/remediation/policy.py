@@ -180,15 +180,20 @@ def evidence_of(alert: apb.Alert) -> str:
     return name or "unspecified"
 
 
-SILENCE = "node_silent"  # the one failure evidence that a cut-off network can fake
+# The evidence of a failure of the GPU itself: one GPU's fact, which no shared cause fakes on many
+# nodes at once. A port down (a subnet manager's failover takes down every port of the fabric), an
+# NVML that does not answer (a driver or collector bug) and a silence (a partition) can all come from
+# one cause on the whole fleet.
+_GPU_FACTS = ("xid ", "gpu_lost", "uncorrectable_ecc")
 
 
 def bypasses_breaker(r: Remediation) -> bool:
-    """Whether the circuit breaker lets the remediation through uncounted: a failure that happened,
-    with hardware evidence, is a fact, not a prediction, and its node goes whatever the window
-    holds. The breaker guards predictions (a model bug must not drain a cluster) and silences (a
-    burst of them is what a partition looks like)."""
-    return bool(r.evidence) and r.evidence != SILENCE
+    """Whether the circuit breaker lets the remediation through uncounted: a GPU that failed (an Xid,
+    off the bus, an uncorrectable memory error) is a fact, not a prediction, and its node goes
+    whatever the window holds. The breaker guards predictions (a model bug must not drain a
+    cluster) and the failures one shared cause can show on every node at once (ports down, NVML
+    not answering, silences)."""
+    return r.evidence.startswith(_GPU_FACTS)
 
 
 def remediation_for(

@@ -114,6 +114,7 @@ class Remediator:
         self._timers = policy.GraceTimers()
         self._draining: dict[str, int] = {}  # node -> the alert it was last taken out for
         self._replacing: set[str] = set()  # jobs that replace their nodes themselves: never requeued
+        self._waiting: set[int] = set()  # failures whose node's drain under way has no outcome yet
         # What jobs asked for at registration is on disk: a restart neither requeues a job that
         # replaces its nodes nor forgets which jobs can stand by.
         for job, flags in store.jobs.flags().items():
@@ -216,17 +217,8 @@ class Remediator:
                 elif self._may_have_job(alert.node):
                     now = self.clock()
                     self._timers.start(key, now if what is GraceStep.NOW else now + self.grace_s)
-                    if what is GraceStep.NOW:
-                        self._settle_foreseeing(alert)
             self._cv.notify_all()
         self._save_grace()  # on disk before the alert is a second old, if the store takes it
-
-    def _settle_foreseeing(self, failed: apb.Alert) -> None:
-        """A failure's drain settles the grace timers of the alerts that foresaw it (the lock held):
-        one incident, one drain; the failure's own remediation takes the node out now."""
-        for opened_id in failed.failure.foreseen_by:
-            if opened_id != failed.id:
-                self._timers.settle(opened_id)
 
     def _may_have_job(self, node: str) -> bool:
         """Whether a registered job runs on `node`; True when the store cannot say (the timer
@@ -277,16 +269,26 @@ class Remediator:
         claimed = self.records.outcome_of(alert.opened_id)
         if claimed is not None:
             return False, self._answer_again(alert, *claimed)
+        with self._cv:
+            replacing = set(self._replacing)
         other = self._taken_out_for(alert.node, alert.opened_id)
         if other is not None:
             said = f"{alert.node} is already being taken out for alert {other}: not drained twice"
-            if alert.kind == apb.EVENT_KIND_FAILED:
+            if alert.kind != apb.EVENT_KIND_FAILED:
+                return False, said
+            if (self.records.outcome_of(other) or ("pending",))[0] == "pending":
+                # Its drain may yet fail: the failure waits to see, rather than join it blindly.
+                with self._cv:
+                    self._waiting.add(alert.opened_id)
+                return False, f"{said} (waiting for its outcome)"
+            jobs = self._not_moved(alert.node, other, jobs, replacing)
+            if not jobs:
                 self._join(alert, other, said)
-            return False, said
+                return False, said
+            # Jobs the earlier drain did not move (another job's prediction, or jobs that came to
+            # the node since): the node is drained again (no harm) and they are requeued.
         # A job that replaces its nodes goes on without this one: nothing to requeue. A failure
         # that happened moves every job on the node, each by its own policy.
-        with self._cv:
-            replacing = set(self._replacing)
         job, requeue, others = policy.jobs_moved(
             jobs, replacing, failed=alert.kind == apb.EVENT_KIND_FAILED, own=job_id
         )
@@ -315,6 +317,17 @@ class Remediator:
             self._draining[alert.node] = alert.opened_id  # queued: a second alert waits for this one
         return True, policy.queued_answer(self.actuator.name, remediation)
 
+    def _not_moved(self, node: str, other: int, jobs: list[str], replacing: set[str]) -> list[str]:
+        """The `jobs` on `node` that neither the remediation of alert `other` nor any other that took
+        the node out lately moved, and that a failure would (those that replace their nodes
+        themselves need nothing)."""
+        moved: set[str] = set()
+        for taken in {other, *self.records.taken_out_since(node, self.wall() - self.incident_s)}:
+            stored = self.records.stored_request(taken)
+            if stored is not None:
+                moved |= {stored.job_id, *stored.requeued}
+        return [job for job in jobs if job not in moved and job not in replacing]
+
     def _join(self, failed: apb.Alert, other: int, said: str) -> None:
         """A failure on a node taken out lately is part of that incident: its outcome says so on
         disk ("joined"), so that every FAILED event's fate can be read, and nothing is acted on."""
@@ -339,8 +352,9 @@ class Remediator:
         this process, or claimed in the store (by this run or an earlier one) and not failed."""
         queued = self._draining.get(node)
         if queued is not None and queued != opened_id:
-            claimed = self.records.outcome_of(queued)
-            if self.records.holds_node(queued, claimed[0] if claimed is not None else "pending"):
+            outcome = (self.records.outcome_of(queued) or ("pending",))[0]
+            # A drain that failed (or was refused) took nothing out: it holds no node.
+            if outcome in ("pending", "ok") and self.records.holds_node(queued, outcome):
                 return queued
         for other, outcome in self.records.claimed_on(node):
             if other == opened_id or outcome not in ("pending", "ok"):
@@ -375,6 +389,13 @@ class Remediator:
         else:
             log.warning("alert %d: no SNAPSHOT_DONE within %.0f s; remediating", alert_id, self.grace_s)
         queued, _ = self._queue(alert, "", "", grace=True)
+        with self._cv:
+            waiting = alert_id in self._waiting
+            self._waiting.discard(alert_id)
+            if waiting:  # look again once the drain it waits for may have an outcome
+                self._timers.look_again(alert_id, self.clock() + self.retry.initial_s)
+                self._cv.notify_all()
+                return
         if not queued:
             self._settle(alert_id)
 
@@ -382,7 +403,9 @@ class Remediator:
         """Claim the alert on disk; False when it is not remediated here (claimed before, or its
         node is being taken out for another alert)."""
         r = task.remediation
-        if self._taken_out_for(r.node, r.alert_id) is not None:
+        # A failure's remediation was decided against the node's drains just now (it may carry the
+        # jobs an earlier drain did not move): only a prediction's is checked again.
+        if not r.evidence and self._taken_out_for(r.node, r.alert_id) is not None:
             if task.grace:
                 self._settle(r.alert_id)
             return False

@@ -118,9 +118,10 @@ class SlurmActuator:
             return self._end_handed_over(remediation, done)
         if remediation.requeue and not job_id:
             done.append("no job registered on the node, nothing to requeue")
-        ok = True
-        for job in remediation.requeued:  # the alert's job, then the other jobs a failure moves
-            ok = self._requeue(job, done) and ok
+        requeued = [self._requeue(job, done) for job in remediation.requeued]
+        # The alert's own job decides: another job on a failed node that cannot be requeued (it has
+        # ended, or it is pending) is said, not retried with the whole remediation.
+        ok = requeued[0] if requeued and remediation.requeue and job_id else True
         return Outcome(ok, "slurm: " + "; ".join(done))
 
     def _requeue(self, job_id: str, done: list[str]) -> bool:

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from faultcast.model.importers.slurm_events import Reading, ReasonRules, Verdict
-from faultcast.service.remediation.actuators import CircuitBreaker, NoopActuator, Remediation
+from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.remediation.actuators import (
+    CircuitBreaker,
+    NoopActuator,
+    Outcome,
+    Remediation,
+    RetryPolicy,
+)
 from faultcast.service.remediation.remediator import Remediator
 from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
@@ -153,7 +160,7 @@ def test_a_job_that_replaces_its_nodes_is_not_requeued_after_a_restart(tmp_path:
     assert store.jobs.flags()["v"].replaces_nodes
 
 
-def test_the_circuit_breaker_lets_hardware_failures_through_and_holds_silences_and_predictions(
+def test_the_circuit_breaker_lets_gpu_failures_through_and_holds_silences_and_predictions(
     tmp_path: Path,
 ) -> None:
     clocks = Clocks()
@@ -218,5 +225,80 @@ def test_a_failure_drain_reads_back_as_a_failure_in_the_slurm_events_import() ->
     predicted = Remediation(9, "n1", 3, "hbm_wear", 0.91, "42", requeue=True)
     rules = ReasonRules()
     assert rules.read(failed.reason) == Reading(Verdict.FAILURE, "detachment", 79)
-    assert (rules.read(silent.reason).verdict, rules.read(silent.reason).mode) == (Verdict.FAILURE, "host")
+    assert rules.read(silent.reason).verdict == Verdict.UNEXPLAINED  # a crashed collector looks the same
     assert rules.read(predicted.reason).verdict == Verdict.PREDICTION
+
+
+def test_ports_down_across_the_fabric_are_held_by_the_circuit_breaker(tmp_path: Path) -> None:
+    # A subnet manager's failover takes every port of the fabric out of ACTIVE at once: a fact on
+    # each node, but one cause, and draining the cluster for it is what the breaker is for.
+    clocks = Clocks()
+    breaker = CircuitBreaker(max_nodes=2, window_s=3600.0)
+    remediator, actuator, store = _remediator(tmp_path, clocks, breaker=breaker)
+    nodes = [f"p{i}" for i in range(8)]
+    for node in nodes:
+        store.jobs.register(f"job-{node}", [node])
+    for evidence in (apb.FAILURE_EVIDENCE_IB_PORT_DOWN, apb.FAILURE_EVIDENCE_NVML_UNREACHABLE):
+        remediator.on_alerts([_failed(store, node, clocks, evidence=evidence) for node in nodes[:4]])
+        remediator.run_once()
+        nodes = nodes[4:]
+    assert len(actuator.seen) == 2
+
+
+class _FailsFor(NoopActuator):
+    """Fails every attempt at the remediations of the alerts in `failing`."""
+
+    def __init__(self, failing: set[int]) -> None:
+        super().__init__()
+        self.failing = failing
+
+    def remediate(self, remediation: Remediation) -> Outcome:
+        if remediation.alert_id in self.failing:
+            return Outcome(False, "the scheduler refused")
+        return super().remediate(remediation)
+
+
+def test_a_failure_during_a_drain_that_then_fails_is_drained_not_joined(tmp_path: Path) -> None:
+    clocks = Clocks()
+    store = StateStore.in_dir(tmp_path)
+    store.jobs.register("j1", ["a"])
+    alert = migrate_alert(store, "a")
+    actuator = _FailsFor({alert.id})
+    retry = RetryPolicy(initial_s=5.0, max_attempts=2, jitter=0.0)
+    remediator = Remediator(
+        store, actuator, ServiceMetrics(), grace_s=GRACE_S, retry=retry, clock=clocks.mono, wall=clocks.wall
+    )
+    remediator.on_alerts([alert])
+    clocks.advance(GRACE_S)
+    remediator.run_once()  # the prediction's first attempt fails: pending, retried in 5 s
+    xid = _failed(store, "a", clocks)
+    remediator.on_alerts([xid])
+    remediator.run_once()  # the failure waits for the drain under way
+    assert store.remediations.of(xid.id) is None
+    for _ in range(3):
+        clocks.advance(6.0)
+        remediator.run_once()
+    assert (store.remediations.of(alert.id) or ("", ""))[0] == "failed"
+    assert [r.alert_id for r in actuator.seen] == [xid.id]  # drained for the failure after all
+    store.close()
+
+
+def test_a_failure_after_a_predictions_drain_requeues_the_jobs_it_did_not_move(tmp_path: Path) -> None:
+    clocks = Clocks()
+    remediator, actuator, store = _remediator(tmp_path, clocks)
+    store.jobs.register("job-a", ["n1"])
+    store.jobs.register("job-b", ["n1"])
+    alert = migrate_alert(store, "n1")
+    remediator.on_alerts([alert])
+    clocks.advance(GRACE_S + 1)
+    remediator.run_once()  # the prediction moves job-a alone
+    clocks.advance(600.0)
+    xid = _failed(store, "n1", clocks)
+    remediator.on_alerts([xid])
+    remediator.run_once()
+    assert [(r.alert_id, r.requeued) for r in actuator.seen] == [(alert.id, ["job-a"]), (xid.id, ["job-b"])]
+    silent = _failed(store, "n1", clocks, evidence=apb.FAILURE_EVIDENCE_NODE_SILENT)
+    remediator.on_alerts([silent])
+    remediator.run_once()  # every job moved now: one incident
+    assert (store.remediations.of(silent.id) or ("", ""))[0] == "joined"
+    assert len(actuator.seen) == 2
