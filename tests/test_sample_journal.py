@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import struct
+import tracemalloc
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -221,3 +222,99 @@ def test_a_write_past_the_journals_bound_is_refused_and_taken_again_once_there_i
     journal.close()
     assert [e.sequence for e in SampleJournal(tmp_path).entries()] == [later.sequence]
     assert SampleJournal(tmp_path).bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("planted", [999_999_999_998, 10**11])
+def test_a_planted_name_below_the_last_still_leaves_every_segment_written_listed(
+    tmp_path: Path, planted: int
+) -> None:
+    # Only the last name itself was numbered again: after 999999999998.log the journal went on to
+    # write 1000000000000.log, never listed, and a restart replayed 1 of the 3 samples written.
+    (tmp_path / f"{planted:012d}.log").write_bytes(b"")
+    journal = SampleJournal(tmp_path)
+    samples = [replace(s, spool_id=1) for s in _samples(3)]
+    for s in samples:
+        journal.append(s)
+        journal.rotate()
+    journal.close()
+
+    assert all(len(p.stem) == 12 for p in tmp_path.iterdir())
+    assert [e.sequence for e in SampleJournal(tmp_path).entries()] == [s.sequence for s in samples]
+
+
+def test_at_the_last_name_the_journal_stays_in_that_segment_and_names_none_past_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A run that reaches the last name (no start saw it coming) rotated to a 13-digit name.
+    journal = SampleJournal(tmp_path, segment_bytes=1)  # every append past the first would roll over
+    journal.segment = 999_999_999_999
+    samples = [replace(s, spool_id=1) for s in _samples(3)]
+    for s in samples:
+        assert journal.append(s) == 999_999_999_999
+        assert journal.rotate() == 999_999_999_999
+    journal.close()
+
+    assert [p.name for p in tmp_path.iterdir()] == ["999999999999.log"]
+    assert sum("last segment name" in r.getMessage() for r in caplog.records) == 1
+    restarted = SampleJournal(tmp_path)  # numbered from 1 again: room for the next
+    assert [e.sequence for e in restarted.entries()] == [s.sequence for s in samples]
+    assert restarted.segment == 2
+
+
+def test_segments_an_earlier_version_named_past_12_digits_are_kept_and_replayed_in_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What the version before wrote after a planted 999999999998.log: 13-digit names, never listed,
+    # their samples never replayed and the files kept for ever.
+    samples = [replace(s, spool_id=1) for s in _samples(3)]
+    for s, name in zip(samples, ["999999999999", "1000000000000", "1000000000001"], strict=True):
+        journal = SampleJournal(tmp_path / "one")
+        journal.append(s)
+        journal.close()
+        (tmp_path / "one" / f"{journal.segment:012d}.log").rename(tmp_path / f"{name}.log")
+    (tmp_path / "one").rmdir()
+    (tmp_path / "0000000000009.log").write_bytes(b"")  # no version names a segment so: not one
+
+    reader = SampleJournal(tmp_path)
+    assert [e.sequence for e in reader.entries()] == [s.sequence for s in samples]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "0000000000009.log",
+        "000000000001.log",
+        "000000000002.log",
+        "000000000003.log",
+    ]
+    (line,) = [r.getMessage() for r in caplog.records if "numbered from 1 again" in r.getMessage()]
+    assert "2 segment(s) named past 12 digits" in line
+
+
+def _peak_while_replaying(directory: Path) -> tuple[list[int], int]:
+    """The sequences a fresh journal on `directory` replays, and the most memory Python held for it."""
+    reader = SampleJournal(directory)
+    tracemalloc.start()
+    try:
+        sequences = [e.sequence for e in reader.entries()]
+        return sequences, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_huge_sparse_segment_replays_in_the_memory_of_a_record(tmp_path: Path) -> None:
+    # Each segment was read whole: a planted sparse 3 GiB segment made every start fail with a
+    # MemoryError on a host with 2 GiB free. Now the zeros after the samples end the segment at once.
+    journal, samples = _written(tmp_path, 2)
+    with (tmp_path / f"{journal.segment:012d}.log").open("r+b") as segment:
+        segment.truncate(1 << 30)  # sparse: no disk used
+
+    sequences, peak = _peak_while_replaying(tmp_path)
+    assert sequences == [s.sequence for s in samples]
+    assert peak < 1 << 20  # a record is about 19 KB; the segment 1 GiB
+
+
+def test_a_length_the_segment_cannot_hold_is_not_allocated(tmp_path: Path) -> None:
+    journal, samples = _written(tmp_path, 1)
+    with (tmp_path / f"{journal.segment:012d}.log").open("ab") as segment:
+        segment.write(struct.pack("!II", 60 << 20, 0) + bytes(100))  # claims 60 MiB, holds 100 bytes
+
+    sequences, peak = _peak_while_replaying(tmp_path)
+    assert sequences == [samples[0].sequence]
+    assert peak < 1 << 20

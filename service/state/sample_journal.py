@@ -17,10 +17,14 @@ node's saved state is newer than them. The journal holds at most `max_bytes` (a 
 refused like one the disk refuses: the service saves states to make room, see service/server.py).
 
 What the directory holds is not trusted: a record that cannot be read whole (torn, zero-filled,
-failing its checksum, too short for its own fields) ends its segment's replay; a segment that cannot
-be read or deleted is logged and counted and the journal goes on; a segment name so high that the
-next one could not be named in 12 digits (planted) makes the journal number its segments from 1
-again, in their order, so that every segment it writes is found and replayed in order.
+failing its checksum, too short for its own fields) ends its segment's replay; a segment is read one
+record at a time, so that a huge or sparse one costs no more memory than a record (`_MAX_RECORD`); a
+segment that cannot be read or deleted is logged and counted and the journal goes on. Names are
+12 digits and the journal never writes one past them: a segment numbered `_RENUMBER_FROM` or higher
+at start (planted: one new segment a second takes 3,000 years to get there), or named past 12
+digits (an earlier version wrote those past 999999999999.log), makes it number its segments from 1
+again, in their order, so that every segment is found and replayed in order; should a run still
+reach the last name, it stays in that segment (logged) until the next start.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
@@ -48,7 +53,9 @@ _HEADER = struct.Struct("!II")  # record length (after the header), CRC-32 of th
 _KEY = struct.Struct("!H")  # the node name's length
 _IDS = struct.Struct("!QQ")  # spool id, sequence
 _NAME = re.compile(r"^(\d{12})\.log$")
+_PAST_12 = re.compile(r"^([1-9]\d{12,})\.log$")  # what an earlier version wrote past the last name
 _LAST_SEGMENT = 10**12 - 1  # the highest number a 12-digit name holds
+_RENUMBER_FROM = 10**11  # a start finding a segment this high numbers them from 1 again
 _MAX_RECORD = 64 << 20  # a length beyond this is damage, not a sample
 MAX_BYTES = 64 << 30  # what the journal may hold by default
 
@@ -81,7 +88,7 @@ class SampleJournal:
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         existing = self.segments()
-        if existing and existing[-1] >= _LAST_SEGMENT:
+        if existing and existing[-1] >= _RENUMBER_FROM:
             existing = self._renumber(existing)
         # Never append to a segment a killed run left: its tail may be torn.
         self.segment = (existing[-1] + 1) if existing else 1
@@ -90,10 +97,13 @@ class SampleJournal:
         self.bytes = sum(self._size_of(n) for n in existing)  # what the segments hold, in all
         self.damaged = 0  # segments whose replay stopped at a torn or damaged record
         self.undeletable: set[int] = set()  # segments forgotten that could not be deleted
+        self._at_last = False  # stayed in the last name's segment (said once)
 
     def segments(self) -> list[int]:
-        """The numbers of the segments on disk, oldest first."""
-        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name)))
+        """The numbers of the segments on disk, oldest first (those an earlier version named past 12
+        digits among them)."""
+        names = [p.name for p in self.directory.iterdir()]
+        return sorted(int(m.group(1)) for n in names if (m := _NAME.match(n) or _PAST_12.match(n)))
 
     def _path(self, segment: int) -> Path:
         return self.directory / f"{segment:012d}.log"
@@ -105,14 +115,17 @@ class SampleJournal:
             return 0
 
     def _renumber(self, existing: list[int]) -> list[int]:
-        """Number the segments 1, 2, ... in their order: the next after the highest could not be
-        named (a planted name). Renamed lowest first, each to a number no higher than its own: no
-        segment is overwritten, and a kill midway leaves them in order still."""
+        """Number the segments 1, 2, ... in their order: the highest is near the last 12-digit name or
+        past it (planted, or what an earlier version wrote after a planted one). Renamed lowest
+        first, each to a number no higher than its own: no segment is overwritten, and a kill midway
+        leaves them in order still."""
         log.warning(
-            "journal %s holds segment %s, past which no segment can be named: its %d segment(s) are "
-            "numbered from 1 again, in their order",
+            "journal %s holds segment %s, near or past the last 12-digit name (%d segment(s) named past "
+            "12 digits, as an earlier version wrote them): its %d segment(s) are numbered from 1 again, "
+            "in their order, and all are replayed",
             self.directory,
             self._path(existing[-1]).name,
+            sum(1 for n in existing if n > _LAST_SEGMENT),
             len(existing),
         )
         for new, old in enumerate(existing, start=1):
@@ -135,8 +148,10 @@ class SampleJournal:
         with self._lock:
             if self.bytes + len(record) > self.max_bytes:
                 raise JournalFull(f"the journal holds {self.bytes} bytes, its limit is {self.max_bytes}")
-            if self._fd is None or (self._size + len(record) > self.segment_bytes and self._size > 0):
-                self._open_next()
+            if self._fd is not None and self._size + len(record) > self.segment_bytes and self._size > 0:
+                self._next()
+            if self._fd is None:
+                self._open()
             assert self._fd is not None
             written = os.write(self._fd, record)
             self.bytes += written
@@ -147,10 +162,27 @@ class SampleJournal:
             self._size += written
             return self.segment
 
-    def _open_next(self) -> None:
-        if self._fd is not None:
+    def _next(self) -> None:
+        """Close the segment being written and go on to the next number, unless it is the last
+        name: no segment is ever named past 12 digits (a listing would not find it). Staying there
+        loses nothing; that segment is kept until a start numbers the segments from 1 again."""
+        if self.segment < _LAST_SEGMENT:
             self._close()
             self.segment += 1
+        elif not self._at_last:
+            self._at_last = True
+            log.error(
+                "journal %s is at its last segment name %s: it goes on writing there, and that segment "
+                "is not forgotten, until the next start numbers the segments from 1 again",
+                self.directory,
+                self._path(self.segment).name,
+            )
+
+    def _open(self) -> None:
+        if self.segment > _LAST_SEGMENT:  # a torn write or a planted name took the last one
+            raise OSError(
+                f"journal: no segment name left past {self._path(_LAST_SEGMENT).name} until a restart"
+            )
         path = self._path(self.segment)
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -170,8 +202,7 @@ class SampleJournal:
         returns its number."""
         with self._lock:
             if self._fd is not None:
-                self._close()
-                self.segment += 1
+                self._next()
             return self.segment
 
     def entries(self, since: int = 0) -> Iterator[Entry]:
@@ -182,42 +213,56 @@ class SampleJournal:
                 yield from self._read(segment)
 
     def _read(self, segment: int) -> Iterator[Entry]:
+        """The segment's entries, read one record at a time: a huge or sparse segment costs no more
+        memory than its largest record."""
         path = self._path(segment)
+        at = size = 0
         try:
-            data = path.read_bytes()
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                while at < size:
+                    entry, problem = self._record(segment, file, size - at)
+                    if entry is None:
+                        self._ends(path, problem, at, size)
+                        return
+                    yield entry
+                    at = file.tell()
         except OSError as exc:
-            log.error("journal segment %s cannot be read (%s); its samples are not replayed", path, exc)
+            log.error(
+                "journal segment %s cannot be read at byte %d (%s); its samples from there are not replayed",
+                path,
+                at,
+                exc,
+            )
             self.damaged += 1
-            return
-        at = 0
-        while at < len(data):
-            entry, problem = self._record(segment, data, at)
-            if entry is None:
-                self.damaged += 1
-                log.warning(
-                    "journal segment %s ends in %s at byte %d of %d; the samples after it are not "
-                    "replayed: those acknowledged are lost to scoring (their node's alerts are judged "
-                    "afresh from its next samples), those not acknowledged come again from their collectors",
-                    path,
-                    problem,
-                    at,
-                    len(data),
-                )
-                return
-            yield entry
-            at += _HEADER.size + _HEADER.unpack_from(data, at)[0]
 
-    def _record(self, segment: int, data: bytes, at: int) -> tuple[Entry | None, str]:
-        """The entry of the record at `at`, or None and what is wrong with it: any record that cannot
-        be read whole ends its segment (a power cut leaves zeros, which read as an empty record
-        whose checksum matches)."""
-        if at + _HEADER.size > len(data):
+    def _ends(self, path: Path, problem: str, at: int, size: int) -> None:
+        self.damaged += 1
+        log.warning(
+            "journal segment %s ends in %s at byte %d of %d; the samples after it are not "
+            "replayed: those acknowledged are lost to scoring (their node's alerts are judged "
+            "afresh from its next samples), those not acknowledged come again from their collectors",
+            path,
+            problem,
+            at,
+            size,
+        )
+
+    def _record(self, segment: int, file: BinaryIO, left: int) -> tuple[Entry | None, str]:
+        """The entry of the record `file` is at (`left` bytes of the segment from there), or None and
+        what is wrong with it: any record that cannot be read whole ends its segment (a power cut
+        leaves zeros, which read as an empty record whose checksum matches). A body is read only once
+        its length is known to be a record's and within the segment: no length allocates more."""
+        header = file.read(_HEADER.size)
+        if len(header) < _HEADER.size:
             return None, "a torn record header"
-        length, crc = _HEADER.unpack_from(data, at)
-        body = data[at + _HEADER.size : at + _HEADER.size + length]
+        length, crc = _HEADER.unpack(header)
         if length == 0:
             return None, "an empty record (zeros, as a power cut leaves)"
-        if length > _MAX_RECORD or len(body) != length:
+        if length > _MAX_RECORD or _HEADER.size + length > left:
+            return None, "a torn record"
+        body = file.read(length)
+        if len(body) != length:  # cut while being read
             return None, "a torn record"
         if zlib.crc32(body) != crc:
             return None, "a record whose checksum does not match"

@@ -6,6 +6,7 @@ its bound, is saved, so that the segments holding its samples go; nothing taken 
 
 from __future__ import annotations
 
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,3 +137,41 @@ def test_a_journal_ending_in_zeros_starts_and_replays_what_is_before_them(
         segment.write(bytes(4096))
 
     assert _restarted(stub_model, state)[(FLEET.node_name(0), 3)] == 5
+
+
+def test_a_planted_segment_name_near_the_last_loses_no_sample_across_a_kill(
+    stub_model: Path, tmp_path: Path
+) -> None:
+    # After a planted 999999999998.log the service's saves rotated the journal into 13-digit names,
+    # which no start lists: the samples after the last save were lost to a kill -9.
+    state = tmp_path / "state"
+    (state / "journal").mkdir(parents=True)
+    (state / "journal" / "999999999998.log").write_bytes(b"")
+    service = _service(stub_model, state, journal_node_bytes=5 * SAMPLE_BYTES)
+    flood = _samples(0, 40)
+    for sample in flood:
+        service._ingest(sample)
+        service.score_now()  # saves past the node's bound: each begins a new segment
+    service.store.close()  # killed
+
+    assert all(len(p.stem) == 12 for p in (state / "journal").iterdir())
+    assert _restarted(stub_model, state)[(flood[0].node, 3)] == 40
+
+
+def test_a_huge_sparse_segment_starts_in_the_memory_of_its_records(stub_model: Path, tmp_path: Path) -> None:
+    # A planted sparse 3 GiB segment was read whole at every start: a MemoryError where less was free.
+    state = tmp_path / "state"
+    service = _service(stub_model, state)
+    for sample in _samples(0, 5):
+        service._ingest(sample)
+    service.store.close()  # killed
+    with (state / "journal" / f"{service.journal.segment:012d}.log").open("r+b") as segment:
+        segment.truncate(1 << 30)  # sparse: no disk used
+
+    tracemalloc.start()
+    try:
+        assert _restarted(stub_model, state)[(FLEET.node_name(0), 3)] == 5
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # the whole start, model and scorer included; the segment is 1 GiB
