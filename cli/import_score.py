@@ -63,8 +63,15 @@ def add_parsers(commands: Subcommands) -> None:
         "--request-deadline",
         type=duration,
         default=300.0,
-        help="with --url: the most one request may take, its answer read whole; a server that sends a "
-        "byte now and then is cut off and the request retried (default 5m)",
+        help="with --url: the most one call may take, its answer read whole, its retries and the waits "
+        "between them included; a server that sends a byte now and then is cut off (default 5m)",
+    )
+    imp.add_argument(
+        "--fetch-deadline",
+        type=duration,
+        default=3600.0,
+        help="with --url: the most the whole fetch may take, however slowly the server answers; past it "
+        "the import stops, and the same command resumes the fetch (default 1h)",
     )
     imp.add_argument(
         "--max-answer-mib",
@@ -186,13 +193,16 @@ def _fetch(args: argparse.Namespace) -> Path:
     if args.attempts < 1:
         raise DataError(f"--attempts must be at least 1, got {args.attempts}")
     token = args.bearer_token_file.read_text().strip() if args.bearer_token_file else None
-    if not (args.request_deadline > 0 and args.max_answer_mib >= 1):
-        raise DataError("--request-deadline must be positive and --max-answer-mib at least 1")
+    if not (args.request_deadline > 0 and args.fetch_deadline > 0 and args.max_answer_mib >= 1):
+        raise DataError(
+            "--request-deadline and --fetch-deadline must be positive and --max-answer-mib at least 1"
+        )
     client = Client(
         args.url,
         attempts=args.attempts,
         bearer_token=token,
         deadline_s=args.request_deadline,
+        fetch_deadline_s=args.fetch_deadline,
         max_answer_bytes=args.max_answer_mib << 20,
     )
     report = fetch_prometheus(args.url, since, until, args.step, folder, points=args.points, client=client)

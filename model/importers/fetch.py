@@ -10,9 +10,10 @@ answers already there, so a fetch resumes where it stopped. The directory is an 
 files it writes (WRITTEN) and reuses, moves or removes those alone: whatever else is in the folder
 stays as it is.
 
-A server is trusted with nothing: each request has a deadline for its whole answer (DEADLINE_S) and
-reads at most MAX_ANSWER_MIB of it, a redirect is followed on the URL's own origin only (the
-credentials go nowhere else), every answer used is checked to have the shape the fetch reads (a
+A server is trusted with nothing: each call, its retries included, has a deadline for its whole
+answer (DEADLINE_S), the whole fetch has one too (FETCH_DEADLINE_S), each request reads at most
+MAX_ANSWER_MIB of its answer, a redirect is followed on the URL's own origin only (the credentials go
+nowhere else), every answer used is checked to have the shape the fetch reads (a
 malformed one is an error in one line naming the call), and the server's text is cleaned of escape
 sequences and credentials before it reaches a message (`Client.clean`).
 
@@ -70,7 +71,11 @@ MAX_ANSWER_MIB = 128
 """The most bytes of one answer read, in MiB: an answer of PER_ANSWER samples is some 25 to 45 MiB,
 and one parsed takes about seven times its size in memory."""
 DEADLINE_S = 300.0
-"""The most seconds one request may take, its answer read whole (each attempt its own)."""
+"""The most seconds one call may take, its answer read whole: every attempt and every wait between
+them included."""
+FETCH_DEADLINE_S = 3600.0
+"""The most seconds the whole fetch may take, from when its client is made: however slowly the server
+answers each call, the fetch ends by then (a rerun resumes it)."""
 
 
 class PrometheusError(DataError):
@@ -112,11 +117,12 @@ class _Refused(Exception):  # noqa: N818 (not an OSError or ValueError: never re
 
 
 class Client:
-    """GET/POST on a Prometheus's /api/v1, with retries. Every answer is read whole within
-    `deadline_s` (a server that trickles bytes is cut off, as one that says nothing is after
-    `timeout_s`) and at most `max_answer_bytes` of it; credentials go to the URL's origin alone (a
-    redirect elsewhere is refused), and the server's text reaches a message cleaned
-    (`Client.clean`)."""
+    """GET/POST on a Prometheus's /api/v1, with retries. Every call ends within `deadline_s`, its
+    attempts and the waits between them included, and every call of the client within
+    `fetch_deadline_s` of its making (a server that trickles bytes is cut off, as one that says nothing
+    is after `timeout_s`); each answer is read whole and at most `max_answer_bytes` of it; credentials
+    go to the URL's origin alone (a redirect elsewhere is refused), and the server's text reaches a
+    message cleaned (`Client.clean`)."""
 
     def __init__(
         self,
@@ -124,6 +130,7 @@ class Client:
         *,
         timeout_s: float = 60.0,
         deadline_s: float = DEADLINE_S,
+        fetch_deadline_s: float = FETCH_DEADLINE_S,
         max_answer_bytes: int = MAX_ANSWER_MIB << 20,
         attempts: int = 5,
         backoff_s: float = 1.0,
@@ -137,9 +144,10 @@ class Client:
             )
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
-        if not (deadline_s > 0 and max_answer_bytes > 0):
+        if not (deadline_s > 0 and fetch_deadline_s > 0 and max_answer_bytes > 0):
             raise ValueError(
-                f"deadline and answer size must be positive, got {deadline_s}, {max_answer_bytes}"
+                "deadlines and answer size must be positive, got "
+                f"{deadline_s}, {fetch_deadline_s}, {max_answer_bytes}"
             )
         host = parts.hostname + (f":{parts.port}" if parts.port else "")
         host = f"[{host}]" if ":" in parts.hostname and not host.startswith("[") else host
@@ -160,6 +168,8 @@ class Client:
         self._secrets = sorted({s for s in self._secrets if s}, key=len, reverse=True)
         self.timeout_s, self.attempts, self.backoff_s, self._sleep = timeout_s, attempts, backoff_s, sleep
         self.deadline_s, self.max_answer_bytes = deadline_s, max_answer_bytes
+        self.fetch_deadline_s = fetch_deadline_s
+        self._fetch_ends = time.monotonic() + fetch_deadline_s
         self.retries = 0
 
     def call(self, path: str, params: dict[str, str]) -> Any:
@@ -174,13 +184,21 @@ class Client:
             )
         else:
             request = urllib.request.Request(f"{self.base}/api/v1/{path}?{form}", headers=self._headers)  # noqa: S310
+        what = f"{path} {self.clean(params['query'], 120)!r}" if "query" in params else path
+        ends = min(time.monotonic() + self.deadline_s, self._fetch_ends)
         last = ""
         for attempt in range(self.attempts):
             if attempt:
                 self.retries += 1
-                self._sleep(self.backoff_s * 2 ** (attempt - 1))
+                self._sleep(min(self.backoff_s * 2 ** (attempt - 1), max(0.0, ends - time.monotonic())))
+            left = ends - time.monotonic()
+            if left <= 0:  # no time for another attempt: the call's bound holds, retries and all
+                tried = f" after {attempt} attempt{'s' * (attempt > 1)}; the last: {last}" if attempt else ""
+                raise PrometheusError(f"{self.shown}: {what}: {self._late()}{tried}")
             try:
-                answer = self._answer(request)
+                answer = self._answer(request, left)
+            except _Late:
+                raise PrometheusError(f"{self.shown}: {what}: {self._late()}") from None
             except _HTTPRefusal as exc:
                 error = self.clean(exc.text)
                 if exc.code == 429 or exc.code >= 500:
@@ -200,26 +218,38 @@ class Client:
                 raise PrometheusError(f"{self.shown}: {path} answered {self.clean(_brief(answer))}")
             return answer.get("data")
         raise PrometheusError(
-            f"{self.shown}: {path}: gave up after {self.attempts} attempts; the last: {last}"
+            f"{self.shown}: {what}: gave up after {self.attempts} attempts; the last: {last}"
         )
 
-    def _answer(self, request: urllib.request.Request) -> Any:
-        """One attempt: the answer parsed, read whole within the deadline and the size cap."""
-        watch = _Watch(self.deadline_s)
+    def _late(self) -> str:
+        """Why a call ran out of time: its own deadline, or the fetch's."""
+        if time.monotonic() >= self._fetch_ends:
+            return (
+                f"the fetch did not finish within its {self.fetch_deadline_s:g} s deadline "
+                "(--fetch-deadline); the same command resumes it"
+            )
+        return f"no whole answer within the {self.deadline_s:g} s deadline (--request-deadline)"
+
+    def _answer(self, request: urllib.request.Request, seconds: float) -> Any:
+        """One attempt: the answer parsed, read whole within `seconds` and the size cap; _Late when
+        the watch cut it (whatever the cut looked like: an error, or a body that ended early)."""
+        watch = _Watch(seconds)
         opener = urllib.request.build_opener(_SameOrigin(), _HTTPHandler(watch), _HTTPSHandler(watch))
         try:
             try:
-                with opener.open(request, timeout=min(self.timeout_s, self.deadline_s)) as response:
+                with opener.open(request, timeout=min(self.timeout_s, seconds)) as response:
                     body = _read_capped(response, self.max_answer_bytes)
             except urllib.error.HTTPError as exc:
                 with exc:
                     raise _HTTPRefusal(exc.code, _error_of(exc)) from None
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            if watch.expired:  # the watch cut the socket: say why, not what the cut looked like
-                raise TimeoutError(f"no whole answer within the {self.deadline_s:g} s deadline") from exc
+        except (OSError, ValueError, http.client.HTTPException, _HTTPRefusal) as exc:
+            if watch.stop():
+                raise _Late from exc
             raise
         finally:
-            watch.stop()
+            cut = watch.stop()
+        if cut:  # a body with a Content-Length ends early, without an error, when cut
+            raise _Late
         try:
             return json.loads(body)
         except RecursionError:
@@ -245,6 +275,10 @@ _CREDENTIAL = re.compile(
     r"(?i)\b(authorization|bearer|basic|token|password)\b[\"']?\s*[:=]?\s*[\"']?"
     r"(?:(?:bearer|basic)\s+)?[^\s,;\"'&}]*"
 )
+
+
+class _Late(Exception):  # noqa: N818
+    """An attempt cut off by the watch at the call's (or the fetch's) deadline."""
 
 
 class _HTTPRefusal(Exception):  # noqa: N818
@@ -308,7 +342,7 @@ class _Watch:
     blocked on a server that sends a byte now and then (a socket timeout counts each read alone)."""
 
     def __init__(self, seconds: float) -> None:
-        self.expired = False
+        self.expired = self._stopped = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._expire)
@@ -321,11 +355,17 @@ class _Watch:
             if self.expired:
                 _shut(sock)
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop the watch; whether it had cut the request (never after this returns)."""
         self._timer.cancel()
+        with self._lock:
+            self._stopped = True
+            return self.expired
 
     def _expire(self) -> None:
         with self._lock:
+            if self._stopped:
+                return
             self.expired = True
             for sock in self._sockets:
                 _shut(sock)

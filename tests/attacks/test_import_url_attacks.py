@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import re
 import ssl
 import threading
 import time
@@ -203,7 +204,7 @@ def test_an_answer_declared_over_the_limit_is_not_read() -> None:
             client.call("label/__name__/values", {})
 
 
-# -- 11: a deadline on each request -----------------------------------------------------------------------
+# -- 11: a deadline on each call, its retries included, and on the whole fetch ------------------------------
 
 
 def _trickle(handler: _Handler) -> None:
@@ -221,14 +222,73 @@ def _trickle(handler: _Handler) -> None:
         pass
 
 
-def test_a_server_sending_a_byte_now_and_then_is_cut_off_at_the_deadline() -> None:
-    with serving(_trickle) as server:
+def _trickle_declared(handler: _Handler) -> None:
+    """The same, with a Content-Length: a body cut short then ends without an error."""
+    handler.send_response(200)
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    try:
+        for _ in range(2000):
+            time.sleep(0.03)
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("reply", [_trickle, _trickle_declared], ids=["chunked", "content-length"])
+def test_a_server_sending_a_byte_now_and_then_is_cut_off_at_the_deadline(
+    reply: Callable[[_Handler], None],
+) -> None:
+    with serving(reply) as server:
         waits: list[float] = []
-        client = Client(server.url, attempts=2, timeout_s=30, deadline_s=0.2, sleep=waits.append)
-        with pytest.raises(PrometheusError, match=r"gave up after 2 attempts; the last: no whole answer "
-                           r"within the 0.2 s deadline"):  # fmt: skip
-            client.call("label/__name__/values", {})
-    assert waits == [1.0]  # a request cut off is retried like one that timed out
+        client = Client(server.url, attempts=5, timeout_s=30, deadline_s=0.2, sleep=waits.append)
+        with pytest.raises(PrometheusError) as cut:
+            client.call("query", {"query": "up"})
+    # The deadline bounds the call, not each attempt: no time is left for a retry.
+    assert (len(server.seen), waits) == (1, [])
+    assert str(cut.value) == (
+        f"{server.url}: query 'up': no whole answer within the 0.2 s deadline (--request-deadline)"
+    )
+
+
+def test_a_retry_gets_what_is_left_of_the_calls_deadline() -> None:
+    def busy_then_trickle(handler: _Handler) -> None:
+        if len(handler.server.seen) == 1:
+            handler.send(503, b'{"status":"error","error":"busy"}')
+        else:
+            _trickle(handler)
+
+    with serving(busy_then_trickle) as server:
+        waits: list[float] = []
+        client = Client(server.url, attempts=3, deadline_s=0.5, backoff_s=10, sleep=waits.append)
+        with pytest.raises(PrometheusError, match=r"^\S+: query 'up': no whole answer within the 0\.5 s "
+                           r"deadline \(--request-deadline\)"):  # fmt: skip
+            client.call("query", {"query": "up"})
+    # The 503 was retried after a wait cut from 10 s to what the call had left; the trickle took the rest.
+    assert len(waits) == 1, waits
+    assert waits[0] <= 0.5, waits
+
+
+def test_the_whole_fetch_ends_at_its_deadline(tmp_path: Path) -> None:
+    def trickled_queries(handler: _Handler) -> None:
+        if handler.path.endswith("/query_range") and handler.form["query"][0].startswith("last_over_time("):
+            _trickle_declared(handler)
+        else:
+            prometheus(handler)
+
+    with serving(trickled_queries) as server:
+        client = Client(server.url, attempts=5, deadline_s=60, fetch_deadline_s=0.5, sleep=lambda s: None)
+        with pytest.raises(PrometheusError) as cut:
+            fetch_prometheus(server.url, SINCE, UNTIL, STEP, tmp_path / "fetch", client=client)
+    # The call cut is the trickled query but for a machine so loaded that the calls before it took 0.5 s.
+    called = r"(query_range 'last_over_time\(DCGM_FI_DEV_GPU_TEMP\[59999ms\]\)'|[a-z_/]+)"
+    assert re.fullmatch(
+        rf"{server.url}: {called}: the fetch did not finish within its 0\.5 s deadline "
+        r"\(--fetch-deadline\); the same command resumes it",
+        str(cut.value),
+    ), cut.value
+    assert client.retries == 0  # the call was cut once, not tried again
 
 
 def test_over_https_too_the_answer_is_read_and_a_trickle_cut_off(
@@ -261,7 +321,10 @@ def test_the_limits_are_flags_and_their_refusals_one_line(
     assert "an answer longer than the 1 MiB limit (--max-answer-mib)" in err
     with serving(_trickle) as server:
         err = _one_line(capsys, main(_import(server.url, tmp_path / "b", "--request-deadline", "300ms")))
-    assert "no whole answer within the 0.3 s deadline" in err
+    assert "label/__name__/values: no whole answer within the 0.3 s deadline (--request-deadline)" in err
+    with serving(_trickle_declared) as server:
+        err = _one_line(capsys, main(_import(server.url, tmp_path / "d", "--fetch-deadline", "300ms")))
+    assert "the fetch did not finish within its 0.3 s deadline (--fetch-deadline)" in err
     err = _one_line(capsys, main(_import("http://127.0.0.1:9", tmp_path / "c", "--max-answer-mib", "0")))
     assert "--max-answer-mib at least 1" in err
 
