@@ -34,6 +34,7 @@ T = TypeVar("T")
 GRACE_DEADLINES_KEY = "remediation_grace_deadlines"  # {opened_id: when its grace period ends}
 PAUSED_BY_KEY = "remediation_paused_by"  # who paused remediation (SetRemediation)
 BREAKER_WINDOW_KEY = "remediation_breaker_window"  # [[when, node], ...] admitted within the window
+SEEN_THROUGH_KEY = "remediation_seen_through"  # the newest alert event the remediator has decided on
 
 
 class Records:
@@ -122,6 +123,19 @@ class Records:
             self.trouble(exc)
             return False
         return True
+
+    def seen_through(self) -> int:
+        """The newest event an earlier run's remediator decided on (0: none kept)."""
+        saved = self._saved(SEEN_THROUGH_KEY)
+        return saved if isinstance(saved, int) and not isinstance(saved, bool) else 0
+
+    def save_seen(self, event_id: int) -> None:
+        """Keep the newest event decided on (after the grace deadlines it led to); a refusal is said
+        and costs only a second look at a start."""
+        try:
+            self.write("events seen", lambda: self.store.settings.save(SEEN_THROUGH_KEY, str(event_id)))
+        except sqlite3.OperationalError as exc:
+            self.trouble(exc)
 
     def save_pause(self, by: str | None) -> bool:
         """Write who paused (the save lock held); False when refused."""

@@ -219,6 +219,9 @@ class Remediator:
                     self._timers.start(key, now if what is GraceStep.NOW else now + self.grace_s)
             self._cv.notify_all()
         self._save_grace()  # on disk before the alert is a second old, if the store takes it
+        failures = [a.id for a in alerts if a.kind == apb.EVENT_KIND_FAILED]
+        if failures:  # decided (a timer, or no job to remediate): a start need not look again
+            self.records.save_seen(max(failures))
 
     def _may_have_job(self, node: str) -> bool:
         """Whether a registered job runs on `node`; True when the store cannot say (the timer
@@ -501,10 +504,12 @@ class Remediator:
             with self._cv:
                 if not self._timers.started(alert.opened_id):
                     self._timers.start(alert.opened_id, self.clock() + self.grace_s)
-        # A failure stored but never remediated (a kill between its event and its timer's write):
-        # due now, if it is recent (an old one's node was dealt with by hand meanwhile).
+        # A failure stored but never decided on (a kill between its event and its timer's write):
+        # due now, if it is recent (an old one's node was dealt with by hand meanwhile). One decided
+        # on is not looked at again: no job ran on its node then, whatever registered since.
+        seen = self.records.seen_through()
         for failed in self.records.recent_failures(self.wall() - self.incident_s):
-            if self._timers.started(failed.id) or self.records.outcome_of(failed.id) is not None:
+            if failed.id <= seen or self._timers.started(failed.id) or self.records.outcome_of(failed.id):
                 continue
             if not self.records.job_on(failed.node):
                 continue

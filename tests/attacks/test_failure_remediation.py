@@ -302,3 +302,21 @@ def test_a_failure_after_a_predictions_drain_requeues_the_jobs_it_did_not_move(t
     remediator.run_once()  # every job moved now: one incident
     assert (store.remediations.of(silent.id) or ("", ""))[0] == "joined"
     assert len(actuator.seen) == 2
+
+
+def test_a_failure_decided_on_without_a_job_is_not_drained_by_a_later_start(tmp_path: Path) -> None:
+    # No job ran on the node when it failed, so nothing was remediated; a job registered there
+    # since. A restart drained the node for the old failure, which the live service never would.
+    clocks = Clocks()
+    first, _, store = _remediator(tmp_path, clocks)
+    failed = _failed(store, "n2", clocks)
+    first.on_alerts([failed])
+    first.run_once()
+    clocks.advance(20 * 60.0)
+    store.jobs.register("job-new", ["n2"])
+    store.close()
+    clocks.advance(10 * 60.0)
+    second, actuator, _ = _remediator(tmp_path, clocks)
+    second.resume()
+    second.run_once()
+    assert actuator.seen == []
