@@ -24,14 +24,25 @@ the service cuts every stream, and each node simply reconnects). Only nodes that
 count: a node whose stream comes back within the grace is no part of a cut, so the decision waits until
 every stream of the burst has been broken for a full grace (at most one grace more). A node whose
 streams broke FLAP_BREAKS times within FLAP_WINDOW_S is flapping: logged, counted, shown
-(faultcast_flapping_nodes), and never counted towards a cut-off. A node of a cut-off that has not come
-back once some node has been heard again for CUT_REJOIN_S is silent after all: a cut-off
-postpones the verdict, it does not forget the node. While no node at all is heard (every collector
-of the fleet hung at once looks the same as the service cut off), nothing is called failed.
+(faultcast_flapping_nodes), and never counted towards a cut-off while fewer than half the nodes flap
+(when half the fleet or more flaps, it is the service's network that flaps, and their breaks are a
+cut-off). A cut-off stands only while the nodes it was decided on stay clear of flapping: a node
+away longer than a grace for the first time cannot be told from a cut node when the cut is decided,
+so when one of them is found flapping later (even after it came back) the cut is decided again
+without it, and when the rest is no cut the nodes of it still away are silent at once. So a minority
+of misbehaving collectors cannot make a real death look like a cut-off for more than their third
+break, nor longer than CUT_REJOIN_S in any case.
+
+A node of a cut-off that has not come back CUT_REJOIN_S after some node was first heard again after
+the cut (at once when a stream was open when the cut was decided) is silent after all: a cut-off
+postpones the verdict, it does not forget the node. That moment is taken once and never moved, so
+a node whose stream breaks and reopens cannot put the verdict off. The verdict is given only once
+some node has been heard at or after its time: while no node at all is heard (every collector of the
+fleet hung at once looks the same as the service cut off), nothing is called failed.
 
 Bound: a node whose collector hangs or dies is NODE_SILENT within keepalive (2.5 x keepalive_s, the
 stream's end) + silence_grace_s; up to one grace more when other streams broke within its grace; and
-CUT_REJOIN_S after the cut-off when half the fleet broke with it.
+CUT_REJOIN_S after some node is first heard again when half the fleet broke with it.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from faultcast.failure_signs import Evidence, FailureSign, drains_node, failure_signs
@@ -80,6 +92,16 @@ class _NoListener:
         pass
 
 
+@dataclass
+class _Cut:
+    """A burst of broken streams taken for the service cut off, until its nodes are back or judged."""
+
+    counted: frozenset[str]  # the nodes that made it a cut (its burst less the flapping nodes)
+    fleet: int  # the nodes seen when it was decided: what it was half of
+    away: dict[str, float]  # node -> when its stream broke, while it has not come back
+    heard: float | None  # when some node was first heard after the decision; never moved later
+
+
 class FailureWatch:
     """Finds failure evidence; thread-safe (ingest threads, the event loop and RPC threads call it)."""
 
@@ -103,10 +125,9 @@ class FailureWatch:
         self._held: dict[HoldKey, tuple[float, int]] = {}  # hold_key -> (until, its event id)
         self._streams: dict[str, int] = {}  # node -> Push streams open now
         self._broken: dict[str, float] = {}  # node -> when its last stream broke (clock), while none is open
-        # node -> (when its stream broke, when a cut-off was decided for it), until it comes back
-        self._cut: dict[str, tuple[float, float]] = {}
+        self._cuts: list[_Cut] = []  # the cut-offs some of whose nodes have not come back
         self._seen: set[str] = set()  # every node that opened a stream: the fleet a cut-off is half of
-        self._heard_since: float | None = None  # since when some stream has been open without a break
+        self._heard_until = float("-inf")  # when the last open stream ended (while none is open)
         self._breaks: dict[str, deque[float]] = {}  # node -> when its streams broke, within FLAP_WINDOW_S
         self._flapping: set[str] = set()
         self.flaps: FlapListener = flaps or _NoListener()
@@ -168,11 +189,14 @@ class FailureWatch:
     def stream_opened(self, node: str) -> None:
         with self._lock:
             self._seen.add(node)
-            if not self._streams:
-                self._heard_since = self.clock()
+            now = self.clock()
             self._streams[node] = self._streams.get(node, 0) + 1
             self._broken.pop(node, None)
-            self._cut.pop(node, None)
+            for cut in self._cuts:
+                cut.away.pop(node, None)
+                if cut.heard is None:
+                    cut.heard = now  # the first node heard after the cut: its rejoin time starts
+            self._cuts = [cut for cut in self._cuts if cut.away]
 
     def stream_ended(self, node: str, *, goodbye: bool) -> None:
         """A Push stream of the node ended: `goodbye` when the collector closed it."""
@@ -182,12 +206,12 @@ class FailureWatch:
                 self._streams[node] = left
                 return
             self._streams.pop(node, None)
+            now = self.clock()
             if not self._streams:
-                self._heard_since = None
+                self._heard_until = now
             if goodbye:
                 self._previous.pop(node, None)  # its collector stopped: perhaps for a reboot or a repair
                 return
-            now = self.clock()
             self._broken[node] = now
             self._breaks.setdefault(node, deque()).append(now)
             self._forget_flaps(now)
@@ -220,11 +244,10 @@ class FailureWatch:
         """Seconds until silent() may have something to decide (None when no stream is broken)."""
         with self._lock:
             now = self.clock()
-            if self._decidable(now):
+            if self._decidable(now) or any(self._cut_over(cut, now) for cut in self._cuts):
                 return 0.0
             waits = [at + self.silence_grace_s - now for at in self._broken.values()]
-            if self._heard_since is not None:
-                waits += [max(at, self._heard_since) + CUT_REJOIN_S - now for _, at in self._cut.values()]
+            waits += [cut.heard + CUT_REJOIN_S - now for cut in self._cuts if cut.heard is not None]
             future = [w for w in waits if w > 0]
             if future:
                 return min(future)
@@ -241,30 +264,37 @@ class FailureWatch:
             while self._decidable(now):
                 first = min(self._broken.values())
                 burst = {n: at for n, at in self._broken.items() if at - first <= self.silence_grace_s}
-                counted = [n for n in burst if n not in self._flapping]
-                if len(counted) >= 2 and 2 * len(counted) >= len(self._seen):
-                    for node, at in burst.items():  # the whole burst, decided once: its later nodes too
-                        del self._broken[node]
-                        self._cut[node] = (at, now)
-                    self.cut_off += len(burst)
-                    log.warning(
-                        "the streams of %d of %d nodes broke together and stayed broken: taken for the "
-                        "service being cut off, not as %d failures; a node not back %.0f s after others "
-                        "are heard again is called silent",
-                        len(counted),
-                        len(self._seen),
-                        len(counted),
-                        CUT_REJOIN_S,
-                    )
+                counted = frozenset(burst) - self._uncounted()
+                if not self._is_cut(counted, len(self._seen)):
+                    for node, at in burst.items():  # a flapping node within its grace waits for it
+                        if now - at >= self.silence_grace_s:
+                            del self._broken[node]
+                            found[node] = at
                     continue
-                for node, at in burst.items():
-                    if now - at >= self.silence_grace_s:
-                        del self._broken[node]
-                        found[node] = at
-            for node, (broke, decided) in list(self._cut.items()):
-                if self._heard_since is not None and now - max(decided, self._heard_since) >= CUT_REJOIN_S:
-                    del self._cut[node]
-                    found[node] = broke
+                for node in burst:  # the whole burst, decided once: its later nodes too
+                    del self._broken[node]
+                heard = now if self._streams else None  # some node is heard as it is decided
+                self._cuts.append(_Cut(counted, len(self._seen), burst, heard))
+                self.cut_off += len(burst)
+                log.warning(
+                    "the streams of %d of %d nodes broke together and stayed broken: taken for the "
+                    "service being cut off, not as %d failures; a node not back %.0f s after others "
+                    "are heard again is called silent",
+                    len(counted),
+                    len(self._seen),
+                    len(counted),
+                    CUT_REJOIN_S,
+                )
+            for cut in [cut for cut in self._cuts if self._cut_over(cut, now)]:
+                self._cuts.remove(cut)
+                found.update(cut.away)
+                if not self._is_cut(cut.counted - self._uncounted(), cut.fleet):
+                    log.warning(
+                        "nodes taken for a cut-off of the service flap (%s): it was no cut-off, and "
+                        "the %d of its nodes still away are silent",
+                        ", ".join(sorted(cut.counted & self._uncounted())),
+                        len(cut.away),
+                    )
             for node in found:
                 self._previous.pop(node, None)  # what it sends when it is back is compared anew
             signs = [
@@ -280,6 +310,26 @@ class FailureWatch:
             ]
             return self._unheld(signs)
 
+    def _uncounted(self) -> set[str]:
+        """The nodes no cut-off counts (the lock held): the flapping ones, while fewer than half the
+        fleet flaps (when half or more flap, it is the service's network that flaps)."""
+        return self._flapping if 2 * len(self._flapping) < len(self._seen) else set()
+
+    @staticmethod
+    def _is_cut(counted: frozenset[str], fleet: int) -> bool:
+        return len(counted) >= 2 and 2 * len(counted) >= fleet
+
+    def _cut_over(self, cut: _Cut, now: float) -> bool:
+        """Whether the cut's nodes still away are silent now (the lock held): it is no cut without
+        the nodes found flapping since, or CUT_REJOIN_S have passed since some node was first heard
+        after it and some node has been heard since then."""
+        if not self._is_cut(cut.counted - self._uncounted(), cut.fleet):
+            return True
+        if cut.heard is None:
+            return False
+        heard_last = now if self._streams else self._heard_until
+        return heard_last >= cut.heard + CUT_REJOIN_S
+
     def _decidable(self, now: float) -> bool:
         """Whether the earliest broken stream's burst can be decided now (the lock held): its first
         node's grace is over, and every node of it that counts towards a cut-off has stayed broken a
@@ -289,8 +339,9 @@ class FailureWatch:
         first = min(self._broken.values())
         if now - first < self.silence_grace_s:
             return False
+        uncounted = self._uncounted()
         return all(
             now - at >= self.silence_grace_s
             for n, at in self._broken.items()
-            if at - first <= self.silence_grace_s and n not in self._flapping
+            if at - first <= self.silence_grace_s and n not in uncounted
         )

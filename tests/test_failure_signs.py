@@ -423,3 +423,119 @@ def test_a_cut_off_that_does_not_come_back_is_silent_after_all() -> None:
     signs = watch.silent()
     assert sorted(s.node for s in signs) == ["b", "c", "d"]
     assert all("broke 131.0 s ago" in s.detail for s in signs)  # since its stream broke
+
+
+def _watch_of(nodes: int, clock: Clock, grace_s: float = 2.0) -> tuple[FailureWatch, list[str]]:
+    watch = FailureWatch(silence_grace_s=grace_s, clock=clock)
+    names = [f"n{i}" for i in range(nodes)]
+    for node in names:
+        watch.stream_opened(node)
+    return watch, names
+
+
+def test_a_node_that_flaps_does_not_put_off_the_verdict_on_a_cut_off() -> None:
+    """Two of three nodes die together (taken for a cut-off); the one still heard breaks and reopens
+    its stream every 10 s. The cut-off's nodes are silent CUT_REJOIN_S after some node was first heard
+    again (here: as the cut was decided), not after its last reconnection; at that time nobody is
+    heard, so the verdict waits for some node to be heard, if only for a moment, not for CUT_REJOIN_S
+    more."""
+    clock = Clock()
+    watch, (a, b, c) = _watch_of(3, clock)
+    watch.stream_ended(b, goodbye=False)
+    watch.stream_ended(c, goodbye=False)
+    clock.now += 2.0
+    assert (watch.silent(), watch.cut_off) == ([], 2)
+    decided = clock.now
+    while clock.now < decided + CUT_REJOIN_S - 1:  # a: 9 s heard, 1 s not, from the decision on
+        clock.now += 9.0
+        watch.stream_ended(a, goodbye=False)
+        assert watch.silent() == []
+        clock.now += 1.0
+        if clock.now < decided + CUT_REJOIN_S:
+            watch.stream_opened(a)
+            assert watch.silent() == []
+    assert clock.now == decided + CUT_REJOIN_S
+    assert watch.silent() == []  # nobody is heard now: the service itself may be cut off
+    clock.now += 0.2
+    watch.stream_opened(a)
+    clock.now += 0.2
+    watch.stream_ended(a, goodbye=False)
+    clock.now += 0.1
+    assert sorted(s.node for s in watch.silent()) == [b, c]
+
+
+@pytest.mark.parametrize(("nodes", "flappers"), [(3, 1), (5, 2)])
+def test_a_node_found_flapping_unmakes_the_cut_off_it_was_counted_in(nodes: int, flappers: int) -> None:
+    """A node dies as a minority of collectors stays away longer than a grace: at the decision their
+    first break looks like a cut-off. When they turn out to flap (their third break within a minute,
+    after coming back) the cut is decided again without them: no cut, and the dead node is silent at
+    once rather than CUT_REJOIN_S after the decision."""
+    clock = Clock()
+    watch, names = _watch_of(nodes, clock)
+    dead, flapping = names[1], [n for n in names if n != names[1]][:flappers]
+    for node in [dead, *flapping]:
+        watch.stream_ended(node, goodbye=False)
+    clock.now += 2.0
+    assert (watch.silent(), watch.cut_off) == ([], 1 + flappers)
+    clock.now += 0.2  # the flappers come back just after the decision
+    for node in flapping:
+        watch.stream_opened(node)
+    clock.now += 0.8
+    for node in flapping:  # and go away again, for 1.5 s
+        watch.stream_ended(node, goodbye=False)
+    clock.now += 1.5
+    for node in flapping:
+        watch.stream_opened(node)
+    assert watch.silent() == []
+    clock.now += 1.5
+    for node in flapping:  # the third break within a minute: flapping
+        watch.stream_ended(node, goodbye=False)
+    assert sorted(watch.flapping()) == sorted(flapping)
+    assert watch.next_silence_check() == 0.0
+    assert [(s.node, s.evidence) for s in watch.silent()] == [(dead, Evidence.NODE_SILENT)]
+
+
+def test_a_flapping_node_is_never_counted_towards_a_cut_off() -> None:
+    """A node already flapping breaks with a dead one (one of three): the dead node is silent after its
+    grace, and is not kept waiting for the flapper's grace either, which may end in its coming back."""
+    clock = Clock()
+    watch, (flapper, dead, _) = _watch_of(3, clock)
+    _flap(watch, clock, flapper, 3)
+    assert watch.flapping() == [flapper]
+    watch.stream_ended(dead, goodbye=False)
+    watch.stream_ended(flapper, goodbye=False)  # away with it, for good: silent too, not a cut
+    clock.now += 2.0
+    assert (sorted(s.node for s in watch.silent()), watch.cut_off) == (sorted([flapper, dead]), 0)
+
+    clock = Clock()
+    watch, (flapper, dead, _) = _watch_of(3, clock)
+    _flap(watch, clock, flapper, 3)
+    watch.stream_ended(dead, goodbye=False)
+    clock.now += 1.0
+    watch.stream_ended(flapper, goodbye=False)  # within the dead node's grace
+    clock.now += 1.0
+    assert [s.node for s in watch.silent()] == [dead]
+    clock.now += 0.5
+    watch.stream_opened(flapper)
+    clock.now += 10.0
+    assert (watch.silent(), watch.cut_off) == ([], 0)
+
+
+def test_when_half_the_fleet_flaps_it_is_the_service_that_is_cut_off() -> None:
+    """The service's network drops three times within a minute: every node flaps. The fourth drop is
+    still a cut-off, not every node silent (and drained): flapping nodes are left out of a cut-off
+    only while they are a minority of the fleet."""
+    clock = Clock()
+    watch, names = _watch_of(4, clock)
+    for _ in range(3):
+        for node in names:
+            watch.stream_ended(node, goodbye=False)
+        clock.now += 1.0
+        for node in names:
+            watch.stream_opened(node)
+        clock.now += 5.0
+    assert watch.flapping() == names
+    for node in names:
+        watch.stream_ended(node, goodbye=False)
+    clock.now += 2.0
+    assert (watch.silent(), watch.cut_off) == ([], 4)
