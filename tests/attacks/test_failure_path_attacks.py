@@ -1,7 +1,8 @@
 """The failure path when its parts lie, hang or break (issue 41), over real gRPC where it is cheap: a
-trainer's report that hid the node's hardware evidence, a lonely silent node whose foreseeing alert
-stayed open, a collector's goodbye queued behind paced samples, the failures counter's node label, and
-ReportFailure while the state database refuses writes."""
+trainer's report that hid the node's hardware evidence (its going silent, an InfiniBand port going
+down), a lonely silent node whose foreseeing alert stayed open, a collector's goodbye queued behind
+paced samples, the failures counter's node label, and ReportFailure while the state database
+refuses writes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -17,12 +19,14 @@ import pytest
 from prometheus_client import generate_latest
 
 from faultcast import wire
+from faultcast.catalogue import Scope
 from faultcast.client.guard import Guard
 from faultcast.collector.shipper import Shipper
 from faultcast.collector.spool import Spool
 from faultcast.demo.feed import twin_snapshots
 from faultcast.failure_signs import Evidence, FailureSign
 from faultcast.model.artifact import FaultModel, load
+from faultcast.readings import DeviceReading, NodeSnapshot, pack, unpack
 from faultcast.service.alert_book import AlertBook
 from faultcast.service.config import ServiceConfig
 from faultcast.service.failure_events import TrainerReport
@@ -52,15 +56,25 @@ def _until(condition: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture(scope="module")
-def served(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
-    model_dir = tmp_path_factory.mktemp("serving") / "model"
-    shutil.copytree(stub_model, model_dir)
+def _serve(stub_model: Path, tmp: Path) -> Iterator[tuple[Service, str]]:
+    shutil.copytree(stub_model, tmp / "model")
+    (tmp / "state").mkdir()
     config = ServiceConfig(grace_s=3600.0, silence_grace_s=0.5, failure_hold_s=600.0)
-    service = Service.open(model_dir, tmp_path_factory.mktemp("state"), config, actuator=NoopActuator())
+    service = Service.open(tmp / "model", tmp / "state", config, actuator=NoopActuator())
     port = service.start("127.0.0.1:0")
     yield service, f"127.0.0.1:{port}"
     service.stop(0)
+
+
+@pytest.fixture(scope="module")
+def served(stub_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, str]]:
+    yield from _serve(stub_model, tmp_path_factory.mktemp("served"))
+
+
+@pytest.fixture
+def served_alone(stub_model: Path, tmp_path: Path) -> Iterator[tuple[Service, str]]:
+    """A service of the test's own, for a test that leaves its database refusing writes."""
+    yield from _serve(stub_model, tmp_path)
 
 
 def test_a_trainers_report_does_not_hide_the_node_going_silent(served: tuple[Service, str]) -> None:
@@ -95,17 +109,37 @@ def test_a_trainers_report_does_not_hide_the_node_going_silent(served: tuple[Ser
         guard.close()
 
 
+class _WatchedLock:
+    """The alert book's lock, telling whether one thread (the reporter) has asked for it."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        self.watched: threading.Thread | None = None
+        self.asked = threading.Event()
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is self.watched:
+            self.asked.set()
+        self.lock.acquire()
+
+    def __exit__(self, *_: object) -> None:
+        self.lock.release()
+
+
 @pytest.mark.slow  # the first refused write waits out SQLite's busy timeout
 def test_a_report_is_refused_at_once_while_the_database_refuses_writes(
-    served: tuple[Service, str], tmp_path: Path
+    served_alone: tuple[Service, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the state database refuses writes, the scoring thread holds the alert book waiting for
-    it; a trainer's report must not queue behind that: it is refused at once (the RPC says UNAVAILABLE)."""
-    service, _ = served
+    it; a trainer's report must not queue behind that: it is refused (the RPC says UNAVAILABLE)
+    without asking for the alert book, which another thread holds throughout."""
+    service, _ = served_alone
     sign = FailureSign("node-w", -1, "", Evidence.TRAINER_REPORT, "rank 1 died", time.time_ns())
     report = TrainerReport("job-w", apb.TRAINER_FAILURE_DEAD_RANK, 1, "")
     locker = sqlite3.connect(service.store.path, timeout=0)
     locker.execute("BEGIN EXCLUSIVE")  # another writer holds the database: every write fails
+    book_lock = _WatchedLock(service.book._lock)
+    monkeypatch.setattr(service.book, "_lock", book_lock)
     book_held, done = threading.Event(), threading.Event()
     try:
         with pytest.raises(StateWriteError):
@@ -113,7 +147,7 @@ def test_a_report_is_refused_at_once_while_the_database_refuses_writes(
         assert not service.store.writable
 
         def hold_the_book() -> None:  # what the scoring thread does while it waits to store events
-            with service.book._lock:  # the lock the scoring thread holds meanwhile
+            with book_lock:  # the lock the scoring thread holds meanwhile
                 book_held.set()
                 done.wait(WAIT_S)
 
@@ -121,23 +155,29 @@ def test_a_report_is_refused_at_once_while_the_database_refuses_writes(
         holder.start()
         assert book_held.wait(WAIT_S)
         refused: list[BaseException] = []
+        answered = threading.Event()
 
         def report_now() -> None:
             try:
                 service.report_failure(sign, report)
             except StateWriteError as exc:
                 refused.append(exc)
+            finally:
+                answered.set()
+                book_lock.asked.set()  # wakes the test either way
 
         reporter = threading.Thread(target=report_now)
+        book_lock.watched = reporter
         reporter.start()
-        reporter.join(WAIT_S / 3)
-        alive = reporter.is_alive()
+        assert book_lock.asked.wait(WAIT_S)
+        waited = not answered.is_set()  # it asked for the book before it was answered
         done.set()
         holder.join(WAIT_S)
         reporter.join(WAIT_S)
-        assert not alive, "the report waited for the alert book"
+        assert not waited, "the report waited for the alert book"
         assert len(refused) == 1
     finally:
+        done.set()
         locker.rollback()
         locker.close()
 
@@ -231,3 +271,56 @@ def test_a_goodbye_queued_behind_paced_samples_is_a_goodbye(tmp_path: Path) -> N
             assert ends.changed.wait_for(lambda: bool(ends.ended), WAIT_S)
     spool.close()
     assert ends.ended == [("node-g", True)]
+
+
+def _port_down(snapshot: NodeSnapshot, device: str) -> NodeSnapshot:
+    """The snapshot with the IB port `device` no longer ACTIVE (state 1, DOWN)."""
+    ports = tuple(
+        DeviceReading(
+            d.scope, d.device, pack(Scope.IB_PORT, {**unpack(d.scope, d.values), "ib_port_state": 1.0})
+        )
+        if d.scope is Scope.IB_PORT and d.device == device
+        else d
+        for d in snapshot.devices
+    )
+    return replace(snapshot, devices=ports)
+
+
+def test_a_trainers_report_does_not_hide_the_nodes_port_going_down(served: tuple[Service, str]) -> None:
+    """Job P registers node-p and reports a dead rank; then node-p's collector shows an InfiniBand
+    port leave ACTIVE (4 -> 1). The port is its own FAILED event (IB_PORT_DOWN), and the node is
+    drained for it (the report's hold used to swallow it)."""
+    service, target = served
+    guard = Guard(target, "job-p", ["node-p"]).start()
+    assert guard.wait_caught_up(WAIT_S)
+    source = TwinSource(FleetConfig(nodes=1, days=1.0, seed=5), 0)
+    now = time.time_ns()
+    up, later = (
+        replace(s, time_unix_nano=now + i * 10**9) for i, s in enumerate(twin_snapshots(source, "node-p", 2))
+    )
+    assert {d.get("ib_port_state") for d in up.devices if d.scope is Scope.IB_PORT} == {4.0}
+
+    def requests() -> Iterator[tpb.PushRequest]:
+        yield wire.hello("node-p", 1)
+        yield tpb.PushRequest(sample=wire.to_proto(up))
+        yield tpb.PushRequest(sample=wire.to_proto(_port_down(later, "mlx5_0:1")))
+        yield tpb.PushRequest(goodbye=tpb.PushGoodbye())
+
+    channel = grpc.insecure_channel(target)
+    try:
+        reported = guard.report_failure(apb.TRAINER_FAILURE_DEAD_RANK, rank=2)
+        acks = list(tpb_grpc.TelemetryStub(channel).Push(requests()))
+        assert acks[-1].acked_through == later.sequence
+        _until(lambda: len(guard.failures) == 2)
+        report, port = guard.failures
+        assert (report.id, report.failure.drains_node) == (reported, False)
+        assert (port.node, port.failure.evidence, port.failure.drains_node) == (
+            "node-p",
+            apb.FAILURE_EVIDENCE_IB_PORT_DOWN,
+            True,
+        )
+        _until(lambda: (service.store.remediations.of(port.id) or ("pending",))[0] != "pending")
+        assert service.store.remediations.of(port.id) == ("ok", "noop: would drain node-p")
+    finally:
+        channel.close()
+        guard.close()
