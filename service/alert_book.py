@@ -515,7 +515,7 @@ class AlertBook:
                 open_here = [a.latest for a in self._alerts.values() if a.latest.node == sign.node]
                 open_here += self._restored.get(sign.node, [])
                 events.append(failure_event(sign, open_here, self.events.info, report))
-            stored = self._append_new(events) if wait else self.store.alerts.append(events)
+            stored = self._append_new(events) if wait else self.store.alerts.append(events, held=False)
             cleared = [
                 event
                 for sign, _ in failures

@@ -79,6 +79,8 @@ STATE_WRITES: tuple[str, ...] = (
     "settings",
     "scoring",  # a node's saved scoring state
     "journal",  # the sample journal (a file beside the database)
+    "reports",  # a trainer's failure report, stored at once (ReportFailure answers; nobody retries it)
+    "probe",  # a write of the database's own, trying whether writes work again
 )
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
 ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")

@@ -374,6 +374,8 @@ class Service:
         only the cursors that moved since the last save."""
         saved: dict[tuple[str, int], int] = {}
         while not self.stopping.wait(_CURSOR_SAVE_S):
+            if not self.store.writable:
+                self.store.probe()  # a refused report or registration is retried by nobody here
             now = self.telemetry.cursors()
             moved = {key: seq for key, seq in now.items() if saved.get(key) != seq}
             if moved:

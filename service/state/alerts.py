@@ -25,11 +25,17 @@ class AlertLog:
         row = db.read_one("SELECT COALESCE(MAX(id), 0) FROM alerts")
         self.last_id: int = int(row[0]) if row else 0
 
-    def append(self, alerts: Sequence[apb.Alert]) -> list[apb.Alert]:
+    def append(self, alerts: Sequence[apb.Alert], *, held: bool = True) -> list[apb.Alert]:
         """Store events in one transaction; returns them with their ids set (and an OPEN event's
-        opened_id set to its own id). StateWriteError when the database refused them (none stored)."""
+        opened_id set to its own id). StateWriteError when the database refused them (none stored).
+        `held`: the caller holds them and retries (the alert book), so the database counts as
+        refusing writes until events are stored again; False for a caller that answers at once (a
+        trainer's report), after which any write that works will do."""
         with self._db.lock:
-            out = self._db.checked_write_locked("alerts", lambda _: self._insert(alerts))
+            if held:
+                out = self._db.checked_write_locked("alerts", lambda _: self._insert(alerts))
+            else:
+                out = self._db.checked_write_locked("reports", lambda _: self._insert(alerts))
             if out:
                 self.last_id = out[-1].id
                 self._db.changed.notify_all()

@@ -15,6 +15,7 @@ database takes writes (`writable`, `on_writable`).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -286,6 +287,23 @@ class StateDatabase:
             self._failing -= {what, _ANY}
             self._writable("")
         return result
+
+    def probe(self) -> None:
+        """While only writes their callers retry have failed (a report, a job: nobody holds them),
+        try a small write of its own: no later write might come for a long time, and the database
+        would count as refusing all that while. What the service holds waits for its own kind."""
+        with self.lock:
+            if self._failing != {_ANY}:
+                return
+            with contextlib.suppress(StateWriteError):  # still refused: reported; tried at the next probe
+                self.checked_write_locked(
+                    "probe",
+                    lambda db: db.execute(
+                        "INSERT INTO settings (key, value) VALUES ('writes_probed_unix', ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (str(time.time()),),
+                    ),
+                )
 
     def _writable(self, why: str) -> None:
         writable = not self._failing

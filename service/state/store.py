@@ -81,6 +81,10 @@ class StateStore:
         """False while some kind of write fails and has not worked since."""
         return self._db.writable
 
+    def probe(self) -> None:
+        """Find out whether writes work again when nobody retries what was refused (StateDatabase.probe)."""
+        self._db.probe()
+
     def close(self) -> None:
         """Close the database; whoever waits for alert events is woken (and told no)."""
         self._db.close()

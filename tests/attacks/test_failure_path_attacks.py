@@ -176,9 +176,16 @@ def test_a_report_is_refused_at_once_while_the_database_refuses_writes(
         reporter.join(WAIT_S)
         assert not waited, "the report waited for the alert book"
         assert len(refused) == 1
+        locker.rollback()  # the database takes writes again
+        # Any write that works ends a refused report's trouble (the cursors' every second): the
+        # service was left refusing every report, and NOT_SERVING, until some alert was stored.
+        _until(lambda: service.store.writable)
+        event, known = service.report_failure(sign, report)
+        assert (event > 0, known) == (True, False)
     finally:
         done.set()
-        locker.rollback()
+        if locker.in_transaction:
+            locker.rollback()
         locker.close()
 
 
