@@ -65,7 +65,9 @@ class ServiceConfig:
     silence_grace_s: float = 2.0
     # The service pings every stream's peer this often, and a peer that answers a ping not within
     # 1.5 times this long is gone (a node powered off or hung sends no reset): with the grace, a node
-    # that stops answering is FAILED within 2.5 x keepalive_s + silence_grace_s.
+    # that stops answering is FAILED within 2.5 x keepalive_s + silence_grace_s, and one more grace
+    # when others broke with it; when half the fleet broke at once (a cut-off of the service), 30 s
+    # (CUT_REJOIN_S) after some node is heard again.
     keepalive_s: float = 1.0
     # The sample journal holds at most this many bytes: past half of it every node it holds samples
     # of is saved (their segments can go), and at it a sample is scored but not journalled (a restart
