@@ -528,11 +528,13 @@ class Service:
     def _recover_failures(self) -> None:
         """The failure signs an earlier run took and acknowledged but was killed before storing their
         FAILED events: published now (one stored meanwhile is not published twice)."""
+        left = self.pending_failures.load()
+        if not left:
+            return  # the usual start: nothing of the log to read
         stored = {
             (e.node, e.gpu, e.failure.evidence, e.failure.xid, e.time_unix_nano)
             for e in self.store.alerts.failures()
         }
-        left = self.pending_failures.load()
         missing = [
             s
             for s in left
