@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench import fault_trace as fault_trace_bench
 from faultcast.sim.fault_trace import (
     FLEET_SERVERS,
     STATISTICS_FILE,
@@ -199,3 +200,14 @@ def _event(server: str, day: float, kind: str) -> dict[str, Any]:
         "event_type": kind,
         "fault_type": {"Level": "Hardware Failure", "Class": "GPU", "Desc": "GPU xid Error"},
     }
+
+
+def test_the_benchmark_prints_the_measured_figures(
+    trace: FaultTrace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fault_trace_bench.main()
+    out = capsys.readouterr().out
+    s = trace_statistics(trace)
+    assert f"faults                   {s.faults}\n" in out
+    assert f"{100 * s.top_share:.1f} % of faults" in out
+    assert f"median {s.repair_hours.p50:.2f}" in out
