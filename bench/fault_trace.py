@@ -12,12 +12,26 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+from scipy import stats
 
 from faultcast.sim.fault_trace import FaultTrace, Quantiles, TraceStatistics, load_trace, trace_statistics
 
 
 def _q(q: Quantiles, unit: str) -> str:
     return f"p10 {q.p10:.2f}  p25 {q.p25:.2f}  median {q.p50:.2f}  p75 {q.p75:.2f}  p90 {q.p90:.2f} {unit}"
+
+
+def _top_share_limit(dist: stats.rv_discrete, fraction: float = 0.1) -> float:
+    """The share of faults on the most-faulted `fraction` of a large fleet whose per-server counts follow
+    `dist` (a scipy discrete distribution): the upper tail of its pmf, weighted by count, over the mean."""
+    counts = np.arange(0, 1000)
+    pmf = dist.pmf(counts)
+    left, carried = fraction, 0.0
+    for x in counts[::-1]:
+        take = min(float(pmf[x]), left)
+        carried += take * float(x)
+        left -= take
+    return carried / float((counts * pmf).sum())
 
 
 def _report(s: TraceStatistics) -> None:
@@ -39,6 +53,11 @@ def _report(s: TraceStatistics) -> None:
         f"  negative binomial k    {s.dispersion_k:.3f} (maximum likelihood), {s.dispersion_k_moments:.3f} (moments)"
     )
     print(f"  hazard CV 1/sqrt(k)    {s.dispersion_k**-0.5:.2f}")
+    same = _top_share_limit(stats.poisson(s.count_mean))
+    frail = _top_share_limit(stats.nbinom(s.dispersion_k, s.dispersion_k / (s.dispersion_k + s.count_mean)))
+    print(
+        f"  top 10 % share if      one hazard for all {100 * same:.1f} %, gamma hazards of shape k {100 * frail:.1f} %"
+    )
     print(f"recurrence (next fault on the same server within {s.follow_days:g} days)")
     print(f"  of the fault's start   {s.followed} faults, {100 * s.followed_share:.1f} %")
     print(
