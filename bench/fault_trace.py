@@ -9,6 +9,7 @@ that defines them, and repair times by fault level. Reads only the shipped file;
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -71,6 +72,9 @@ def _report(s: TraceStatistics) -> None:
     print(f"  hours                  {_q(s.repair_hours, 'h')}")
     print(f"  mean, longest          {s.repair_mean_hours:.1f} h, {s.repair_max_hours:.1f} h")
     print(f"  zero-length            {s.zero_repairs} faults")
+    # A lognormal's interquartile range spans 2 * 0.6745 sigma in log space.
+    sigma = math.log(s.repair_hours.p75 / s.repair_hours.p25) / (2 * 0.6745)
+    print(f"  lognormal sigma        {sigma:.2f} (from the interquartile range)")
     print(f"bursts (starts within {s.burst_seconds:g} s of another, any server)")
     print(
         f"  after another          {s.faults_after_another} faults ({s.expected_after_another_uniform:.2f} if uniform)"
@@ -94,6 +98,12 @@ def _windows(trace: FaultTrace) -> None:
         for sec in (10, 60, 600, 3600)
     ]
     print("after another by window  " + ",  ".join(bursts))
+
+
+def _by_month(trace: FaultTrace) -> None:
+    """Faults per 30 days of the window: is the fleet's rate steady?"""
+    months = np.bincount([int(f.start_day // 30) for f in trace.faults]).tolist()
+    print(f"faults per 30 days       {months}")
 
 
 def _by_level(trace: FaultTrace) -> None:
@@ -128,6 +138,7 @@ def main() -> None:
     _windows(trace)
     _repair_by_level(trace)
     _by_level(trace)
+    _by_month(trace)
 
 
 if __name__ == "__main__":
