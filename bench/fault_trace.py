@@ -75,6 +75,8 @@ def _report(s: TraceStatistics) -> None:
     # A lognormal's interquartile range spans 2 * 0.6745 sigma in log space.
     sigma = math.log(s.repair_hours.p75 / s.repair_hours.p25) / (2 * 0.6745)
     print(f"  lognormal sigma        {sigma:.2f} (from the interquartile range)")
+    print("servers in repair at once (weighted by time)")
+    print(f"  mean, p99, most        {s.down_mean:.2f}, {s.down_p99}, {s.down_max}")
     print(f"bursts (starts within {s.burst_seconds:g} s of another, any server)")
     print(
         f"  after another          {s.faults_after_another} faults ({s.expected_after_another_uniform:.2f} if uniform)"

@@ -7,7 +7,7 @@ import itertools
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -121,6 +121,11 @@ class TraceStatistics:
     largest_burst: int
     expected_after_another_uniform: float  # if all starts fell uniformly over the window
     burst_components: tuple[tuple[str, int], ...]  # faults in bursts by component, most first
+    # Servers in repair at once over [0, last_event_day] (a server with two faults open counts once):
+    # the time-weighted mean, 99th percentile and most, what a warm pool of spares must cover.
+    down_mean: float
+    down_p99: int
+    down_max: int
 
 
 def trace_file(name: str = TRACE_FILE) -> Traversable:
@@ -219,6 +224,7 @@ def trace_statistics(
     repairs = [f.repair_hours for f in faults]
     mean, variance = float(np.mean(all_counts)), float(np.var(all_counts, ddof=1))
     bursts = _bursts(faults, burst_seconds / _SECONDS_PER_DAY)
+    down_mean, down_p99, down_max = _down_servers(per_server, window)
     in_bursts = [f for b in bursts for f in b]
     return TraceStatistics(
         fleet_servers=trace.fleet_servers,
@@ -255,12 +261,46 @@ def trace_statistics(
         largest_burst=max((len(b) for b in bursts), default=0),
         expected_after_another_uniform=_expected_close_gaps(n, burst_seconds / _SECONDS_PER_DAY, window),
         burst_components=tuple(Counter(f.component for f in in_bursts).most_common()),
+        down_mean=down_mean,
+        down_p99=down_p99,
+        down_max=down_max,
     )
 
 
 def _days(gap: float) -> float:
     """A difference of trace times at the trace's resolution, free of float noise, so thresholds cut cleanly."""
     return round(gap / RESOLUTION_DAYS) * RESOLUTION_DAYS
+
+
+def _down_servers(per_server: dict[str, list[Fault]], window: float) -> tuple[float, int, int]:
+    """How many servers are in repair at once over [0, window]: the time-weighted mean, 99th percentile
+    and most."""
+    steps: list[tuple[float, int]] = []
+    for faults in per_server.values():
+        for start, end in _merged((f.start_day, f.end_day) for f in faults):
+            steps += [(start, 1), (end, -1)]
+    steps.sort()  # at one instant a return (-1) sorts before a start: no false peak
+    time_at: dict[int, float] = defaultdict(float)
+    level, since = 0, 0.0
+    for t, change in steps:
+        time_at[level] += t - since
+        level, since = level + change, t
+    time_at[level] += window - since
+    levels = sorted(time_at)
+    cumulative = np.cumsum([time_at[n] for n in levels]) / window
+    p99 = levels[min(int(np.searchsorted(cumulative, 0.99)), len(levels) - 1)]
+    return sum(n * d for n, d in time_at.items()) / window, p99, max(n for n, d in time_at.items() if d > 0)
+
+
+def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping intervals joined."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def _bursts(faults: Sequence[Fault], within_days: float) -> list[list[Fault]]:

@@ -165,6 +165,9 @@ def test_a_small_trace_by_hand() -> None:
     assert (s.faults_after_another, s.faults_in_bursts, s.bursts, s.largest_burst) == (1, 2, 1, 2)
     # Repairs of 12 h (a), 24 h less 30 s (c), 24 h and 6 h (b): the median is between the middle two.
     assert s.repair_hours.p50 == pytest.approx((12 + 24 - 30 / 3600) / 2)
+    # a and c are down together for a while; the window ends at b's last return, day 13.25.
+    assert s.down_max == 2
+    assert s.down_mean == pytest.approx((0.5 + (1 - 30 / 86_400) + 1 + 0.25) / 13.25)
 
 
 def test_the_reader_refuses_a_broken_trace() -> None:
@@ -211,3 +214,18 @@ def test_the_benchmark_prints_the_measured_figures(
     assert f"faults                   {s.faults}\n" in out
     assert f"{100 * s.top_share:.1f} % of faults" in out
     assert f"median {s.repair_hours.p50:.2f}" in out
+
+
+def test_servers_down_at_once_on_a_grid_of_the_traces_ticks(trace: FaultTrace) -> None:
+    """Every server's repair periods painted onto the trace's 8.64-s ticks, a server counted once."""
+    s = trace_statistics(trace)
+    ticks = round(s.last_event_day * 10_000)
+    down = np.zeros(ticks, dtype=np.int16)
+    for faults in trace.by_server().values():
+        mine = np.zeros(ticks, dtype=bool)
+        for f in faults:
+            mine[round(f.start_day * 10_000) : round(f.end_day * 10_000)] = True
+        down += mine
+    assert s.down_mean == pytest.approx(float(down.mean()), rel=1e-6)
+    assert s.down_max == int(down.max())
+    assert s.down_p99 == int(np.sort(down)[math.ceil(0.99 * ticks) - 1])
