@@ -2,9 +2,11 @@
 
     .venv/bin/python -m bench.fault_trace
 
-Prints the trace's concentration, per-server dispersion, recurrence, repair times and bursts
-(faultcast.sim.fault_trace.trace_statistics), how the recurrence and burst figures move with the window
-that defines them, and repair times by fault level. Reads only the shipped file; takes about a second.
+Prints the trace's concentration, per-server dispersion, recurrence, repair times, servers down at once
+and bursts (faultcast.sim.fault_trace.trace_statistics); how the recurrence and burst figures move with
+the window that defines them; the figures for each fault level alone; faults by month; and what the
+service's default circuit breaker would refuse if every fault start asked for a drain. Reads only the
+shipped file; takes under a second.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import defaultdict
 import numpy as np
 from scipy import stats
 
+from faultcast.service.config import ServiceConfig
 from faultcast.sim.fault_trace import FaultTrace, Quantiles, TraceStatistics, load_trace, trace_statistics
 
 
@@ -102,6 +105,23 @@ def _windows(trace: FaultTrace) -> None:
     print("after another by window  " + ",  ".join(bursts))
 
 
+def _breaker(trace: FaultTrace) -> None:
+    """The service's default circuit breaker asked to drain each fault's server as the fault starts: an
+    upper bound on what it would refuse, since alerts come before faults and not for every one."""
+    config = ServiceConfig()
+    print(
+        f"breaker ({config.max_drains} nodes per {config.drain_window_s:g} s), a drain at every fault start"
+    )
+    for level in (None, "Hardware Failure"):
+        breaker = config.breaker()
+        refused = {
+            round(f.start_day, 1)
+            for f in trace.faults
+            if (level is None or f.level == level) and not breaker.allow(f.server, f.start_day * 86_400.0)
+        }
+        print(f"  {level or 'all faults'}: {breaker.tripped} refused, on days {sorted(refused)}")
+
+
 def _by_month(trace: FaultTrace) -> None:
     """Faults per 30 days of the window: is the fleet's rate steady?"""
     months = np.bincount([int(f.start_day // 30) for f in trace.faults]).tolist()
@@ -141,6 +161,7 @@ def main() -> None:
     _repair_by_level(trace)
     _by_level(trace)
     _by_month(trace)
+    _breaker(trace)
 
 
 if __name__ == "__main__":
