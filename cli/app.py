@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         failures,
         goodput,
         import_score,
+        labels,
         model,
         serve,
         simulate,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_parsers(commands)
     import_score.add_parsers(commands)
     failures.add_parser(commands)
+    labels.add_parser(commands)
     calibrate.add_parser(commands)
     serve.add_parser(commands)
     demo.add_parser(commands)

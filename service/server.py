@@ -33,6 +33,7 @@ from faultcast.service.config import ServiceConfig
 from faultcast.service.drift_monitor import DriftMonitor
 from faultcast.service.failure_events import EVIDENCE_TO_PB, TrainerReport
 from faultcast.service.failure_watch import FailureWatch
+from faultcast.service.label_desk import LabelDesk
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.pending_failures import PendingFailures
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
@@ -807,7 +808,8 @@ class Service:
             report_failure=self.report_failure,
         )
         apb_grpc.add_AlertsServicer_to_server(alerts, server)
-        apb_grpc.add_AdminServicer_to_server(AdminServicer(self, self._admin_pool), server)
+        labels = LabelDesk(self.store, lambda: self.model.horizon_s)
+        apb_grpc.add_AdminServicer_to_server(AdminServicer(self, self._admin_pool, labels), server)
         self.health.attach(server, asyncio.get_running_loop())
         enable_reflection(
             server, (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)

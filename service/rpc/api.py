@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from typing import Protocol, TypeVar, TypeVarTuple
+from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 import grpc
 
 from faultcast.failure_signs import Evidence, FailureSign
 from faultcast.model.artifact import FaultModel
 from faultcast.service.failure_events import TrainerReport
+from faultcast.service.label_desk import LabelDesk, LabelRefusedError
 from faultcast.service.model_info import model_info
 from faultcast.service.remediation.remediator import Remediator
 from faultcast.service.remediation.spares.prescheduler import (
@@ -57,6 +58,8 @@ Refusal = tuple[grpc.StatusCode, str]
 ReportFailure = Callable[[FailureSign, TrainerReport], tuple[int, bool]]
 SubscribeContext = grpc.aio.ServicerContext[apb.SubscribeRequest, apb.SubscribeResponse]
 T = TypeVar("T")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 Ts = TypeVarTuple("Ts")
 
 
@@ -500,12 +503,13 @@ class AlertsServicer(apb_grpc.AlertsServicer):
 
 
 class AdminServicer(apb_grpc.AdminServicer):
-    """ReloadModel, GetRemediation, SetRemediation: coroutines on the server's event loop that run
-    their work on `executor`, which no other call uses, so that no load of other calls (the shared
-    worker threads all busy) keeps an admin from pausing remediation."""
+    """ReloadModel, GetRemediation, SetRemediation and the label log's AddFailures, JudgeAlert and
+    ListLabels: coroutines on the server's event loop that run their work on `executor`, which no other
+    call uses, so that no load of other calls (the shared worker threads all busy) keeps an admin from
+    pausing remediation."""
 
-    def __init__(self, operations: Operations, executor: Executor) -> None:
-        self.operations, self.executor = operations, executor
+    def __init__(self, operations: Operations, executor: Executor, labels: LabelDesk) -> None:
+        self.operations, self.executor, self.labels = operations, executor, labels
 
     async def _run(self, work: Callable[[*Ts], T], *args: *Ts) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
@@ -539,3 +543,46 @@ class AdminServicer(apb_grpc.AdminServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raised already; for the type checker
+
+    async def AddFailures(  # noqa: N802
+        self,
+        request: apb.AddFailuresRequest,
+        context: grpc.aio.ServicerContext[apb.AddFailuresRequest, apb.AddFailuresResponse],
+    ) -> apb.AddFailuresResponse:
+        """Add failures to the label log (all or none); INVALID_ARGUMENT naming a bad one."""
+        by = str(current())
+        return await self._labelled(context, self.labels.add_failures, request, by)
+
+    async def JudgeAlert(  # noqa: N802
+        self,
+        request: apb.JudgeAlertRequest,
+        context: grpc.aio.ServicerContext[apb.JudgeAlertRequest, apb.JudgeAlertResponse],
+    ) -> apb.JudgeAlertResponse:
+        """Record an operator's verdict on an alert; NOT_FOUND for an alert the log lacks."""
+        by = str(current())
+        return await self._labelled(context, self.labels.judge_alert, request, by)
+
+    async def ListLabels(  # noqa: N802
+        self,
+        request: apb.ListLabelsRequest,
+        context: grpc.aio.ServicerContext[apb.ListLabelsRequest, apb.ListLabelsResponse],
+    ) -> apb.ListLabelsResponse:
+        """A page of the label log."""
+        return await self._run(self.labels.list_labels, request)
+
+    async def _labelled(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        work: Callable[[Req, str], Resp],
+        request: Req,
+        by: str,
+    ) -> Resp:
+        """Run a label write; a refusal is aborted with its words, a refused disk as UNAVAILABLE."""
+        try:
+            return await self._run(work, request, by)
+        except LabelRefusedError as exc:
+            code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(exc))
+        except StateWriteError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; nothing was recorded: try again")
+        raise AssertionError("abort returned")  # for the type checker: abort always raises

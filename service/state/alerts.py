@@ -8,9 +8,11 @@ with no gap.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 
 from faultcast.service.state.db import MAX_STORED_INT, Row, StateDatabase
+from faultcast.service.state.labels import SERVICE, from_failed_event, insert_failures
 from faultcast.v1 import alerts_pb2 as apb
 
 # Events that start an alert of their own: an OPENED event, and a FAILED event (an alert in one event).
@@ -58,6 +60,9 @@ class AlertLog:
                     "UPDATE alerts SET payload = ?, opened_id = ? WHERE id = ?",
                     (stored.SerializeToString(), stored.opened_id, stored.id),
                 )
+                label = from_failed_event(stored)
+                if label is not None:  # the fleet's label log holds it as surely as the event
+                    insert_failures(db, [label], SERVICE, time.time_ns())
                 out.append(stored)
         return out
 

@@ -75,6 +75,33 @@ CREATE TABLE IF NOT EXISTS scoring_state (
     state BLOB NOT NULL,
     saved_unix REAL NOT NULL
 );
+-- The fleet's label log (service/state/labels.py).
+CREATE TABLE IF NOT EXISTS failure_labels (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT NOT NULL,
+    gpu INTEGER NOT NULL,
+    uuid TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    time_ns INTEGER NOT NULL,
+    xid INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    source TEXT NOT NULL,
+    alert_id INTEGER NOT NULL,
+    evidence TEXT NOT NULL,
+    recorded_by TEXT NOT NULL,
+    recorded_ns INTEGER NOT NULL,
+    UNIQUE (source, node, gpu, time_ns, mode)
+);
+CREATE INDEX IF NOT EXISTS failure_labels_time ON failure_labels (time_ns);
+CREATE TABLE IF NOT EXISTS alert_verdicts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    alert_id INTEGER NOT NULL,
+    verdict TEXT NOT NULL,
+    why TEXT NOT NULL,
+    recorded_by TEXT NOT NULL,
+    recorded_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alert_verdicts_alert ON alert_verdicts (alert_id, id);
 """
 
 

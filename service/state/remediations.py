@@ -139,6 +139,11 @@ class RemediationLedger:
         )
         return [int(a) for (a,) in rows]
 
+    def succeeded(self) -> list[tuple[int, str]]:
+        """(alert id, node) of every remediation that took its node out (outcome ok), oldest first."""
+        rows = self._db.read("SELECT alert_id, node FROM remediations WHERE outcome = 'ok' ORDER BY alert_id")
+        return [(int(a), str(n)) for a, n in rows]
+
     def of(self, alert_id: int) -> tuple[str, str] | None:
         """(outcome, detail) of the alert's remediation, if one was claimed; outcome "pending" while
         it is being carried out or waits for a retry."""

@@ -10,7 +10,9 @@
 - `cursors` (cursors.py): the highest sequence accepted per (node, spool id), so a
   collector's replay after a service restart is not taken twice;
 - `scoring` (scoring.py): each node's saved scoring state (service/scoring_state.py), from
-  which a restart goes on, with the samples after it replayed from the journal.
+  which a restart goes on, with the samples after it replayed from the journal;
+- `labels` (labels.py): the fleet's label log, every failure known (the service's FAILED events on
+  hardware evidence, harvested logs, operators) and operators' verdicts on alerts.
 
 The parts share one connection, one lock and one transaction helper (service/state/db.py): a
 damaged database is refused at open (`StateError`), and a failed write (full disk, I/O error)
@@ -28,6 +30,7 @@ from faultcast.service.state.alerts import AlertLog
 from faultcast.service.state.cursors import Cursors
 from faultcast.service.state.db import OnWritable, OnWriteFailed, StateDatabase
 from faultcast.service.state.jobs import JobRegistry
+from faultcast.service.state.labels import LabelLog
 from faultcast.service.state.remediations import RemediationLedger
 from faultcast.service.state.scoring import SavedStates
 from faultcast.service.state.settings import Settings
@@ -37,7 +40,7 @@ DATABASE_NAME = "faultcast-service.sqlite"
 
 class StateStore:
     """The open state database and its parts: `alerts`, `jobs`, `acks`, `remediations`,
-    `settings`, `cursors`, `scoring`. Every method of a part is safe to call from any thread."""
+    `settings`, `cursors`, `scoring`, `labels`. Every method of a part is safe to call from any thread."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class StateStore:
         self.settings = Settings(self._db)
         self.cursors = Cursors(self._db)
         self.scoring = SavedStates(self._db)
+        self.labels = LabelLog(self._db)
 
     @classmethod
     def in_dir(

@@ -441,6 +441,74 @@ HAND_OVER_STATE_RELEASED: HandOverState.ValueType  # 3
 """Not needed (a false alarm, the job went the usual way, no spare asked): exit."""
 Global___HandOverState: _TypeAlias = HandOverState  # noqa: Y015
 
+class _LabelSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LabelSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LabelSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LABEL_SOURCE_UNSPECIFIED: _LabelSource.ValueType  # 0
+    LABEL_SOURCE_FAILURE_EVENT: _LabelSource.ValueType  # 1
+    """A FAILED event the service raised on hardware evidence (an Xid, a lost GPU, an uncorrectable
+    ECC error, a port down, a silent node).
+    """
+    LABEL_SOURCE_KERNEL_LOG: _LabelSource.ValueType  # 2
+    """A kernel log's Xid lines (`faultcast failures --kernel-log`), imported."""
+    LABEL_SOURCE_SLURM: _LabelSource.ValueType  # 3
+    """Slurm's node events and drain reasons (`faultcast failures --slurm-events`), imported."""
+    LABEL_SOURCE_OPERATOR: _LabelSource.ValueType  # 4
+    """An operator: a failure added by hand, or a verdict on an alert."""
+    LABEL_SOURCE_HARVESTED: _LabelSource.ValueType  # 5
+    """Another failure log (failures.csv) whose origin the importer did not say."""
+
+class LabelSource(_LabelSource, metaclass=_LabelSourceEnumTypeWrapper):
+    """Where a label in the fleet's label log came from."""
+
+LABEL_SOURCE_UNSPECIFIED: LabelSource.ValueType  # 0
+LABEL_SOURCE_FAILURE_EVENT: LabelSource.ValueType  # 1
+"""A FAILED event the service raised on hardware evidence (an Xid, a lost GPU, an uncorrectable
+ECC error, a port down, a silent node).
+"""
+LABEL_SOURCE_KERNEL_LOG: LabelSource.ValueType  # 2
+"""A kernel log's Xid lines (`faultcast failures --kernel-log`), imported."""
+LABEL_SOURCE_SLURM: LabelSource.ValueType  # 3
+"""Slurm's node events and drain reasons (`faultcast failures --slurm-events`), imported."""
+LABEL_SOURCE_OPERATOR: LabelSource.ValueType  # 4
+"""An operator: a failure added by hand, or a verdict on an alert."""
+LABEL_SOURCE_HARVESTED: LabelSource.ValueType  # 5
+"""Another failure log (failures.csv) whose origin the importer did not say."""
+Global___LabelSource: _TypeAlias = LabelSource  # noqa: Y015
+
+class _Verdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Verdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VERDICT_UNSPECIFIED: _Verdict.ValueType  # 0
+    VERDICT_TRUE: _Verdict.ValueType  # 1
+    """The alert was right: the hardware was failing (found by a diagnostic, a repair, an RMA). The
+    alert's GPU (or node) counts as failed at `failure_unix_nano`, or at the alert's last event.
+    """
+    VERDICT_FALSE: _Verdict.ValueType  # 2
+    """The alert was wrong: nothing was wrong with the hardware. Its hours are healthy hours, even when
+    its node was drained (which would otherwise leave them unknown: perhaps a failure prevented).
+    """
+
+class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper):
+    """What an operator found about an alert."""
+
+VERDICT_UNSPECIFIED: Verdict.ValueType  # 0
+VERDICT_TRUE: Verdict.ValueType  # 1
+"""The alert was right: the hardware was failing (found by a diagnostic, a repair, an RMA). The
+alert's GPU (or node) counts as failed at `failure_unix_nano`, or at the alert's last event.
+"""
+VERDICT_FALSE: Verdict.ValueType  # 2
+"""The alert was wrong: nothing was wrong with the hardware. Its hours are healthy hours, even when
+its node was drained (which would otherwise leave them unknown: perhaps a failure prevented).
+"""
+Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
 @_typing.final
 class Failure(_message.Message):
     """A failure that happened (EVENT_KIND_FAILED events only)."""
@@ -1332,3 +1400,267 @@ class GetRemediationRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRemediationRequest: _TypeAlias = GetRemediationRequest  # noqa: Y015
+
+@_typing.final
+class FailureLabel(_message.Message):
+    """One failure in the label log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    GPU_UUID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    TIME_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    XID_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    RECORDED_BY_FIELD_NUMBER: _builtins.int
+    RECORDED_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    ALERT_ID_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    gpu: _builtins.int
+    """-1: the whole node (or the GPU is not known)"""
+    gpu_uuid: _builtins.str
+    mode: Global___FailureMode.ValueType
+    """FAILURE_MODE_UNSPECIFIED when the source does not say"""
+    time_unix_nano: _builtins.int
+    """when it struck, on the node's clock"""
+    xid: _builtins.int
+    detail: _builtins.str
+    """what the source said ("Xid 79 (GPU has fallen off the bus)", a drain reason)"""
+    source: Global___LabelSource.ValueType
+    id: _builtins.int
+    """Set by the service: the label's id, who recorded it (the admin's identity; "service" for a
+    FAILED event) and when, on the service's clock.
+    """
+    recorded_by: _builtins.str
+    recorded_unix_nano: _builtins.int
+    alert_id: _builtins.int
+    """the FAILED event it came from, or the alert a VERDICT_TRUE confirmed"""
+    evidence: Global___FailureEvidence.ValueType
+    """LABEL_SOURCE_FAILURE_EVENT: what the event showed"""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        gpu: _builtins.int = ...,
+        gpu_uuid: _builtins.str = ...,
+        mode: Global___FailureMode.ValueType = ...,
+        time_unix_nano: _builtins.int = ...,
+        xid: _builtins.int = ...,
+        detail: _builtins.str = ...,
+        source: Global___LabelSource.ValueType = ...,
+        id: _builtins.int = ...,
+        recorded_by: _builtins.str = ...,
+        recorded_unix_nano: _builtins.int = ...,
+        alert_id: _builtins.int = ...,
+        evidence: Global___FailureEvidence.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "detail", b"detail", "evidence", b"evidence", "gpu", b"gpu", "gpu_uuid", b"gpu_uuid", "id", b"id", "mode", b"mode", "node", b"node", "recorded_by", b"recorded_by", "recorded_unix_nano", b"recorded_unix_nano", "source", b"source", "time_unix_nano", b"time_unix_nano", "xid", b"xid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailureLabel: _TypeAlias = FailureLabel  # noqa: Y015
+
+@_typing.final
+class AlertVerdict(_message.Message):
+    """An operator's verdict on an alert, as recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALERT_ID_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    RECORDED_BY_FIELD_NUMBER: _builtins.int
+    RECORDED_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    alert_id: _builtins.int
+    """the alert (its opened id)"""
+    verdict: Global___Verdict.ValueType
+    why: _builtins.str
+    recorded_by: _builtins.str
+    recorded_unix_nano: _builtins.int
+    id: _builtins.int
+    def __init__(
+        self,
+        *,
+        alert_id: _builtins.int = ...,
+        verdict: Global___Verdict.ValueType = ...,
+        why: _builtins.str = ...,
+        recorded_by: _builtins.str = ...,
+        recorded_unix_nano: _builtins.int = ...,
+        id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "id", b"id", "recorded_by", b"recorded_by", "recorded_unix_nano", b"recorded_unix_nano", "verdict", b"verdict", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlertVerdict: _TypeAlias = AlertVerdict  # noqa: Y015
+
+@_typing.final
+class AddFailuresRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAILURES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureLabel]:
+        """At most 10,000 a call. A failure already in the log from the same source (same node, GPU, time
+        and mode) is not added again, so importing the same log twice adds nothing.
+        """
+
+    def __init__(
+        self,
+        *,
+        failures: _abc.Iterable[Global___FailureLabel] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failures", b"failures"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddFailuresRequest: _TypeAlias = AddFailuresRequest  # noqa: Y015
+
+@_typing.final
+class AddFailuresResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDED_FIELD_NUMBER: _builtins.int
+    ALREADY_THERE_FIELD_NUMBER: _builtins.int
+    added: _builtins.int
+    already_there: _builtins.int
+    def __init__(
+        self,
+        *,
+        added: _builtins.int = ...,
+        already_there: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "already_there", b"already_there"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddFailuresResponse: _TypeAlias = AddFailuresResponse  # noqa: Y015
+
+@_typing.final
+class JudgeAlertRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALERT_ID_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    FAILURE_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    alert_id: _builtins.int
+    """any event id of the alert; its opened id is what is recorded"""
+    verdict: Global___Verdict.ValueType
+    why: _builtins.str
+    failure_unix_nano: _builtins.int
+    """VERDICT_TRUE: when the failure struck (0: the time of the alert's last event)."""
+    def __init__(
+        self,
+        *,
+        alert_id: _builtins.int = ...,
+        verdict: Global___Verdict.ValueType = ...,
+        why: _builtins.str = ...,
+        failure_unix_nano: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alert_id", b"alert_id", "failure_unix_nano", b"failure_unix_nano", "verdict", b"verdict", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JudgeAlertRequest: _TypeAlias = JudgeAlertRequest  # noqa: Y015
+
+@_typing.final
+class JudgeAlertResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def verdict(self) -> Global___AlertVerdict: ...
+    @_builtins.property
+    def failure(self) -> Global___FailureLabel:
+        """VERDICT_TRUE: the failure it recorded."""
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___AlertVerdict | None = ...,
+        failure: Global___FailureLabel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "verdict", b"verdict"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JudgeAlertResponse: _TypeAlias = JudgeAlertResponse  # noqa: Y015
+
+@_typing.final
+class ListLabelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_FAILURE_ID_FIELD_NUMBER: _builtins.int
+    AFTER_VERDICT_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    after_failure_id: _builtins.int
+    """Failures and verdicts with a larger id (paging; each has ids of its own); 0: from the start."""
+    after_verdict_id: _builtins.int
+    limit: _builtins.int
+    """of each; 0: 1,000 (at most 10,000)"""
+    def __init__(
+        self,
+        *,
+        after_failure_id: _builtins.int = ...,
+        after_verdict_id: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_failure_id", b"after_failure_id", "after_verdict_id", b"after_verdict_id", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLabelsRequest: _TypeAlias = ListLabelsRequest  # noqa: Y015
+
+@_typing.final
+class ListLabelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAILURES_FIELD_NUMBER: _builtins.int
+    VERDICTS_FIELD_NUMBER: _builtins.int
+    CENSORED_ALERTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureLabel]: ...
+    @_builtins.property
+    def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlertVerdict]: ...
+    @_builtins.property
+    def censored_alerts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Alerts whose node was taken out on the prediction and that no failure or verdict has settled:
+        perhaps a failure prevented, perhaps a false alarm. Training leaves their hours out (censored).
+        """
+
+    def __init__(
+        self,
+        *,
+        failures: _abc.Iterable[Global___FailureLabel] | None = ...,
+        verdicts: _abc.Iterable[Global___AlertVerdict] | None = ...,
+        censored_alerts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["censored_alerts", b"censored_alerts", "failures", b"failures", "verdicts", b"verdicts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLabelsResponse: _TypeAlias = ListLabelsResponse  # noqa: Y015

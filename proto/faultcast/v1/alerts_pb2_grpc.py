@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class AdminStub:
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
-    serving); pauses remediation or changes its circuit breaker.
+    serving); pauses remediation or changes its circuit breaker; keeps the fleet's label log (failures
+    from logs and by hand, verdicts on alerts) that retraining learns from.
     """
 
     def __init__(self, channel):
@@ -51,11 +52,27 @@ class AdminStub:
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.SetRemediationRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.FromString,
                 _registered_method=True)
+        self.AddFailures = channel.unary_unary(
+                '/faultcast.v1.Admin/AddFailures',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.AddFailuresRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.AddFailuresResponse.FromString,
+                _registered_method=True)
+        self.JudgeAlert = channel.unary_unary(
+                '/faultcast.v1.Admin/JudgeAlert',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.JudgeAlertRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.JudgeAlertResponse.FromString,
+                _registered_method=True)
+        self.ListLabels = channel.unary_unary(
+                '/faultcast.v1.Admin/ListLabels',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
-    serving); pauses remediation or changes its circuit breaker.
+    serving); pauses remediation or changes its circuit breaker; keeps the fleet's label log (failures
+    from logs and by hand, verdicts on alerts) that retraining learns from.
     """
 
     def ReloadModel(self, request, context):
@@ -71,6 +88,24 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetRemediation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddFailures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JudgeAlert(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLabels(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,6 +129,21 @@ def add_AdminServicer_to_server(servicer, server):
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.SetRemediationRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.SerializeToString,
             ),
+            'AddFailures': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddFailures,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.AddFailuresRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.AddFailuresResponse.SerializeToString,
+            ),
+            'JudgeAlert': grpc.unary_unary_rpc_method_handler(
+                    servicer.JudgeAlert,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.JudgeAlertRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.JudgeAlertResponse.SerializeToString,
+            ),
+            'ListLabels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLabels,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'faultcast.v1.Admin', rpc_method_handlers)
@@ -104,7 +154,8 @@ def add_AdminServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Admin:
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
-    serving); pauses remediation or changes its circuit breaker.
+    serving); pauses remediation or changes its circuit breaker; keeps the fleet's label log (failures
+    from logs and by hand, verdicts on alerts) that retraining learns from.
     """
 
     @staticmethod
@@ -178,6 +229,87 @@ class Admin:
             '/faultcast.v1.Admin/SetRemediation',
             faultcast_dot_v1_dot_alerts__pb2.SetRemediationRequest.SerializeToString,
             faultcast_dot_v1_dot_alerts__pb2.RemediationSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddFailures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/AddFailures',
+            faultcast_dot_v1_dot_alerts__pb2.AddFailuresRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.AddFailuresResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JudgeAlert(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/JudgeAlert',
+            faultcast_dot_v1_dot_alerts__pb2.JudgeAlertRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.JudgeAlertResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLabels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/ListLabels',
+            faultcast_dot_v1_dot_alerts__pb2.ListLabelsRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ListLabelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

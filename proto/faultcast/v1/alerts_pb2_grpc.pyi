@@ -44,7 +44,8 @@ GRPC_VERSION: str
 
 class AdminStub:
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
-    serving); pauses remediation or changes its circuit breaker.
+    serving); pauses remediation or changes its circuit breaker; keeps the fleet's label log (failures
+    from logs and by hand, verdicts on alerts) that retraining learns from.
     """
 
     @_typing.overload
@@ -54,21 +55,29 @@ class AdminStub:
     ReloadModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ReloadModelRequest, _alerts_pb2.ReloadModelResponse]
     GetRemediation: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.GetRemediationRequest, _alerts_pb2.RemediationSettings]
     SetRemediation: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.SetRemediationRequest, _alerts_pb2.RemediationSettings]
+    AddFailures: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.AddFailuresRequest, _alerts_pb2.AddFailuresResponse]
+    JudgeAlert: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.JudgeAlertRequest, _alerts_pb2.JudgeAlertResponse]
+    ListLabels: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ListLabelsRequest, _alerts_pb2.ListLabelsResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
-    serving); pauses remediation or changes its circuit breaker.
+    serving); pauses remediation or changes its circuit breaker; keeps the fleet's label log (failures
+    from logs and by hand, verdicts on alerts) that retraining learns from.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ReloadModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ReloadModelRequest, _alerts_pb2.ReloadModelResponse]  # type: ignore[assignment]
     GetRemediation: _aio.UnaryUnaryMultiCallable[_alerts_pb2.GetRemediationRequest, _alerts_pb2.RemediationSettings]  # type: ignore[assignment]
     SetRemediation: _aio.UnaryUnaryMultiCallable[_alerts_pb2.SetRemediationRequest, _alerts_pb2.RemediationSettings]  # type: ignore[assignment]
+    AddFailures: _aio.UnaryUnaryMultiCallable[_alerts_pb2.AddFailuresRequest, _alerts_pb2.AddFailuresResponse]  # type: ignore[assignment]
+    JudgeAlert: _aio.UnaryUnaryMultiCallable[_alerts_pb2.JudgeAlertRequest, _alerts_pb2.JudgeAlertResponse]  # type: ignore[assignment]
+    ListLabels: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ListLabelsRequest, _alerts_pb2.ListLabelsResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
-    serving); pauses remediation or changes its circuit breaker.
+    serving); pauses remediation or changes its circuit breaker; keeps the fleet's label log (failures
+    from logs and by hand, verdicts on alerts) that retraining learns from.
     """
 
     @_abc_1.abstractmethod
@@ -91,6 +100,27 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _alerts_pb2.SetRemediationRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_alerts_pb2.RemediationSettings, _abc.Awaitable[_alerts_pb2.RemediationSettings]]: ...
+
+    @_abc_1.abstractmethod
+    def AddFailures(
+        self,
+        request: _alerts_pb2.AddFailuresRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.AddFailuresResponse, _abc.Awaitable[_alerts_pb2.AddFailuresResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def JudgeAlert(
+        self,
+        request: _alerts_pb2.JudgeAlertRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.JudgeAlertResponse, _abc.Awaitable[_alerts_pb2.JudgeAlertResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListLabels(
+        self,
+        request: _alerts_pb2.ListLabelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ListLabelsResponse, _abc.Awaitable[_alerts_pb2.ListLabelsResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
