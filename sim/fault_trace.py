@@ -213,16 +213,16 @@ def trace_statistics(
     uptime: list[float] = []
     for series in per_server.values():
         for a, b in itertools.pairwise(series):
-            gap = _days(b.start_day - a.start_day)
-            recurrence.append(gap)
-            uptime.append(_days(b.start_day - a.end_day))
-            if gap <= follow_days:
+            recurrence.append(b.start_day - a.start_day)
+            uptime.append(b.start_day - a.end_day)
+            if _within(b.start_day - a.start_day, follow_days):
                 followed += 1
                 same_component += a.component == b.component
-            after_repair += _days(b.start_day - a.end_day) <= follow_days
+            after_repair += _within(b.start_day - a.end_day, follow_days)
 
     repairs = [f.repair_hours for f in faults]
-    mean, variance = float(np.mean(all_counts)), float(np.var(all_counts, ddof=1))
+    mean = float(np.mean(all_counts))
+    variance = float(np.var(all_counts, ddof=1)) if len(all_counts) > 1 else 0.0
     bursts = _bursts(faults, burst_seconds / _SECONDS_PER_DAY)
     down_mean, down_p99, down_max = _down_servers(per_server, window)
     in_bursts = [f for b in bursts for f in b]
@@ -267,9 +267,10 @@ def trace_statistics(
     )
 
 
-def _days(gap: float) -> float:
-    """A difference of trace times at the trace's resolution, free of float noise, so thresholds cut cleanly."""
-    return round(gap / RESOLUTION_DAYS) * RESOLUTION_DAYS
+def _within(gap_days: float, limit_days: float) -> bool:
+    """gap <= limit, the gap counted in whole ticks of the trace's resolution: float noise in the
+    difference of two times cannot move a gap across the limit."""
+    return round(gap_days / RESOLUTION_DAYS) <= limit_days / RESOLUTION_DAYS + 1e-6
 
 
 def _down_servers(per_server: dict[str, list[Fault]], window: float) -> tuple[float, int, int]:
@@ -307,7 +308,7 @@ def _bursts(faults: Sequence[Fault], within_days: float) -> list[list[Fault]]:
     """Chains of faults (in order of start) each starting within within_days of the previous; two or more."""
     chains: list[list[Fault]] = [[faults[0]]]
     for prev, f in itertools.pairwise(faults):
-        if _days(f.start_day - prev.start_day) <= within_days:
+        if _within(f.start_day - prev.start_day, within_days):
             chains[-1].append(f)
         else:
             chains.append([f])

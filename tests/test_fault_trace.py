@@ -229,3 +229,17 @@ def test_servers_down_at_once_on_a_grid_of_the_traces_ticks(trace: FaultTrace) -
     assert s.down_mean == pytest.approx(float(down.mean()), rel=1e-6)
     assert s.down_max == int(down.max())
     assert s.down_p99 == int(np.sort(down)[math.ceil(0.99 * ticks) - 1])
+
+
+def test_a_gap_of_exactly_the_window_counts_whatever_float_noise_says() -> None:
+    """8.0028 - 1.0028 is 7.000000000000001 in floating point: in the trace's ticks it is 7 days, within."""
+    events = [
+        _event("a", 1.0028, "fault_start"),
+        _event("a", 1.5, "fault_end"),
+        _event("a", 8.0028, "fault_start"),
+        _event("a", 8.5, "fault_end"),
+    ]
+    assert 8.0028 - 1.0028 > 7.0
+    s = trace_statistics(parse_events(events, fleet_servers=1))
+    assert s.followed == 1
+    assert s.count_variance == 0.0  # one server: no spread to measure
