@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from faultcast.cli import model_digest
 from faultcast.cli.paths import create_parents, missing_input, refuse, uncreatable
 from faultcast.cli.types import Subcommands, duration
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # the model package loads on demand: `faultcast --help` stays
 
 
 def add_parsers(commands: Subcommands) -> None:
-    """Add `faultcast train` and `faultcast evaluate`."""
+    """Add `faultcast train`, `faultcast evaluate` and `faultcast model-digest`."""
     train = commands.add_parser(
         "train", help="train the failure-prediction model on telemetry and a failure log"
     )
@@ -133,7 +134,7 @@ def add_parsers(commands: Subcommands) -> None:
         help="event-level evaluation on the data the model never trained on, with intervals and baselines "
         "matched to its false-alarm rate",
     )
-    evaluate.add_argument("--model", type=Path, required=True)
+    evaluate.add_argument("--model", type=Path, help="the model directory (default: the shipped model)")
     evaluate.add_argument(
         "--data",
         type=Path,
@@ -189,6 +190,7 @@ def add_parsers(commands: Subcommands) -> None:
         help="score on this Dask cluster (tcp://host:8786) instead, split for all its worker threads",
     )
     evaluate.set_defaults(handler=run_evaluate)
+    model_digest.add_parser(commands)
 
 
 def _dask_client(address: str | None) -> Any:
@@ -339,6 +341,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from faultcast.model.evaluation.outcomes import PredictionPeriods
     from faultcast.model.evaluation.score_jobs import score_datasets
     from faultcast.model.features.offline import DataError, Dataset, open_dataset
+    from faultcast.model.shipped import shipped_model_dir
 
     if not 0 <= args.warning_time < args.prediction_period:
         print(
@@ -366,7 +369,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if why is not None:
         return refuse("evaluate", why)
     try:
-        model = load(args.model)
+        model = load(args.model if args.model is not None else shipped_model_dir())
         datasets = [open_dataset(path) for path in args.data]
         apart = [open_dataset(path) for path in args.false_alarm_data]
         wanted = references_by_data(args.reference, args.data)
