@@ -53,7 +53,9 @@ def add_parser(commands: Subcommands) -> None:
         help="the prediction service: ingest, scoring, alerts, remediation",
         formatter_class=DefaultsShown,
     )
-    serve.add_argument("--model", type=Path, required=True, help="the model directory (faultcast train)")
+    serve.add_argument(
+        "--model", type=Path, help="the model directory (faultcast train; default: the shipped model)"
+    )
     serve.add_argument("--listen", default="127.0.0.1:50051", help="gRPC address (HOST:PORT)")
     serve.add_argument(
         "--prometheus-port",
@@ -436,6 +438,10 @@ def run_serve(args: argparse.Namespace) -> int:
         log.error("%s", why)
         return 2
     try:
+        if args.model is None:  # resolved here, not as the flag's default: parsing stays light
+            from faultcast.model.shipped import shipped_model_dir
+
+            args.model = shipped_model_dir()
         service = Service.open(
             args.model, args.state_dir, config, actuator=make_actuator(args), spares=spares, metrics=metrics,
             policy=None if tls is None else AccessPolicy(
