@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from faultcast.cli.paths import create, refuse, uncreatable
+from faultcast.cli.paths import create, missing_input, refuse
 from faultcast.cli.types import Subcommands, scenario
 from faultcast.demo.settings import DEFAULT_FAILURES, DemoSettings
 
@@ -23,7 +23,9 @@ def add_parser(commands: Subcommands) -> None:
         "--failure", type=scenario, action="append", dest="failures", metavar="MODE:NODE:GPU:AT[:LEAD]",
         help="order a failure (repeatable); default: HBM, firmware, NVLink and PCIe failures over ~3 hours",
     )  # fmt: skip  # one argument per call reads better than the formatter's split
-    demo.add_argument("--model", type=Path, default=_DEFAULTS.model, help="trained here on first run")
+    demo.add_argument(
+        "--model", type=Path, default=_DEFAULTS.model, help="the model (default: the shipped model)"
+    )
     demo.add_argument("--out", type=Path, default=_DEFAULTS.out, help="logs and state of the run")
     demo.add_argument(
         "--prometheus-port", type=int, default=_DEFAULTS.prometheus_port, help="the service's /metrics"
@@ -33,8 +35,8 @@ def add_parser(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo with the flags' settings (the default failures when none are given); its exit status."""
-    why = uncreatable([("--model", args.model)]) or create([("--out", args.out)])
-    if why is not None:  # the model is trained into --model when it has none
+    why = missing_input([("--model", args.model)]) or create([("--out", args.out)])
+    if why is not None:
         return refuse("demo", why)
     settings = DemoSettings(
         nodes=args.nodes, speed=args.speed, failures=tuple(args.failures or DEFAULT_FAILURES),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultcast.cli.paths import create, create_parents, missing_input, refuse, uncreatable
+from faultcast.cli.paths import create, create_parents, missing_input, refuse
 from faultcast.cli.types import Subcommands, duration, limit
 from faultcast.goodput.engine import REPLICA_OVERHEAD, JobCosts, NodeReplacement, Outcome, ProtectTier
 from faultcast.goodput.process import GPUS_PER_NODE, UNMODELLED, failure_rates, job_mtbf_s
@@ -41,10 +41,7 @@ def add_parser(commands: Subcommands) -> None:
     p.add_argument("--gpus", type=int, default=16_384, help="the job's GPUs (8 per node)")
     p.add_argument("--days", type=float, default=54.0, help="wall-clock days simulated")
     p.add_argument(
-        "--model",
-        type=Path,
-        default=Path("out/demo-model"),
-        help="the model whose alerts are replayed (the demo's is trained here if absent)",
+        "--model", type=Path, help="the model whose alerts are replayed (default: the shipped model)"
     )
     p.add_argument(
         "--replay-data",
@@ -327,10 +324,10 @@ class Study:
 def run_goodput(args: argparse.Namespace) -> int:
     """Run the study and print it; writes the plot, and the JSON and threshold.json when asked.
     Returns the exit status: 0, or 2 for bad flags, a bad costs file or a model that cannot be loaded."""
-    from faultcast.demo.model import ensure_model
     from faultcast.goodput.replay import model_digest
     from faultcast.model.artifact import ModelError, load
     from faultcast.model.features.offline import DataError
+    from faultcast.model.shipped import shipped_model_dir
     from faultcast.model.threshold_file import write
 
     try:
@@ -338,19 +335,21 @@ def run_goodput(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"faultcast goodput: {exc}", file=sys.stderr)
         return 2
-    demo_model = args.model == Path("out/demo-model")  # trained there when it has none
     why = (
-        (uncreatable if demo_model else missing_input)([("--model", args.model)])
-        or missing_input([("--replay-data", args.replay_data)])
+        missing_input([("--model", args.model), ("--replay-data", args.replay_data)])
         or create([("--cache", args.cache)])
         or create_parents([("--plot", args.plot), ("--json", args.json)])
     )
+    if why is None and args.apply and args.model is None:
+        # threshold.json would land inside the installed package, and the next install would drop it.
+        why = (
+            "--apply writes threshold.json beside the model: copy the shipped model, give the copy as --model"
+        )
     if why is not None:
         return refuse("goodput", why)
     started = time.perf_counter()
-    if demo_model:
-        ensure_model(args.model)
     try:
+        args.model = args.model if args.model is not None else shipped_model_dir()
         model = load(args.model)
     except ModelError as exc:
         print(f"faultcast goodput: {exc}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The demo model's one recipe: a 32-node twin over 6 days at 400x the failure rate (about a third of
 failures carry a precursor, so it takes that many to have some to learn from), trained with few
-trees (about a minute here). The demo, the goodput study's default, the benchmarks and the test
-suite's `service_model` fixture all train it this way, so they all see the same model."""
+trees (about a minute here). The benchmarks and the test suite's `service_model` fixture train it
+this way, so they all see the same small model. The demo and the goodput study no longer train it:
+they use the shipped model (faultcast.model.shipped), trained at scale (bench/shipped_model.sh)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,10 @@ def ensure_model(model_dir: Path) -> None:
         return
     print(f"no model in {model_dir}: training one on a 32-node, 6-day fleet twin (about a minute, once)")
     train_demo_model(model_dir)
+
+
+# `python -m faultcast.demo.model [DIR]`: the tests' model, for FAULTCAST_TEST_SERVICE_MODEL.
+if __name__ == "__main__":
+    import sys
+
+    ensure_model(Path(sys.argv[1] if len(sys.argv) > 1 else "out/demo-model"))

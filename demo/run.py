@@ -3,12 +3,12 @@
 Collector processes (`faultcast collect --source simulated`) each simulate one node, with failures
 ordered on cue, and push their samples to a service with default limits (the twin's clock starts in
 the past, so at 240x it never runs ahead of the wall clock); the service scores them with a model
-(trained on a twin on first run) and streams alerts; a console subscriber plays the trainer: it
-prints each alert event (opened, updated, cleared) with what the twin does next, and acknowledges
-each snapshot-and-migrate alert once with SNAPSHOT_DONE, which makes the service drain the node (the
-no-op actuator logs it). It ends with a summary in `faultcast evaluate`'s words (model/evaluation/outcomes.py):
-each failure caught (warned 5 min to 2 h ahead), late or missed; each alert true, late, premature
-or false; and the false alarms per 1,000 GPU-days.
+(the shipped one unless told another; nothing is trained) and streams alerts; a console subscriber
+plays the trainer: it prints each alert event (opened, updated, cleared) with what the twin does
+next, and acknowledges each snapshot-and-migrate alert once with SNAPSHOT_DONE, which makes the
+service drain the node (the no-op actuator logs it). It ends with a summary in `faultcast evaluate`'s
+words (model/evaluation/outcomes.py): each failure caught (warned 5 min to 2 h ahead), late or
+missed; each alert true, late, premature or false; and the false alarms per 1,000 GPU-days.
 """
 
 from __future__ import annotations
@@ -62,17 +62,26 @@ def run_demo(args: DemoSettings) -> int:
     """Run the demo to its end (or SIGINT/SIGTERM) and print its summary; returns the exit code."""
     from prometheus_client import start_http_server
 
-    from faultcast.demo.model import ensure_model
+    from faultcast.model.artifact import ModelError
+    from faultcast.model.shipped import shipped_model_dir
     from faultcast.service.config import ServiceConfig
     from faultcast.service.server import Service
 
     failures: list[Scenario] = list(args.failures)
-    ensure_model(args.model)
+    try:
+        model_dir = args.model if args.model is not None else shipped_model_dir()
+    except ModelError as exc:
+        print(f"faultcast demo: {exc}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     _log_to(args.out / "service.log")
     with tempfile.TemporaryDirectory(dir=args.out) as state:
         # Default limits: the twin's clock starts in the past (below), so it never runs ahead.
-        service = Service.open(args.model, Path(state), ServiceConfig(grace_s=30.0))
+        try:
+            service = Service.open(model_dir, Path(state), ServiceConfig(grace_s=30.0))
+        except ModelError as exc:
+            print(f"faultcast demo: {exc}", file=sys.stderr)
+            return 2
         port = service.start("127.0.0.1:0")
         metrics_port = start_http_server(args.prometheus_port, registry=service.metrics.registry)[
             0
@@ -89,7 +98,8 @@ def run_demo(args: DemoSettings) -> int:
         print(
             f"service on 127.0.0.1:{port}, metrics on :{metrics_port}/metrics; model threshold "
             f"{model.threshold:.3g} (an alert holds above {model.policy.hold(model.threshold):.3g}), horizon "
-            f"{model.horizon_s / 60:.0f} min, trained {model.card.created_at}"
+            f"{model.horizon_s / 60:.0f} min, trained {model.card.created_at} "
+            f"({'the shipped model' if args.model is None else model_dir})"
         )
         print(
             f"risk: the chance a GPU fails within {model.horizon_s / 60:.0f} min, at hardware's real failure "

@@ -29,6 +29,6 @@ class DemoSettings:
     nodes: int = 4  # simulated nodes, 8 GPUs each
     speed: float = 240.0  # simulated seconds per wall-clock second
     failures: tuple[Scenario, ...] = DEFAULT_FAILURES
-    model: Path = Path("out/demo-model")  # trained here on first run
+    model: Path | None = None  # None: the shipped model (faultcast.model.shipped)
     out: Path = Path("out/demo")  # logs and state of the run
     prometheus_port: int = 9401  # the service's /metrics (0: any free port, printed)

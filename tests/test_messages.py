@@ -166,7 +166,7 @@ REFUSED = [
     (["failures", "--slurm-events", "{t}/e", "--out", "{f}/f.csv"], "--out {f}/f.csv: its directory"),
     (["collect", "--once", "--proc-root", "{m}"], "--proc-root {m}: no such directory"),
     (["collect", "--once", "--sys-root", "{m}"], "--sys-root {m}: no such directory"),
-    (["demo", "--model", "{f}/model"], "--model {f}/model: cannot be created"),
+    (["demo", "--model", "{m}"], "--model {m}: no such directory"),
     (["demo", "--model", "{t}", "--out", "{f}/out"], "--out {f}/out: cannot be created"),
     (["score", "--model", "{m}", "--data", "{t}"], "--model {m}: no such directory"),
     (["score", "--model", "{t}", "--data", "{m}"], "--data {m}: no such directory"),
