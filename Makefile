@@ -6,7 +6,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # `make run`: the end-to-end demo (`faultcast demo`). Four twin nodes at 240x real time push to the
 # service, HBM, firmware, NVLink and PCIe failures come on cue over four simulated hours, and a console
 # trainer acknowledges each alert's snapshot before the service drains the node (no-op actuator). About
-# a minute; the first run also trains the demo model into out/demo-model.
+# a minute, the first run too: it serves the shipped model (model/shipped_model/) and trains nothing.
 
 .PHONY: run test fast install system-deps lint typecheck unit proto docs bench clean
 
