@@ -8,6 +8,7 @@ metrics registry) are not configuration: they are passed to `Service` itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from faultcast.service.remediation.actuators import CircuitBreaker, RetryPolicy
@@ -77,6 +78,15 @@ class ServiceConfig:
     # A node whose samples since its last save pass this many journal bytes is saved at once (a
     # node at 1 Hz writes about 17 MB between its saves every checkpoint_steps of 60 s).
     journal_node_bytes: int = 64 << 20
+    # The rolling archive of what was scored, in the training data format (service/archive/writer.py):
+    # in `archive/` beside the state database unless `archive_dir` says, at most `archive_days` days
+    # and `archive_bytes` bytes; a day is settled (merged into one file) `archive_settle_s` of event
+    # time after it ends. Off with archive=False.
+    archive: bool = True
+    archive_dir: Path | None = None
+    archive_days: float = 90.0
+    archive_bytes: int = 20 << 30
+    archive_settle_s: float = 3600.0
 
     def __post_init__(self) -> None:
         CircuitBreaker.check(self.max_drains, self.drain_window_s)
@@ -89,6 +99,10 @@ class ServiceConfig:
             raise ValueError(f"incident_s must be positive, not {self.incident_s}")
         if self.checkpoint_steps < 1:
             raise ValueError(f"checkpoint_steps must be at least 1, not {self.checkpoint_steps}")
+        if self.archive_days <= 0 or self.archive_bytes <= 0:
+            raise ValueError(
+                f"archive_days and archive_bytes must be positive; got {self.archive_days} and {self.archive_bytes}"
+            )
         if self.journal_bytes <= 0 or self.journal_node_bytes <= 0:
             raise ValueError(
                 f"journal_bytes and journal_node_bytes must be positive; got {self.journal_bytes} and "

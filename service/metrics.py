@@ -68,7 +68,7 @@ THROTTLED_WHAT: tuple[str, ...] = (
     "spool_ids",
 )
 # The service's background threads (a death restarts the thread and is counted).
-THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator")
+THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator", "archive")
 # What the service writes to its state database (a failed write is retried and counted).
 STATE_WRITES: tuple[str, ...] = (
     "alerts",
@@ -351,6 +351,21 @@ class ServiceMetrics:
             "Alert events kept in memory because the state database refused them, waiting to be written.",
             registry=r,
         )
+        # The rolling archive of what was scored (service/archive/writer.py); set from its counts.
+        self.archive_bytes = Gauge(
+            "faultcast_archive_bytes", "Bytes the archive of scored samples holds on disk.", registry=r
+        )
+        self.archive_rows = Gauge(
+            "faultcast_archive_rows",
+            "GPU rows (one GPU, one model step) written to the archive since the service started.",
+            registry=r,
+        )
+        self.archive_dropped = Gauge(
+            "faultcast_archive_dropped_rows",
+            "GPU rows the archive could not keep since the service started (its bound, a failed write).",
+            registry=r,
+        )
+        self.archive_days = Gauge("faultcast_archive_days", "Settled days the archive holds.", registry=r)
 
     def _start_labelled_series_at_zero(self) -> None:
         # Series per node or GPU (risk, lag, silence) and per actuator (remediations, made by the
@@ -426,4 +441,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_scoring_states_saved_total",
     "faultcast_state_writable",
     "faultcast_state_writes_waiting",
+    "faultcast_archive_bytes",
+    "faultcast_archive_rows",
+    "faultcast_archive_dropped_rows",
+    "faultcast_archive_days",
 )

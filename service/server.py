@@ -29,6 +29,7 @@ from faultcast.failure_signs import FailureSign
 from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.readings import NodeSnapshot
 from faultcast.service.alert_book import AlertBook, BookNodeState
+from faultcast.service.archive.writer import Archive, ArchiveSettings
 from faultcast.service.config import ServiceConfig
 from faultcast.service.drift_monitor import DriftMonitor
 from faultcast.service.failure_events import EVIDENCE_TO_PB, TrainerReport
@@ -59,6 +60,7 @@ from faultcast.service.state.sample_journal import JournalFull, SampleJournal
 from faultcast.service.state.scoring import SavedState
 from faultcast.service.state.store import StateStore
 from faultcast.service.supervise import start_supervised
+from faultcast.service.training_labels import training_labels, write
 from faultcast.service.visibility_monitor import VisibilityMonitor
 from faultcast.tls import ServerTLS
 from faultcast.v1 import alerts_pb2 as apb
@@ -78,6 +80,8 @@ _ADMIN_THREADS = 4  # admins' calls only: a pause must not queue behind anyone e
 _LOOP_WAIT_S = 10.0  # for the event loop to finish what it was handed (then the caller goes on)
 _SILENCE_CHECK_S = 1.0  # how often the scoring thread looks for nodes gone silent
 JOURNAL_DIR = "journal"  # beside the state database: the samples taken since each node's saved state
+ARCHIVE_DIR = "archive"  # beside the state database: what was scored, in the training data format
+ARCHIVE_EVERY_S = 30.0  # how often finished steps are written and due days settled
 _TOP_FEATURES = 5  # what each alert event names of its reasons (AlertBook's default)
 DEFAULT_CONFIG = ServiceConfig()  # today's defaults, for callers that change none
 
@@ -172,6 +176,7 @@ class Service:
         if self.prescheduler is not None:
             self.book.listen(self.prescheduler.on_alerts)  # the spare is asked for first
         self.book.listen(self.remediator.on_alerts)
+        self.archive = self._open_archive(model, store)
         self.limits = replace(config.limits, gpus_per_node=model.feature_config.gpus_per_node)
         self.telemetry = TelemetryServicer(
             self._ingest, limits=self.limits, metrics=self.metrics, cursors=self.store.cursors.load()
@@ -189,6 +194,7 @@ class Service:
         self._pool: futures.ThreadPoolExecutor | None = None
         self._admin_pool: futures.ThreadPoolExecutor | None = None
         self._cursor_thread: threading.Thread | None = None
+        self._archive_thread: threading.Thread | None = None
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
         self._describe(model)
@@ -301,6 +307,8 @@ class Service:
             self._journal(snapshot)
             completed = self.scorer.add(snapshot, time.monotonic())
             self.visibility.observe(snapshot)  # a sampled look: cheap on this path
+            if self.archive is not None:
+                self.archive.observe(snapshot)
         self.book.arrived(snapshot.node, snapshot.time_unix_nano / 1e9)
         self.latest_event_s = max(self.latest_event_s, snapshot.time_unix_nano / 1e9)
         if completed:
@@ -385,6 +393,42 @@ class Service:
                 except StateWriteError:
                     continue  # reported by the store; what moved is saved at the next try
             saved = now
+
+    # -- the archive of what was scored --------------------------------------------------------
+
+    def _open_archive(self, model: FaultModel, store: StateStore) -> Archive | None:
+        config = self.config
+        if not config.archive:
+            return None
+        settings = ArchiveSettings(
+            config.archive_dir or store.path.parent / ARCHIVE_DIR,
+            model.feature_config.cadence_s,  # the grid of the model serving at start (a reload keeps it)
+            keep_days=config.archive_days,
+            max_bytes=config.archive_bytes,
+            settle_s=config.archive_settle_s,
+        )
+        archive = Archive(settings, on_settled=self._write_archive_labels)
+        self.metrics.archive_bytes.set_function(lambda: float(archive.bytes()))
+        self.metrics.archive_rows.set_function(lambda: float(archive.counts.rows))
+        self.metrics.archive_dropped.set_function(lambda: float(archive.counts.dropped))
+        self.metrics.archive_days.set_function(lambda: float(len(archive.days())))
+        return archive
+
+    def _keep_archive(self) -> None:
+        """Every ARCHIVE_EVERY_S, off the scoring thread: write the finished steps, settle the days
+        that are due, apply the bounds."""
+        assert self.archive is not None
+        while not self.stopping.wait(ARCHIVE_EVERY_S):
+            self.archive.maintain()
+
+    def _write_archive_labels(self, directory: Path) -> None:
+        """The label log beside the settled days, so the archive is a data directory to train on."""
+        try:
+            write(training_labels(self.store, self.model.horizon_s), directory)
+        except (OSError, StateWriteError, sqlite3.Error) as exc:
+            log.error(
+                "the archive's failure log could not be written (%s); written at the next settled day", exc
+            )
 
     # -- saved scoring state ------------------------------------------------------------------
 
@@ -500,6 +544,8 @@ class Service:
                     "replaying journalled sample %d of %s failed; skipped", entry.sequence, entry.node
                 )
                 continue
+            if self.archive is not None:  # a step archived before the restart is kept once
+                self.archive.observe(entry.snapshot)
             replayed += 1
         for name in behind_nodes:  # what the journal could not bring back is judged afresh
             horizon = self.scorer.completed_through(name)
@@ -761,6 +807,10 @@ class Service:
         self.recover()
         self._thread = start_supervised("scoring", self._loop, self.stopping, self._restarted)
         self._cursor_thread = start_supervised("cursors", self._save_cursors, self.stopping, self._restarted)
+        if self.archive is not None:
+            self._archive_thread = start_supervised(
+                "archive", self._keep_archive, self.stopping, self._restarted
+            )
         self.remediator.start()
         if self.prescheduler is not None:
             self.prescheduler.start()
@@ -852,7 +902,7 @@ class Service:
             self._aio_loop.call_soon_threadsafe(self._aio_loop.stop)
             if self._aio_thread is not None:
                 self._aio_thread.join(timeout=10)
-        for thread in (self._thread, self._cursor_thread):
+        for thread in (self._thread, self._cursor_thread, self._archive_thread):
             if thread is not None:
                 thread.join(timeout=10)
         with contextlib.suppress(StateWriteError):  # the alert book logged what it could not store
@@ -860,6 +910,8 @@ class Service:
             with self._scoring:  # a clean stop leaves nothing to replay
                 self._save_states(self.scorer.nodes())
         self.journal.close()
+        if self.archive is not None:
+            self.archive.close()  # the steps being filled, as they are: nothing taken is left out
         self.remediator.stop()
         if self.prescheduler is not None:
             self.prescheduler.stop()

@@ -167,7 +167,7 @@ def test_only_the_command_line_parses_arguments() -> None:
 # never a higher subpackage; the wiring modules (WIRING) are imported by no subpackage.
 SUBPACKAGES: dict[str, tuple[str, ...]] = {
     "model": ("features", "importers", "evaluation", "training"),
-    "service": ("state", "remediation", "rpc"),
+    "service": ("state", "archive", "remediation", "rpc"),
     "collector": ("nvml",),
 }
 WIRING = {"faultcast.service.server"}
