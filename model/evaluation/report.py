@@ -17,7 +17,6 @@ from typing import Any
 import matplotlib
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 
 from faultcast.catalogue import Kind, by_name
@@ -33,6 +32,7 @@ from faultcast.model.evaluation.outcomes import (
     incidents,
 )
 from faultcast.model.features.offline import Dataset, Step, replay
+from faultcast.model.features.parquet_parts import ParquetParts
 from faultcast.modes import NODE_LEVEL_MODES, FailureMode
 
 METHODS = ("model", "logistic", "rules")
@@ -299,11 +299,12 @@ def read_failures(data_dir: Path) -> pd.DataFrame:
 def read_telemetry(
     data_dir: Path, columns: Sequence[str], nodes: Sequence[str] | None = None, network: bool = False
 ) -> pd.DataFrame:
-    """Some columns of telemetry.parquet (or network.parquet), for some nodes."""
+    """Some columns of telemetry.parquet (or network.parquet), for some nodes; either may be a directory of
+    Parquet files (model/features/parquet_parts.py)."""
     keys = ["timestamp", "node"] if network else ["timestamp", "node", "gpu", "uuid"]
     name = "network.parquet" if network else "telemetry.parquet"
     filters = [("node", "in", list(nodes))] if nodes is not None else None
-    table = pq.read_table(data_dir / name, columns=[*keys, *columns], filters=filters)
+    table = ParquetParts(data_dir / name).read([*keys, *columns], filters)
     frame: pd.DataFrame = table.to_pandas()
     for key in ("node", "uuid"):
         if key in frame:

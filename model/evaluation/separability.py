@@ -27,15 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from faultcast.model.evaluation.evaluate import json_safe
 from faultcast.model.features.offline import Dataset, Failure, unix_seconds
+from faultcast.model.features.parquet_parts import ParquetParts, table_exists
 from faultcast.model.features.relative import node_median
 
 Kind = Literal["counter", "gauge", "events"]
@@ -187,6 +186,7 @@ class _Grid:
     cache: dict[tuple[str, str], np.ndarray | None] = field(default_factory=dict)
     cells: dict[str, tuple[np.ndarray, np.ndarray, int]] = field(default_factory=dict)  # per file
     stats: dict[Signal, np.ndarray | None] = field(default_factory=dict)  # hbm_wear and gpu_sram share one
+    tables: dict[str, ParquetParts | None] = field(default_factory=dict)  # per file; None: absent
 
     def column(self, source: str, name: str) -> np.ndarray | None:
         """(steps, units) of `name` (GPU units for telemetry, node units for network); None if absent."""
@@ -196,23 +196,27 @@ class _Grid:
         return self.cache[key]
 
     def _read(self, source: str, name: str) -> np.ndarray | None:
-        path = self.data.path / f"{source}.parquet"
-        if not path.is_file() or name not in pq.read_schema(path).names:
+        if source not in self.tables:  # a file or a directory of them (model/features/parquet_parts.py)
+            path = self.data.path / f"{source}.parquet"
+            self.tables[source] = ParquetParts(path) if table_exists(path) else None
+        table = self.tables[source]
+        if table is None or name not in table.schema_arrow.names:
             return None
         if source not in self.cells:
-            self.cells[source] = _cells(self.data, self.steps, path, source == "telemetry")
+            self.cells[source] = _cells(self.data, self.steps, table, source == "telemetry")
         rows, flat, units = self.cells[source]
-        values = pq.read_table(path, columns=[name]).column(0).to_numpy(zero_copy_only=False)
+        values = table.read([name]).column(0).to_numpy(zero_copy_only=False)
         grid = np.full(self.steps * units, np.nan)
         grid[flat] = np.asarray(values, dtype=np.float64)[rows]
         return grid.reshape(self.steps, units)
 
 
-def _cells(data: Dataset, steps: int, path: Path, per_gpu: bool) -> tuple[np.ndarray, np.ndarray, int]:
-    """Which rows of a file land in which grid cell (step * units + unit): the last sample of a unit
+def _cells(
+    data: Dataset, steps: int, table: ParquetParts, per_gpu: bool
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Which rows of a table land in which grid cell (step * units + unit): the last sample of a unit
     within a step wins, as online; rows off the grid or of unknown nodes are dropped."""
-    table = pq.read_table(path, columns=["timestamp", "node", *(["gpu"] if per_gpu else [])])
-    frame = table.to_pandas()
+    frame = table.read(["timestamp", "node", *(["gpu"] if per_gpu else [])]).to_pandas()
     nodes = frame["node"].astype("category")
     index = {n: i for i, n in enumerate(data.nodes)}
     known = np.array([index.get(str(c), -1) for c in nodes.cat.categories] + [-1], dtype=np.int64)

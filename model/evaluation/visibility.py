@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from faultcast.catalogue import Metric, Scope, by_name
 from faultcast.dcgm import Vocabulary, names
@@ -51,6 +50,7 @@ from faultcast.model.features.engine import (
     WINDOW_GAUGES,
 )
 from faultcast.model.features.groups import GROUPS, input_group
+from faultcast.model.features.parquet_parts import ParquetParts, table_exists
 from faultcast.model.features.steps import RANGED, SHARED
 from faultcast.model.importers.names import NODE_EXPORTER
 from faultcast.step_summary import MIN_SCRAPES, SCRAPES_COLUMN
@@ -454,20 +454,20 @@ def view(
 
 
 def _with_data(path: Path, wanted: Sequence[str]) -> set[str]:
-    """The columns of `wanted` in a parquet file that hold a value other than NaN or null: the row
-    groups' statistics where the writer kept them (no data read), the column chunk where it did not."""
-    if not path.exists():
+    """The columns of `wanted` in a table (a parquet file or a directory of them) that hold a value other
+    than NaN or null: the row groups' statistics where the writer kept them (no data read), the column
+    chunk where it did not."""
+    if not table_exists(path):
         return set()
-    parquet = pq.ParquetFile(path)
-    meta = parquet.metadata
-    position = {meta.schema.column(j).name: j for j in range(meta.num_columns)}
+    parquet = ParquetParts(path)
+    position = {parquet.schema.column(j).name: j for j in range(len(parquet.schema))}
     out: set[str] = set()
     for name in wanted:
         j = position.get(name)
         if j is None:
             continue
-        for group in range(meta.num_row_groups):
-            chunk = meta.row_group(group).column(j)
+        for group in range(parquet.num_row_groups):
+            chunk = parquet.row_group(group).column(j)
             stats = chunk.statistics if chunk.is_stats_set else None
             if stats is not None:
                 # Arrow leaves NaN and null out of the minimum and maximum: none means no value.

@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from faultcast.model.features.engine import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.features.parquet_parts import DataError as DataError
+from faultcast.model.features.parquet_parts import ParquetParts, table_exists
 from faultcast.modes import FailureMode
 from faultcast.schemas import current_data_manifest
 from faultcast.step_summary import SCRAPES_COLUMN, STATS, SUMMARISED, SUMMARY_COLUMNS
@@ -160,15 +161,16 @@ def unix_seconds(times: pd.Series) -> np.ndarray:
     return np.asarray((times - pd.Timestamp(0, tz="UTC")).dt.total_seconds(), dtype=np.float64)
 
 
-class DataError(ValueError):
-    """The data directory is incomplete or inconsistent; the message says what is wrong."""
-
-
 def open_dataset(path: Path) -> Dataset:
     """Open a data directory (`faultcast simulate` or an import) and read its failure log; raises
     DataError when a file is missing or the manifest cannot place the data on a grid."""
-    for name in ("telemetry.parquet", "failures.csv", "manifest.json"):
-        if not (path / name).is_file():
+    found = {
+        "telemetry.parquet": table_exists(path / "telemetry.parquet"),  # a file, or a directory of them
+        "failures.csv": (path / "failures.csv").is_file(),
+        "manifest.json": (path / "manifest.json").is_file(),
+    }
+    for name, there in found.items():
+        if not there:
             raise DataError(
                 f"{path}: {name} is missing (expected the output of `faultcast simulate` or an import)"
             )
@@ -252,9 +254,9 @@ def replay(
     last_uuid: list[str | None] = [None] * engine.slots
     is_h100 = np.zeros(engine.slots)
 
-    telemetry = pq.ParquetFile(dataset.path / "telemetry.parquet")
-    has_network = (dataset.path / "network.parquet").is_file()
-    network = pq.ParquetFile(dataset.path / "network.parquet") if has_network else None
+    telemetry = ParquetParts(dataset.path / "telemetry.parquet")
+    has_network = table_exists(dataset.path / "network.parquet")
+    network = ParquetParts(dataset.path / "network.parquet") if has_network else None
     summarised = set(SUMMARY_FIELD_NAMES) <= set(telemetry.schema_arrow.names)  # the twin's files
     gpu_columns = ["timestamp", "node", "gpu", "uuid", "model", *GPU_INPUTS]
     gpu_columns += SUMMARY_FIELD_NAMES if summarised else []
@@ -301,7 +303,7 @@ def _step_range(
 
 def _node_inputs(
     node: np.ndarray,
-    network: pq.ParquetFile,
+    network: ParquetParts,
     groups: list[tuple[float, float]],
     dataset: Dataset,
     cadence: float,
@@ -415,10 +417,10 @@ def _summaries(rows: pd.DataFrame, summarised: bool, steps: int, units: int) -> 
     return out
 
 
-def _group_times(parquet: pq.ParquetFile) -> list[tuple[float, float]]:
+def _group_times(parquet: ParquetParts) -> list[tuple[float, float]]:
     spans = []
     for group in range(parquet.num_row_groups):
-        stats = parquet.metadata.row_group(group).column(0).statistics
+        stats = parquet.row_group(group).column(0).statistics
         if stats is not None and stats.has_min_max:
             spans.append((pd.Timestamp(stats.min).timestamp(), pd.Timestamp(stats.max).timestamp()))
         else:

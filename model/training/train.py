@@ -62,6 +62,7 @@ from faultcast.model.features.engine import (
     FeatureEngine,
 )
 from faultcast.model.features.offline import DataError, Dataset, FailureLog, Labels, Sink, Step, replay
+from faultcast.model.features.parquet_parts import part_files
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.manifest import (
     FalseAlarms,
@@ -524,6 +525,12 @@ def world_rows_key(dataset: Dataset, features: FeatureConfig, config: TrainConfi
     ]  # fmt: skip
     if config.ignore_before_failure_s > 0:  # other rows (and the keys of rows cached before it, kept)
         parts.append(["ignore_before_failure_s", config.ignore_before_failure_s])
+    for name in ("telemetry.parquet", "network.parquet"):
+        table = dataset.path / name
+        if table.is_dir():  # a rolling archive grows in place: its files' names and sizes tell its data
+            parts.append(
+                [name, [(f.relative_to(table).as_posix(), f.stat().st_size) for f in part_files(table)]]
+            )
     return rows_cache.world_key(parts)
 
 
