@@ -5,6 +5,10 @@
                        GPU metrics (counters float64, gauges float32); the twin's add each step's summary
     network.parquet    one row per node per step: timestamp, node, then the rolled-up network metrics
     failures.csv       the failure log: FAILURE_FIELDS, gpu empty for a node-level failure
+
+Each of the two tables is either a file or a directory of Parquet files (a rolling archive's day
+files, possibly one level deeper) read in the order of their names as one table
+(model/features/parquet_parts.py).
 """
 
 from __future__ import annotations
