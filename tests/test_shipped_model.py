@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -126,6 +128,29 @@ def test_evaluate_without_model_evaluates_the_shipped_model(tmp_path: Path) -> N
     report = json.loads((tmp_path / "e.json").read_text())
     shipped = load(shipped_model_dir())
     assert report["model"]["threshold"] == pytest.approx(shipped.threshold)
+
+
+@pytest.mark.slow  # starts a `faultcast serve` process
+def test_serve_without_model_serves_the_shipped_model(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    argv = [FAULTCAST, "serve", "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0", "--insecure",
+            "--no-prometheus", "--port-file", str(port_file)]  # fmt: skip
+    with (tmp_path / "serve.log").open("w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60.0
+            # The port file is the process's only sign that it serves: polled, as tests/serve_process.py does.
+            while not (port_file.is_file() and port_file.read_text().strip()):
+                assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "faultcast serve did not start within 60 s"
+                time.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert f"(model {shipped_model_dir()}, state in" in (tmp_path / "serve.log").read_text()
 
 
 @pytest.mark.parametrize("command", ["serve", "evaluate", "goodput", "demo"])
