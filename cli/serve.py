@@ -195,6 +195,29 @@ def add_parser(commands: Subcommands) -> None:
         help="the sample journal holds at most this many MiB: past half of it every node is saved, so "
         "that its segments can go; at it, samples are scored but not journalled",
     )
+    archive = serve.add_argument_group("the archive of scored samples (what retraining learns from)")
+    archive.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DIR",
+        help="keep what was scored, one file per day in the training data format, here "
+        "(default: STATE_DIR/archive); `faultcast train --data DIR` reads it",
+    )
+    archive.add_argument("--no-archive", action="store_true", help="keep no archive")
+    archive.add_argument(
+        "--archive-days",
+        type=float,
+        default=config_default("archive_days"),
+        metavar="DAYS",
+        help="days the archive keeps (older days are removed)",
+    )
+    archive.add_argument(
+        "--archive-max",
+        type=int,
+        default=config_default("archive_bytes") >> 20,
+        metavar="MIB",
+        help="the most the archive holds on disk: past it, its oldest days are removed",
+    )
     serve.add_argument(
         "--max-drains",
         type=int,
@@ -398,6 +421,10 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
         silent_after_steps=args.silent_after,
         checkpoint_steps=args.checkpoint_every,
         journal_bytes=args.journal_max << 20,
+        archive=not args.no_archive,
+        archive_dir=args.archive,
+        archive_days=args.archive_days,
+        archive_bytes=args.archive_max << 20,
         silence_grace_s=args.failure_grace,
         keepalive_s=args.keepalive,
         failure_hold_s=args.failure_hold,
@@ -431,7 +458,9 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     why = (
         missing_input([("--model", args.model)])
-        or uncreatable([("--state-dir", args.state_dir)])
+        or uncreatable(
+            [("--state-dir", args.state_dir), *([("--archive", args.archive)] if args.archive else [])]
+        )
         or create_parents([("--port-file", args.port_file), ("--metrics-port-file", args.metrics_port_file)])
     )
     if why is not None:  # the state directory itself is created when the service opens
