@@ -15,7 +15,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -105,6 +105,70 @@ class FailureLog:
 
 
 @dataclass(frozen=True)
+class Censored:
+    """Spans of a GPU (gpu -1: every GPU of its node) whose label nobody knows: a node drained on a
+    prediction that no failure and no verdict settled (censored.csv, written from the service's label
+    log). Their rows neither train nor count as healthy: the fault may have been prevented."""
+
+    node: np.ndarray  # (spans,) node index
+    gpu: np.ndarray  # (spans,) GPU index, -1 for the whole node
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+    @staticmethod
+    def none() -> Censored:
+        """No span: every row's label is known."""
+        empty = np.zeros(0)
+        return Censored(empty.astype(np.int64), empty.astype(np.int64), empty, empty)
+
+    def at(self, time_s: float, nodes: Sequence[int], gpus_per_node: int) -> np.ndarray:
+        """(slots,) bool: which GPUs of `nodes` are censored at `time_s`."""
+        out = np.zeros(len(nodes) * gpus_per_node, dtype=bool)
+        live = np.flatnonzero((self.start_s <= time_s) & (time_s <= self.end_s))
+        if not len(live):
+            return out
+        local = {n: i for i, n in enumerate(nodes)}
+        for k in live:
+            i = local.get(int(self.node[k]))
+            if i is None:
+                continue
+            g = int(self.gpu[k])
+            if g < 0:
+                out[i * gpus_per_node : (i + 1) * gpus_per_node] = True
+            elif g < gpus_per_node:
+                out[i * gpus_per_node + g] = True
+        return out
+
+
+def read_censored(path: Path, nodes: Sequence[str]) -> Censored:
+    """censored.csv (start, end, node, gpu, ...) when the data directory has one; spans of nodes the data
+    lacks are left out (they censor nothing here). DataError naming the line of a bad row."""
+    if not path.is_file():
+        return Censored.none()
+    index = {name: i for i, name in enumerate(nodes)}
+    rows: list[tuple[int, int, float, float]] = []
+    with path.open(newline="") as handle:
+        for line, record in enumerate(csv.DictReader(handle), start=2):
+            try:
+                if record["node"] not in index:
+                    continue
+                start = dt.datetime.fromisoformat(record["start"].replace("Z", "+00:00")).timestamp()
+                end = dt.datetime.fromisoformat(record["end"].replace("Z", "+00:00")).timestamp()
+                gpu = int(record["gpu"]) if record.get("gpu") else -1
+            except (KeyError, ValueError) as exc:
+                raise DataError(f"{path}:{line}: {exc}") from exc
+            rows.append((index[record["node"]], gpu, start, end))
+    if not rows:
+        return Censored.none()
+    return Censored(
+        np.array([r[0] for r in rows], dtype=np.int64),
+        np.array([r[1] for r in rows], dtype=np.int64),
+        np.array([r[2] for r in rows], dtype=np.float64),
+        np.array([r[3] for r in rows], dtype=np.float64),
+    )
+
+
+@dataclass(frozen=True)
 class Dataset:
     """A directory of telemetry, network data and a failure log, described by its manifest."""
 
@@ -116,6 +180,7 @@ class Dataset:
     gpus_per_node: int
     failures: FailureLog
     manifest: dict[str, object]
+    censored: Censored = field(default_factory=Censored.none)
 
     @property
     def days(self) -> float:
@@ -189,7 +254,8 @@ def open_dataset(path: Path) -> Dataset:
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{path}/manifest.json lacks {exc}: cannot place the data on a grid") from exc
     failures = read_failures(path / "failures.csv", nodes)
-    return Dataset(path, start, end, interval, nodes, gpus, failures, manifest)
+    censored = read_censored(path / "censored.csv", nodes)
+    return Dataset(path, start, end, interval, nodes, gpus, failures, manifest, censored)
 
 
 @dataclass(frozen=True)

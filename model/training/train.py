@@ -20,6 +20,7 @@ the evidence in the features does not change). A risk of 0.3 means three in ten.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import logging
 import math
 import time
@@ -61,7 +62,16 @@ from faultcast.model.features.engine import (
     FeatureConfig,
     FeatureEngine,
 )
-from faultcast.model.features.offline import DataError, Dataset, FailureLog, Labels, Sink, Step, replay
+from faultcast.model.features.offline import (
+    Censored,
+    DataError,
+    Dataset,
+    FailureLog,
+    Labels,
+    Sink,
+    Step,
+    replay,
+)
 from faultcast.model.features.parquet_parts import part_files
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.manifest import (
@@ -223,9 +233,11 @@ class _Sampler:
         hard_rate: float = 0.0,
         names: Sequence[str] = (),
         ignored: Labels | None = None,
+        censored: Censored | None = None,
     ) -> None:
         self.labels, self.nodes, self.g, self.rate = labels, tuple(nodes), gpus_per_node, rate
         self.ignored = ignored  # failures this far ahead leave the row out (unless it is positive)
+        self.censored = censored  # spans whose label nobody knows leave the row out, positive or not
         self.hard_rate = max(hard_rate, rate)
         self.rules = RulesBaseline(names) if hard_rate > rate else None
         self.rng = np.random.default_rng(seed)
@@ -240,6 +252,8 @@ class _Sampler:
         keep = step.present & (positive | (self.rng.random(len(positive)) < rate))
         if self.ignored is not None:
             keep &= positive | ~self.ignored.at(step.time_s, self.nodes, self.g)[0]
+        if self.censored is not None and len(self.censored.node):
+            keep &= ~self.censored.at(step.time_s, self.nodes, self.g)
         if not keep.any():
             return
         r = self.rows
@@ -472,6 +486,7 @@ def _sample(
         config.hard_negative_rate,
         names,
         _ignored(dataset, config),
+        dataset.censored,
     )
     engine = replay(dataset, features, sampler, nodes=split.train_nodes, end_s=split.train_end_s)
     rows = sampler.rows.stack()
@@ -531,7 +546,15 @@ def world_rows_key(dataset: Dataset, features: FeatureConfig, config: TrainConfi
             parts.append(
                 [name, [(f.relative_to(table).as_posix(), f.stat().st_size) for f in part_files(table)]]
             )
+            # and its labels change as the fleet's label log grows (a drawn world's never do)
+            parts.append(["failures.csv", _file_digest(dataset.path / "failures.csv")])
+    if (dataset.path / "censored.csv").is_file():
+        parts.append(["censored.csv", _file_digest(dataset.path / "censored.csv")])
     return rows_cache.world_key(parts)
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
 def _world_rows(
@@ -552,7 +575,7 @@ def _world_rows(
     nodes = tuple(range(len(dataset.nodes)))
     sampler = _Sampler(
         labels, nodes, dataset.gpus_per_node, config.negative_rate, seed, config.hard_negative_rate, names,
-        _ignored(dataset, config),
+        _ignored(dataset, config), dataset.censored,
     )  # fmt: skip
     replay(dataset, features, _after(dataset.start_s + WARMUP_S, sampler))
     rows = sampler.rows.stack()
