@@ -81,10 +81,15 @@ STATE_WRITES: tuple[str, ...] = (
     "journal",  # the sample journal (a file beside the database)
     "reports",  # a trainer's failure report, stored at once (ReportFailure answers; nobody retries it)
     "probe",  # a write of the database's own, trying whether writes work again
+    "labels",  # the fleet's label log (failures, verdicts)
+    "models",  # the model registry's log
 )
 # The model's failure modes, and "unknown" for an alert whose mode the service cannot name.
 ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
+# The model registry's events (service/state/models.py) and the changes an admin may ask of it.
+MODEL_REGISTRY_EVENTS: tuple[str, ...] = ("added", "promoted", "rolled_back")
+MODEL_REGISTRY_ACTIONS: tuple[str, ...] = ("add", "promote", "rollback")
 # What happens to a pre-scheduled spare (service/remediation/spares/prescheduler.py).
 SPARE_EVENTS: tuple[str, ...] = ("asked", "ready", "handed_over", "released", "failed")
 
@@ -276,6 +281,18 @@ class ServiceMetrics:
         self.model_reloads = Counter(
             "faultcast_model_reloads", "Model reloads, by outcome (ok, rejected).", ["outcome"], registry=r
         )
+        self.model_registry_events = Counter(
+            "faultcast_model_registry_events",
+            "The model registry's events since the service started, by event (added, promoted, rolled_back).",
+            ["event"],
+            registry=r,
+        )
+        self.model_registry_refusals = Counter(
+            "faultcast_model_registry_refusals",
+            "Registry changes refused since the service started, by action (add, promote, rollback).",
+            ["action"],
+            registry=r,
+        )
         self.feature_drift_psi = Gauge(
             "faultcast_feature_drift_psi",
             "Population stability index of the scored feature rows of the last hours against the model's "
@@ -378,6 +395,8 @@ class ServiceMetrics:
             (ALERT_MODES, self.alerts),
             (ALERT_MODES, self.active_alerts),
             (MODEL_RELOAD_OUTCOMES, self.model_reloads),
+            (MODEL_REGISTRY_EVENTS, self.model_registry_events),
+            (MODEL_REGISTRY_ACTIONS, self.model_registry_refusals),
             (THREADS, self.thread_restarts),
             (STATE_WRITES, self.state_write_failures),
         ):
@@ -430,6 +449,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_spares_total",
     "faultcast_model_info",
     "faultcast_model_reloads_total",
+    "faultcast_model_registry_events_total",
+    "faultcast_model_registry_refusals_total",
     "faultcast_feature_drift_psi",
     "faultcast_model_feature_group_visible",
     "faultcast_calibration_timestamp_seconds",

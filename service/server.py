@@ -17,6 +17,7 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,13 @@ from faultcast.service.failure_events import EVIDENCE_TO_PB, TrainerReport
 from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.label_desk import LabelDesk
 from faultcast.service.metrics import ServiceMetrics
+from faultcast.service.model_registry import (
+    MODELS_DIR,
+    ModelRegistry,
+    RegisteredModel,
+    RegistryRefusedError,
+    choose_at_start,
+)
 from faultcast.service.pending_failures import PendingFailures
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
 from faultcast.service.remediation.remediator import Remediator
@@ -56,6 +64,7 @@ from faultcast.service.scoring_state import (
     features_signature,
 )
 from faultcast.service.state.db import StateWriteError
+from faultcast.service.state.models import ModelEvent
 from faultcast.service.state.sample_journal import JournalFull, SampleJournal
 from faultcast.service.state.scoring import SavedState
 from faultcast.service.state.store import StateStore
@@ -197,6 +206,8 @@ class Service:
         self._archive_thread: threading.Thread | None = None
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
+        # The models this state directory may serve (<state_dir>/models/), promoted without a restart.
+        self.registry = ModelRegistry(store.path.parent / MODELS_DIR, store.models, self._registry_event)
         self._describe(model)
         self.drift = DriftMonitor(self.metrics.feature_drift_psi, self.metrics.calibration_timestamp)
         self.drift.use(model_dir, model)
@@ -220,9 +231,28 @@ class Service:
     ) -> Service:
         """Load the model in `model_dir` and open the state store in `state_dir`, then build the
         service (not started). Raises ModelError for a bad artifact (there is nothing to serve) and
-        StateError for a damaged database (starting over in its place would lose the log)."""
-        model = load(model_dir)
+        StateError for a damaged database (starting over in its place would lose the log).
+
+        When the state directory's model registry has a model serving (promoted, not rolled back), that
+        model serves instead of `model_dir`, and the log says so (service/model_registry.py)."""
         store = StateStore.in_dir(state_dir)
+        try:
+            chosen = choose_at_start(model_dir, ModelRegistry(state_dir / MODELS_DIR, store.models))
+            try:
+                model = load(chosen)
+            except ModelError as exc:
+                if chosen == model_dir:
+                    raise
+                # The registry's model no longer loads (a new faultcast, another catalogue): serve
+                # --model rather than nothing, and say so loudly.
+                log.error(
+                    "the registry's serving model does not load (%s); serving %s instead", exc, model_dir
+                )
+                chosen, model = model_dir, load(model_dir)
+            model_dir = chosen
+        except BaseException:
+            store.close()
+            raise
         return cls(
             model,
             store,
@@ -289,6 +319,8 @@ class Service:
                 "protect_threshold": f"{model.protect_threshold or 0.0:.6f}",
                 # threshold.json beside the model (faultcast goodput --apply), or training's choice
                 "threshold_source": "threshold.json" if model.threshold_choice is not None else "training",
+                # the registry's id of the model serving; empty when it is one from outside (--model)
+                "registry_id": self.model_dir.name if self.model_dir.parent == self.registry.root else "",
             }
         )
 
@@ -741,6 +773,43 @@ class Service:
             self._unsaved_since.clear()
             segment = self.journal.rotate()
         self.journal.forget_before(segment)
+
+    # -- the model registry (Admin/ListModels, AddModel, PromoteModel, RollbackModel) -----------
+
+    def list_models(self) -> tuple[list[RegisteredModel], list[ModelEvent]]:
+        """The registered models and the registry's log, oldest first."""
+        return self.registry.models(), self.registry.events.all()
+
+    def add_model(self, path: str, by: str, why: str) -> tuple[RegisteredModel, bool]:
+        """Copy the model at `path` into the registry (ModelRegistry.add); RegistryRefusedError says why not."""
+        with self._counted("add"):
+            return self.registry.add(Path(path), by, why)
+
+    def promote_model(self, model_id: str, by: str, why: str) -> ModelEvent:
+        """Serve a registered model now and log it (ModelRegistry.promote)."""
+        with self._counted("promote"):
+            event = self.registry.promote(model_id, by, why, self.reload, self.model_dir)
+        log.warning("model %s promoted by %s (was %s): %s", event.model_id, by, event.from_model_id, why)
+        return event
+
+    def rollback_model(self, by: str, why: str) -> ModelEvent:
+        """Serve again the registry's model that served before this one, and log it."""
+        with self._counted("rollback"):
+            event = self.registry.rollback(by, why, self.reload)
+        log.warning("model rolled back by %s from %s to %s: %s", by, event.from_model_id, event.model_id, why)
+        return event
+
+    def _registry_event(self, event: ModelEvent) -> None:
+        self.metrics.model_registry_events.labels(event.kind.value).inc()
+
+    @contextlib.contextmanager
+    def _counted(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (RegistryRefusedError, StateWriteError, OSError) as exc:
+            self.metrics.model_registry_refusals.labels(action).inc()
+            log.error("model registry: %s refused: %s", action, exc)
+            raise
 
     # -- remediation settings (Admin/GetRemediation, SetRemediation) ---------------------------
 

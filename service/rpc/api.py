@@ -25,6 +25,8 @@ from faultcast.model.artifact import FaultModel
 from faultcast.service.failure_events import TrainerReport
 from faultcast.service.label_desk import LabelDesk, LabelRefusedError
 from faultcast.service.model_info import model_info
+from faultcast.service.model_registry import Refusal as RegistryRefusal
+from faultcast.service.model_registry import RegisteredModel, RegistryRefusedError
 from faultcast.service.remediation.remediator import Remediator
 from faultcast.service.remediation.spares.prescheduler import (
     MAX_WAIT_S,
@@ -35,8 +37,10 @@ from faultcast.service.remediation.spares.prescheduler import (
 from faultcast.service.rpc.auth import AccessPolicy, AuthError, Principal, Role, current, refuse
 from faultcast.service.rpc.limits import CallerLimits, OpenCount
 from faultcast.service.rpc.validation import is_host_name
+from faultcast.service.scoring import model_version
 from faultcast.service.state.acks import Ack
 from faultcast.service.state.db import MAX_STORED_INT, StateWriteError
+from faultcast.service.state.models import ModelEvent, ModelEventKind
 from faultcast.service.state.store import StateStore
 from faultcast.v1 import alerts_pb2 as apb
 from faultcast.v1 import alerts_pb2_grpc as apb_grpc
@@ -52,6 +56,17 @@ _TRAINER_FAILURES = ", ".join(
     name for name, value in apb.TrainerFailure.items() if value != apb.TRAINER_FAILURE_UNSPECIFIED
 )
 _DETAIL_CHARS = 1024  # of a reported failure's words, kept in its event
+_WHY_CHARS = 1024  # of an admin's reason for a registry change
+_REFUSAL_CODES = {
+    RegistryRefusal.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    RegistryRefusal.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    RegistryRefusal.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+}
+_EVENT_KINDS = {
+    ModelEventKind.ADDED: apb.MODEL_EVENT_KIND_ADDED,
+    ModelEventKind.PROMOTED: apb.MODEL_EVENT_KIND_PROMOTED,
+    ModelEventKind.ROLLED_BACK: apb.MODEL_EVENT_KIND_ROLLED_BACK,
+}
 
 Refusal = tuple[grpc.StatusCode, str]
 # A trainer's report in, (its FAILED event's id, whether the node's failure was known already) out.
@@ -75,6 +90,22 @@ class Operations(Protocol):
 
     def set_remediation(self, request: apb.SetRemediationRequest, by: str) -> apb.RemediationSettings:
         """Apply an admin's change (`by` names the admin); ValueError on bad values."""
+
+    @property
+    def model(self) -> FaultModel:
+        """The model serving now."""
+
+    def list_models(self) -> tuple[list[RegisteredModel], list[ModelEvent]]:
+        """The model registry's models and log."""
+
+    def add_model(self, path: str, by: str, why: str) -> tuple[RegisteredModel, bool]:
+        """Add a model to the registry: (its entry, whether it was there already)."""
+
+    def promote_model(self, model_id: str, by: str, why: str) -> ModelEvent:
+        """Serve a registered model now."""
+
+    def rollback_model(self, by: str, why: str) -> ModelEvent:
+        """Serve again the registry's model that served before."""
 
 
 class AlertsServicer(apb_grpc.AlertsServicer):
@@ -586,3 +617,100 @@ class AdminServicer(apb_grpc.AdminServicer):
         except StateWriteError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; nothing was recorded: try again")
         raise AssertionError("abort returned")  # for the type checker: abort always raises
+
+    async def ListModels(  # noqa: N802
+        self,
+        request: apb.ListModelsRequest,
+        context: grpc.aio.ServicerContext[apb.ListModelsRequest, apb.ListModelsResponse],
+    ) -> apb.ListModelsResponse:
+        """The model registry: its models, its log and which model serves."""
+        models, events = await self._run(self.operations.list_models)
+        serving = next((m.id for m in models if m.serving), "")
+        return apb.ListModelsResponse(
+            models=[_model_pb(m) for m in models],
+            events=[_event_pb(e) for e in events],
+            serving_id=serving,
+            serving_version=model_version(self.operations.model),
+        )
+
+    async def AddModel(  # noqa: N802
+        self,
+        request: apb.AddModelRequest,
+        context: grpc.aio.ServicerContext[apb.AddModelRequest, apb.AddModelResponse],
+    ) -> apb.AddModelResponse:
+        """Copy a model directory into the registry; INVALID_ARGUMENT for one that is no model."""
+        by = str(current())
+        if not request.path:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "AddModel needs the model directory's path")
+        entry, known = await self._registry(
+            context, self.operations.add_model, request.path, by, request.why[:_WHY_CHARS]
+        )
+        return apb.AddModelResponse(model=_model_pb(entry), already_there=known)
+
+    async def PromoteModel(  # noqa: N802
+        self,
+        request: apb.PromoteModelRequest,
+        context: grpc.aio.ServicerContext[apb.PromoteModelRequest, apb.ModelChange],
+    ) -> apb.ModelChange:
+        """Serve a registered model now; NOT_FOUND, FAILED_PRECONDITION or INVALID_ARGUMENT say why not."""
+        by = str(current())
+        event = await self._registry(
+            context, self.operations.promote_model, request.id, by, request.why[:_WHY_CHARS]
+        )
+        return apb.ModelChange(event=_event_pb(event), model_version=model_version(self.operations.model))
+
+    async def RollbackModel(  # noqa: N802
+        self,
+        request: apb.RollbackModelRequest,
+        context: grpc.aio.ServicerContext[apb.RollbackModelRequest, apb.ModelChange],
+    ) -> apb.ModelChange:
+        """Serve again the model that served before; FAILED_PRECONDITION when none of the registry's did."""
+        by = str(current())
+        event = await self._registry(context, self.operations.rollback_model, by, request.why[:_WHY_CHARS])
+        return apb.ModelChange(event=_event_pb(event), model_version=model_version(self.operations.model))
+
+    async def _registry(
+        self, context: grpc.aio.ServicerContext[Any, Any], work: Callable[[*Ts], T], *args: *Ts
+    ) -> T:
+        """Run a registry change; a refusal is aborted with its code and words."""
+        try:
+            return await self._run(work, *args)
+        except RegistryRefusedError as exc:
+            await context.abort(_REFUSAL_CODES[exc.refusal], str(exc))
+        except StateWriteError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; nothing was recorded: try again")
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the registry's directory: {exc}")
+        raise AssertionError("abort returned")  # for the type checker: abort always raises
+
+
+def _event_pb(event: ModelEvent) -> apb.ModelEvent:
+    return apb.ModelEvent(
+        id=event.id,
+        kind=_EVENT_KINDS[event.kind],
+        model_id=event.model_id,
+        from_model_id=event.from_model_id,
+        by=event.by,
+        why=event.why,
+        recorded_unix_nano=event.recorded_ns,
+    )
+
+
+def _model_pb(model: RegisteredModel) -> apb.RegisteredModel:
+    card = model.added.detail
+    try:
+        threshold = float(card.get("threshold", "nan"))
+    except ValueError:
+        threshold = math.nan
+    return apb.RegisteredModel(
+        id=model.id,
+        digest=model.digest,
+        path=str(model.path),
+        source=card.get("source", ""),
+        version=card.get("version", ""),
+        threshold=threshold,
+        trained_at=card.get("trained_at", ""),
+        training_data=card.get("training_data", ""),
+        serving=model.serving,
+        added=_event_pb(model.added),
+    )

@@ -102,6 +102,17 @@ CREATE TABLE IF NOT EXISTS alert_verdicts (
     recorded_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS alert_verdicts_alert ON alert_verdicts (alert_id, id);
+-- The model registry's log (service/state/models.py): what was added, promoted, rolled back.
+CREATE TABLE IF NOT EXISTS model_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    model_id TEXT NOT NULL,
+    from_model_id TEXT NOT NULL,
+    recorded_by TEXT NOT NULL,
+    why TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    recorded_ns INTEGER NOT NULL
+);
 """
 
 

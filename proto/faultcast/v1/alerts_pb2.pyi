@@ -509,6 +509,26 @@ its node was drained (which would otherwise leave them unknown: perhaps a failur
 """
 Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
 
+class _ModelEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_EVENT_KIND_UNSPECIFIED: _ModelEventKind.ValueType  # 0
+    MODEL_EVENT_KIND_ADDED: _ModelEventKind.ValueType  # 1
+    MODEL_EVENT_KIND_PROMOTED: _ModelEventKind.ValueType  # 2
+    MODEL_EVENT_KIND_ROLLED_BACK: _ModelEventKind.ValueType  # 3
+
+class ModelEventKind(_ModelEventKind, metaclass=_ModelEventKindEnumTypeWrapper):
+    """What happened to a model in the registry."""
+
+MODEL_EVENT_KIND_UNSPECIFIED: ModelEventKind.ValueType  # 0
+MODEL_EVENT_KIND_ADDED: ModelEventKind.ValueType  # 1
+MODEL_EVENT_KIND_PROMOTED: ModelEventKind.ValueType  # 2
+MODEL_EVENT_KIND_ROLLED_BACK: ModelEventKind.ValueType  # 3
+Global___ModelEventKind: _TypeAlias = ModelEventKind  # noqa: Y015
+
 @_typing.final
 class Failure(_message.Message):
     """A failure that happened (EVENT_KIND_FAILED events only)."""
@@ -1664,3 +1684,264 @@ class ListLabelsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListLabelsResponse: _TypeAlias = ListLabelsResponse  # noqa: Y015
+
+@_typing.final
+class ModelEvent(_message.Message):
+    """One entry of the registry's log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MODEL_ID_FIELD_NUMBER: _builtins.int
+    FROM_MODEL_ID_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    RECORDED_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    kind: Global___ModelEventKind.ValueType
+    model_id: _builtins.str
+    """the model added, promoted, or rolled back to"""
+    from_model_id: _builtins.str
+    """promoted or rolled back: the model that served before ("" none of the registry's)"""
+    by: _builtins.str
+    """the admin's identity"""
+    why: _builtins.str
+    recorded_unix_nano: _builtins.int
+    """the service's clock"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        kind: Global___ModelEventKind.ValueType = ...,
+        model_id: _builtins.str = ...,
+        from_model_id: _builtins.str = ...,
+        by: _builtins.str = ...,
+        why: _builtins.str = ...,
+        recorded_unix_nano: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "from_model_id", b"from_model_id", "id", b"id", "kind", b"kind", "model_id", b"model_id", "recorded_unix_nano", b"recorded_unix_nano", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelEvent: _TypeAlias = ModelEvent  # noqa: Y015
+
+@_typing.final
+class RegisteredModel(_message.Message):
+    """A model in the registry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    TRAINED_AT_FIELD_NUMBER: _builtins.int
+    TRAINING_DATA_FIELD_NUMBER: _builtins.int
+    SERVING_FIELD_NUMBER: _builtins.int
+    ADDED_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """the first 16 hex digits of its content digest (faultcast model digest)"""
+    digest: _builtins.str
+    path: _builtins.str
+    """the registry's copy, on the service's machine"""
+    source: _builtins.str
+    """where it was added from"""
+    version: _builtins.str
+    """as alerts and metrics name it"""
+    threshold: _builtins.float
+    trained_at: _builtins.str
+    training_data: _builtins.str
+    serving: _builtins.bool
+    @_builtins.property
+    def added(self) -> Global___ModelEvent:
+        """who added it, when and why"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        digest: _builtins.str = ...,
+        path: _builtins.str = ...,
+        source: _builtins.str = ...,
+        version: _builtins.str = ...,
+        threshold: _builtins.float = ...,
+        trained_at: _builtins.str = ...,
+        training_data: _builtins.str = ...,
+        serving: _builtins.bool = ...,
+        added: Global___ModelEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["added", b"added"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "digest", b"digest", "id", b"id", "path", b"path", "serving", b"serving", "source", b"source", "threshold", b"threshold", "trained_at", b"trained_at", "training_data", b"training_data", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisteredModel: _TypeAlias = RegisteredModel  # noqa: Y015
+
+@_typing.final
+class ListModelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsRequest: _TypeAlias = ListModelsRequest  # noqa: Y015
+
+@_typing.final
+class ListModelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    SERVING_ID_FIELD_NUMBER: _builtins.int
+    SERVING_VERSION_FIELD_NUMBER: _builtins.int
+    serving_id: _builtins.str
+    """"" when the service serves a model from outside the registry"""
+    serving_version: _builtins.str
+    """the model serving now, as alerts name it"""
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___RegisteredModel]:
+        """oldest first"""
+
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelEvent]:
+        """oldest first"""
+
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[Global___RegisteredModel] | None = ...,
+        events: _abc.Iterable[Global___ModelEvent] | None = ...,
+        serving_id: _builtins.str = ...,
+        serving_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "models", b"models", "serving_id", b"serving_id", "serving_version", b"serving_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
+
+@_typing.final
+class AddModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    why: _builtins.str
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        why: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddModelRequest: _TypeAlias = AddModelRequest  # noqa: Y015
+
+@_typing.final
+class AddModelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    ALREADY_THERE_FIELD_NUMBER: _builtins.int
+    already_there: _builtins.bool
+    """the same model (content digest) was added before: nothing changed"""
+    @_builtins.property
+    def model(self) -> Global___RegisteredModel: ...
+    def __init__(
+        self,
+        *,
+        model: Global___RegisteredModel | None = ...,
+        already_there: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_there", b"already_there", "model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddModelResponse: _TypeAlias = AddModelResponse  # noqa: Y015
+
+@_typing.final
+class PromoteModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """a model's id, or a prefix of its digest (at least 6 hex digits)"""
+    why: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        why: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromoteModelRequest: _TypeAlias = PromoteModelRequest  # noqa: Y015
+
+@_typing.final
+class RollbackModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WHY_FIELD_NUMBER: _builtins.int
+    why: _builtins.str
+    def __init__(
+        self,
+        *,
+        why: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackModelRequest: _TypeAlias = RollbackModelRequest  # noqa: Y015
+
+@_typing.final
+class ModelChange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    model_version: _builtins.str
+    """serving now"""
+    @_builtins.property
+    def event(self) -> Global___ModelEvent: ...
+    def __init__(
+        self,
+        *,
+        event: Global___ModelEvent | None = ...,
+        model_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "model_version", b"model_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelChange: _TypeAlias = ModelChange  # noqa: Y015

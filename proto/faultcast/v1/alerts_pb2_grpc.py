@@ -67,6 +67,26 @@ class AdminStub:
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/faultcast.v1.Admin/ListModels',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
+        self.AddModel = channel.unary_unary(
+                '/faultcast.v1.Admin/AddModel',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.AddModelRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.AddModelResponse.FromString,
+                _registered_method=True)
+        self.PromoteModel = channel.unary_unary(
+                '/faultcast.v1.Admin/PromoteModel',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.PromoteModelRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
+                _registered_method=True)
+        self.RollbackModel = channel.unary_unary(
+                '/faultcast.v1.Admin/RollbackModel',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.RollbackModelRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -111,6 +131,36 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """The model registry in the state directory: the models the service may serve and its log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddModel(self, request, context):
+        """Copy a model directory (a path on the service's machine) into the registry; INVALID_ARGUMENT
+        for one that is no model the service can serve. Adding a registered model again changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteModel(self, request, context):
+        """Serve a registered model now, without a restart; NOT_FOUND for an unknown id,
+        FAILED_PRECONDITION when it serves already or the service refuses it (the old one keeps serving).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackModel(self, request, context):
+        """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +193,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListLabels,
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_alerts__pb2.ListLabelsResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ListModelsRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'AddModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddModel,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.AddModelRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.AddModelResponse.SerializeToString,
+            ),
+            'PromoteModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteModel,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.PromoteModelRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.SerializeToString,
+            ),
+            'RollbackModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackModel,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.RollbackModelRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +380,114 @@ class Admin:
             '/faultcast.v1.Admin/ListLabels',
             faultcast_dot_v1_dot_alerts__pb2.ListLabelsRequest.SerializeToString,
             faultcast_dot_v1_dot_alerts__pb2.ListLabelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/ListModels',
+            faultcast_dot_v1_dot_alerts__pb2.ListModelsRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/AddModel',
+            faultcast_dot_v1_dot_alerts__pb2.AddModelRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.AddModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/PromoteModel',
+            faultcast_dot_v1_dot_alerts__pb2.PromoteModelRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/RollbackModel',
+            faultcast_dot_v1_dot_alerts__pb2.RollbackModelRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
             options,
             channel_credentials,
             insecure,

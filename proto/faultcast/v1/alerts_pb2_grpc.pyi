@@ -58,6 +58,18 @@ class AdminStub:
     AddFailures: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.AddFailuresRequest, _alerts_pb2.AddFailuresResponse]
     JudgeAlert: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.JudgeAlertRequest, _alerts_pb2.JudgeAlertResponse]
     ListLabels: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ListLabelsRequest, _alerts_pb2.ListLabelsResponse]
+    ListModels: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ListModelsRequest, _alerts_pb2.ListModelsResponse]
+    """The model registry in the state directory: the models the service may serve and its log."""
+    AddModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.AddModelRequest, _alerts_pb2.AddModelResponse]
+    """Copy a model directory (a path on the service's machine) into the registry; INVALID_ARGUMENT
+    for one that is no model the service can serve. Adding a registered model again changes nothing.
+    """
+    PromoteModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.PromoteModelRequest, _alerts_pb2.ModelChange]
+    """Serve a registered model now, without a restart; NOT_FOUND for an unknown id,
+    FAILED_PRECONDITION when it serves already or the service refuses it (the old one keeps serving).
+    """
+    RollbackModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.RollbackModelRequest, _alerts_pb2.ModelChange]
+    """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did."""
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -73,6 +85,18 @@ class AdminAsyncStub(AdminStub):
     AddFailures: _aio.UnaryUnaryMultiCallable[_alerts_pb2.AddFailuresRequest, _alerts_pb2.AddFailuresResponse]  # type: ignore[assignment]
     JudgeAlert: _aio.UnaryUnaryMultiCallable[_alerts_pb2.JudgeAlertRequest, _alerts_pb2.JudgeAlertResponse]  # type: ignore[assignment]
     ListLabels: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ListLabelsRequest, _alerts_pb2.ListLabelsResponse]  # type: ignore[assignment]
+    ListModels: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ListModelsRequest, _alerts_pb2.ListModelsResponse]  # type: ignore[assignment]
+    """The model registry in the state directory: the models the service may serve and its log."""
+    AddModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.AddModelRequest, _alerts_pb2.AddModelResponse]  # type: ignore[assignment]
+    """Copy a model directory (a path on the service's machine) into the registry; INVALID_ARGUMENT
+    for one that is no model the service can serve. Adding a registered model again changes nothing.
+    """
+    PromoteModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.PromoteModelRequest, _alerts_pb2.ModelChange]  # type: ignore[assignment]
+    """Serve a registered model now, without a restart; NOT_FOUND for an unknown id,
+    FAILED_PRECONDITION when it serves already or the service refuses it (the old one keeps serving).
+    """
+    RollbackModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.RollbackModelRequest, _alerts_pb2.ModelChange]  # type: ignore[assignment]
+    """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did."""
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
@@ -121,6 +145,42 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _alerts_pb2.ListLabelsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_alerts_pb2.ListLabelsResponse, _abc.Awaitable[_alerts_pb2.ListLabelsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListModels(
+        self,
+        request: _alerts_pb2.ListModelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ListModelsResponse, _abc.Awaitable[_alerts_pb2.ListModelsResponse]]:
+        """The model registry in the state directory: the models the service may serve and its log."""
+
+    @_abc_1.abstractmethod
+    def AddModel(
+        self,
+        request: _alerts_pb2.AddModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.AddModelResponse, _abc.Awaitable[_alerts_pb2.AddModelResponse]]:
+        """Copy a model directory (a path on the service's machine) into the registry; INVALID_ARGUMENT
+        for one that is no model the service can serve. Adding a registered model again changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def PromoteModel(
+        self,
+        request: _alerts_pb2.PromoteModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ModelChange, _abc.Awaitable[_alerts_pb2.ModelChange]]:
+        """Serve a registered model now, without a restart; NOT_FOUND for an unknown id,
+        FAILED_PRECONDITION when it serves already or the service refuses it (the old one keeps serving).
+        """
+
+    @_abc_1.abstractmethod
+    def RollbackModel(
+        self,
+        request: _alerts_pb2.RollbackModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ModelChange, _abc.Awaitable[_alerts_pb2.ModelChange]]:
+        """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did."""
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
