@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         import_score,
         labels,
         model,
+        models,
         serve,
         simulate,
     )
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     import_score.add_parsers(commands)
     failures.add_parser(commands)
     labels.add_parser(commands)
+    models.add_parser(commands)
     calibrate.add_parser(commands)
     serve.add_parser(commands)
     demo.add_parser(commands)

@@ -1,0 +1,166 @@
+"""`faultcast models`: the model registry of a running service (Admin API, an admin's identity).
+
+`list` prints the registered models and the registry's log; `add` copies a model directory (a path on
+the service's machine) into the registry; `promote` serves a registered model now and `rollback` the one
+that served before, both without a restart. Every change records who made it and `--why`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from faultcast.cli.tls_args import add_client_arguments, client_tls_options
+from faultcast.cli.types import Subcommands
+
+if TYPE_CHECKING:  # the CLI loads grpc only when a subcommand talks to the service
+    import grpc
+
+    from faultcast.v1 import alerts_pb2 as apb_types
+    from faultcast.v1 import alerts_pb2_grpc as apb_grpc
+
+
+def add_parser(commands: Subcommands) -> None:
+    """Register `faultcast models` and its subcommands."""
+    parser = commands.add_parser(
+        "models",
+        help="the model registry: list, add, promote and roll back models without a restart",
+        description="The models a service may serve, kept in its state directory (models/), and a log of "
+        "who added, promoted and rolled back which, and why. The registry's serving model also serves "
+        "after a restart, whatever --model says.",
+    )
+    sub = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+
+    listing = _online(sub.add_parser("list", help="print the registered models and the registry's log"))
+    listing.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    listing.set_defaults(handler=_list)
+
+    add = _online(sub.add_parser("add", help="copy a model directory into the registry"))
+    add.add_argument("path", type=Path, help="the model directory, on the service's machine")
+    add.add_argument("--why", required=True, help="what the model is for (a retrain, a fix)")
+    add.set_defaults(handler=_add)
+
+    promote = _online(sub.add_parser("promote", help="serve a registered model now"))
+    promote.add_argument("id", help="the model's id (`faultcast models list`), or a prefix of its digest")
+    promote.add_argument("--why", required=True, help="why it should serve (its evaluation, a ticket)")
+    promote.set_defaults(handler=_promote)
+
+    rollback = _online(sub.add_parser("rollback", help="serve again the model that served before"))
+    rollback.add_argument("--why", required=True, help="what was wrong with the model serving")
+    rollback.set_defaults(handler=_rollback)
+
+
+def _online(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--service", required=True, help="the service's address, host:port")
+    add_client_arguments(parser)
+    return parser
+
+
+def _admin(args: argparse.Namespace) -> tuple[apb_grpc.AdminStub, grpc.Channel]:
+    """(the Admin stub, the channel) for args.service; SystemExit with a clear message when it cannot be."""
+    from faultcast.tls import TLSConfigError, client_channel_factory
+    from faultcast.v1 import alerts_pb2_grpc
+
+    try:
+        channel = client_channel_factory(client_tls_options(args))(args.service)
+    except TLSConfigError as exc:
+        raise SystemExit(f"faultcast models: {exc}") from None
+    return alerts_pb2_grpc.AdminStub(channel), channel
+
+
+def _call(args: argparse.Namespace, method: str, request: object) -> Any:
+    """One Admin call; a refusal is printed (the service's words) as exit status 1."""
+    import grpc
+
+    stub, channel = _admin(args)
+    try:
+        return getattr(stub, method)(request, timeout=120)
+    except grpc.RpcError as exc:
+        status = exc.code().name if isinstance(exc, grpc.Call) else "ERROR"
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        raise SystemExit(f"faultcast models: {method} refused ({status}): {details}") from None
+    finally:
+        channel.close()
+
+
+def _iso(time_ns: int) -> str:
+    moment = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _kind(event: apb_types.ModelEvent) -> str:
+    from faultcast.v1 import alerts_pb2 as apb
+
+    return apb.ModelEventKind.Name(event.kind).removeprefix("MODEL_EVENT_KIND_").lower()
+
+
+def _event_line(event: apb_types.ModelEvent) -> str:
+    moved = f" (from {event.from_model_id})" if event.from_model_id else ""
+    return f"{_iso(event.recorded_unix_nano)}  {_kind(event):<11}  {event.model_id}{moved}  by {event.by}: {event.why}"
+
+
+def _list(args: argparse.Namespace) -> int:
+    from faultcast.v1 import alerts_pb2 as apb
+
+    reply = _call(args, "ListModels", apb.ListModelsRequest())
+    assert isinstance(reply, apb.ListModelsResponse)
+    if args.json:
+        for m in reply.models:
+            print(json.dumps({"id": m.id, "digest": m.digest, "serving": m.serving, "version": m.version,
+                              "threshold": m.threshold, "trained_at": m.trained_at, "source": m.source,
+                              "training_data": m.training_data, "path": m.path, "added_by": m.added.by,
+                              "why": m.added.why}))  # fmt: skip
+        for e in reply.events:
+            print(json.dumps({"event": _kind(e), "model_id": e.model_id, "from_model_id": e.from_model_id,
+                              "by": e.by, "why": e.why, "at": _iso(e.recorded_unix_nano)}))  # fmt: skip
+        return 0
+    print(f"serving: {reply.serving_id or '(a model from outside the registry)'}  {reply.serving_version}")
+    print(f"{'':2}{'id':<16}  {'threshold':>9}  {'trained at':<20}  source")
+    for m in reply.models:
+        mark = "*" if m.serving else " "
+        print(f"{mark} {m.id:<16}  {m.threshold:>9.4g}  {m.trained_at:<20}  {m.source}")
+    if reply.events:
+        print("\nlog:")
+        for e in reply.events:
+            print("  " + _event_line(e))
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    from faultcast.v1 import alerts_pb2 as apb
+
+    # Absolute as this shell sees it: the service's working directory is not the admin's.
+    path = str(args.path.expanduser().absolute())
+    reply = _call(args, "AddModel", apb.AddModelRequest(path=path, why=args.why))
+    assert isinstance(reply, apb.AddModelResponse)
+    if reply.already_there:
+        print(
+            f"model {reply.model.id} is registered already (added by {reply.model.added.by}); nothing changed"
+        )
+    else:
+        print(f"added model {reply.model.id} (threshold {reply.model.threshold:.4g}); promote it with "
+              f"`faultcast models promote {reply.model.id} --why ...`")  # fmt: skip
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from faultcast.v1 import alerts_pb2 as apb
+
+    reply = _call(args, "PromoteModel", apb.PromoteModelRequest(id=args.id, why=args.why))
+    assert isinstance(reply, apb.ModelChange)
+    print(_event_line(reply.event))
+    print(f"serving {reply.model_version}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from faultcast.v1 import alerts_pb2 as apb
+
+    reply = _call(args, "RollbackModel", apb.RollbackModelRequest(why=args.why))
+    assert isinstance(reply, apb.ModelChange)
+    print(_event_line(reply.event))
+    print(f"serving {reply.model_version}")
+    return 0
