@@ -58,6 +58,8 @@ settings.load_profile(
 # scores that mean something) takes `service_model`.
 SLOW_FIXTURES = {
     "service_model": "trains the demo model (unless FAULTCAST_TEST_SERVICE_MODEL names one)",
+    "tests/test_retrain.py::fleet_state": "simulates a 3-day twin and archives it (a retrain then trains on it)",
+    "tests/test_archive.py::twin": "simulates a fleet twin to hold the archive against",
     "tests/test_model.py::data": "simulates a fleet twin (and `trained` trains on it)",
     "tests/test_import_score.py::model_dir": "trains a model",
     "tests/test_import_score.py::scored_data": "simulates and scores a fleet twin",

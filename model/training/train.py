@@ -160,6 +160,9 @@ class TrainConfig:
     # Stack the booster with the logistic baseline and serve the blend where it catches more on the
     # validation worlds at the same budget (off: the booster alone).
     blend: bool = True
+    # Across worlds: each dataset's rows weighed by this, in order (empty: 1 each). `faultcast retrain`
+    # weighs the twin worlds it learns beside (the prior) against the fleet's own history.
+    world_weights: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -632,6 +635,12 @@ def _sample_worlds(
     weight = stack["weight"]
     if (boost != 1.0).any():  # a boosted mode's rows weighted back to its plain rate
         weight = weight / boost
+    if config.world_weights:
+        if len(config.world_weights) != len(datasets) or not all(w > 0 for w in config.world_weights):
+            raise ValueError(
+                f"world_weights: one positive weight per dataset ({len(datasets)}), not {config.world_weights}"
+            )
+        weight = weight * np.repeat(np.asarray(config.world_weights, dtype=np.float64), sizes)
     sampled = _Sampled(
         x=stack["features"], y=y, w=weight, ttf_s=stack["ttf_s"],
         mode=stack["mode"], fit=~val, val=val, acceleration=accel, world=world, boost=boost,
@@ -1109,7 +1118,11 @@ def _config_record(config: TrainConfig) -> dict[str, JsonScalar]:
     """The config as the manifest records it (JSON scalars: the exclusions joined by commas)."""
     record: dict[str, JsonScalar] = {}
     for key, value in asdict(config).items():
-        if key == "booster_params":
+        if key == "world_weights" and not value:
+            continue  # recorded only when given: a model trained before the setting reads the same
+        if key == "world_weights":
+            record[key] = ",".join(f"{w:g}" for w in value)
+        elif key == "booster_params":
             record[key] = ",".join(f"{k}={v}" for k, v in value)
         else:
             record[key] = ",".join(value) if isinstance(value, tuple | list) else value

@@ -266,14 +266,7 @@ class Archive:
         return removed
 
     def _days(self) -> dict[str, DayRecord]:
-        path = self.directory / "days.json"
-        if not path.exists():
-            return {}
-        try:
-            return {str(day): DayRecord(**record) for day, record in json.loads(path.read_text()).items()}
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.error("archive %s: days.json unreadable (%s); its days are left out", self.directory, exc)
-            return {}
+        return settled_days(self.directory)
 
     def _write_manifest(self) -> None:
         index = self._days()
@@ -299,6 +292,24 @@ class Archive:
         failures = self.directory / "failures.csv"
         if not failures.exists():  # a data directory needs one; the service writes the label log's
             failures.write_text("timestamp,node,gpu,uuid,mode,xid,precursor_s,description\n")
+
+
+def settled_days(directory: Path) -> dict[str, DayRecord]:
+    """The settled days of the archive in `directory` (days.json; {} when it has none or it is unreadable,
+    said in the log)."""
+    path = directory / "days.json"
+    if not path.exists():
+        return {}
+    try:
+        return {str(day): DayRecord(**record) for day, record in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        log.error("archive %s: days.json unreadable (%s); its days are left out", directory, exc)
+        return {}
+
+
+def day_start_s(day: str) -> float:
+    """Unix seconds of the start of `day` (YYYY-MM-DD, UTC)."""
+    return _day_start_s(day)
 
 
 def _highest_part(open_dir: Path) -> int:
