@@ -10,6 +10,9 @@
 So ARCHIVE is a data directory like the twin's and the importer's: `faultcast train --data ARCHIVE`
 reads its settled days (model/features/parquet_parts.py reads a table split into files).
 
+Nothing is written on the ingest path: `observe` keeps the rows in memory and sets `due` once a part's
+worth waits; the service's archive thread runs `maintain` then, and every 30 s.
+
 What is written: one row per GPU per grid step (the model's cadence), the step's last sample with the
 step's summary combined over its samples (service/archive/rows.py), the same inputs the online features
 took. A node's step is finished when a sample of a later step comes (or, for a node gone quiet, once the
@@ -96,6 +99,7 @@ class Archive:
         self.counts = ArchiveCounts()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
+        self.due = threading.Event()  # set when a part's worth of rows waits: maintain early
         self._steps: dict[str, PendingStep] = {}
         self._buffer = RowBuffer()
         self._newest_ns = 0
@@ -122,9 +126,8 @@ class Archive:
                 filling.take(snapshot)
             else:
                 self.counts.late += 1
-            full = len(self._buffer) >= self.settings.part_rows
-        if full:
-            self.flush()
+            if len(self._buffer) >= self.settings.part_rows:
+                self.due.set()  # the maintenance thread writes it: no disk write on the ingest path
 
     # -- the maintenance side --------------------------------------------------------------------
 
@@ -143,6 +146,7 @@ class Archive:
 
     def maintain(self) -> None:
         """Flush, settle the days that are due, apply the bounds, rewrite the manifest."""
+        self.due.clear()
         self.flush()
         with self._write_lock:
             settled = self._settle_due()
