@@ -46,11 +46,32 @@ def add_parser(commands: Subcommands) -> None:
     promote = _online(sub.add_parser("promote", help="serve a registered model now"))
     promote.add_argument("id", help="the model's id (`faultcast models list`), or a prefix of its digest")
     promote.add_argument("--why", required=True, help="why it should serve (its evaluation, a ticket)")
+    promote.add_argument(
+        "--force",
+        action="store_true",
+        help="promote the shadowed challenger even where the shadow's comparison does not find it better",
+    )
     promote.set_defaults(handler=_promote)
 
     rollback = _online(sub.add_parser("rollback", help="serve again the model that served before"))
     rollback.add_argument("--why", required=True, help="what was wrong with the model serving")
     rollback.set_defaults(handler=_rollback)
+
+    shadow = _online(
+        sub.add_parser("shadow", help="score a registered model beside the serving one, alerting nothing")
+    )
+    shadow.add_argument("id", nargs="?", default="", help="the challenger's id (none with --stop)")
+    shadow.add_argument("--stop", action="store_true", help="end the shadow")
+    shadow.add_argument("--why", required=True, help="why it is tried (or stopped)")
+    shadow.set_defaults(handler=_shadow)
+
+    compare = _online(
+        sub.add_parser(
+            "compare", help="the shadowed challenger against the serving model on the fleet's labels"
+        )
+    )
+    compare.add_argument("--json", action="store_true", help="the comparison as one JSON object")
+    compare.set_defaults(handler=_compare)
 
 
 def _online(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -118,6 +139,8 @@ def _list(args: argparse.Namespace) -> int:
                               "by": e.by, "why": e.why, "at": _iso(e.recorded_unix_nano)}))  # fmt: skip
         return 0
     print(f"serving: {reply.serving_id or '(a model from outside the registry)'}  {reply.serving_version}")
+    if reply.shadow_id:
+        print(f"shadow:  {reply.shadow_id} (scored beside it, alerting nothing)")
     print(f"{'':2}{'id':<16}  {'threshold':>9}  {'trained at':<20}  source")
     for m in reply.models:
         mark = "*" if m.serving else " "
@@ -149,7 +172,7 @@ def _add(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from faultcast.v1 import alerts_pb2 as apb
 
-    reply = _call(args, "PromoteModel", apb.PromoteModelRequest(id=args.id, why=args.why))
+    reply = _call(args, "PromoteModel", apb.PromoteModelRequest(id=args.id, why=args.why, force=args.force))
     assert isinstance(reply, apb.ModelChange)
     print(_event_line(reply.event))
     print(f"serving {reply.model_version}")
@@ -163,4 +186,36 @@ def _rollback(args: argparse.Namespace) -> int:
     assert isinstance(reply, apb.ModelChange)
     print(_event_line(reply.event))
     print(f"serving {reply.model_version}")
+    return 0
+
+
+def _shadow(args: argparse.Namespace) -> int:
+    from faultcast.v1 import alerts_pb2 as apb
+
+    if bool(args.id) == args.stop:
+        raise SystemExit("faultcast models shadow: give a model id, or --stop")
+    reply = _call(args, "ShadowModel", apb.ShadowModelRequest(id=args.id, why=args.why, stop=args.stop))
+    assert isinstance(reply, apb.ModelChange)
+    print(_event_line(reply.event))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from faultcast.v1 import alerts_pb2 as apb
+
+    reply = _call(args, "CompareShadow", apb.CompareShadowRequest())
+    assert isinstance(reply, apb.ShadowComparison)
+    if args.json:
+        print(
+            json.dumps(
+                MessageToDict(
+                    reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+                )
+            )
+        )
+        return 0
+    print(f"challenger {reply.challenger_id}: {'BETTER' if reply.better else 'not better'}")
+    print(reply.summary)
     return 0

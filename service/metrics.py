@@ -88,8 +88,9 @@ STATE_WRITES: tuple[str, ...] = (
 ALERT_MODES: tuple[str, ...] = (*(m.value for m in FailureMode), "unknown")
 MODEL_RELOAD_OUTCOMES: tuple[str, ...] = ("ok", "rejected")
 # The model registry's events (service/state/models.py) and the changes an admin may ask of it.
-MODEL_REGISTRY_EVENTS: tuple[str, ...] = ("added", "promoted", "rolled_back")
-MODEL_REGISTRY_ACTIONS: tuple[str, ...] = ("add", "promote", "rollback")
+MODEL_REGISTRY_EVENTS: tuple[str, ...] = ("added", "promoted", "rolled_back", "shadowed", "shadow_stopped")
+MODEL_REGISTRY_ACTIONS: tuple[str, ...] = ("add", "promote", "rollback", "shadow")
+SHADOW_MODELS: tuple[str, ...] = ("serving", "challenger")  # the shadow's two models
 # What happens to a pre-scheduled spare (service/remediation/spares/prescheduler.py).
 SPARE_EVENTS: tuple[str, ...] = ("asked", "ready", "handed_over", "released", "failed")
 
@@ -283,7 +284,8 @@ class ServiceMetrics:
         )
         self.model_registry_events = Counter(
             "faultcast_model_registry_events",
-            "The model registry's events since the service started, by event (added, promoted, rolled_back).",
+            "The model registry's events since the service started, by event (added, promoted, rolled_back, "
+            "shadowed, shadow_stopped).",
             ["event"],
             registry=r,
         )
@@ -291,6 +293,19 @@ class ServiceMetrics:
             "faultcast_model_registry_refusals",
             "Registry changes refused since the service started, by action (add, promote, rollback).",
             ["action"],
+            registry=r,
+        )
+        self.shadow_steps = Counter(
+            "faultcast_shadow_steps",
+            "Node steps kept for the shadow comparison since the service started, by model (serving, challenger).",
+            ["model"],
+            registry=r,
+        )
+        self.shadow_over_threshold = Counter(
+            "faultcast_shadow_over_threshold",
+            "Shadowed node steps whose highest GPU risk reached the model's own threshold, by model "
+            "(serving, challenger): how often each would alert.",
+            ["model"],
             registry=r,
         )
         self.feature_drift_psi = Gauge(
@@ -397,6 +412,8 @@ class ServiceMetrics:
             (MODEL_RELOAD_OUTCOMES, self.model_reloads),
             (MODEL_REGISTRY_EVENTS, self.model_registry_events),
             (MODEL_REGISTRY_ACTIONS, self.model_registry_refusals),
+            (SHADOW_MODELS, self.shadow_steps),
+            (SHADOW_MODELS, self.shadow_over_threshold),
             (THREADS, self.thread_restarts),
             (STATE_WRITES, self.state_write_failures),
         ):
@@ -451,6 +468,8 @@ EXPORTED_NAMES: tuple[str, ...] = (
     "faultcast_model_reloads_total",
     "faultcast_model_registry_events_total",
     "faultcast_model_registry_refusals_total",
+    "faultcast_shadow_steps_total",
+    "faultcast_shadow_over_threshold_total",
     "faultcast_feature_drift_psi",
     "faultcast_model_feature_group_visible",
     "faultcast_calibration_timestamp_seconds",

@@ -97,6 +97,19 @@ class ModelRegistry:
                 served.pop()
         return served
 
+    def shadowing(self) -> str | None:
+        """The id of the challenger shadowed now: the newest `shadowed` event's model, unless a later
+        event stopped the shadow or promoted that model (None: no shadow)."""
+        challenger: str | None = None
+        for event in self.events.all():
+            if event.kind is ModelEventKind.SHADOWED:
+                challenger = event.model_id
+            elif event.kind is ModelEventKind.SHADOW_STOPPED or (
+                event.kind is ModelEventKind.PROMOTED and event.model_id == challenger
+            ):
+                challenger = None
+        return challenger
+
     def serving(self) -> str | None:
         """The id of the registry's model that serves, or None when none does."""
         served = self.stack()
@@ -230,6 +243,30 @@ class ModelRegistry:
             return self._record(
                 ModelEvent(ModelEventKind.ROLLED_BACK, back_to.id, by, why, from_model_id=served[-1])
             )
+
+    def shadow(self, text: str, by: str, why: str, start: Callable[[RegisteredModel], None]) -> ModelEvent:
+        """Make the registered model `text` names the challenger: `start` (the service's: loads it and
+        scores it beside the serving model, raising RegistryRefusedError when it cannot), then log it.
+        A model serving now cannot be its own challenger (FAILED_PRECONDITION)."""
+        with self._lock:
+            target = self.find(text)
+            if target.id == self.serving():
+                raise RegistryRefusedError(
+                    Refusal.FAILED_PRECONDITION, f"model {target.id} serves: it cannot be its own challenger"
+                )
+            self._check_copy(target)
+            start(target)
+            return self._record(
+                ModelEvent(ModelEventKind.SHADOWED, target.id, by, why, from_model_id=self.shadowing() or "")
+            )
+
+    def stop_shadow(self, by: str, why: str) -> ModelEvent:
+        """End the shadow (FAILED_PRECONDITION when none runs) and log it."""
+        with self._lock:
+            challenger = self.shadowing()
+            if challenger is None:
+                raise RegistryRefusedError(Refusal.FAILED_PRECONDITION, "no challenger is shadowed")
+            return self._record(ModelEvent(ModelEventKind.SHADOW_STOPPED, challenger, by, why))
 
     def _record(self, event: ModelEvent) -> ModelEvent:
         stored = self.events.record(event)

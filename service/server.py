@@ -40,6 +40,7 @@ from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_registry import (
     MODELS_DIR,
     ModelRegistry,
+    Refusal,
     RegisteredModel,
     RegistryRefusedError,
     choose_at_start,
@@ -54,7 +55,7 @@ from faultcast.service.rpc.health import ALL, Health
 from faultcast.service.rpc.reflection import enable_reflection
 from faultcast.service.rpc.telemetry import MAX_MESSAGE_BYTES, AsyncTelemetryServicer, TelemetryServicer
 from faultcast.service.rpc.validation import SampleRejected
-from faultcast.service.scoring import Scorer, model_version
+from faultcast.service.scoring import ScoredStep, Scorer, model_version
 from faultcast.service.scoring_state import (
     NodeState,
     StateRefused,
@@ -63,6 +64,8 @@ from faultcast.service.scoring_state import (
     encode,
     features_signature,
 )
+from faultcast.service.shadow import Shadow
+from faultcast.service.shadow_compare import Comparison, Span, compare
 from faultcast.service.state.db import StateWriteError
 from faultcast.service.state.models import ModelEvent
 from faultcast.service.state.sample_journal import JournalFull, SampleJournal
@@ -208,6 +211,7 @@ class Service:
         self._settings_changed_by = ""
         # The models this state directory may serve (<state_dir>/models/), promoted without a restart.
         self.registry = ModelRegistry(store.path.parent / MODELS_DIR, store.models, self._registry_event)
+        self.shadow: Shadow | None = None  # a challenger scored beside the serving model (`start` resumes it)
         self._describe(model)
         self.drift = DriftMonitor(self.metrics.feature_drift_psi, self.metrics.calibration_timestamp)
         self.drift.use(model_dir, model)
@@ -337,7 +341,11 @@ class Service:
         with self._ingest_lock:
             # Journalled first: a sample the scorer then refuses is refused again on a replay.
             self._journal(snapshot)
-            completed = self.scorer.add(snapshot, time.monotonic())
+            arrival = time.monotonic()
+            completed = self.scorer.add(snapshot, arrival)
+            shadow = self.shadow
+            if shadow is not None:  # only what the serving scorer took, so both see the same samples
+                shadow.add(snapshot, arrival)
             self.visibility.observe(snapshot)  # a sampled look: cheap on this path
             if self.archive is not None:
                 self.archive.observe(snapshot)
@@ -406,6 +414,7 @@ class Service:
             self._save_states(sorted({a.node for a in alerts} | due))
             self.book.announce(alerts)
         done = time.monotonic()
+        self._observe_shadow(scored)  # after the alerts: the shadow never delays one
         for s in scored:
             self.metrics.scoring_latency.observe(done - s.arrival_s)
         return alerts
@@ -447,11 +456,13 @@ class Service:
         return archive
 
     def _keep_archive(self) -> None:
-        """Every ARCHIVE_EVERY_S, off the scoring thread: write the finished steps, settle the days
-        that are due, apply the bounds."""
+        """Every ARCHIVE_EVERY_S, and whenever a part's worth of rows waits, off the ingest and scoring
+        threads: write the finished steps, settle the days that are due, apply the bounds."""
         assert self.archive is not None
-        while not self.stopping.wait(ARCHIVE_EVERY_S):
-            self.archive.maintain()
+        while not self.stopping.is_set():
+            self.archive.due.wait(ARCHIVE_EVERY_S)
+            if not self.stopping.is_set():
+                self.archive.maintain()
 
     def _write_archive_labels(self, directory: Path) -> None:
         """The label log beside the settled days, so the archive is a data directory to train on."""
@@ -785,10 +796,24 @@ class Service:
         with self._counted("add"):
             return self.registry.add(Path(path), by, why)
 
-    def promote_model(self, model_id: str, by: str, why: str) -> ModelEvent:
-        """Serve a registered model now and log it (ModelRegistry.promote)."""
+    def promote_model(self, model_id: str, by: str, why: str, force: bool = False) -> ModelEvent:
+        """Serve a registered model now and log it (ModelRegistry.promote). The shadowed challenger is
+        promoted only when the comparison finds it better, or with `force` (said in the log's why)."""
         with self._counted("promote"):
+            shadow = self.shadow
+            if shadow is not None and self.registry.find(model_id).id == shadow.model_id:
+                verdict = self.compare_shadow()
+                if not verdict.better and not force:
+                    raise RegistryRefusedError(
+                        Refusal.FAILED_PRECONDITION,
+                        f"the challenger does not catch more at no more false alarms ({verdict.summary()}); "
+                        "give force to promote it anyway",
+                    )
+                if not verdict.better:
+                    why = f"{why} [forced over the shadow's comparison: {verdict.summary()}]"
             event = self.registry.promote(model_id, by, why, self.reload, self.model_dir)
+            if shadow is not None and event.model_id == shadow.model_id:
+                self.shadow = None  # the challenger serves: its shadow is over (the log says so too)
         log.warning("model %s promoted by %s (was %s): %s", event.model_id, by, event.from_model_id, why)
         return event
 
@@ -798,6 +823,84 @@ class Service:
             event = self.registry.rollback(by, why, self.reload)
         log.warning("model rolled back by %s from %s to %s: %s", by, event.from_model_id, event.model_id, why)
         return event
+
+    def shadow_model(self, model_id: str, by: str, why: str) -> ModelEvent:
+        """Score a registered model beside the serving one from now on (ModelRegistry.shadow)."""
+
+        def start(entry: RegisteredModel) -> None:
+            self.shadow = self._load_shadow(entry.id)
+
+        with self._counted("shadow"):
+            return self.registry.shadow(model_id, by, why, start)
+
+    def stop_shadow(self, by: str, why: str) -> ModelEvent:
+        """End the shadow, and log it."""
+        with self._counted("shadow"):
+            event = self.registry.stop_shadow(by, why)
+        self.shadow = None
+        return event
+
+    def compare_shadow(self) -> Comparison:
+        """The shadowed challenger against the serving model on the fleet's labels over the shadow
+        window (service/shadow_compare.py); FAILED_PRECONDITION when no challenger is shadowed."""
+        shadow = self.shadow
+        if shadow is None:
+            raise RegistryRefusedError(Refusal.FAILED_PRECONDITION, "no challenger is shadowed")
+        model = self.model
+        labels = training_labels(self.store, model.horizon_s)
+        return compare(
+            self.store.shadow_steps.steps(shadow.model_id),
+            [(f.node, f.time_ns) for f, _ in labels.failures],
+            [Span(c.node, c.start_ns, c.end_ns) for c in labels.censored],
+            serving_threshold=model.threshold,
+            challenger_threshold=shadow.model.threshold,
+            horizon_s=model.horizon_s,
+            cadence_s=model.feature_config.cadence_s,
+        )
+
+    def _load_shadow(self, model_id: str) -> Shadow:
+        """The registry's model as a challenger; RegistryRefusedError when this service cannot score it."""
+        path = self.registry.path_of(model_id)
+        try:
+            model = load(path)
+        except ModelError as exc:
+            raise RegistryRefusedError(
+                Refusal.FAILED_PRECONDITION, f"model {model_id} does not load: {exc}"
+            ) from exc
+        if model.feature_config.gpus_per_node != self.model.feature_config.gpus_per_node:
+            raise RegistryRefusedError(
+                Refusal.FAILED_PRECONDITION,
+                f"model {model_id} is built for {model.feature_config.gpus_per_node} GPUs per node, the "
+                f"service runs {self.model.feature_config.gpus_per_node}",
+            )
+        log.warning("shadowing model %s beside the serving model (it alerts nothing)", model_id)
+        return Shadow(
+            model_id,
+            model,
+            self.store.shadow_steps,
+            self.metrics,
+            lateness_steps=self.config.lateness_steps,
+            max_nodes=self.config.max_nodes,
+        )
+
+    def _resume_shadow(self) -> None:
+        """At start: shadow the challenger the registry's log names, if it still loads."""
+        model_id = self.registry.shadowing()
+        if model_id is None or self.shadow is not None:
+            return
+        try:
+            self.shadow = self._load_shadow(model_id)
+        except RegistryRefusedError as exc:
+            log.error("the shadowed challenger is not resumed: %s", exc)
+
+    def _observe_shadow(self, scored: list[ScoredStep]) -> None:
+        shadow = self.shadow
+        if shadow is None:
+            return
+        try:
+            shadow.observe(scored, self.model.threshold)
+        except Exception:  # the shadow must never stop the serving path
+            log.exception("the shadow could not score its steps; they are lost to the comparison")
 
     def _registry_event(self, event: ModelEvent) -> None:
         self.metrics.model_registry_events.labels(event.kind.value).inc()
@@ -873,6 +976,7 @@ class Service:
                 "read and acknowledge alerts, reload the model and set remediation",
                 address,
             )
+        self._resume_shadow()
         self.recover()
         self._thread = start_supervised("scoring", self._loop, self.stopping, self._restarted)
         self._cursor_thread = start_supervised("cursors", self._save_cursors, self.stopping, self._restarted)
@@ -958,6 +1062,8 @@ class Service:
         stream holds a thread."""
         self.health.enter_graceful_shutdown()  # before the server stops: watchers see NOT_SERVING
         self.stopping.set()
+        if self.archive is not None:
+            self.archive.due.set()  # its thread waits on it
         with self._work:
             self._work.notify_all()
         if self._server is not None and self._aio_loop is not None:

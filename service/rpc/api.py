@@ -38,6 +38,8 @@ from faultcast.service.rpc.auth import AccessPolicy, AuthError, Principal, Role,
 from faultcast.service.rpc.limits import CallerLimits, OpenCount
 from faultcast.service.rpc.validation import is_host_name
 from faultcast.service.scoring import model_version
+from faultcast.service.shadow import Shadow
+from faultcast.service.shadow_compare import Comparison, Outcome
 from faultcast.service.state.acks import Ack
 from faultcast.service.state.db import MAX_STORED_INT, StateWriteError
 from faultcast.service.state.models import ModelEvent, ModelEventKind
@@ -66,6 +68,8 @@ _EVENT_KINDS = {
     ModelEventKind.ADDED: apb.MODEL_EVENT_KIND_ADDED,
     ModelEventKind.PROMOTED: apb.MODEL_EVENT_KIND_PROMOTED,
     ModelEventKind.ROLLED_BACK: apb.MODEL_EVENT_KIND_ROLLED_BACK,
+    ModelEventKind.SHADOWED: apb.MODEL_EVENT_KIND_SHADOWED,
+    ModelEventKind.SHADOW_STOPPED: apb.MODEL_EVENT_KIND_SHADOW_STOPPED,
 }
 
 Refusal = tuple[grpc.StatusCode, str]
@@ -101,8 +105,21 @@ class Operations(Protocol):
     def add_model(self, path: str, by: str, why: str) -> tuple[RegisteredModel, bool]:
         """Add a model to the registry: (its entry, whether it was there already)."""
 
-    def promote_model(self, model_id: str, by: str, why: str) -> ModelEvent:
-        """Serve a registered model now."""
+    def promote_model(self, model_id: str, by: str, why: str, force: bool = False) -> ModelEvent:
+        """Serve a registered model now (the shadowed challenger only when better, or with `force`)."""
+
+    def shadow_model(self, model_id: str, by: str, why: str) -> ModelEvent:
+        """Score a registered model beside the serving one."""
+
+    def stop_shadow(self, by: str, why: str) -> ModelEvent:
+        """End the shadow."""
+
+    def compare_shadow(self) -> Comparison:
+        """The shadowed challenger against the serving model."""
+
+    @property
+    def shadow(self) -> Shadow | None:
+        """The challenger shadowed now."""
 
     def rollback_model(self, by: str, why: str) -> ModelEvent:
         """Serve again the registry's model that served before."""
@@ -631,6 +648,7 @@ class AdminServicer(apb_grpc.AdminServicer):
             events=[_event_pb(e) for e in events],
             serving_id=serving,
             serving_version=model_version(self.operations.model),
+            shadow_id=shadow.model_id if (shadow := self.operations.shadow) is not None else "",
         )
 
     async def AddModel(  # noqa: N802
@@ -655,7 +673,7 @@ class AdminServicer(apb_grpc.AdminServicer):
         """Serve a registered model now; NOT_FOUND, FAILED_PRECONDITION or INVALID_ARGUMENT say why not."""
         by = str(current())
         event = await self._registry(
-            context, self.operations.promote_model, request.id, by, request.why[:_WHY_CHARS]
+            context, self.operations.promote_model, request.id, by, request.why[:_WHY_CHARS], request.force
         )
         return apb.ModelChange(event=_event_pb(event), model_version=model_version(self.operations.model))
 
@@ -668,6 +686,42 @@ class AdminServicer(apb_grpc.AdminServicer):
         by = str(current())
         event = await self._registry(context, self.operations.rollback_model, by, request.why[:_WHY_CHARS])
         return apb.ModelChange(event=_event_pb(event), model_version=model_version(self.operations.model))
+
+    async def ShadowModel(  # noqa: N802
+        self,
+        request: apb.ShadowModelRequest,
+        context: grpc.aio.ServicerContext[apb.ShadowModelRequest, apb.ModelChange],
+    ) -> apb.ModelChange:
+        """Shadow a registered model (or stop); the refusals of PromoteModel."""
+        by = str(current())
+        why = request.why[:_WHY_CHARS]
+        if request.stop:
+            event = await self._registry(context, self.operations.stop_shadow, by, why)
+        else:
+            event = await self._registry(context, self.operations.shadow_model, request.id, by, why)
+        return apb.ModelChange(event=_event_pb(event), model_version=model_version(self.operations.model))
+
+    async def CompareShadow(  # noqa: N802
+        self,
+        request: apb.CompareShadowRequest,
+        context: grpc.aio.ServicerContext[apb.CompareShadowRequest, apb.ShadowComparison],
+    ) -> apb.ShadowComparison:
+        """The shadow's comparison; FAILED_PRECONDITION when no challenger is shadowed."""
+        verdict = await self._registry(context, self.operations.compare_shadow)
+        shadow = self.operations.shadow
+        return apb.ShadowComparison(
+            challenger_id=shadow.model_id if shadow is not None else "",
+            steps=verdict.steps,
+            node_days=verdict.node_days,
+            failures=verdict.failures,
+            serving=_outcome_pb(verdict.serving),
+            challenger=_outcome_pb(verdict.challenger),
+            matched=_outcome_pb(verdict.matched),
+            extra_caught_low=verdict.extra_caught_low,
+            extra_caught_high=verdict.extra_caught_high,
+            better=verdict.better,
+            summary=verdict.summary(),
+        )
 
     async def _registry(
         self, context: grpc.aio.ServicerContext[Any, Any], work: Callable[[*Ts], T], *args: *Ts
@@ -682,6 +736,12 @@ class AdminServicer(apb_grpc.AdminServicer):
         except OSError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the registry's directory: {exc}")
         raise AssertionError("abort returned")  # for the type checker: abort always raises
+
+
+def _outcome_pb(outcome: Outcome) -> apb.ShadowOutcome:
+    return apb.ShadowOutcome(
+        threshold=outcome.threshold, caught=outcome.caught, false_alarms=outcome.false_alarms
+    )
 
 
 def _event_pb(event: ModelEvent) -> apb.ModelEvent:

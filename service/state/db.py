@@ -113,6 +113,16 @@ CREATE TABLE IF NOT EXISTS model_events (
     detail TEXT NOT NULL,
     recorded_ns INTEGER NOT NULL
 );
+-- The shadow's scored steps: per node and step, the highest GPU risk of each model (service/shadow.py).
+CREATE TABLE IF NOT EXISTS shadow_steps (
+    challenger TEXT NOT NULL,
+    node TEXT NOT NULL,
+    time_ns INTEGER NOT NULL,
+    serving_risk REAL,
+    challenger_risk REAL,
+    PRIMARY KEY (challenger, node, time_ns)
+);
+CREATE INDEX IF NOT EXISTS shadow_steps_time ON shadow_steps (time_ns);
 """
 
 

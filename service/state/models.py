@@ -1,11 +1,13 @@
-"""The model registry's log in the state database: every model added, promoted and rolled back, with
-who did it and why, in order. Which model serves, and what a rollback returns to, follow from it
-(service/model_registry.py); the log itself is only appended to."""
+"""The model registry's log in the state database: every model added, promoted, rolled back and
+shadowed, with who did it and why, in order. Which model serves, what a rollback returns to and which
+challenger is shadowed follow from it (service/model_registry.py); the log itself is only appended to.
+Beside it, the shadow's scored steps (`ShadowSteps`): per node and step, each model's highest risk."""
 
 from __future__ import annotations
 
 import enum
 import json
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +20,8 @@ class ModelEventKind(enum.StrEnum):
     ADDED = "added"
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
+    SHADOWED = "shadowed"  # made the challenger, scored beside the serving model
+    SHADOW_STOPPED = "shadow_stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +75,54 @@ class ModelEvents:
                        {str(k): str(v) for k, v in json.loads(detail).items()}, int(id_), int(ns))
             for id_, kind, model, source, by, why, detail, ns in rows
         ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowStep:
+    """One node's grid step under both models: the highest GPU risk of each (None: that model has not
+    scored the step, or scored no GPU of it)."""
+
+    node: str
+    time_ns: int
+    serving_risk: float | None
+    challenger_risk: float | None
+
+
+class ShadowSteps:
+    """The shadow window's steps, per challenger; each model's risk is written when it scores the step."""
+
+    def __init__(self, db: StateDatabase) -> None:
+        self._db = db
+
+    def record(self, challenger: str, column: str, risks: list[tuple[str, int, float]], keep_ns: int) -> None:
+        """Store each (node, time_ns, risk) as `column` ("serving" or "challenger") of `challenger`'s
+        steps, and forget steps older than `keep_ns` before the newest; StateWriteError when refused."""
+        if column not in {"serving", "challenger"}:
+            raise ValueError(f"no such column: {column}")
+        if not risks:
+            return
+        name = f"{column}_risk"  # one of two fixed names, never from outside
+        newest = max(t for _, t, _ in risks)
+
+        def write(_: sqlite3.Connection) -> None:
+            with self._db.transaction() as db:
+                db.executemany(
+                    f"INSERT INTO shadow_steps (challenger, node, time_ns, {name}) VALUES (?, ?, ?, ?) "  # noqa: S608
+                    f"ON CONFLICT (challenger, node, time_ns) DO UPDATE SET {name} = excluded.{name}",
+                    [(challenger, node, t, risk) for node, t, risk in risks],
+                )
+                db.execute("DELETE FROM shadow_steps WHERE time_ns < ?", (newest - keep_ns,))
+
+        self._db.checked_write("models", write)
+
+    def steps(self, challenger: str) -> list[ShadowStep]:
+        """`challenger`'s steps, by node and time."""
+        rows = self._db.read(
+            "SELECT node, time_ns, serving_risk, challenger_risk FROM shadow_steps WHERE challenger = ? "
+            "ORDER BY node, time_ns",
+            (challenger,),
+        )
+        return [
+            ShadowStep(str(node), int(t), None if s is None else float(s), None if c is None else float(c))
+            for node, t, s, c in rows
+        ]

@@ -13,7 +13,8 @@
   which a restart goes on, with the samples after it replayed from the journal;
 - `labels` (labels.py): the fleet's label log, every failure known (the service's FAILED events on
   hardware evidence, harvested logs, operators) and operators' verdicts on alerts;
-- `models` (models.py): the model registry's log, every model added, promoted and rolled back.
+- `models` (models.py): the model registry's log, every model added, promoted, rolled back and
+  shadowed; `shadow_steps`: the shadow's scored steps under both models.
 
 The parts share one connection, one lock and one transaction helper (service/state/db.py): a
 damaged database is refused at open (`StateError`), and a failed write (full disk, I/O error)
@@ -32,7 +33,7 @@ from faultcast.service.state.cursors import Cursors
 from faultcast.service.state.db import OnWritable, OnWriteFailed, StateDatabase
 from faultcast.service.state.jobs import JobRegistry
 from faultcast.service.state.labels import LabelLog
-from faultcast.service.state.models import ModelEvents
+from faultcast.service.state.models import ModelEvents, ShadowSteps
 from faultcast.service.state.remediations import RemediationLedger
 from faultcast.service.state.scoring import SavedStates
 from faultcast.service.state.settings import Settings
@@ -42,7 +43,8 @@ DATABASE_NAME = "faultcast-service.sqlite"
 
 class StateStore:
     """The open state database and its parts: `alerts`, `jobs`, `acks`, `remediations`,
-    `settings`, `cursors`, `scoring`, `labels`, `models`. Every method of a part is safe to call from any thread."""
+    `settings`, `cursors`, `scoring`, `labels`, `models`,
+    `shadow_steps`. Every method of a part is safe to call from any thread."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class StateStore:
         self.scoring = SavedStates(self._db)
         self.labels = LabelLog(self._db)
         self.models = ModelEvents(self._db)
+        self.shadow_steps = ShadowSteps(self._db)
 
     @classmethod
     def in_dir(

@@ -519,6 +519,9 @@ class _ModelEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelE
     MODEL_EVENT_KIND_ADDED: _ModelEventKind.ValueType  # 1
     MODEL_EVENT_KIND_PROMOTED: _ModelEventKind.ValueType  # 2
     MODEL_EVENT_KIND_ROLLED_BACK: _ModelEventKind.ValueType  # 3
+    MODEL_EVENT_KIND_SHADOWED: _ModelEventKind.ValueType  # 4
+    """made the challenger, scored beside the serving model"""
+    MODEL_EVENT_KIND_SHADOW_STOPPED: _ModelEventKind.ValueType  # 5
 
 class ModelEventKind(_ModelEventKind, metaclass=_ModelEventKindEnumTypeWrapper):
     """What happened to a model in the registry."""
@@ -527,6 +530,9 @@ MODEL_EVENT_KIND_UNSPECIFIED: ModelEventKind.ValueType  # 0
 MODEL_EVENT_KIND_ADDED: ModelEventKind.ValueType  # 1
 MODEL_EVENT_KIND_PROMOTED: ModelEventKind.ValueType  # 2
 MODEL_EVENT_KIND_ROLLED_BACK: ModelEventKind.ValueType  # 3
+MODEL_EVENT_KIND_SHADOWED: ModelEventKind.ValueType  # 4
+"""made the challenger, scored beside the serving model"""
+MODEL_EVENT_KIND_SHADOW_STOPPED: ModelEventKind.ValueType  # 5
 Global___ModelEventKind: _TypeAlias = ModelEventKind  # noqa: Y015
 
 @_typing.final
@@ -1806,10 +1812,13 @@ class ListModelsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _builtins.int
     SERVING_ID_FIELD_NUMBER: _builtins.int
     SERVING_VERSION_FIELD_NUMBER: _builtins.int
+    SHADOW_ID_FIELD_NUMBER: _builtins.int
     serving_id: _builtins.str
     """"" when the service serves a model from outside the registry"""
     serving_version: _builtins.str
     """the model serving now, as alerts name it"""
+    shadow_id: _builtins.str
+    """the challenger shadowed now, "" for none"""
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___RegisteredModel]:
         """oldest first"""
@@ -1825,10 +1834,11 @@ class ListModelsResponse(_message.Message):
         events: _abc.Iterable[Global___ModelEvent] | None = ...,
         serving_id: _builtins.str = ...,
         serving_version: _builtins.str = ...,
+        shadow_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "models", b"models", "serving_id", b"serving_id", "serving_version", b"serving_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "models", b"models", "serving_id", b"serving_id", "serving_version", b"serving_version", "shadow_id", b"shadow_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1886,22 +1896,160 @@ class PromoteModelRequest(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     WHY_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """a model's id, or a prefix of its digest (at least 6 hex digits)"""
     why: _builtins.str
+    force: _builtins.bool
+    """The shadowed challenger is promoted only when CompareShadow finds it better; force promotes it
+    anyway (the comparison is written into the log's why).
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         why: _builtins.str = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "why", b"why"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "id", b"id", "why", b"why"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PromoteModelRequest: _TypeAlias = PromoteModelRequest  # noqa: Y015
+
+@_typing.final
+class ShadowModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """the challenger (empty with stop)"""
+    why: _builtins.str
+    stop: _builtins.bool
+    """end the shadow instead"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        why: _builtins.str = ...,
+        stop: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "stop", b"stop", "why", b"why"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShadowModelRequest: _TypeAlias = ShadowModelRequest  # noqa: Y015
+
+@_typing.final
+class CompareShadowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompareShadowRequest: _TypeAlias = CompareShadowRequest  # noqa: Y015
+
+@_typing.final
+class ShadowOutcome(_message.Message):
+    """One model over the shadow window at one threshold."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    CAUGHT_FIELD_NUMBER: _builtins.int
+    FALSE_ALARMS_FIELD_NUMBER: _builtins.int
+    threshold: _builtins.float
+    caught: _builtins.int
+    """failures with a step at or over the threshold in the horizon before them"""
+    false_alarms: _builtins.int
+    """runs over the threshold no failure followed within the horizon"""
+    def __init__(
+        self,
+        *,
+        threshold: _builtins.float = ...,
+        caught: _builtins.int = ...,
+        false_alarms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caught", b"caught", "false_alarms", b"false_alarms", "threshold", b"threshold"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShadowOutcome: _TypeAlias = ShadowOutcome  # noqa: Y015
+
+@_typing.final
+class ShadowComparison(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHALLENGER_ID_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    NODE_DAYS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    SERVING_FIELD_NUMBER: _builtins.int
+    CHALLENGER_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    EXTRA_CAUGHT_LOW_FIELD_NUMBER: _builtins.int
+    EXTRA_CAUGHT_HIGH_FIELD_NUMBER: _builtins.int
+    BETTER_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    challenger_id: _builtins.str
+    steps: _builtins.int
+    """node steps both models scored"""
+    node_days: _builtins.float
+    failures: _builtins.int
+    extra_caught_low: _builtins.float
+    """The 90% interval of challenger.caught - serving.caught (a paired bootstrap over the failures)."""
+    extra_caught_high: _builtins.float
+    better: _builtins.bool
+    """catches more with no more false alarms: what promotion requires"""
+    summary: _builtins.str
+    @_builtins.property
+    def serving(self) -> Global___ShadowOutcome:
+        """at its own threshold"""
+
+    @_builtins.property
+    def challenger(self) -> Global___ShadowOutcome:
+        """at its own threshold"""
+
+    @_builtins.property
+    def matched(self) -> Global___ShadowOutcome:
+        """the challenger at the lowest threshold with no more false alarms than serving"""
+
+    def __init__(
+        self,
+        *,
+        challenger_id: _builtins.str = ...,
+        steps: _builtins.int = ...,
+        node_days: _builtins.float = ...,
+        failures: _builtins.int = ...,
+        serving: Global___ShadowOutcome | None = ...,
+        challenger: Global___ShadowOutcome | None = ...,
+        matched: Global___ShadowOutcome | None = ...,
+        extra_caught_low: _builtins.float = ...,
+        extra_caught_high: _builtins.float = ...,
+        better: _builtins.bool = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["challenger", b"challenger", "matched", b"matched", "serving", b"serving"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["better", b"better", "challenger", b"challenger", "challenger_id", b"challenger_id", "extra_caught_high", b"extra_caught_high", "extra_caught_low", b"extra_caught_low", "failures", b"failures", "matched", b"matched", "node_days", b"node_days", "serving", b"serving", "steps", b"steps", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShadowComparison: _TypeAlias = ShadowComparison  # noqa: Y015
 
 @_typing.final
 class RollbackModelRequest(_message.Message):

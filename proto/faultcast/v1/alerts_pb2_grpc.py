@@ -87,6 +87,16 @@ class AdminStub:
                 request_serializer=faultcast_dot_v1_dot_alerts__pb2.RollbackModelRequest.SerializeToString,
                 response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
                 _registered_method=True)
+        self.ShadowModel = channel.unary_unary(
+                '/faultcast.v1.Admin/ShadowModel',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.ShadowModelRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
+                _registered_method=True)
+        self.CompareShadow = channel.unary_unary(
+                '/faultcast.v1.Admin/CompareShadow',
+                request_serializer=faultcast_dot_v1_dot_alerts__pb2.CompareShadowRequest.SerializeToString,
+                response_deserializer=faultcast_dot_v1_dot_alerts__pb2.ShadowComparison.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -161,6 +171,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShadowModel(self, request, context):
+        """Score a registered model beside the serving one on the same samples, alerting nothing (or stop);
+        FAILED_PRECONDITION when the service cannot score it or, to stop, when none is shadowed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompareShadow(self, request, context):
+        """The shadowed challenger against the serving model on the fleet's labels over the shadow window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +238,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RollbackModel,
                     request_deserializer=faultcast_dot_v1_dot_alerts__pb2.RollbackModelRequest.FromString,
                     response_serializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.SerializeToString,
+            ),
+            'ShadowModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShadowModel,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.ShadowModelRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ModelChange.SerializeToString,
+            ),
+            'CompareShadow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompareShadow,
+                    request_deserializer=faultcast_dot_v1_dot_alerts__pb2.CompareShadowRequest.FromString,
+                    response_serializer=faultcast_dot_v1_dot_alerts__pb2.ShadowComparison.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -488,6 +523,60 @@ class Admin:
             '/faultcast.v1.Admin/RollbackModel',
             faultcast_dot_v1_dot_alerts__pb2.RollbackModelRequest.SerializeToString,
             faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShadowModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/ShadowModel',
+            faultcast_dot_v1_dot_alerts__pb2.ShadowModelRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ModelChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompareShadow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/faultcast.v1.Admin/CompareShadow',
+            faultcast_dot_v1_dot_alerts__pb2.CompareShadowRequest.SerializeToString,
+            faultcast_dot_v1_dot_alerts__pb2.ShadowComparison.FromString,
             options,
             channel_credentials,
             insecure,

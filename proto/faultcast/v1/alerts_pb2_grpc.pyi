@@ -70,6 +70,12 @@ class AdminStub:
     """
     RollbackModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.RollbackModelRequest, _alerts_pb2.ModelChange]
     """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did."""
+    ShadowModel: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.ShadowModelRequest, _alerts_pb2.ModelChange]
+    """Score a registered model beside the serving one on the same samples, alerting nothing (or stop);
+    FAILED_PRECONDITION when the service cannot score it or, to stop, when none is shadowed.
+    """
+    CompareShadow: _grpc.UnaryUnaryMultiCallable[_alerts_pb2.CompareShadowRequest, _alerts_pb2.ShadowComparison]
+    """The shadowed challenger against the serving model on the fleet's labels over the shadow window."""
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -97,6 +103,12 @@ class AdminAsyncStub(AdminStub):
     """
     RollbackModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.RollbackModelRequest, _alerts_pb2.ModelChange]  # type: ignore[assignment]
     """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did."""
+    ShadowModel: _aio.UnaryUnaryMultiCallable[_alerts_pb2.ShadowModelRequest, _alerts_pb2.ModelChange]  # type: ignore[assignment]
+    """Score a registered model beside the serving one on the same samples, alerting nothing (or stop);
+    FAILED_PRECONDITION when the service cannot score it or, to stop, when none is shadowed.
+    """
+    CompareShadow: _aio.UnaryUnaryMultiCallable[_alerts_pb2.CompareShadowRequest, _alerts_pb2.ShadowComparison]  # type: ignore[assignment]
+    """The shadowed challenger against the serving model on the fleet's labels over the shadow window."""
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """Operators only: swaps the model after validating the new artifact (a bad one leaves the old
@@ -181,6 +193,24 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_alerts_pb2.ModelChange, _abc.Awaitable[_alerts_pb2.ModelChange]]:
         """Serve again the registry's model that served before this one; FAILED_PRECONDITION when none did."""
+
+    @_abc_1.abstractmethod
+    def ShadowModel(
+        self,
+        request: _alerts_pb2.ShadowModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ModelChange, _abc.Awaitable[_alerts_pb2.ModelChange]]:
+        """Score a registered model beside the serving one on the same samples, alerting nothing (or stop);
+        FAILED_PRECONDITION when the service cannot score it or, to stop, when none is shadowed.
+        """
+
+    @_abc_1.abstractmethod
+    def CompareShadow(
+        self,
+        request: _alerts_pb2.CompareShadowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_alerts_pb2.ShadowComparison, _abc.Awaitable[_alerts_pb2.ShadowComparison]]:
+        """The shadowed challenger against the serving model on the fleet's labels over the shadow window."""
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
