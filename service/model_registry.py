@@ -31,6 +31,7 @@ from faultcast.model.artifact import FaultModel, ModelError, load
 from faultcast.model.digest import DigestError, content_digest
 from faultcast.service.scoring import model_version
 from faultcast.service.state.models import ModelEvent, ModelEventKind, ModelEvents
+from faultcast.service.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +305,13 @@ class ModelRegistry:
             return content_digest(model_dir)[:ID_DIGITS]
         except DigestError:
             return None
+
+
+def of_store(store: StateStore, on_event: Callable[[ModelEvent], None] | None = None) -> ModelRegistry:
+    """The registry of an open state store (its copies in `models/` beside the database). A command
+    such as `faultcast retrain` may add to it while the service runs: the log is the database's (one
+    transaction per event), each copy is made aside and renamed, and the service reads both afresh."""
+    return ModelRegistry(store.path.parent / MODELS_DIR, store.models, on_event)
 
 
 def _card(source: Path, digest: str, model: FaultModel) -> dict[str, str]:

@@ -38,12 +38,11 @@ from faultcast.service.failure_watch import FailureWatch
 from faultcast.service.label_desk import LabelDesk
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.model_registry import (
-    MODELS_DIR,
-    ModelRegistry,
     Refusal,
     RegisteredModel,
     RegistryRefusedError,
     choose_at_start,
+    of_store,
 )
 from faultcast.service.pending_failures import PendingFailures
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
@@ -210,7 +209,7 @@ class Service:
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
         # The models this state directory may serve (<state_dir>/models/), promoted without a restart.
-        self.registry = ModelRegistry(store.path.parent / MODELS_DIR, store.models, self._registry_event)
+        self.registry = of_store(store, self._registry_event)
         self.shadow: Shadow | None = None  # a challenger scored beside the serving model (`start` resumes it)
         self._describe(model)
         self.drift = DriftMonitor(self.metrics.feature_drift_psi, self.metrics.calibration_timestamp)
@@ -241,7 +240,7 @@ class Service:
         model serves instead of `model_dir`, and the log says so (service/model_registry.py)."""
         store = StateStore.in_dir(state_dir)
         try:
-            chosen = choose_at_start(model_dir, ModelRegistry(state_dir / MODELS_DIR, store.models))
+            chosen = choose_at_start(model_dir, of_store(store))
             try:
                 model = load(chosen)
             except ModelError as exc:

@@ -21,9 +21,10 @@ from faultcast.model.features.engine import FeatureConfig
 from faultcast.model.threshold_file import write as write_threshold
 from faultcast.service.config import ServiceConfig
 from faultcast.service.metrics import ServiceMetrics
-from faultcast.service.model_registry import MODELS_DIR
+from faultcast.service.model_registry import MODELS_DIR, of_store
 from faultcast.service.remediation.actuators import NoopActuator
 from faultcast.service.server import Service
+from faultcast.service.state.store import StateStore
 from faultcast.testing.stub_model import STUB_THRESHOLD
 from faultcast.testing.stub_model import stub_model as build_stub
 from faultcast.v1 import alerts_pb2 as apb
@@ -144,6 +145,20 @@ def test_a_restart_serves_the_registrys_model_whatever_model_says(
         assert info == {entry.id}
     finally:
         restarted.store.close()
+
+
+def test_a_model_added_beside_the_service_is_listed_by_it(served: Served, challenger: Path) -> None:
+    service, admin, state, _ = served
+    other = StateStore.in_dir(state)  # as `faultcast retrain` opens it, the service running
+    try:
+        entry, known = of_store(other).add(challenger, "retrain", "the weekly retrain")
+    finally:
+        other.close()
+    assert not known
+    (listed,) = admin.ListModels(apb.ListModelsRequest()).models
+    assert (listed.id, listed.added.by, listed.serving) == (entry.id, "retrain", False)
+    admin.PromoteModel(apb.PromoteModelRequest(id=entry.id, why="catches more"))
+    assert service.model.threshold == CHALLENGER_THRESHOLD
 
 
 def test_a_corrupt_model_is_refused_at_add_and_nothing_is_logged(
