@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         labels,
         model,
         models,
+        retrain,
         serve,
         simulate,
     )
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_parser(commands)
     goodput.add_parser(commands)
     model.add_parsers(commands)
+    retrain.add_parser(commands)
     import_score.add_parsers(commands)
     failures.add_parser(commands)
     labels.add_parser(commands)

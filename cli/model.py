@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultcast.cli import model_digest, retrain
+from faultcast.cli import model_digest
 from faultcast.cli.paths import create_parents, missing_input, refuse, uncreatable
 from faultcast.cli.types import Subcommands, duration
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the model package loads on demand: `faultcast --help` stays
 
 
 def add_parsers(commands: Subcommands) -> None:
-    """Add `faultcast train`, `faultcast evaluate`, `faultcast model-digest` and `faultcast retrain`."""
+    """Add `faultcast train`, `faultcast evaluate` and `faultcast model-digest`."""
     train = commands.add_parser(
         "train", help="train the failure-prediction model on telemetry and a failure log"
     )
@@ -191,7 +191,6 @@ def add_parsers(commands: Subcommands) -> None:
     )
     evaluate.set_defaults(handler=run_evaluate)
     model_digest.add_parser(commands)
-    retrain.add_parser(commands)
 
 
 def _dask_client(address: str | None) -> Any:

@@ -496,3 +496,18 @@ def _cursor(state: Path, node: str) -> int:
     with closing(sqlite3.connect(f"file:{state / 'faultcast-service.sqlite'}?mode=ro", uri=True)) as db:
         row = db.execute("SELECT MAX(last_sequence) FROM cursors WHERE node = ?", (node,)).fetchone()
     return int(row[0] or 0)
+
+
+def test_every_rpc_names_the_roles_that_may_call_it() -> None:
+    """An RPC missing from METHOD_ROLES is refused to everyone under TLS, admins too: the label log's
+    and the registry's calls once were."""
+    from faultcast.service.rpc.auth import METHOD_ROLES
+    from faultcast.v1 import alerts_pb2, telemetry_pb2
+
+    methods = {
+        f"/{service.full_name}/{method.name}"
+        for descriptor in (alerts_pb2.DESCRIPTOR, telemetry_pb2.DESCRIPTOR)
+        for service in descriptor.services_by_name.values()
+        for method in service.methods
+    }
+    assert methods == set(METHOD_ROLES)

@@ -71,6 +71,16 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _ADMIN + "ReloadModel": frozenset({Role.ADMIN}),
     _ADMIN + "SetRemediation": frozenset({Role.ADMIN}),
     _ADMIN + "GetRemediation": frozenset({Role.ADMIN}),
+    # The fleet's label log (service/label_desk.py) and the model registry (service/model_registry.py).
+    _ADMIN + "AddFailures": frozenset({Role.ADMIN}),
+    _ADMIN + "JudgeAlert": frozenset({Role.ADMIN}),
+    _ADMIN + "ListLabels": frozenset({Role.ADMIN}),
+    _ADMIN + "ListModels": frozenset({Role.ADMIN}),
+    _ADMIN + "AddModel": frozenset({Role.ADMIN}),
+    _ADMIN + "PromoteModel": frozenset({Role.ADMIN}),
+    _ADMIN + "RollbackModel": frozenset({Role.ADMIN}),
+    _ADMIN + "ShadowModel": frozenset({Role.ADMIN}),
+    _ADMIN + "CompareShadow": frozenset({Role.ADMIN}),
 }
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # load balancers and kubelets probe without identity
 ANY_IDENTITY_PREFIXES = ("/grpc.reflection.",)  # describes the API, reveals no data
