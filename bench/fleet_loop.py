@@ -152,8 +152,9 @@ def _simulate(args: argparse.Namespace, out: Path, *, seed: int, days: float, ac
     return out
 
 
-def _retrain(state: Path, archive: Path, out: Path, weeks: int, args: argparse.Namespace) -> str | None:
-    """`faultcast retrain` on every week so far, the last held out; None when it trained, else why not."""
+def _retrain(state: Path, archive: Path, out: Path, weeks: int, args: argparse.Namespace) -> tuple[bool, str]:
+    """`faultcast retrain` on every week so far, the last held out: (trained, what it said last); its
+    whole output is kept beside the model (OUT.log)."""
     shutil.rmtree(out, ignore_errors=True)
     flags = [f for p in args.prior for f in ("--prior", str(p))]
     if args.prior:
@@ -162,9 +163,10 @@ def _retrain(state: Path, archive: Path, out: Path, weeks: int, args: argparse.N
         "retrain", "--state-dir", str(state), "--archive", str(archive), "--out", str(out),
         "--window", f"{weeks * 7}d", "--holdout", "7d", "--seed", str(args.seed), *flags,
     )  # fmt: skip
-    if done.returncode:
-        return (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(out.name + ".log").write_text(done.stdout + done.stderr)
+    said = (done.stderr if done.returncode else done.stdout).strip().splitlines() or ["no output"]
+    return done.returncode == 0, said[-1]
 
 
 def _days(start_s: float, end_s: float) -> set[str]:
@@ -349,18 +351,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if w >= 1 and w + 1 < args.weeks:
             t0 = time.perf_counter()
             name = f"retrain-w{w + 1}"
-            why = _retrain(state, archive, work / "models" / name, w + 1, args)
-            if why is None:
+            trained, row["retrain"] = _retrain(state, archive, work / "models" / name, w + 1, args)
+            if trained:
                 pending = Serving(
                     name, work / "models" / name, models.model(work / "models" / name).threshold
                 )
-            row["retrain"] = why or "trained"
-            why = _retrain(oracle_state, archive, work / "models" / f"oracle-w{w + 1}", w + 1, args)
-            oracle = None if why is not None else Serving(
-                f"oracle-w{w + 1}", work / "models" / f"oracle-w{w + 1}",
-                models.model(work / "models" / f"oracle-w{w + 1}").threshold,
-            )  # fmt: skip
-            row["oracle_retrain"] = why or "trained"
+            where = work / "models" / f"oracle-w{w + 1}"
+            trained, row["oracle_retrain"] = _retrain(oracle_state, archive, where, w + 1, args)
+            oracle = Serving(where.name, where, models.model(where).threshold) if trained else None
             timings["retrain_s"] += time.perf_counter() - t0
         if promoted is not None:
             serving = promoted
