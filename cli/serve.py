@@ -205,6 +205,25 @@ def add_parser(commands: Subcommands) -> None:
     )
     archive.add_argument("--no-archive", action="store_true", help="keep no archive")
     archive.add_argument(
+        "--retrain-every",
+        type=duration,
+        default=0.0,
+        metavar="DURATION",
+        help="retrain on the archive and the label log this often (e.g. 7d), in a child process, and shadow "
+        "the challenger beside the serving model (never promoted without `faultcast models promote`); "
+        "default: never",
+    )
+    archive.add_argument(
+        "--retrain-prior",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DATA",
+        help="a twin world the scheduled retrain learns beside the fleet's days (faultcast retrain --prior)",
+    )
+    archive.add_argument("--retrain-window", help="faultcast retrain --window (its default: 90d)")
+    archive.add_argument("--retrain-holdout", help="faultcast retrain --holdout (its default: 14d)")
+    archive.add_argument(
         "--archive-days",
         type=float,
         default=config_default("archive_days"),
@@ -425,6 +444,12 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
         archive_dir=args.archive,
         archive_days=args.archive_days,
         archive_bytes=args.archive_max << 20,
+        retrain_every_s=args.retrain_every,
+        retrain_flags=(
+            *(("--window", args.retrain_window) if args.retrain_window else ()),
+            *(("--holdout", args.retrain_holdout) if args.retrain_holdout else ()),
+            *(flag for prior in args.retrain_prior for flag in ("--prior", str(prior.resolve()))),
+        ),
         silence_grace_s=args.failure_grace,
         keepalive_s=args.keepalive,
         failure_hold_s=args.failure_hold,

@@ -87,6 +87,10 @@ class ServiceConfig:
     archive_days: float = 90.0
     archive_bytes: int = 20 << 30
     archive_settle_s: float = 3600.0
+    # The scheduled retrain (service/retrain_schedule.py): every `retrain_every_s` seconds (0: never),
+    # `faultcast retrain` with these flags on the archive and label log, the challenger shadowed.
+    retrain_every_s: float = 0.0
+    retrain_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         CircuitBreaker.check(self.max_drains, self.drain_window_s)
@@ -99,6 +103,11 @@ class ServiceConfig:
             raise ValueError(f"incident_s must be positive, not {self.incident_s}")
         if self.checkpoint_steps < 1:
             raise ValueError(f"checkpoint_steps must be at least 1, not {self.checkpoint_steps}")
+        if self.retrain_every_s < 0 or (self.retrain_every_s and not self.archive):
+            raise ValueError(
+                f"retrain_every_s must be >= 0 and needs the archive; got {self.retrain_every_s} "
+                f"with the archive {'on' if self.archive else 'off'}"
+            )
         if self.archive_days <= 0 or self.archive_bytes <= 0:
             raise ValueError(
                 f"archive_days and archive_bytes must be positive; got {self.archive_days} and {self.archive_bytes}"

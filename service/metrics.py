@@ -68,7 +68,7 @@ THROTTLED_WHAT: tuple[str, ...] = (
     "spool_ids",
 )
 # The service's background threads (a death restarts the thread and is counted).
-THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator", "archive")
+THREADS: tuple[str, ...] = ("scoring", "cursors", "remediator", "archive", "retrain")
 # What the service writes to its state database (a failed write is retried and counted).
 STATE_WRITES: tuple[str, ...] = (
     "alerts",

@@ -48,6 +48,7 @@ from faultcast.service.pending_failures import PendingFailures
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
 from faultcast.service.remediation.remediator import Remediator
 from faultcast.service.remediation.spares.prescheduler import Prescheduler, SpareProvider, SpareSetting
+from faultcast.service.retrain_schedule import Retrainer, RetrainSchedule
 from faultcast.service.rpc.api import AdminServicer, AlertsServicer
 from faultcast.service.rpc.auth import AccessPolicy, AuthInterceptor
 from faultcast.service.rpc.health import ALL, Health
@@ -206,6 +207,7 @@ class Service:
         self._admin_pool: futures.ThreadPoolExecutor | None = None
         self._cursor_thread: threading.Thread | None = None
         self._archive_thread: threading.Thread | None = None
+        self._retrain_thread: threading.Thread | None = None
         self._reload_lock = threading.Lock()
         self._settings_changed_by = ""
         # The models this state directory may serve (<state_dir>/models/), promoted without a restart.
@@ -462,6 +464,17 @@ class Service:
             self.archive.due.wait(ARCHIVE_EVERY_S)
             if not self.stopping.is_set():
                 self.archive.maintain()
+
+    def _take_challenger(self, model_dir: Path) -> None:
+        """A scheduled retrain's challenger: into the registry, and shadowed beside the serving model
+        (never promoted here); a refusal is logged and the shadow in place, if any, goes on."""
+        try:
+            entry, _ = self.add_model(str(model_dir), "service", "scheduled retrain")
+            self.shadow_model(entry.id, "service", "scheduled retrain: shadowed until compared")
+        except RegistryRefusedError as exc:
+            log.error("the scheduled retrain's challenger %s was not taken: %s", model_dir, exc)
+            return
+        log.warning("scheduled retrain: challenger %s shadowed beside the serving model", entry.id)
 
     def _write_archive_labels(self, directory: Path) -> None:
         """The label log beside the settled days, so the archive is a data directory to train on."""
@@ -983,6 +996,16 @@ class Service:
             self._archive_thread = start_supervised(
                 "archive", self._keep_archive, self.stopping, self._restarted
             )
+        if self.config.retrain_every_s > 0:
+            retrainer = Retrainer(
+                RetrainSchedule(self.config.retrain_every_s, self.config.retrain_flags),
+                self.store.path.parent,
+                self.store.settings,
+                self._take_challenger,
+            )
+            self._retrain_thread = start_supervised(
+                "retrain", lambda: retrainer.loop(self.stopping), self.stopping, self._restarted
+            )
         self.remediator.start()
         if self.prescheduler is not None:
             self.prescheduler.start()
@@ -1076,7 +1099,7 @@ class Service:
             self._aio_loop.call_soon_threadsafe(self._aio_loop.stop)
             if self._aio_thread is not None:
                 self._aio_thread.join(timeout=10)
-        for thread in (self._thread, self._cursor_thread, self._archive_thread):
+        for thread in (self._thread, self._cursor_thread, self._archive_thread, self._retrain_thread):
             if thread is not None:
                 thread.join(timeout=10)
         with contextlib.suppress(StateWriteError):  # the alert book logged what it could not store

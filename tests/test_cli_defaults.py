@@ -33,6 +33,8 @@ FLAGS = {
     "--drain-window": ("10m", "drain_window_s", 600.0),
     "--max-clock-skew": ("30s", "limits.max_future_s", 30.0),
     "--max-sample-age": ("1h", "limits.max_age_s", 3600.0),
+    "--archive-days": ("30", "archive_days", 30.0),
+    "--retrain-every": ("7d", "retrain_every_s", 7 * 86400.0),
 }
 
 

@@ -9,6 +9,8 @@ import datetime as dt
 import json
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,11 @@ from faultcast.model.artifact import load
 from faultcast.modes import FailureMode
 from faultcast.service.archive.window import choose_window
 from faultcast.service.archive.writer import Archive, ArchiveSettings
+from faultcast.service.config import ServiceConfig
+from faultcast.service.remediation.actuators import NoopActuator
+from faultcast.service.retrain_schedule import Retrainer, RetrainSchedule
+from faultcast.service.rpc.validation import Limits
+from faultcast.service.server import Service
 from faultcast.service.state.labels import FailureLabel, LabelSource
 from faultcast.service.state.store import StateStore
 from faultcast.sim.config import FleetConfig
@@ -66,17 +73,25 @@ def fleet_state(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return state, twin
 
 
-def test_retrain_trains_a_challenger_on_the_fleets_own_days(
-    fleet_state: tuple[Path, Path], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def challenger(fleet_state: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`faultcast retrain` on the fleet's state, the twin world as a prior: the challenger's directory."""
     state, twin = fleet_state
-    out = tmp_path / "challenger"
+    out = tmp_path_factory.mktemp("retrained") / "challenger"
     done = subprocess.run(
         [FAULTCAST, "retrain", "--state-dir", str(state), "--out", str(out), "--holdout", "1d",
          "--negative-rate", "0.05", "--prior", str(twin), "--prior-weight", "0.5"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_retrain_trains_a_challenger_on_the_fleets_own_days(
+    fleet_state: tuple[Path, Path], challenger: Path
+) -> None:
+    _, twin = fleet_state
+    out = challenger
     model = load(out)
     data = json.loads((out / "manifest.json").read_text())["training_data"]["manifest"]
     assert [Path(p).name for p in data["datasets"]] == [twin.name, "fit", "holdout"]
@@ -104,3 +119,48 @@ def test_retrain_says_what_is_missing(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "no state database" in done.stderr
+
+
+def test_a_scheduled_retrain_shadows_its_challenger(fleet_state: tuple[Path, Path], challenger: Path) -> None:
+    state, _ = fleet_state
+    config = ServiceConfig(
+        limits=Limits(max_future_s=0, max_age_s=0),
+        retrain_every_s=7 * 86400.0,
+        retrain_flags=("--holdout", "1d", "--negative-rate", "0.05"),
+    )
+    service = Service.open(challenger, state, config, actuator=NoopActuator())
+    service.start("127.0.0.1:0")
+    try:
+        deadline = time.monotonic() + 240
+        while service.shadow is None:  # the schedule's thread retrains in a child process, then shadows
+            assert time.monotonic() < deadline, "no challenger shadowed"
+            time.sleep(0.2)
+        _, events = service.list_models()
+        shadowed = [e for e in events if e.model_id == service.shadow.model_id]
+        assert [e.by for e in shadowed] == ["service", "service"]  # added, then shadowed
+        assert all("scheduled retrain" in e.why for e in shadowed)
+        assert service.model_dir == challenger  # never promoted by the schedule
+    finally:
+        service.stop(0)
+    # Due again a week after this attempt, not at the next start.
+    store = StateStore.in_dir(state)
+    try:
+        schedule = Retrainer(RetrainSchedule(7 * 86400.0), state, store.settings, lambda _: None)
+        assert 7 * 86400.0 - 600 < schedule.due_in_s() <= 7 * 86400.0
+    finally:
+        store.close()
+
+
+def test_a_failed_scheduled_retrain_is_said_and_tried_again_later(tmp_path: Path) -> None:
+    store = StateStore.in_dir(tmp_path)  # a state without an archive: nothing to retrain on yet
+    taken: list[Path] = []
+    try:
+        schedule = Retrainer(RetrainSchedule(3600.0), tmp_path, store.settings, taken.append)
+        assert schedule.due_in_s() == 0
+        assert schedule.once(threading.Event()) is None
+        assert taken == []
+        assert schedule.due_in_s() > 3500
+        log = next((tmp_path / "retrained").glob("*.log")).read_text()
+        assert "holds no archive" in log
+    finally:
+        store.close()
