@@ -14,16 +14,13 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from faultcast.cli.tls_args import add_client_arguments, client_tls_options
+from faultcast.cli.admin_client import add_service_arguments, admin_call, iso_time
 from faultcast.cli.types import Subcommands, duration
 
 if TYPE_CHECKING:  # the CLI loads grpc only when a subcommand talks to the service
-    import grpc
-
     from faultcast.v1 import alerts_pb2 as apb_types
-    from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
 _SOURCES = ("kernel_log", "slurm", "harvested", "operator")
 _BATCH = 5_000  # failures per AddFailures call (the service takes up to 10,000)
@@ -40,11 +37,11 @@ def add_parser(commands: Subcommands) -> None:
     )
     sub = parser.add_subparsers(dest="labels_command", required=True, metavar="ACTION")
 
-    listing = _online(sub.add_parser("list", help="print the label log"))
+    listing = add_service_arguments(sub.add_parser("list", help="print the label log"))
     listing.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     listing.set_defaults(handler=_list)
 
-    judge = _online(sub.add_parser("judge", help="say whether an alert was right"))
+    judge = add_service_arguments(sub.add_parser("judge", help="say whether an alert was right"))
     judge.add_argument("alert_id", type=int, help="the alert (any of its event ids)")
     judge.add_argument(
         "verdict", choices=["true", "false"], help="true: the hardware was failing; false: it was not"
@@ -57,7 +54,7 @@ def add_parser(commands: Subcommands) -> None:
     )
     judge.set_defaults(handler=_judge)
 
-    add = _online(sub.add_parser("add", help="add a failure the service did not see"))
+    add = add_service_arguments(sub.add_parser("add", help="add a failure the service did not see"))
     add.add_argument("--node", required=True)
     add.add_argument("--gpu", type=int, default=-1, help="the GPU index (default: the whole node)")
     add.add_argument(
@@ -70,7 +67,7 @@ def add_parser(commands: Subcommands) -> None:
     add.add_argument("--why", default="", help="what was found")
     add.set_defaults(handler=_add)
 
-    imp = _online(
+    imp = add_service_arguments(
         sub.add_parser("import", help="add a failure log (failures.csv, e.g. from `faultcast failures`)")
     )
     imp.add_argument("failures", type=Path, help="the failure log CSV")
@@ -89,12 +86,6 @@ def add_parser(commands: Subcommands) -> None:
     export.set_defaults(handler=_export)
 
 
-def _online(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--service", required=True, help="the service's address, host:port")
-    add_client_arguments(parser)
-    return parser
-
-
 def _time(text: str) -> int:
     """An ISO 8601 time as Unix nanoseconds (UTC when it names no zone)."""
     try:
@@ -108,48 +99,13 @@ def _time(text: str) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-def _iso(time_ns: int) -> str:
-    return (
-        dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z")
-    )
-
-
-def _admin(args: argparse.Namespace) -> tuple[apb_grpc.AdminStub, grpc.Channel]:
-    """(the Admin stub, the channel) for args.service; SystemExit with a clear message when it cannot be."""
-    from faultcast.tls import TLSConfigError, client_channel_factory
-    from faultcast.v1 import alerts_pb2_grpc
-
-    try:
-        channel = client_channel_factory(client_tls_options(args))(args.service)
-    except TLSConfigError as exc:
-        raise SystemExit(f"faultcast labels: {exc}") from None
-    return alerts_pb2_grpc.AdminStub(channel), channel
-
-
-def _call(args: argparse.Namespace, method: str, request: object) -> Any:
-    """One Admin call; a refusal is printed (the service's words) as exit status 1."""
-    import grpc
-
-    stub, channel = _admin(args)
-    try:
-        return getattr(stub, method)(request, timeout=60)
-    except grpc.RpcError as exc:
-        status = exc.code().name if isinstance(exc, grpc.Call) else "ERROR"
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        raise SystemExit(f"faultcast labels: {method} refused ({status}): {details}") from None
-    finally:
-        channel.close()
-
-
 def _list(args: argparse.Namespace) -> int:
     from faultcast.v1 import alerts_pb2 as apb
 
     after_failure = after_verdict = 0
     censored: list[int] = []
     while True:
-        page = _call(args, "ListLabels", apb.ListLabelsRequest(after_failure_id=after_failure,
+        page = admin_call(args, "faultcast labels", "ListLabels", apb.ListLabelsRequest(after_failure_id=after_failure,
                                                                 after_verdict_id=after_verdict))  # fmt: skip
         assert isinstance(page, apb.ListLabelsResponse)
         for f in page.failures:
@@ -184,7 +140,7 @@ def _print_failure(f: object, as_json: bool) -> None:
     mode = apb.FailureMode.Name(f.mode).removeprefix("FAILURE_MODE_").lower()
     source = apb.LabelSource.Name(f.source).removeprefix("LABEL_SOURCE_").lower()
     print(
-        f"failure   #{f.id} {_iso(f.time_unix_nano)} {where} {mode} from {source} by {f.recorded_by}: {f.detail}"
+        f"failure   #{f.id} {iso_time(f.time_unix_nano)} {where} {mode} from {source} by {f.recorded_by}: {f.detail}"
     )
 
 
@@ -205,8 +161,9 @@ def _judge(args: argparse.Namespace) -> int:
     from faultcast.v1 import alerts_pb2 as apb
 
     verdict = apb.VERDICT_TRUE if args.verdict == "true" else apb.VERDICT_FALSE
-    reply = _call(
+    reply = admin_call(
         args,
+        "faultcast labels",
         "JudgeAlert",
         apb.JudgeAlertRequest(
             alert_id=args.alert_id, verdict=verdict, why=args.why, failure_unix_nano=args.failure_time or 0
@@ -239,7 +196,7 @@ def _add(args: argparse.Namespace) -> int:
         node=args.node, gpu=args.gpu, mode=_mode_pb(args.mode), time_unix_nano=args.time, xid=args.xid,
         detail=args.why, source=apb.LABEL_SOURCE_OPERATOR,
     )  # fmt: skip
-    reply = _call(args, "AddFailures", apb.AddFailuresRequest(failures=[failure]))
+    reply = admin_call(args, "faultcast labels", "AddFailures", apb.AddFailuresRequest(failures=[failure]))
     assert isinstance(reply, apb.AddFailuresResponse)
     print("added" if reply.added else "already in the label log")
     return 0
@@ -279,7 +236,12 @@ def _import(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     added = there = 0
     for start in range(0, len(rows), _BATCH):
-        reply = _call(args, "AddFailures", apb.AddFailuresRequest(failures=rows[start : start + _BATCH]))
+        reply = admin_call(
+            args,
+            "faultcast labels",
+            "AddFailures",
+            apb.AddFailuresRequest(failures=rows[start : start + _BATCH]),
+        )
         assert isinstance(reply, apb.AddFailuresResponse)
         added, there = added + reply.added, there + reply.already_there
     print(f"{args.failures}: {len(rows)} failures, {added} added, {there} already in the label log")

@@ -8,19 +8,15 @@ that served before, both without a restart. Every change records who made it and
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from faultcast.cli.tls_args import add_client_arguments, client_tls_options
+from faultcast.cli.admin_client import add_service_arguments, admin_call, iso_time
 from faultcast.cli.types import Subcommands
 
 if TYPE_CHECKING:  # the CLI loads grpc only when a subcommand talks to the service
-    import grpc
-
     from faultcast.v1 import alerts_pb2 as apb_types
-    from faultcast.v1 import alerts_pb2_grpc as apb_grpc
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -34,16 +30,18 @@ def add_parser(commands: Subcommands) -> None:
     )
     sub = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
 
-    listing = _online(sub.add_parser("list", help="print the registered models and the registry's log"))
+    listing = add_service_arguments(
+        sub.add_parser("list", help="print the registered models and the registry's log")
+    )
     listing.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     listing.set_defaults(handler=_list)
 
-    add = _online(sub.add_parser("add", help="copy a model directory into the registry"))
+    add = add_service_arguments(sub.add_parser("add", help="copy a model directory into the registry"))
     add.add_argument("path", type=Path, help="the model directory, on the service's machine")
     add.add_argument("--why", required=True, help="what the model is for (a retrain, a fix)")
     add.set_defaults(handler=_add)
 
-    promote = _online(sub.add_parser("promote", help="serve a registered model now"))
+    promote = add_service_arguments(sub.add_parser("promote", help="serve a registered model now"))
     promote.add_argument("id", help="the model's id (`faultcast models list`), or a prefix of its digest")
     promote.add_argument("--why", required=True, help="why it should serve (its evaluation, a ticket)")
     promote.add_argument(
@@ -53,11 +51,13 @@ def add_parser(commands: Subcommands) -> None:
     )
     promote.set_defaults(handler=_promote)
 
-    rollback = _online(sub.add_parser("rollback", help="serve again the model that served before"))
+    rollback = add_service_arguments(
+        sub.add_parser("rollback", help="serve again the model that served before")
+    )
     rollback.add_argument("--why", required=True, help="what was wrong with the model serving")
     rollback.set_defaults(handler=_rollback)
 
-    shadow = _online(
+    shadow = add_service_arguments(
         sub.add_parser("shadow", help="score a registered model beside the serving one, alerting nothing")
     )
     shadow.add_argument("id", nargs="?", default="", help="the challenger's id (none with --stop)")
@@ -65,51 +65,13 @@ def add_parser(commands: Subcommands) -> None:
     shadow.add_argument("--why", required=True, help="why it is tried (or stopped)")
     shadow.set_defaults(handler=_shadow)
 
-    compare = _online(
+    compare = add_service_arguments(
         sub.add_parser(
             "compare", help="the shadowed challenger against the serving model on the fleet's labels"
         )
     )
     compare.add_argument("--json", action="store_true", help="the comparison as one JSON object")
     compare.set_defaults(handler=_compare)
-
-
-def _online(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--service", required=True, help="the service's address, host:port")
-    add_client_arguments(parser)
-    return parser
-
-
-def _admin(args: argparse.Namespace) -> tuple[apb_grpc.AdminStub, grpc.Channel]:
-    """(the Admin stub, the channel) for args.service; SystemExit with a clear message when it cannot be."""
-    from faultcast.tls import TLSConfigError, client_channel_factory
-    from faultcast.v1 import alerts_pb2_grpc
-
-    try:
-        channel = client_channel_factory(client_tls_options(args))(args.service)
-    except TLSConfigError as exc:
-        raise SystemExit(f"faultcast models: {exc}") from None
-    return alerts_pb2_grpc.AdminStub(channel), channel
-
-
-def _call(args: argparse.Namespace, method: str, request: object) -> Any:
-    """One Admin call; a refusal is printed (the service's words) as exit status 1."""
-    import grpc
-
-    stub, channel = _admin(args)
-    try:
-        return getattr(stub, method)(request, timeout=120)
-    except grpc.RpcError as exc:
-        status = exc.code().name if isinstance(exc, grpc.Call) else "ERROR"
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        raise SystemExit(f"faultcast models: {method} refused ({status}): {details}") from None
-    finally:
-        channel.close()
-
-
-def _iso(time_ns: int) -> str:
-    moment = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _kind(event: apb_types.ModelEvent) -> str:
@@ -120,13 +82,14 @@ def _kind(event: apb_types.ModelEvent) -> str:
 
 def _event_line(event: apb_types.ModelEvent) -> str:
     moved = f" (from {event.from_model_id})" if event.from_model_id else ""
-    return f"{_iso(event.recorded_unix_nano)}  {_kind(event):<11}  {event.model_id}{moved}  by {event.by}: {event.why}"
+    when = iso_time(event.recorded_unix_nano)
+    return f"{when}  {_kind(event):<11}  {event.model_id}{moved}  by {event.by}: {event.why}"
 
 
 def _list(args: argparse.Namespace) -> int:
     from faultcast.v1 import alerts_pb2 as apb
 
-    reply = _call(args, "ListModels", apb.ListModelsRequest())
+    reply = admin_call(args, "faultcast models", "ListModels", apb.ListModelsRequest())
     assert isinstance(reply, apb.ListModelsResponse)
     if args.json:
         for m in reply.models:
@@ -136,7 +99,7 @@ def _list(args: argparse.Namespace) -> int:
                               "why": m.added.why}))  # fmt: skip
         for e in reply.events:
             print(json.dumps({"event": _kind(e), "model_id": e.model_id, "from_model_id": e.from_model_id,
-                              "by": e.by, "why": e.why, "at": _iso(e.recorded_unix_nano)}))  # fmt: skip
+                              "by": e.by, "why": e.why, "at": iso_time(e.recorded_unix_nano)}))  # fmt: skip
         return 0
     print(f"serving: {reply.serving_id or '(a model from outside the registry)'}  {reply.serving_version}")
     if reply.shadow_id:
@@ -157,7 +120,7 @@ def _add(args: argparse.Namespace) -> int:
 
     # Absolute as this shell sees it: the service's working directory is not the admin's.
     path = str(args.path.expanduser().absolute())
-    reply = _call(args, "AddModel", apb.AddModelRequest(path=path, why=args.why))
+    reply = admin_call(args, "faultcast models", "AddModel", apb.AddModelRequest(path=path, why=args.why))
     assert isinstance(reply, apb.AddModelResponse)
     if reply.already_there:
         print(
@@ -172,7 +135,12 @@ def _add(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from faultcast.v1 import alerts_pb2 as apb
 
-    reply = _call(args, "PromoteModel", apb.PromoteModelRequest(id=args.id, why=args.why, force=args.force))
+    reply = admin_call(
+        args,
+        "faultcast models",
+        "PromoteModel",
+        apb.PromoteModelRequest(id=args.id, why=args.why, force=args.force),
+    )
     assert isinstance(reply, apb.ModelChange)
     print(_event_line(reply.event))
     print(f"serving {reply.model_version}")
@@ -182,7 +150,7 @@ def _promote(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     from faultcast.v1 import alerts_pb2 as apb
 
-    reply = _call(args, "RollbackModel", apb.RollbackModelRequest(why=args.why))
+    reply = admin_call(args, "faultcast models", "RollbackModel", apb.RollbackModelRequest(why=args.why))
     assert isinstance(reply, apb.ModelChange)
     print(_event_line(reply.event))
     print(f"serving {reply.model_version}")
@@ -194,7 +162,12 @@ def _shadow(args: argparse.Namespace) -> int:
 
     if bool(args.id) == args.stop:
         raise SystemExit("faultcast models shadow: give a model id, or --stop")
-    reply = _call(args, "ShadowModel", apb.ShadowModelRequest(id=args.id, why=args.why, stop=args.stop))
+    reply = admin_call(
+        args,
+        "faultcast models",
+        "ShadowModel",
+        apb.ShadowModelRequest(id=args.id, why=args.why, stop=args.stop),
+    )
     assert isinstance(reply, apb.ModelChange)
     print(_event_line(reply.event))
     return 0
@@ -205,7 +178,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     from faultcast.v1 import alerts_pb2 as apb
 
-    reply = _call(args, "CompareShadow", apb.CompareShadowRequest())
+    reply = admin_call(args, "faultcast models", "CompareShadow", apb.CompareShadowRequest())
     assert isinstance(reply, apb.ShadowComparison)
     if args.json:
         print(
