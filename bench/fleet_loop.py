@@ -50,7 +50,6 @@ from typing import Any
 
 import numpy as np
 
-from faultcast.failure_signs import FATAL_XIDS, Evidence, FailureSign
 from faultcast.model.artifact import FaultModel, load
 from faultcast.model.evaluation.evaluate import WARMUP_S, json_safe, score_period
 from faultcast.model.evaluation.matching import Setting
@@ -59,7 +58,7 @@ from faultcast.model.evaluation.rows import Row, intervals, measure
 from faultcast.model.features.offline import Dataset, open_dataset
 from faultcast.modes import FailureMode
 from faultcast.service.archive.seed import seed_archive
-from faultcast.service.failure_events import failure_mode
+from faultcast.service.label_seed import failure_time_ns, service_label
 from faultcast.service.shadow_compare import Comparison, compare
 from faultcast.service.state.labels import FailureLabel, LabelSource
 from faultcast.service.state.models import ShadowStep
@@ -99,37 +98,12 @@ class Models:
         return self.scored[path, key]
 
 
-def service_label(row: dict[str, str]) -> FailureLabel | None:
-    """The label the service would have recorded for a failure of the world's log (module docstring);
-    None when the service would not have seen it."""
-    gpu = int(row["gpu"]) if row["gpu"] else -1
-    time_ns = _ns(row["timestamp"])
-    xid = int(float(row["xid"])) if row["xid"] else 0
-    if xid in FATAL_XIDS and gpu >= 0:
-        sign = FailureSign(row["node"], gpu, row["uuid"], Evidence.XID, f"Xid {xid}", time_ns, xid)
-        return FailureLabel(
-            row["node"], gpu, failure_mode(sign), time_ns, LabelSource.FAILURE_EVENT, uuid=row["uuid"],
-            xid=xid, evidence=Evidence.XID.value,
-        )  # fmt: skip
-    if row["mode"] == FailureMode.INFINIBAND.value:
-        return FailureLabel(
-            row["node"], -1, FailureMode.INFINIBAND, time_ns, LabelSource.FAILURE_EVENT,
-            evidence=Evidence.IB_PORT_DOWN.value,
-        )  # fmt: skip
-    return None
-
-
 def oracle_label(row: dict[str, str]) -> FailureLabel:
     """Every failure of the world's log, with its true mode (the oracle's label log)."""
     return FailureLabel(
-        row["node"], int(row["gpu"]) if row["gpu"] else -1, FailureMode(row["mode"]), _ns(row["timestamp"]),
+        row["node"], int(row["gpu"]) if row["gpu"] else -1, FailureMode(row["mode"]), failure_time_ns(row),
         LabelSource.HARVESTED, uuid=row["uuid"], xid=int(float(row["xid"])) if row["xid"] else 0,
     )  # fmt: skip
-
-
-def _ns(iso: str) -> int:
-    moment = dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    return int(moment.timestamp()) * 1_000_000_000
 
 
 def _faultcast(*args: str) -> subprocess.CompletedProcess[str]:
@@ -339,7 +313,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             (state, [f for _, f in seen if week_start * 1e9 <= f.time_ns < week_end * 1e9]),
             (
                 oracle_state,
-                [oracle_label(r) for r in log if week_start * 1e9 <= _ns(r["timestamp"]) < week_end * 1e9],
+                [oracle_label(r) for r in log if week_start * 1e9 <= failure_time_ns(r) < week_end * 1e9],
             ),
         ):
             store = StateStore.in_dir(where)
