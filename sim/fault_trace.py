@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from faultcast.sim.config import FleetConfig
+from faultcast.sim.schedule import node_schedule
+
 TRACE_FILE = "infinitehbd_faults.json"
 STATISTICS_FILE = "infinitehbd_fault_statistics.json"
 # The source's fleet: 400 servers, of which only those with a fault appear in the file.
@@ -358,3 +361,26 @@ def negative_binomial_loglik(histogram: Counter[int], k: float, mean: float) -> 
         often * (math.lgamma(x + k) - math.lgamma(k) + k * math.log1p(-p) + x * math.log(p))
         for x, often in histogram.items()
     )
+
+
+_SOFTWARE_MODES = frozenset({"software", "nccl_timeout"})
+
+
+def twin_faults(config: FleetConfig) -> FaultTrace:
+    """The twin's failure schedule for `config` (no telemetry: seconds for 400 nodes over a year) in the
+    trace's form, so that trace_statistics measures the twin as it measures the trace: a node is a server,
+    each failure of it or its GPUs a fault from its start to its return, its mode the component."""
+    faults = [
+        Fault(
+            config.node_name(node),
+            f.fail_s / _SECONDS_PER_DAY,
+            f.return_s / _SECONDS_PER_DAY,
+            "Software Failure" if f.mode in _SOFTWARE_MODES else "Hardware Failure",
+            f.mode,
+            f.mode,
+        )
+        for node in range(config.nodes)
+        for f in node_schedule(config, node).failures
+    ]
+    faults.sort(key=lambda f: (f.start_day, f.server))
+    return FaultTrace(tuple(faults), config.nodes)

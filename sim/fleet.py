@@ -34,6 +34,7 @@ class NodeTraits:
     ib_marginal_per_min: np.ndarray  # (P,)
     ib_ports: tuple[str, ...]
     peers: tuple[str, ...]
+    frailty: float = 1.0  # multiplies every failure rate of the node and its GPUs (node_frailty)
 
 
 def _rack_inlet(config: FleetConfig, rack: int) -> float:
@@ -46,6 +47,16 @@ def _rack_inlet(config: FleetConfig, rack: int) -> float:
 def _some(r: np.random.Generator, share: float, median: float, sigma: float, n: int) -> np.ndarray:
     """A rate for a `share` of n items (lognormal around `median`), zero for the rest."""
     return np.where(r.random(n) < share, median * np.exp(sigma * r.standard_normal(n)), 0.0)
+
+
+def node_frailty(config: FleetConfig, node: int) -> float:
+    """How much more (or less) often node `node` fails than the fleet's average: gamma with mean 1 and the
+    world's `frailty_shape` (the trace's servers differ this much, docs/fault-trace.md), 1 when it has none.
+    Drawn from a stream of its own, so that worlds without it draw everything else exactly as before."""
+    shape = config.world.frailty_shape
+    if shape is None:
+        return 1.0
+    return float(rng(config.seed, Stream.HISTORY, node, 0).gamma(shape, 1.0 / shape))
 
 
 def node_traits(config: FleetConfig, node: int) -> NodeTraits:
@@ -85,6 +96,7 @@ def node_traits(config: FleetConfig, node: int) -> NodeTraits:
             config.node_name(rack * config.nodes_per_rack + (node + k + 1) % config.nodes_per_rack) + ":22"
             for k in range(peer_count)
         ),
+        frailty=node_frailty(config, node),
     )
 
 

@@ -34,7 +34,7 @@ class ModeSpec:
     rate_per_day: float  # per GPU-day (GPU level) or per node-day (node level), before acceleration
     lead_median_s: float  # precursor length: lognormal with this median
     lead_sigma: float
-    downtime_median_s: float  # dark until repaired: lognormal, sigma 0.5
+    downtime_median_s: float  # dark until repaired: lognormal, sigma World.downtime_sigma (0.5)
     replaced: bool  # the repair swaps the GPU (new UUID, counters from zero)
     xids: tuple[tuple[int, float], ...]  # Xid logged at the failure, with probabilities
     precursor_p: float = 0.0  # chance a failure carries a usable precursor (a prior; world-scaled)

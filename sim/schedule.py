@@ -7,6 +7,8 @@ world; a GPU that failed is dark until repaired and can only fail again after it
 failure carries a precursor, how long, how loud, in which shape and with which of its mode's signals
 is drawn per failure. Degradations that stop without a failure (`NodeSchedule.aborted`) are drawn
 the same way, at the world's `aborted_per_precursor` times the rate of precursor-bearing failures.
+A world may give nodes a history (docs/fault-trace.md): a frailty that multiplies all their rates, and
+refaults, a target failing again soon after it returns from repair; both draw from their own streams.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from faultcast.durations import parse_duration
 from faultcast.modes import Level
 from faultcast.sim.config import FleetConfig
+from faultcast.sim.fleet import node_frailty
 from faultcast.sim.modes import BY_NAME, MODES, ModeSpec
 from faultcast.sim.streams import Stream, rng
 from faultcast.sim.world import World
@@ -32,6 +35,12 @@ SHAPES = ("ramp", "step", "intermittent", "plateau")
 SCENARIO_STRENGTH = 3.0  # a failure ordered on cue: a loud, textbook precursor
 _JOB_MEDIAN_S, _JOB_SIGMA = 6 * 3600.0, 0.8
 _GAP_MEDIAN_S, _GAP_SIGMA = 20 * 60.0, 1.0
+# A repair takes at most this long: beyond it a server is replaced, not repaired (the trace's longest
+# repair is 131 days). At the default spread (sigma 0.5) no draw comes near it.
+_MAX_DOWNTIME_S = 180 * 86_400.0
+# A refault strikes the mode that failed before this often, else any of the target's modes by its rate:
+# 87 of the trace's 153 follow-ups within 7 days name the same component (docs/fault-trace.md).
+_REFAULT_SAME_MODE = 0.57
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +202,8 @@ def _draw(
         r.random()  # the same number of draws either way: one failure's choice cannot shift the next
     lead = max(0.0, min(lead, fail_s - earliest_s))  # a precursor cannot start before the GPU returned
     strength = _lognormal(r, world.strength_median, _STRENGTH_SIGMA)
-    downtime = _lognormal(r, spec.downtime_median_s, 0.5)
+    median_downtime = spec.downtime_median_s * world.downtime_scale
+    downtime = min(_lognormal(r, median_downtime, world.downtime_sigma), _MAX_DOWNTIME_S)
     codes, probs = zip(*spec.xids, strict=True)
     xid = int(r.choice(codes, p=np.asarray(probs) / sum(probs)))
     draws = tuple(float(u) for u in r.random(6))
@@ -216,11 +226,18 @@ def _arrivals(
     blocked: Sequence[tuple[float, float]],
     target: tuple[int, int | None],
     mode_factor: Callable[[str], float],
+    frailty: float = 1.0,
+    refaults: np.random.Generator | None = None,
 ) -> list[ScheduledFailure]:
     """Poisson arrivals over [0, horizon) for one GPU (or node), skipping its dark periods and `blocked`;
-    each mode's rate times `accel` and its `mode_factor` (1.0 multiplies exactly: the same draws)."""
+    each mode's rate times `accel`, its `mode_factor` and the node's `frailty` (1.0 multiplies exactly:
+    the same draws). With `refaults` (drawn from it, never from `r`), each failure is followed with the
+    world's `refault_p` by another soon after its return, unless an independent arrival comes first."""
     rates = np.array(
-        [s.rate_per_day * world.rate_scale(s.name) * accel * mode_factor(s.name) / 86_400.0 for s in specs]
+        [
+            s.rate_per_day * world.rate_scale(s.name) * accel * mode_factor(s.name) / 86_400.0 * frailty
+            for s in specs
+        ]
     )
     total = float(rates.sum())
     out: list[ScheduledFailure] = []
@@ -228,19 +245,28 @@ def _arrivals(
         return out
     t = 0.0
     resumed = 0.0
+    due = math.inf  # when a refault is pending
     while True:
         t += float(r.exponential(1.0 / total))
+        source = r
+        if due < t:  # the refault comes first (arrivals are memoryless: the later draw is dropped)
+            t, source, due = due, refaults or r, math.inf
         if t >= horizon:
             return out
         window = next(((a, b) for a, b in blocked if a <= t < b), None)
         if window is not None:  # the node is dark: nothing fails until it returns
             t = resumed = window[1]
             continue
-        spec = specs[int(r.choice(len(specs), p=rates / total))]
+        if source is not r and source.random() < _REFAULT_SAME_MODE:
+            spec = out[-1].spec  # the failure it follows strikes again
+        else:
+            spec = specs[int(source.choice(len(specs), p=rates / total))]
         earliest = max([resumed, *(b for a, b in blocked if b <= t)])
-        failure = _draw(r, spec, world, target, t, earliest)
+        failure = _draw(source, spec, world, target, t, earliest)
         out.append(failure)
         t = resumed = failure.return_s
+        if refaults is not None and refaults.random() < world.refault_p:
+            due = failure.return_s + float(refaults.exponential(world.refault_days * 86_400.0))
 
 
 def _jobs(config: FleetConfig, node: int) -> tuple[tuple[float, float], ...]:
@@ -269,17 +295,24 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
     node_specs = [m for m in MODES if m.level is Level.NODE]
     gpu_specs = [m for m in MODES if m.level is Level.GPU]
     world = config.world
+    frailty = node_frailty(config, node)
+
+    def refaults(key: int) -> np.random.Generator | None:  # a stream per target, only when the world has them
+        return rng(config.seed, Stream.HISTORY, node, 1 + key) if world.refault_p > 0 else None
+
     node_level = _arrivals(
         rng(config.seed, Stream.SCHEDULE, node, 0), node_specs, world, accel, horizon, (), (node, None),
-        config.mode_factor,
+        config.mode_factor, frailty, refaults(0),
     )  # fmt: skip
     blocked = [(f.fail_s, f.return_s) for f in node_level]
     failures = list(node_level)
     for gpu in range(config.gpus_per_node):
         r = rng(config.seed, Stream.SCHEDULE, node, 1 + gpu)
-        failures.extend(
-            _arrivals(r, gpu_specs, world, accel, horizon, blocked, (node, gpu), config.mode_factor)
-        )
+        gpu_level = _arrivals(
+            r, gpu_specs, world, accel, horizon, blocked, (node, gpu), config.mode_factor, frailty,
+            refaults(1 + gpu),
+        )  # fmt: skip
+        failures.extend(gpu_level)
     aborted = _aborted(config, node, node_specs, None) if config.confounders else []
     for gpu in range(config.gpus_per_node if config.confounders else 0):
         aborted.extend(_aborted(config, node, gpu_specs, gpu))

@@ -23,6 +23,7 @@ class Stream(enum.IntEnum):
     UUID = 6
     RACK = 7  # events a whole rack shares (room cooling, a PDU's power brake)
     WEATHER = 8  # the day-to-day inlet drift every node shares
+    HISTORY = 9  # a node's own failure history: its frailty, refaults after repair (World.frailty_shape)
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

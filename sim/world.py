@@ -105,6 +105,13 @@ class World:
     tau_die_s: float = 5.0  # die over cold plate
     tau_sink_s: float = 120.0  # cold plate / heatsink over inlet
     thermal_resistance_scale: float = 1.0  # the fleet's cooling: C per W relative to the datasheet figure
+    # A node's own failure history (docs/fault-trace.md; TRACE_CALIBRATION sets them to a real fleet's).
+    # At their defaults a world draws exactly as before they existed, and its id and manifest are unchanged.
+    frailty_shape: float | None = None  # gamma shape of each node's hazard multiplier (mean 1); None: all 1
+    refault_p: float = 0.0  # chance a repaired GPU or node fails again soon after it returns
+    refault_days: float = 1.0  # mean delay from its return to that refault (exponential), in days
+    downtime_sigma: float = 0.5  # lognormal spread of repair times around each mode's median
+    downtime_scale: float = 1.0  # multiplies each mode's median repair time
 
     @property
     def id(self) -> str:
@@ -117,6 +124,9 @@ class World:
         out = asdict(self)
         out.pop("family")
         out.pop("seed")
+        for name, default in _HISTORY_DEFAULTS.items():  # absent at their defaults: older ids stay put
+            if out[name] == default:
+                del out[name]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -186,7 +196,9 @@ class World:
         bad = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("family", "seed", "mode_rate_scale"):
+            if f.name in ("family", "seed", "mode_rate_scale") or (
+                f.name == "frailty_shape" and value is None
+            ):
                 continue
             if not isinstance(value, int | float) or isinstance(value, bool):
                 bad.append(f"{f.name}={value!r} (a number)")
@@ -210,12 +222,57 @@ class World:
                 bad.append(f"mode_rate_scale[{mode}]={scale}")
         if not bad and (self.tau_die_s <= 0 or self.tau_sink_s <= 0):
             bad.append("thermal time constants must be positive")
+        if not bad and (self.frailty_shape == 0 or self.refault_days <= 0):
+            bad.append("frailty_shape (null for none) and refault_days must be positive")
+        if not bad and self.refault_p > 1:
+            bad.append(f"refault_p={self.refault_p} (a chance is at most 1)")
         if bad:
             raise ValueError("world parameters out of range: " + ", ".join(bad))
 
     def rate_scale(self, mode: str) -> float:
         """How much this world multiplies `mode`'s base rate."""
         return self.failure_rate_scale * self.mode_rate_scale.get(mode, 1.0)
+
+
+# The node-history parameters and their defaults (today's twin: one hazard for all, no refaults).
+_HISTORY_DEFAULTS: dict[str, float | None] = {
+    "frailty_shape": None,
+    "refault_p": 0.0,
+    "refault_days": 1.0,
+    "downtime_sigma": 0.5,
+    "downtime_scale": 1.0,
+}
+
+TRACE_FAMILY = "faultcast-trace"
+TRACE_CALIBRATION: dict[str, float] = {
+    "frailty_shape": 1.5,
+    "refault_p": 0.27,
+    "refault_days": 1.0,
+    "downtime_sigma": 1.9,
+    "downtime_scale": 1.8,
+    "failure_rate_scale": 0.81,
+}
+"""The node history that reproduces StepFun's InfiniteHBD fault trace on 400 nodes over 348 days
+(docs/fault-trace.md, bench/trace_calibration.py): its share of faults on the most-faulted tenth of the
+servers, its recurrence within 7 days, its repair quartiles and its count of faults. failure_rate_scale
+offsets the refaults (a fault in 0.27 brings another): with it the fleet fails 1.53 times a node-year."""
+
+
+def trace_calibrated(base: World | None = None) -> World:
+    """`base` (the median world when None) with TRACE_CALIBRATION's node history, family faultcast-trace;
+    its failure_rate_scale is multiplied by the calibration's, so a drawn world keeps its own rate's spread."""
+    world = base if base is not None else World()
+    c = TRACE_CALIBRATION
+    return replace(
+        world,
+        family=TRACE_FAMILY,
+        frailty_shape=c["frailty_shape"],
+        refault_p=c["refault_p"],
+        refault_days=c["refault_days"],
+        downtime_sigma=c["downtime_sigma"],
+        downtime_scale=c["downtime_scale"],
+        failure_rate_scale=world.failure_rate_scale * c["failure_rate_scale"],
+    )
 
 
 PRIORS: dict[str, Prior] = {
