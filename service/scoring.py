@@ -12,6 +12,11 @@ A node whose samples jump ahead in event time (a clock set wrong, or a caller st
 likes) costs a few steps of work, not one per step of the gap: the first steps without a sample are
 scored (the alert policy's dark_steps of them, so that its GPUs go dark as always) and the rest are
 skipped in one move that leaves its features exactly as stepping through would (`OnlineFeatures`).
+
+A model trained with node history (faultcast.model.features.history) has its history columns filled
+here, at scoring, from the scorer's `history` source (the label log: faultcast.service.node_history)
+for each step's time: the failures the log holds that started before the step. Without a source they
+read "no failure known"; a model without them costs nothing.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from faultcast.model.alert_content import TTF_QUANTILES, Heads, read_heads
 from faultcast.model.artifact import FaultModel
+from faultcast.model.features.history import HISTORY_NAMES, has_history
 from faultcast.model.features.online import MAX_EMPTY_STEPS, LateSample, OnlineFeatures
 from faultcast.readings import NodeSnapshot
 from faultcast.service.rpc.validation import SampleRejected
@@ -44,6 +52,14 @@ def model_version(model: FaultModel) -> str:
     revision = (model.card.git_revision or "unknown")[:12]
     protect = f"/protect@{model.protect_threshold!r}" if model.protect_threshold is not None else ""
     return f"{created}/{revision}@{model.threshold!r}{protect}"
+
+
+class HistorySource(Protocol):
+    """Where the node-history features come from (faultcast.service.node_history.LabelHistory)."""
+
+    def rows(self, nodes: Sequence[str], time_s: np.ndarray, gpus_per_node: int) -> np.ndarray:
+        """(len(nodes) * gpus_per_node, len(HISTORY_NAMES)): each GPU of nodes[i] at time_s[i]."""
+        ...
 
 
 @dataclass
@@ -96,8 +112,17 @@ class Scorer:
     """Turns node samples into scored grid steps: per-node streaming features, and all completed
     steps scored in one LightGBM call. `add` from any thread; `score_pending` from the scoring thread."""
 
-    def __init__(self, model: FaultModel, *, lateness_steps: int = 1, max_nodes: int = 100_000) -> None:
+    def __init__(
+        self,
+        model: FaultModel,
+        *,
+        lateness_steps: int = 1,
+        max_nodes: int = 100_000,
+        history: HistorySource | None = None,
+    ) -> None:
+        """`history`: the node-history features' source, read only for a model that has them."""
         self.model = model
+        self.history = history
         self.lateness_steps = lateness_steps
         self.max_nodes = max_nodes
         self._nodes: dict[str, _Node] = {}
@@ -234,6 +259,8 @@ class Scorer:
             model = self.model
         if not batch:
             return []
+        if self.history is not None and has_history(model.feature_names):
+            _fill_history(batch, model, self.history)
         try:
             return _score(batch, model)
         except Exception:
@@ -266,6 +293,15 @@ class Scorer:
             for node in self._nodes.values():
                 node.online.empty_steps = empty_steps
             return same
+
+
+def _fill_history(batch: list[ScoredStep], model: FaultModel, source: HistorySource) -> None:
+    """Each step's history columns (the last ones) from `source` at the step's time, in one call."""
+    g = model.feature_config.gpus_per_node
+    rows = source.rows([s.node for s in batch], np.array([s.time_s for s in batch]), g)
+    k = len(HISTORY_NAMES)
+    for i, s in enumerate(batch):
+        s.features[:, -k:] = rows[i * g : (i + 1) * g]
 
 
 def _score(batch: list[ScoredStep], model: FaultModel) -> list[ScoredStep]:

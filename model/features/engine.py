@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from faultcast.catalogue import TRACKED_XIDS
+from faultcast.model.features.history import HISTORY_NAMES, NO_HISTORY
 from faultcast.model.features.inputs import InputConditioner
 from faultcast.model.features.relative import (
     BASELINE_TAU_S,
@@ -115,6 +116,17 @@ class FeatureConfig:
     # Gauges bit-identical this long: a frozen exporter, not a reading (the importer's default too; a
     # GPU held at its power cap, or idle, can sit still for most of an hour at a coarse cadence).
     frozen_s: float = 3600.0
+    # The node-history features (faultcast.model.features.history) after the others: the drivers hand
+    # their values in from a failure log. Off by default. Left out of repr: a saved scoring state's
+    # signature (repr) of a model without them stays what it was; one with them differs by its names.
+    node_history: bool = field(default=False, repr=False)
+
+    def __setstate__(self, state: Sequence[object]) -> None:
+        """Unpickle, a state saved before a field existed included (its default then)."""
+        for f, value in zip(
+            fields(self), (*state, *(f.default for f in fields(self)[len(state) :])), strict=True
+        ):
+            object.__setattr__(self, f.name, value)
 
     def steps(self, seconds: float) -> int:
         """`seconds` in grid steps, at least one."""
@@ -318,6 +330,7 @@ class FeatureEngine(DerivedState):
         names += [f"{e}_vs_node_{long}" for e in ERROR_GROUPS]
         names += [f"node_{r}_excess_{long}" for r, _ in NODE_RATES]
         names += StepFeatures.names(mid, long)
+        names += HISTORY_NAMES if config.node_history else ()
         self.names: tuple[str, ...] = tuple(names)
         self._derive()
 
@@ -392,15 +405,17 @@ class FeatureEngine(DerivedState):
         node: np.ndarray,
         is_h100: np.ndarray,
         summary: np.ndarray | None = None,
+        history: np.ndarray | None = None,
     ) -> np.ndarray:
         """Advance one grid step. gpu: (slots, len(GPU_INPUTS)) with NaN rows for GPUs not seen this
         step; node: (nodes, len(NODE_INPUTS)); is_h100: (slots,); summary: (slots, feature_steps.WIDTH),
-        each GPU's step summary (faultcast.step_summary; None: no summaries). Returns (slots, features),
+        each GPU's step summary (faultcast.step_summary; None: no summaries); history: (slots,
+        len(HISTORY_NAMES)), with `config.node_history` (None: no failure known). Returns (slots, features),
         a new array; rows of absent GPUs are computed too but mean little (callers keep the present
         ones, `self.present`: live or held readings). The inputs are not modified. NaN, infinities and
         gaps are data here, not faults: no warnings."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self._update(step, gpu, node, is_h100, summary)
+            return self._update(step, gpu, node, is_h100, summary, history)
 
     def _update(
         self,
@@ -409,6 +424,7 @@ class FeatureEngine(DerivedState):
         node: np.ndarray,
         is_h100: np.ndarray,
         summary: np.ndarray | None = None,
+        history: np.ndarray | None = None,
     ) -> np.ndarray:
         col, d = self._col, self._d
         # The engine's own copy of the inputs, infinities as missing; the conditioner works on it in place.
@@ -445,6 +461,8 @@ class FeatureEngine(DerivedState):
         node_long = self._node_features(step, node, columns)
         self._relative(step, gauges, rates, node_long, columns)
         self._steps.write(step, summary, columns.take(self._steps.width))
+        if self.config.node_history:
+            columns.take(len(HISTORY_NAMES))[...] = NO_HISTORY if history is None else history
         assert columns.at == out.shape[1]
         return out
 

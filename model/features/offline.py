@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from faultcast.model.features.engine import GPU_INPUTS, NODE_INPUTS, FeatureConfig, FeatureEngine
+from faultcast.model.features.history import FailureHistory
 from faultcast.model.features.parquet_parts import DataError as DataError
 from faultcast.model.features.parquet_parts import ParquetParts, table_exists
 from faultcast.modes import FailureMode
@@ -307,7 +308,8 @@ def replay(
     """Drive a fresh engine over [start_s, end_s) for `nodes` (default: all), calling `sink` each step.
 
     `masked_inputs` blanks those input columns before the engine sees them: how a cluster that does
-    not collect them looks (for example dcgm-exporter's default set)."""
+    not collect them looks (for example dcgm-exporter's default set). With `config.node_history`, each
+    step's history features come from the dataset's failure log, the failures before the step only."""
     selected = list(range(len(dataset.nodes))) if nodes is None else list(nodes)
     node_map = np.full(len(dataset.nodes), -1, dtype=np.int64)
     node_map[selected] = np.arange(len(selected))
@@ -319,6 +321,7 @@ def replay(
     node_mask = np.array([c in masked_inputs for c in NODE_INPUTS])
     last_uuid: list[str | None] = [None] * engine.slots
     is_h100 = np.zeros(engine.slots)
+    history = history_of(dataset) if config.node_history else None
 
     telemetry = ParquetParts(dataset.path / "telemetry.parquet")
     has_network = table_exists(dataset.path / "network.parquet")
@@ -352,9 +355,18 @@ def replay(
         for k in range(steps):
             if k in changes:
                 engine.reset_slots(np.array(changes[k]))
-            features = engine.update(first + k, gpu[k], node[k], is_h100, summary[k])
-            sink(Step(first + k, dataset.start_s + (first + k) * cadence, engine.present.copy(), features))
+            time_s = dataset.start_s + (first + k) * cadence
+            past = history.at(time_s, selected) if history is not None else None
+            features = engine.update(first + k, gpu[k], node[k], is_h100, summary[k], past)
+            sink(Step(first + k, time_s, engine.present.copy(), features))
     return engine
+
+
+def history_of(dataset: Dataset) -> FailureHistory:
+    """The dataset's whole failure log (every mode: a failure with no precursor still marks a frail
+    node) indexed for the node-history features."""
+    log = dataset.failures
+    return FailureHistory(log.time_s, log.node, log.gpu, dataset.gpus_per_node)
 
 
 def _step_range(
