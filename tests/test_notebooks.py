@@ -28,6 +28,7 @@ from faultcast.catalogue import Scope, by_name, metrics_for
 from faultcast.model.artifact import load
 from faultcast.model.features.offline import open_dataset, unix_seconds
 from faultcast.model.threshold_file import read as read_threshold_file
+from faultcast.service.label_seed import service_labels
 from faultcast.sim.config import FleetConfig
 from faultcast.sim.schedule import Scenario
 from faultcast.sim.writer import simulate
@@ -46,7 +47,7 @@ TEST_WORLD = 11
 RETRAIN_TWINS: dict[str, Any] = {
     "WORLD_SEEDS": TRAINING_WORLDS, "TEST_WORLD_SEED": TEST_WORLD, "INDEPENDENT_SEED": 3, "NODES": 12,
     "DAYS": 1.0, "ACCELERATION": 1000, "INTERVAL_S": 300, "HISTORY_DAYS": 1.25, "NUM_BOOST_ROUND": 30,
-    "CEILING_FLEETS": 2,
+    "CEILING_FLEETS": 2, "LOOP_DAYS": 3.0, "LOOP_HOLDOUT": "1d", "LOOP_PRIOR_WEIGHT": 0.5,
 }  # fmt: skip
 # The exploration notebook's twin.
 TWIN = {"NODES": 8, "DAYS": 3, "ACCELERATION": 400, "SEED": 0}
@@ -292,6 +293,23 @@ def test_retrain_notebook_trains_across_worlds_evaluates_calibrates_and_exports(
         assert (model_dir / name).read_bytes().startswith(b"\x89PNG"), name
     assert (model_dir / "feature_importance.csv").read_text().startswith("feature,")
     assert images(notebook) >= len(FIGURES)
+
+    # The loop on a fleet's own data: a stand-in state directory (an independent-family fleet archived,
+    # its failures labelled as the service would), the label log exported in the training format and
+    # a challenger retrained on the archive with the training worlds as its prior.
+    state, fleet_days = work / "state", work / "fleet-independent4"
+    assert (state / "archive" / "manifest.json").is_file()
+    with (work / "fleet-labels" / "failures.csv").open(newline="") as handle:
+        exported = list(csv.DictReader(handle))
+    assert exported
+    assert len(exported) == len(service_labels(fleet_days / "failures.csv"))
+    assert "$ faultcast retrain --state-dir" in stdout
+    challenger = load(work / "challenger")
+    assert challenger.card.train_config is not None
+    # The card records each dataset's weight: the prior worlds', then the fleet's fit and holdout days.
+    weights = challenger.card.train_config["world_weights"]
+    assert weights == ",".join(["0.5"] * len(TRAINING_WORLDS) + ["1", "1"])
+    assert "$ faultcast models promote" in stdout
 
 
 def test_explore_notebook_plots_failures_and_precursors(kernel: str, twin: Path, tmp_path: Path) -> None:
