@@ -1,5 +1,6 @@
 """Hours nobody can label (a node drained on a prediction that nothing settled, censored.csv) neither
-train nor count as healthy: the sampler leaves their rows out, positive or not, and keeps every other."""
+train nor count as healthy: the sampler leaves their rows out, positive or not, and keeps every other;
+evaluation and validation judge an alert opened inside one neither false nor a catch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from faultcast.model.evaluation.outcomes import (
+    PredictionPeriods,
+    ScoredPeriod,
+    catches,
+    choose_threshold,
+    events,
+    incidents,
+    is_censored,
+    metrics_of,
+    mode_tallies,
+    predictable_counts,
+)
 from faultcast.model.features.offline import (
     Censored,
     DataError,
@@ -17,7 +30,9 @@ from faultcast.model.features.offline import (
     Step,
     read_censored,
 )
+from faultcast.model.incidents import AlertPolicy
 from faultcast.model.training.train import _Sampler
+from faultcast.modes import NODE_LEVEL_MODES
 
 HORIZON, G = 1800.0, 4
 T = 1_780_000_000.0
@@ -63,3 +78,71 @@ def test_a_bad_censored_row_names_its_line(tmp_path: Path) -> None:
     path.write_text("start,end,node,gpu,alert_id,why\n2026-05-28T20:00:00Z,yesterday,node-a,,7,x\n")
     with pytest.raises(DataError, match=r"censored\.csv:2"):
         read_censored(path, NODES)
+
+
+# -- evaluation and validation: an alert inside a censored span is neither false nor a catch ----------
+
+POLICY = AlertPolicy(k=2, clear_steps=10)
+PERIODS = PredictionPeriods()
+MINUTE = 60.0
+# Node 0 fails at minute 200 and node 1 at 600, each after a 30-minute precursor; node 2 and 3 never do.
+LOG = FailureLog.of(
+    [Failure(200 * MINUTE, 0, 0, "hbm_wear", 1800.0), Failure(600 * MINUTE, 1, 0, "pcie", 1800.0)]
+)
+
+
+def _period(censored: Censored) -> ScoredPeriod:
+    """Four one-GPU nodes over 1,000 minutes; an alert 30 minutes before each failure, one on node 2 at
+    minute 500 and one on node 3 at minute 300 that no failure follows."""
+    score = np.zeros((1000, 4))
+    for node, start in ((0, 170), (1, 570), (2, 500), (3, 300)):
+        score[start : start + 20, node] = 0.9
+    present = np.ones_like(score, dtype=bool)
+    modes = np.full(score.shape, "hbm_wear", dtype=object)
+    return ScoredPeriod(
+        np.arange(1000) * MINUTE, (0, 1, 2, 3), 1, present, {"model": score}, ~present, modes, censored
+    )
+
+
+def _spans(*spans: tuple[int, int, float, float]) -> Censored:
+    node, gpu, start, end = (np.asarray(c) for c in zip(*spans, strict=True))
+    return Censored(node.astype(np.int64), gpu.astype(np.int64), start.astype(float), end.astype(float))
+
+
+def test_an_alert_in_a_censored_span_is_neither_a_false_alarm_nor_a_catch() -> None:
+    # Node 2 drained (the whole node) around its alert, node 1's GPU 0 around its own.
+    drained = _spans((2, -1, 470 * MINUTE, 560 * MINUTE), (1, 0, 540 * MINUTE, 640 * MINUTE))
+    plain, censored = _period(Censored.none()), _period(drained)
+    (found,) = incidents(plain, "model", [0.5], POLICY, NODE_LEVEL_MODES)
+    assert len(found) == 4
+    before = metrics_of(plain, events(plain, LOG, found, PERIODS), PERIODS, plain.scores["model"])
+    after = metrics_of(censored, events(censored, LOG, found, PERIODS), PERIODS, censored.scores["model"])
+    assert (before["false_alarms"], before["failures_caught"], before["censored_alerts"]) == (2, 2, 0)
+    assert (after["false_alarms"], after["failures_caught"], after["censored_alerts"]) == (1, 1, 2)
+    assert after["alerts"] == 2  # the two judged: node 0's true alarm and node 3's false one
+    assert {i.node: is_censored(i, censored) for i in found} == {0: False, 1: True, 2: True, 3: False}
+    # Choosing a threshold at a budget of one false alarm: the censored alert no longer uses it up.
+    budget = 1000.0 / plain.gpu_days
+    strict, _ = choose_threshold(plain, LOG, "model", POLICY, NODE_LEVEL_MODES, budget, PERIODS)
+    eased, _ = choose_threshold(censored, LOG, "model", POLICY, NODE_LEVEL_MODES, budget, PERIODS)
+    assert strict > 0.9 >= eased
+
+
+# -- validation recall on a log that does not say which failures carried a precursor -----------------
+
+
+def test_a_log_that_does_not_say_counts_the_modes_that_can_warn() -> None:
+    unknown = FailureLog.of(
+        [Failure(200 * MINUTE, 0, 0, "hbm_wear"), Failure(600 * MINUTE, 1, 0, "firmware")]
+    )  # a real fleet's log: no precursor_s; firmware faults strike without one (the mode catalogue)
+    period = _period(Censored.none())
+    (found,) = incidents(period, "model", [0.5], POLICY, NODE_LEVEL_MODES)
+    caught = catches(period, unknown, found, PERIODS)
+    assert predictable_counts(caught, PERIODS.warning_s) == (0, 0, 2)  # evaluation: unknown, said so
+    assert predictable_counts(caught, PERIODS.warning_s, by_mode=True) == (1, 1, 0)
+    tallies = mode_tallies(caught, PERIODS.warning_s, by_mode=True)
+    assert tallies["hbm_wear"].recall == 1.0
+    assert tallies["firmware"].predictable == 0
+    # Where the log says, its word stands (a precursor-less hbm_wear failure is not predictable).
+    said = FailureLog.of([Failure(200 * MINUTE, 0, 0, "hbm_wear", 0.0)])
+    assert predictable_counts(catches(period, said, found, PERIODS), PERIODS.warning_s, by_mode=True)[0] == 0

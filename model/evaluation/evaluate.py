@@ -152,6 +152,7 @@ def score_period(
         scores={m: np.asarray(v) for m, v in sink.scores.items()},
         labels=np.asarray(sink.label_rows),
         modes=np.asarray(sink.modes, dtype=object).reshape(len(sink.times), -1),
+        censored=dataset.censored,
     )
 
 

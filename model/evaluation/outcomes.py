@@ -13,9 +13,11 @@ by another GPU of the node). By the first such failure after it opened, an incid
 - **false** when no such failure came within a day.
 
 False alarms are premature + false: every incident not followed by its failure within the
-prediction period. A failure is **caught** when an incident it credits opened at least the minimal
-warning time and at most the prediction period before it; its lead is measured from the earliest
-such incident.
+prediction period. An incident that opened inside a censored span of its place (censored.csv: a node
+drained on a prediction that nothing settled) is neither: perhaps the drain prevented its failure, so it
+is counted apart (`censored_alerts`) and credits no failure. A failure is **caught** when an incident
+it credits opened at least the minimal warning time and at most the prediction period before it; its
+lead is measured from the earliest such incident.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from faultcast.model.evaluation.intervals import NodeTallies
-from faultcast.model.features.offline import Failure, FailureLog
+from faultcast.model.features.offline import Censored, Failure, FailureLog
 from faultcast.model.incidents import AlertPolicy, Incident, track
+from faultcast.modes import FailureMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,9 @@ class ScoredPeriod:
     # (steps, slots) the model's likely mode where some method's score reached MODE_FLOOR, else "":
     # the tracker reads it where an alert opens, to tell node-level incidents from GPU ones.
     modes: np.ndarray
+    # Spans whose label nobody knows (the dataset's censored.csv): incidents opened inside them are
+    # judged neither true nor false (`is_censored`).
+    censored: Censored = field(default_factory=Censored.none)
 
     @property
     def cadence_s(self) -> float:
@@ -115,6 +121,17 @@ def incidents(
     )
 
 
+def is_censored(incident: Incident, period: ScoredPeriod) -> bool:
+    """Whether the incident opened inside a censored span of its GPU (a node-level one: of any GPU of
+    its node), so that what followed it says nothing: its failure may have been prevented."""
+    spans = period.censored
+    if not len(spans.node):
+        return False
+    opened = float(period.times_s[incident.opened_step])
+    hit = spans.at(opened, [period.nodes[incident.node]], period.gpus_per_node)
+    return bool(hit.any() if incident.node_level else hit[incident.gpu])
+
+
 def credits(incident: Incident, failure: Failure, period: ScoredPeriod) -> bool:
     """Whether `failure` is where the incident's evidence pointed (see the module docstring)."""
     return period.nodes[incident.node] == failure.node and incident.gpu == failure.gpu
@@ -134,9 +151,12 @@ class Judged:
 def judge(
     period: ScoredPeriod, failures: FailureLog, found: Sequence[Incident], periods: PredictionPeriods
 ) -> list[Judged]:
-    """Each incident's outcome, by the first failure it credits after it opened."""
+    """Each incident's outcome, by the first failure it credits after it opened; a censored incident
+    (`is_censored`) has none and is left out."""
     out = []
     for incident in found:
+        if is_censored(incident, period):
+            continue
         t = float(period.times_s[incident.opened_step])
         node = period.nodes[incident.node]
         # Failures at the opening step itself count (as late): `between` excludes its lower bound.
@@ -167,9 +187,11 @@ class Catch:
 def catches(
     period: ScoredPeriod, failures: FailureLog, found: Sequence[Incident], periods: PredictionPeriods
 ) -> list[Catch]:
-    """Every failure in the period, with its warning."""
+    """Every failure in the period, with its warning (never from a censored incident)."""
     by_place: dict[tuple[int, int], list[float]] = {}
     for incident in found:
+        if is_censored(incident, period):
+            continue
         key = (period.nodes[incident.node], incident.gpu)
         by_place.setdefault(key, []).append(float(period.times_s[incident.opened_step]))
     out = []
@@ -191,19 +213,26 @@ class Events:
 
     caught: list[Catch]
     judged: list[Judged]
+    censored: int = 0  # incidents opened inside a censored span: neither judged nor credited
 
 
 def events(
     period: ScoredPeriod, failures: FailureLog, found: Sequence[Incident], periods: PredictionPeriods
 ) -> Events:
     """Catches and judged incidents of `found` (one threshold's incidents) over the period."""
-    return Events(catches(period, failures, found, periods), judge(period, failures, found, periods))
+    return Events(
+        catches(period, failures, found, periods),
+        judge(period, failures, found, periods),
+        sum(is_censored(i, period) for i in found),
+    )
 
 
-def predictable_counts(caught: Sequence[Catch], warning_s: float) -> tuple[int, int, int]:
+def predictable_counts(
+    caught: Sequence[Catch], warning_s: float, by_mode: bool = False
+) -> tuple[int, int, int]:
     """(failures that carried a precursor, how many of them were caught, failures the log does not
-    say about): the per-mode tallies (`mode_tallies`) summed."""
-    total = sum(mode_tallies(caught, warning_s).values(), ModeTally())
+    say about): the per-mode tallies (`mode_tallies`, `by_mode` as there) summed."""
+    total = sum(mode_tallies(caught, warning_s, by_mode).values(), ModeTally())
     return total.predictable, total.predictable_caught, total.unknown
 
 
@@ -259,6 +288,7 @@ def metrics_of(
         "premature_alarms": count[Outcome.PREMATURE],
         "false_only_alarms": count[Outcome.FALSE],
         "false_alarms": count[Outcome.PREMATURE] + count[Outcome.FALSE],
+        "censored_alerts": found.censored,
         "failures": n,
         "failures_caught": len(warned),
         "failures_predictable": None if unknown else predictable,
@@ -309,19 +339,32 @@ class ModeTally:
         }
 
 
-def mode_tallies(caught: Sequence[Catch], warning_s: float) -> dict[str, ModeTally]:
+def mode_tallies(caught: Sequence[Catch], warning_s: float, by_mode: bool = False) -> dict[str, ModeTally]:
     """Per failure mode, its failures and what was caught of them at >= `warning_s`. Which failures
-    were predictable is the failure log's word (`precursor_s`), never inferred from the mode's name: a
-    mode with a precursor can still strike without one."""
+    were predictable is the failure log's word (`precursor_s`): a mode with a precursor can still
+    strike without one. Where the log does not say (a real fleet's never does), the failure is
+    unknown, or with `by_mode` predictable when its mode can carry a precursor (`can_warn`): what
+    training's validation on a fleet's own holdout counts, else its recall would be NaN."""
     out: dict[str, ModeTally] = {}
     for c in caught:
         precursor = c.failure.precursor_s
         known, carried, hit = not math.isnan(precursor), precursor > 0, c.caught(warning_s)
+        if not known and by_mode:
+            known, carried = True, can_warn(c.failure.mode)
         lead = (c.lead_s / 60.0,) if hit and carried and c.lead_s is not None else ()
         out[c.failure.mode] = out.get(c.failure.mode, ModeTally()) + ModeTally(
             1, int(hit), int(known and carried), int(known and carried and hit), int(not known), lead
         )
     return out
+
+
+def can_warn(mode: str) -> bool:
+    """Whether failures of `mode` can carry a precursor (the mode catalogue's `has_precursor`); a mode
+    faultcast does not know can (as training's labels take it: FailureLog.learnable)."""
+    try:
+        return FailureMode(mode).has_precursor
+    except ValueError:
+        return True
 
 
 def mode_report(tallies: dict[str, ModeTally]) -> dict[str, dict[str, object]]:

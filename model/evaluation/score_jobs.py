@@ -80,6 +80,7 @@ def join(parts: Sequence[ScoredPeriod]) -> ScoredPeriod:
         scores={m: np.concatenate([p.scores[m] for p in parts], axis=1) for m in first.scores},
         labels=np.concatenate([p.labels for p in parts], axis=1),
         modes=np.concatenate([p.modes for p in parts], axis=1),
+        censored=first.censored,  # the dataset's spans, the same in every part
     )
 
 

@@ -187,6 +187,7 @@ def score_history(dataset: Dataset, model: FaultModel, seed: int = 0) -> History
         scores={"model": np.asarray(sink.risk).reshape(steps, -1)},
         labels=np.zeros((steps, len(nodes) * g), dtype=bool),
         modes=np.asarray(sink.modes, dtype=object).reshape(steps, -1),
+        censored=dataset.censored,  # a drained prediction nothing settled is no false alarm here either
     )
     rows = sink.sample if sink.sample is not None else np.empty((0, len(model.feature_names)), np.float32)
     return History(dataset, period, rows)
