@@ -69,17 +69,17 @@ class _Index:
         order = np.argsort(keys, kind="stable")
         return _Index(keys[order], time_s[order])
 
-    def before(self, entity: np.ndarray, time_s: np.ndarray, origin_s: float) -> np.ndarray:
-        """(rows,) how many of the entity's failures started strictly before each time."""
-        at = np.searchsorted(self.keys, _keys(entity, time_s, origin_s), side="left")
-        return np.asarray(at - np.searchsorted(self.keys, entity.astype(np.int64) * _SPAN, side="left"))
+    def _at(self, entity: np.ndarray, time_s: np.ndarray, origin_s: float) -> np.ndarray:
+        """(rows,) the position of (entity, time) in the keys: all failures before it, this entity's
+        last ones just before (keys of one entity are contiguous, and the clipped times stay within)."""
+        return np.searchsorted(self.keys, _keys(entity, time_s, origin_s), side="left")
 
     def counts(
         self, entity: np.ndarray, time_s: np.ndarray, origin_s: float, windows_s: Sequence[float]
     ) -> list[np.ndarray]:
         """Per window w, (rows,) the entity's failures that started in [t - w, t)."""
-        now = self.before(entity, time_s, origin_s)
-        return [now - self.before(entity, time_s - w, origin_s) for w in windows_s]
+        now = self._at(entity, time_s, origin_s)
+        return [now - self._at(entity, time_s - w, origin_s) for w in windows_s]
 
     def hours_since(self, entity: np.ndarray, time_s: np.ndarray, origin_s: float) -> np.ndarray:
         """(rows,) hours since the entity's last failure that started before t, capped."""
@@ -122,21 +122,24 @@ class FailureHistory:
         self._gpus = _Index.of(node[on_gpu] * gpus_per_node + gpu[on_gpu], time_s[on_gpu], self._origin)
         self.failures = len(time_s)
 
-    @staticmethod
-    def empty(gpus_per_node: int) -> FailureHistory:
-        """No failure known."""
-        none = np.zeros(0)
-        return FailureHistory(none, none.astype(np.int64), none.astype(np.int64), gpus_per_node)
-
     def rows(self, time_s: np.ndarray, node: np.ndarray, gpu: np.ndarray) -> np.ndarray:
         """(rows, len(HISTORY_NAMES)) for rows at `time_s` of (`node`, `gpu`), from the failures that
         started strictly before each row's time."""
         time_s = np.asarray(time_s, dtype=np.float64)
         node, gpu = np.asarray(node, dtype=np.int64), np.asarray(gpu, dtype=np.int64)
         out = np.empty((len(time_s), len(HISTORY_NAMES)))
+        out[:] = NO_HISTORY
         if self.failures == 0:
-            out[:] = NO_HISTORY
             return out
+        # A row whose node had no failure in the longest window reads NO_HISTORY exactly (its counts are
+        # 0 and its hours at least the cap): most rows, found with two searches; the rest computed.
+        (month,) = self._nodes.counts(node, time_s, self._origin, [_NODE_WINDOWS_D[-1] * DAY_S])
+        active = np.flatnonzero(month > 0)
+        if len(active):
+            out[active] = self._computed(time_s[active], node[active], gpu[active])
+        return out
+
+    def _computed(self, time_s: np.ndarray, node: np.ndarray, gpu: np.ndarray) -> np.ndarray:
         slot = node * self.gpus_per_node + gpu
         o = self._origin
         columns = [
@@ -145,14 +148,21 @@ class FailureHistory:
             self._gpus.hours_since(slot, time_s, o),
             self._nodes.hours_since(node, time_s, o),
         ]
-        for k, column in enumerate(columns):
-            out[:, k] = column
-        return out
+        return np.stack(columns, axis=1).astype(np.float64)
 
     def at(self, time_s: float, nodes: Sequence[int] | np.ndarray) -> np.ndarray:
         """(len(nodes) * gpus_per_node, len(HISTORY_NAMES)): every slot of `nodes` (slot = local node *
-        gpus_per_node + GPU) at `time_s`."""
-        g = self.gpus_per_node
-        node = np.repeat(np.asarray(nodes, dtype=np.int64), g)
-        gpu = np.tile(np.arange(g, dtype=np.int64), len(node) // g if g else 0)
-        return self.rows(np.full(len(node), time_s), node, gpu)
+        gpus_per_node + GPU) at `time_s`; the same numbers as `rows`, the quiet nodes found per node."""
+        g, nodes = self.gpus_per_node, np.asarray(nodes, dtype=np.int64)
+        out = np.empty((len(nodes) * g, len(HISTORY_NAMES)))
+        out[:] = NO_HISTORY
+        if self.failures == 0 or not len(nodes):
+            return out
+        times = np.full(len(nodes), time_s)
+        (month,) = self._nodes.counts(nodes, times, self._origin, [_NODE_WINDOWS_D[-1] * DAY_S])
+        active = np.flatnonzero(month > 0)
+        if len(active):
+            slots = (active[:, None] * g + np.arange(g)).ravel()
+            gpus = np.tile(np.arange(g, dtype=np.int64), len(active))
+            out[slots] = self._computed(np.full(len(slots), time_s), np.repeat(nodes[active], g), gpus)
+        return out
