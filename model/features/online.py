@@ -12,6 +12,10 @@ first `empty_steps` of a run of them: the rest of the run is skipped in one move
 handed out. So a sample that jumps ahead in time (a clock set wrong, or a caller's choice: one stamped
 at the epoch and the next one now is ~3e7 steps) costs a few steps of work, not one per step of the
 gap; the features of the next sample are the same either way.
+
+A model with the node-history features (`FeatureConfig.node_history`) gets them as "no failure known"
+here: they come from the fleet's label log, not from samples, and the service's scorer fills them in
+for each step it scores (faultcast.service.scoring; replay fills them from the data's failure log).
 """
 
 from __future__ import annotations
