@@ -25,6 +25,7 @@ from typing import NoReturn, TypeGuard
 
 from faultcast.model.evaluation.outcomes import PredictionPeriods
 from faultcast.model.features.engine import FeatureConfig
+from faultcast.model.features.history import has_history
 from faultcast.model.incidents import AlertPolicy
 from faultcast.schemas import current_data_manifest
 
@@ -72,7 +73,10 @@ class FeatureSchema:
     def config(self) -> FeatureConfig:
         """The feature engine's settings these name."""
         return FeatureConfig(
-            cadence_s=self.cadence_s, windows_s=self.windows_s, gpus_per_node=self.gpus_per_node
+            cadence_s=self.cadence_s,
+            windows_s=self.windows_s,
+            gpus_per_node=self.gpus_per_node,
+            node_history=has_history(self.names),  # the names carry the choice: no format change
         )
 
 

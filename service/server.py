@@ -44,6 +44,7 @@ from faultcast.service.model_registry import (
     choose_at_start,
     of_store,
 )
+from faultcast.service.node_history import LabelHistory
 from faultcast.service.pending_failures import PendingFailures
 from faultcast.service.remediation.actuators import Actuator, NoopActuator
 from faultcast.service.remediation.remediator import Remediator
@@ -136,7 +137,12 @@ class Service:
         self.stopping = threading.Event()
         self.store = store
         store.watch(on_writable=self._on_writable, on_write_failed=self._on_write_failed)
-        self.scorer = Scorer(model, lateness_steps=config.lateness_steps, max_nodes=config.max_nodes)
+        self.scorer = Scorer(
+            model,
+            lateness_steps=config.lateness_steps,
+            max_nodes=config.max_nodes,
+            history=LabelHistory(store),
+        )
         self.book = AlertBook(
             model,
             self.store,
@@ -893,6 +899,7 @@ class Service:
             self.metrics,
             lateness_steps=self.config.lateness_steps,
             max_nodes=self.config.max_nodes,
+            history=LabelHistory(self.store),
         )
 
     def _resume_shadow(self) -> None:

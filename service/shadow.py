@@ -20,7 +20,7 @@ from faultcast.model.artifact import FaultModel
 from faultcast.readings import NodeSnapshot
 from faultcast.service.metrics import ServiceMetrics
 from faultcast.service.rpc.validation import SampleRejected
-from faultcast.service.scoring import ScoredStep, Scorer
+from faultcast.service.scoring import HistorySource, ScoredStep, Scorer
 from faultcast.service.state.db import StateWriteError
 from faultcast.service.state.models import ShadowSteps
 
@@ -42,9 +42,10 @@ class Shadow:
         lateness_steps: int = 1,
         max_nodes: int = 100_000,
         window_s: float = WINDOW_S,
+        history: HistorySource | None = None,
     ) -> None:
         self.model_id = model_id
-        self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes)
+        self.scorer = Scorer(model, lateness_steps=lateness_steps, max_nodes=max_nodes, history=history)
         self.steps, self.metrics = steps, metrics
         self.keep_ns = int(window_s * 1e9)
         self._lock = threading.Lock()  # one observe at a time
