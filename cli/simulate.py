@@ -10,6 +10,7 @@ from typing import Any
 from faultcast.cli.paths import refuse, uncreatable
 from faultcast.cli.types import Subcommands, add_world_flags, duration, scenario, world_from_args
 from faultcast.sim.config import FleetConfig
+from faultcast.sim.world import TRACE_FAMILY, World, trace_calibrated
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -46,11 +47,13 @@ def add_parser(commands: Subcommands) -> None:
     add_world_flags(p)
     p.add_argument(
         "--family",
-        choices=["faultcast-twin", "independent"],
+        choices=["faultcast-twin", "faultcast-trace", "independent"],
         default="faultcast-twin",
         help="which generator: the fleet twin (default), or the independent one written from the "
         "literature alone (faultcast.sim.independent; of the world flags it takes --world-seed only, and no "
-        "scenario, confounder or h100 flags)",
+        "scenario, confounder or h100 flags); faultcast-trace is the twin with a real fleet's node history "
+        "(per-node frailty, refaults, long repairs, calibrated to StepFun's InfiniteHBD fault trace: "
+        "docs/fault-trace.md) over the median world, the --world-seed one or the --world-file one",
     )
     p.add_argument(
         "--scenario",
@@ -62,6 +65,12 @@ def add_parser(commands: Subcommands) -> None:
     )
     p.add_argument("--out", type=Path, required=True, help="the directory to write (created when missing)")
     p.set_defaults(handler=run)
+
+
+def _world(args: argparse.Namespace) -> World:
+    """The world the flags name; for faultcast-trace, with the trace's node history over it."""
+    world = world_from_args(args)
+    return trace_calibrated(world) if args.family == TRACE_FAMILY else world
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             h100_fraction=args.h100_fraction,
             mode_acceleration=tuple(args.mode_acceleration),
             confounders=not args.no_confounders,
-            world=world_from_args(args),
+            world=_world(args),
         )
     except ValueError as exc:
         print(f"faultcast simulate: {exc}", file=sys.stderr)

@@ -93,6 +93,12 @@ SLOW_MODULES = {
     "tests/test_train_groups.py": "trains across four worlds with folds and pooled validation",
 }
 SLOW_TESTS = {
+    "tests/test_simulate_family.py": {
+        "test_the_trace_family_writes_a_calibrated_world_over_the_drawn_one": "simulates a small trace-family fleet",
+    },
+    "tests/test_warm_start.py": {
+        "test_a_warm_start_reads_the_same_features_or_says_why_not": "loads the shipped model twice",
+    },
     "tests/test_dashboard_dcgm_exporter.py": {
         "test_every_panel_shows_data_on_a_stock_dcgm_exporter_or_says_what_it_needs": (
             "a real Prometheus scraping a stock dcgm-exporter's counters"
