@@ -4,8 +4,10 @@ a prior, every choice made on the newest days held out.
 The service's archive (its settled days) and its label log (failures from FAILED events, harvested logs
 and operators; censored spans of drained predictions) become two data directories: the older days of
 the window, which train, and the newest `--holdout` days, which validate (early stopping, calibration,
-thresholds at the false-alarm budget). `--prior` worlds (twin data) train beside the fleet's days, their
-rows weighed by `--prior-weight`. The result is a model directory with its card, like `faultcast train`'s;
+thresholds at the false-alarm budget). Two kinds of prior, alone or together: `--prior` worlds (twin data)
+train beside the fleet's days, their rows weighed by `--prior-weight`; `--warm-start [MODEL]` continues
+boosting a model's risk booster (by default the one serving: the registry's, else the shipped model) on
+the fleet's rows. The result is a model directory with its card, like `faultcast train`'s;
 `faultcast models add` registers it as a challenger.
 """
 
@@ -17,11 +19,16 @@ import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faultcast.cli.types import Subcommands, duration
 
+if TYPE_CHECKING:
+    from faultcast.service.state.store import StateStore
+
 log = logging.getLogger(__name__)
 DAY_S = 86_400.0
+SERVING = "serving"  # --warm-start without a model: the one the service serves
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -53,6 +60,14 @@ def add_parser(commands: Subcommands) -> None:
         type=float,
         default=1.0,
         help="the weight of each prior world's rows (the fleet's: 1)",
+    )
+    parser.add_argument(
+        "--warm-start",
+        nargs="?",
+        const=SERVING,
+        metavar="MODEL",
+        help="continue boosting MODEL's risk booster on the fleet's rows (no MODEL: the serving model, "
+        "the registry's or else the shipped one)",
     )
     parser.add_argument(
         "--horizon", type=duration, default=1800.0, help="how far ahead a failure labels a sample"
@@ -96,6 +111,7 @@ def run_retrain(args: argparse.Namespace) -> int:
         store = StateStore(database)
         try:
             labels = training_labels(store, args.horizon)
+            warm = _warm_start(args.warm_start, store)
         finally:
             store.close()
         work = args.out.with_name(args.out.name + ".window")
@@ -116,11 +132,12 @@ def run_retrain(args: argparse.Namespace) -> int:
         validation_worlds=1,
         booster_params=params,
         world_weights=weights if args.prior else (),
+        warm_start=str(warm.resolve()) if warm is not None else None,
     )
     log.info(
-        "retraining on %d days of the fleet (%s to %s), holding out %d (%s to %s), %d prior worlds",
+        "retraining on %d days of the fleet (%s to %s), holding out %d (%s to %s), %d prior worlds, %s",
         len(window.fit), window.fit[0], window.fit[-1], len(window.holdout), window.holdout[0],
-        window.holdout[-1], len(args.prior),
+        window.holdout[-1], len(args.prior), f"warm start from {warm}" if warm else "no warm start",
     )  # fmt: skip
     try:
         model = train(datasets, args.out, config)
@@ -129,3 +146,16 @@ def run_retrain(args: argparse.Namespace) -> int:
         return 2
     print(trained_summary(args.out, model.card))
     return 0
+
+
+def _warm_start(given: str | None, store: StateStore) -> Path | None:
+    """The model directory to continue from: None without --warm-start, the given one, or (without a
+    model) the serving model: the registry's when it has one intact, else the shipped model."""
+    from faultcast.model.shipped import shipped_model_dir
+    from faultcast.service.model_registry import choose_at_start, of_store
+
+    if given is None:
+        return None
+    if given != SERVING:
+        return Path(given)
+    return choose_at_start(shipped_model_dir(), of_store(store))

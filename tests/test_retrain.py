@@ -17,6 +17,7 @@ import pytest
 
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
+from faultcast.model.shipped import shipped_model_dir
 from faultcast.modes import FailureMode
 from faultcast.service.archive.window import choose_window
 from faultcast.service.archive.writer import Archive, ArchiveSettings
@@ -110,6 +111,28 @@ def test_retrain_trains_a_challenger_on_the_fleets_own_days(
     ]
     assert (fit / "telemetry.parquet" / "2026-01-05.parquet").is_symlink()
     assert len((fit / "failures.csv").read_text().splitlines()) > 1
+
+
+def test_retrain_warm_starts_from_the_serving_model(fleet_state: tuple[Path, Path], tmp_path: Path) -> None:
+    state, _ = fleet_state
+    out = tmp_path / "warm"
+    done = subprocess.run(
+        [FAULTCAST, "retrain", "--state-dir", str(state), "--out", str(out), "--holdout", "1d",
+         "--negative-rate", "0.05", "--warm-start"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    model, shipped = load(out), load(shipped_model_dir())  # no registry model serves: the shipped one
+    assert model.card.train_config is not None
+    assert model.card.train_config["warm_start"] == str(shipped_model_dir().resolve())
+    assert "world_weights" not in model.card.train_config  # no twin rows beside it
+    assert model.booster.current_iteration() > shipped.booster.current_iteration()  # boosted on
+    # The label log says no failure's precursor (a real fleet's never does): the validation recall
+    # counts the failures whose mode can warn rather than none.
+    recall = model.card.metrics.validation_recall_5min_predictable if model.card.metrics else None
+    assert recall is not None
+    assert recall.failures > 0
+    assert 0.0 <= recall.model <= 1.0
 
 
 def test_retrain_says_what_is_missing(tmp_path: Path) -> None:

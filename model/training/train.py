@@ -35,7 +35,7 @@ import lightgbm as lgb
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, save
+from faultcast.model.artifact import TTF_BUCKETS_S, FaultModel, Logistic, load, save
 from faultcast.model.evaluation.drift import build_reference, save_reference
 from faultcast.model.evaluation.evaluate import (
     DCGM_DEFAULT_MISSING,
@@ -77,6 +77,7 @@ from faultcast.model.incidents import AlertPolicy
 from faultcast.model.manifest import (
     FalseAlarms,
     JsonScalar,
+    ModelError,
     SplitRecord,
     Timings,
     TrainingData,
@@ -163,6 +164,10 @@ class TrainConfig:
     # Across worlds: each dataset's rows weighed by this, in order (empty: 1 each). `faultcast retrain`
     # weighs the twin worlds it learns beside (the prior) against the fleet's own history.
     world_weights: tuple[float, ...] = ()
+    # A model directory whose risk booster training continues (LightGBM's init_model: the new trees
+    # fit what it misses on these rows): the other kind of prior `faultcast retrain --warm-start`
+    # gives, beside or instead of weighted twin rows. None: a fresh booster.
+    warm_start: str | None = None
 
 
 @dataclass(frozen=True)
@@ -733,6 +738,16 @@ def _fit_risk(
     rank_w = np.where(y, w, 1.0)
     if config.balance_modes:
         rank_w = rank_w * mode_balance(rows.mode, y)
+    if config.warm_start is not None:
+        if config.folds > 1 or dask_client is not None:
+            raise ValueError(
+                "a warm start trains locally with early stopping on validation (folds 1, no Dask)"
+            )
+        prior = warm_start_booster(Path(config.warm_start), names)
+        booster, best = _continued(
+            prior, params, x_fit, y[fit], rank_w[fit], x[val], y[val], rank_w[val], config
+        )
+        return _trimmed(booster, best), best, ()
     if config.folds > 1:
         # Binned once (the rows then freed: the bins are a quarter of their size); each fold's sides
         # are subsets of it, no copy of the rows per fold.
@@ -761,6 +776,54 @@ def _fit_risk(
     val_set = lgb.Dataset(x[val], y[val], weight=rank_w[val], reference=train_set)
     booster, best = _early_stopped(params, train_set, val_set, config)
     return _trimmed(booster, best), best, ()
+
+
+def warm_start_booster(model_dir: Path, names: Sequence[str]) -> lgb.Booster:
+    """The risk booster of the model in `model_dir`, to continue; ValueError when it cannot be loaded or
+    reads other features than these rows hold (another feature schema)."""
+    try:
+        prior = load(model_dir)
+    except ModelError as exc:
+        raise ValueError(f"warm start: {exc}") from exc
+    if list(prior.booster.feature_name()) != list(names):
+        raise ValueError(
+            f"warm start: {model_dir}'s booster reads {len(prior.booster.feature_name())} features, not "
+            f"the {len(names)} of this feature schema: retrain it with this version first"
+        )
+    return prior.booster
+
+
+def _continued(
+    prior: lgb.Booster,
+    params: dict[str, Any],
+    x_fit: np.ndarray,
+    y_fit: np.ndarray,
+    w_fit: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    w_val: np.ndarray,
+    config: TrainConfig,
+) -> tuple[lgb.Booster, int]:
+    """The prior booster boosted on: its trees kept, new ones fit to its residual on the fit rows until
+    the validation rows' metric stops improving (best iteration counted from its first tree). The
+    rows stay raw (LightGBM scores them with the prior to start from): a fleet's rows are few."""
+    names = prior.feature_name()
+    train_set = lgb.Dataset(
+        x_fit, y_fit, weight=w_fit, feature_name=names, params=params, free_raw_data=False
+    )
+    val_set = lgb.Dataset(x_val, y_val, weight=w_val, reference=train_set, free_raw_data=False)
+    booster = lgb.train(
+        params,
+        train_set,
+        num_boost_round=config.num_boost_round,
+        valid_sets=[val_set],
+        init_model=prior,
+        callbacks=[lgb.early_stopping(50, verbose=False)],
+    )
+    start = prior.current_iteration()
+    best = int(booster.best_iteration or booster.current_iteration())
+    log.info("warm start: %d trees of the prior, %d new", start, best - start)
+    return booster, best
 
 
 def _early_stopped(
@@ -880,13 +943,15 @@ def _pooled_catches(
     parts: Judged, method: str, thresholds: Sequence[float], model: FaultModel, periods: PredictionPeriods
 ) -> list[tuple[int, int]]:
     """(failures that carried a precursor, those caught at >= the warning time) at each threshold,
-    summed over the parts."""
+    summed over the parts. Where the log does not say whether a failure carried one (a fleet's own
+    holdout: no real log does), its mode decides (outcomes.mode_tallies' `by_mode`): else the recall
+    of a fleet's holdout is NaN, no blend is ever chosen and the recall curve is empty."""
     totals = [(0, 0)] * len(thresholds)
     for period, failures in parts:
         found = incidents(period, method, list(thresholds), model.policy, NODE_LEVEL_MODES)
         for k, these in enumerate(found):
             counted, caught, _ = predictable_counts(
-                catches(period, failures, these, periods), periods.warning_s
+                catches(period, failures, these, periods), periods.warning_s, by_mode=True
             )
             totals[k] = (totals[k][0] + counted, totals[k][1] + caught)
     return totals
@@ -1118,7 +1183,7 @@ def _config_record(config: TrainConfig) -> dict[str, JsonScalar]:
     """The config as the manifest records it (JSON scalars: the exclusions joined by commas)."""
     record: dict[str, JsonScalar] = {}
     for key, value in asdict(config).items():
-        if key == "world_weights" and not value:
+        if key in ("world_weights", "warm_start") and not value:
             continue  # recorded only when given: a model trained before the setting reads the same
         if key == "world_weights":
             record[key] = ",".join(f"{w:g}" for w in value)
