@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 from scipy import stats
@@ -112,6 +113,18 @@ def _windows(trace: FaultTrace) -> None:
     print("after another by window  " + ",  ".join(bursts))
 
 
+def breaker_refusals(drains: Iterable[tuple[str, float]]) -> tuple[int, list[float]]:
+    """The service's default circuit breaker asked to drain each (server, time in seconds), in time order:
+    how many it refuses, and the days (to 0.1) of the refusals."""
+    breaker = ServiceConfig().breaker()
+    refused = {
+        round(t / 86_400.0, 1)
+        for server, t in sorted(drains, key=lambda d: d[1])
+        if not breaker.allow(server, t)
+    }
+    return breaker.tripped, sorted(refused)
+
+
 def _breaker(trace: FaultTrace) -> None:
     """The service's default circuit breaker asked to drain each fault's server as the fault starts: an
     upper bound on what it would refuse, since alerts come before faults and not for every one."""
@@ -120,13 +133,10 @@ def _breaker(trace: FaultTrace) -> None:
         f"breaker ({config.max_drains} nodes per {config.drain_window_s:g} s), a drain at every fault start"
     )
     for level in (None, "Hardware Failure"):
-        breaker = config.breaker()
-        refused = {
-            round(f.start_day, 1)
-            for f in trace.faults
-            if (level is None or f.level == level) and not breaker.allow(f.server, f.start_day * 86_400.0)
-        }
-        print(f"  {level or 'all faults'}: {breaker.tripped} refused, on days {sorted(refused)}")
+        tripped, days = breaker_refusals(
+            (f.server, f.start_day * 86_400.0) for f in trace.faults if level is None or f.level == level
+        )
+        print(f"  {level or 'all faults'}: {tripped} refused, on days {days}")
 
 
 def _episodes(trace: FaultTrace, days: float = 7.0) -> None:

@@ -341,8 +341,9 @@ class _Job:
         elif self.state is _State.SNAPSHOT:
             self.saved = self.work
             self._migrate()
-        elif self.writing is not None and self.costs.checkpoint_s - self.writing > 1e-9:
-            # A checkpoint is being written: it is the snapshot once it completes.
+        elif self.writing is not None and self.t + (self.costs.checkpoint_s - self.writing) > self.t + 1e-9:
+            # A checkpoint is being written: it is the snapshot once it completes. (A rest the clock
+            # cannot tell from now, as a year into a run, is the write ending now: else this repeats.)
             self.snapshot_at = self.t + (self.costs.checkpoint_s - self.writing)
         else:
             if self.writing is not None:  # the write ends now (to rounding)

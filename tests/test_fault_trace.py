@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench import fault_trace as fault_trace_bench
+from bench import trace_replay as trace_replay_bench
 from faultcast.sim.fault_trace import (
     FLEET_SERVERS,
     STATISTICS_FILE,
@@ -243,3 +244,57 @@ def test_a_gap_of_exactly_the_window_counts_whatever_float_noise_says() -> None:
     s = trace_statistics(parse_events(events, fleet_servers=1))
     assert s.followed == 1
     assert s.count_variance == 0.0  # one server: no spread to measure
+
+
+def test_the_replay_gives_every_fault_a_twin_mode(trace: FaultTrace) -> None:
+    """bench/trace_replay.py: each fault stands for a twin mode, at its own start and repair."""
+    from faultcast.sim.modes import BY_NAME
+
+    modes = Counter(trace_replay_bench.trace_mode(f) for f in trace.faults)
+    assert set(modes) <= set(BY_NAME)
+    assert modes["hbm_wear"] == sum("ECC" in f.description for f in trace.faults)
+    assert modes["software"] == sum(f.level != "Hardware Failure" for f in trace.faults)
+    draw = trace_replay_bench.trace_draw(trace, np.random.default_rng(0))
+    assert draw.times_s.tolist() == [f.start_day * 86_400 for f in trace.faults]
+    assert draw.repairs_s.tolist() == [f.repair_hours * 3600 for f in trace.faults]
+
+
+def test_the_warm_pool_and_the_breaker_by_hand() -> None:
+    """The small trace: a is out on days 1-1.5, c from 30 s later to day 2, b on days 10-11 and 13-13.25."""
+    events = [
+        _event("a", 1.0, "fault_start"),
+        _event("c", 1.0 + 30 / 86_400, "fault_start"),
+        _event("a", 1.5, "fault_end"),
+        _event("c", 2.0, "fault_end"),
+        _event("b", 10.0, "fault_start"),
+        _event("b", 11.0, "fault_end"),
+        _event("b", 13.0, "fault_start"),
+        _event("b", 13.25, "fault_end"),
+    ]
+    small = parse_events(events, fleet_servers=10)
+    # One spare: c finds it taken by a; more than one server is out from c's start to a's return.
+    dry, short = trace_replay_bench.pool_dry(small, 1, 20.0)
+    assert dry == 1
+    assert short == pytest.approx((0.5 - 30 / 86_400) / 20.0)
+    assert trace_replay_bench.pool_dry(small, 2, 20.0) == (0, 0.0)
+    # The default breaker takes 4 distinct nodes an hour: a fifth within the hour is refused, a node
+    # already taken is not, and an hour later there is room again.
+    drains = [(f"n{i}", 60.0 * i) for i in range(5)] + [("n0", 400.0), ("n5", 3700.0)]
+    assert fault_trace_bench.breaker_refusals(drains) == (1, [0.0])
+
+
+def test_a_year_into_a_job_a_checkpoints_last_nanosecond_does_not_stall_it() -> None:
+    """The trace's replay (349 days) found it: an alert's snapshot waiting for a write whose rest the clock
+    cannot tell from now (1e-9 s at 1.7e7 s) was scheduled for now, again and again. It ends the write."""
+    from faultcast.goodput import engine
+
+    job = engine._Job(
+        engine.Policy("b", 1800.0, True),
+        trace_replay_bench.COSTS,
+        engine.SparePool(1),
+        engine.Outcome(wall_s=3e7),
+    )
+    job.t = job.snapshot_at = 1.68e7
+    job.writing = trace_replay_bench.COSTS.checkpoint_s - 1.07e-9
+    job.on_internal()
+    assert job.next_internal() > job.t
