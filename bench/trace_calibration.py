@@ -7,8 +7,10 @@ acceleration 1, in the median world (today's twin) and in the trace-calibrated w
 (faultcast.sim.world.trace_calibrated), each over several fleet seeds, and prints the statistics
 bench/fault_trace.py prints for the trace beside the trace's own: faults, the share on the most-faulted
 tenth of the servers, the negative-binomial shape k, faults followed by another on the same server within 7
-days of their start (and what per-server hazard alone would give), repair quartiles and servers down at once.
-Each row is the mean over the seeds, with the range in brackets. About 5 s a seed and world on one core.
+days of their start (and what per-server hazard alone would give), repair quartiles, servers down at once
+and faults starting within 60 s of another's start (and the largest such burst); the calibrated world with
+and without rack bursts (TRACE_BURSTS). Each row is the mean over the seeds, with the range in brackets.
+About 5 s a seed and world on one core.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from faultcast.sim.fault_trace import (
     trace_statistics,
     twin_faults,
 )
-from faultcast.sim.world import TRACE_CALIBRATION, World, trace_calibrated
+from faultcast.sim.world import TRACE_BURSTS, TRACE_CALIBRATION, World, trace_calibrated
 
 TRACE_DAYS = 348.0
 _COLUMNS: tuple[tuple[str, str, Callable[[TraceStatistics], float]], ...] = (
@@ -41,6 +43,8 @@ _COLUMNS: tuple[tuple[str, str, Callable[[TraceStatistics], float]], ...] = (
     ("p90 h", "{:.0f}", lambda s: s.repair_hours.p90),
     ("down mean", "{:.2f}", lambda s: s.down_mean),
     ("down p99", "{:.0f}", lambda s: s.down_p99),
+    ("within 60 s of another", "{:.1f}", lambda s: s.faults_after_another),
+    ("largest burst", "{:.1f}", lambda s: s.largest_burst),
 )
 
 
@@ -71,12 +75,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     seeds = range(1, args.seeds + 1)
     print(f"{FLEET_SERVERS} nodes x {TRACE_DAYS:g} days, acceleration 1, fleet seeds {list(seeds)}")
-    print(f"calibration: {TRACE_CALIBRATION}")
+    print(f"calibration: {TRACE_CALIBRATION}, rack bursts: {TRACE_BURSTS}")
     print("| | " + " | ".join(name for name, _, _ in _COLUMNS) + " |")
     print("| --- " * (len(_COLUMNS) + 1) + "|")
     print(_row("InfiniteHBD trace", [trace_statistics(load_trace())]))
     print(_row("twin, median world", twin_statistics(World(), seeds)))
     print(_row("twin, trace-calibrated", twin_statistics(trace_calibrated(), seeds)))
+    print(
+        _row("twin, trace-calibrated with rack bursts", twin_statistics(trace_calibrated(bursts=True), seeds))
+    )
 
 
 if __name__ == "__main__":

@@ -341,7 +341,9 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
                 draws=draws,
             )
         )
-    # A scripted failure wins over random ones that would overlap it on the same GPU or node.
+    # A rack burst's or a scripted failure wins over random ones that would overlap it on the same target.
+    bursts = _rack_bursts(config, node)
+    failures = [f for f in failures if not any(_overlaps(f, b) for b in bursts)] + bursts
     failures = [f for f in failures if not any(_overlaps(f, s) for s in scripted)] + scripted
     failures.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))
 
@@ -355,6 +357,33 @@ def node_schedule(config: FleetConfig, node: int, scenarios: Iterable[Scenario] 
             t += float(r.exponential(86_400.0 / per_day))
     aborted.sort(key=lambda f: (f.fail_s, -1 if f.gpu is None else f.gpu))
     return NodeSchedule(node, tuple(failures), tuple(reloads), _jobs(config, node), tuple(aborted))
+
+
+def _rack_bursts(config: FleetConfig, node: int) -> list[ScheduledFailure]:
+    """The node's failures in its rack's cooling bursts (World.rack_bursts_per_rack_year): the rack's
+    events and which of its nodes each fails, and on which GPU, within a minute, come from one stream per
+    rack, drawn for every slot whatever node asks; the failure itself from the node's own."""
+    world = config.world
+    rate = world.rack_bursts_per_rack_year / 365.25 * (config.acceleration if config.failures else 0.0)
+    if rate <= 0:
+        return []
+    per_rack = config.nodes_per_rack
+    r = rng(config.seed, Stream.HISTORY, 2_000_000 + node // per_rack)
+    spec = BY_NAME["cooling"]
+    out: list[ScheduledFailure] = []
+    t, event = float(r.exponential(86_400.0 / rate)), 0
+    while t < config.horizon_s:
+        hit, gpus = r.random(per_rack), r.integers(config.gpus_per_node, size=per_rack)
+        after = r.uniform(0.0, 60.0, per_rack)
+        slot = node % per_rack
+        if hit[slot] < world.rack_burst_node_p:
+            target, fail_s = (node, int(gpus[slot])), t + float(after[slot])
+            own = rng(config.seed, Stream.HISTORY, node, 40_000 + event)
+            failure = _draw(own, spec, world, target, fail_s, 0.0)
+            if not any(_overlaps(failure, f) for f in out):
+                out.append(failure)
+        t, event = t + float(r.exponential(86_400.0 / rate)), event + 1
+    return out
 
 
 def _aborted(

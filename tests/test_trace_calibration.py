@@ -45,9 +45,15 @@ def test_worlds_without_a_history_draw_exactly_as_before(world_seed: int | None)
     world = World() if world_seed is None else World.draw(world_seed)
     config = FleetConfig(nodes=6, days=60, acceleration=40, seed=7, world=world)
     assert (world.id, _digest(config)) == _BEFORE[world_seed]
-    assert not {"frailty_shape", "refault_p", "refault_days", "downtime_sigma", "downtime_scale"} & set(
-        world.parameters()
-    )
+    assert not {
+        "frailty_shape",
+        "refault_p",
+        "refault_days",
+        "downtime_sigma",
+        "downtime_scale",
+        "rack_bursts_per_rack_year",
+        "rack_burst_node_p",
+    } & set(world.parameters())
     assert all(node_traits(config, n).frailty == 1.0 for n in range(config.nodes))
 
 
@@ -151,3 +157,35 @@ def test_the_trace_calibrated_world_is_recorded_and_read_back(tmp_path: Path) ->
 def test_bad_history_parameters_are_refused(params: dict[str, float], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         World.from_json(params)
+
+
+def test_rack_bursts_fail_nodes_of_a_rack_within_a_minute() -> None:
+    world = replace(World(), rack_bursts_per_rack_year=50.0, rack_burst_node_p=0.75)
+    config = FleetConfig(nodes=8, days=30, seed=4, world=world, confounders=False)
+    cooling = {
+        n: [f.fail_s for f in node_schedule(config, n).failures if f.mode == "cooling"]
+        for n in range(config.nodes)
+    }
+    # Racks of 4: nodes 0-3 share their bursts, 4-7 theirs; a burst's failures start within a minute.
+    together = [
+        (a, b)
+        for a in range(4)
+        for b in range(a + 1, 4)
+        for ta in cooling[a]
+        for tb in cooling[b]
+        if abs(ta - tb) < 60
+    ]
+    apart = [
+        (a, b)
+        for a in range(4)
+        for b in range(4, 8)
+        for ta in cooling[a]
+        for tb in cooling[b]
+        if abs(ta - tb) < 60
+    ]
+    assert len(together) > 10
+    assert not apart
+    # The same rack's events whatever the fleet's size: a node's bursts do not depend on its neighbours'.
+    assert node_schedule(replace(config, nodes=2), 1).failures == node_schedule(config, 1).failures
+    assert trace_calibrated(bursts=True).rack_bursts_per_rack_year > 0
+    assert trace_calibrated().rack_bursts_per_rack_year == 0
