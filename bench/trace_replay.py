@@ -16,7 +16,8 @@ foresees. Prints:
     come;
 (b) the warm pool: for pools of N spares, how many faults find all N out (each spare replaces a server in
     repair) and the share of time with more than N servers out, the ETTR of policies (a) and (b') with N
-    spares; beside the first two for the trace-calibrated twin's and the median twin's failure schedules;
+    spares; beside the first two for the trace-calibrated twin's (with and without rack bursts) and the
+    median twin's failure schedules;
 (c) the circuit breaker (bench/fault_trace.py `breaker_refusals`, the service's default): refusals if
     every fault start asked for a drain, and if only the alerts did (the foreseen faults at their alert
     times, the false alarms on random servers) at the sweep's threshold, the model's and the lowest.
@@ -172,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     twins = {
         "trace-calibrated twin": twin_faults(
             FleetConfig(nodes=400, days=days, seed=1, world=trace_calibrated())
+        ),
+        "calibrated twin with rack bursts": twin_faults(
+            FleetConfig(nodes=400, days=days, seed=1, world=trace_calibrated(bursts=True))
         ),
         "median twin": twin_faults(FleetConfig(nodes=400, days=days, seed=1, world=World())),
     }
