@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from faultcast.cli.retrain import SERVING, _warm_start
 from faultcast.demo.feed import twin_snapshots
 from faultcast.model.artifact import load
 from faultcast.model.shipped import shipped_model_dir
@@ -22,6 +23,7 @@ from faultcast.modes import FailureMode
 from faultcast.service.archive.window import choose_window
 from faultcast.service.archive.writer import Archive, ArchiveSettings
 from faultcast.service.config import ServiceConfig
+from faultcast.service.model_registry import of_store
 from faultcast.service.remediation.actuators import NoopActuator
 from faultcast.service.retrain_schedule import Retrainer, RetrainSchedule
 from faultcast.service.rpc.validation import Limits
@@ -113,26 +115,45 @@ def test_retrain_trains_a_challenger_on_the_fleets_own_days(
     assert len((fit / "failures.csv").read_text().splitlines()) > 1
 
 
-def test_retrain_warm_starts_from_the_serving_model(fleet_state: tuple[Path, Path], tmp_path: Path) -> None:
+def test_retrain_warm_starts_from_a_model(
+    fleet_state: tuple[Path, Path], challenger: Path, tmp_path: Path
+) -> None:
+    """--warm-start MODEL boosts on from that model's trees (here the module's challenger: small, so the
+    run is quick; the shipped model's 318 trees would score every row first)."""
     state, _ = fleet_state
     out = tmp_path / "warm"
     done = subprocess.run(
         [FAULTCAST, "retrain", "--state-dir", str(state), "--out", str(out), "--holdout", "1d",
-         "--negative-rate", "0.05", "--warm-start"],
+         "--negative-rate", "0.05", "--warm-start", str(challenger)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    model, shipped = load(out), load(shipped_model_dir())  # no registry model serves: the shipped one
+    model, prior = load(out), load(challenger)
     assert model.card.train_config is not None
-    assert model.card.train_config["warm_start"] == str(shipped_model_dir().resolve())
+    assert model.card.train_config["warm_start"] == str(challenger.resolve())
     assert "world_weights" not in model.card.train_config  # no twin rows beside it
-    assert model.booster.current_iteration() > shipped.booster.current_iteration()  # boosted on
+    assert model.booster.current_iteration() > prior.booster.current_iteration()  # boosted on
     # The label log says no failure's precursor (a real fleet's never does): the validation recall
     # counts the failures whose mode can warn rather than none.
     recall = model.card.metrics.validation_recall_5min_predictable if model.card.metrics else None
     assert recall is not None
     assert recall.failures > 0
     assert 0.0 <= recall.model <= 1.0
+
+
+def test_warm_start_without_a_model_is_the_serving_one(tmp_path: Path, challenger: Path) -> None:
+    """`--warm-start` alone: the registry's serving model, or the shipped one when none is registered."""
+    store = StateStore.in_dir(tmp_path / "state")
+    try:
+        assert _warm_start(None, store) is None
+        assert _warm_start(str(challenger), store) == challenger
+        assert _warm_start(SERVING, store) == shipped_model_dir()
+        registry = of_store(store)
+        added, _ = registry.add(challenger, "ops", "a challenger")
+        registry.promote(added.id, "ops", "it serves now", lambda path: (True, "", ""), shipped_model_dir())
+        assert _warm_start(SERVING, store) == registry.path_of(added.id)
+    finally:
+        store.close()
 
 
 def test_retrain_says_what_is_missing(tmp_path: Path) -> None:
