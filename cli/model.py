@@ -102,6 +102,12 @@ def add_parsers(commands: Subcommands) -> None:
         help="weigh each failure mode's positive rows alike in the booster (rare modes up to 10x)",
     )
     train.add_argument(
+        "--node-history",
+        action="store_true",
+        help="add the node-history features: each GPU's and node's own failures before each row, from the "
+        "data's failure log (online: the service's label log; docs/model.md)",
+    )
+    train.add_argument(
         "--no-blend",
         action="store_true",
         help="serve the booster alone, even where stacking it with the logistic baseline catches more of "
@@ -287,6 +293,7 @@ def run_train(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             blend=not args.no_blend,
             balance_modes=args.balance_modes,
+            node_history=args.node_history,
         )
         client = _dask_client(args.dask_scheduler)
         model = train(datasets, args.out, config, dask_client=client)

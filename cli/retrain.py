@@ -70,6 +70,12 @@ def add_parser(commands: Subcommands) -> None:
         "the registry's or else the shipped one)",
     )
     parser.add_argument(
+        "--node-history",
+        action="store_true",
+        help="add the node-history features (each GPU's and node's own failures from the label log); "
+        "the service computes them from its label log for such a model",
+    )
+    parser.add_argument(
         "--horizon", type=duration, default=1800.0, help="how far ahead a failure labels a sample"
     )
     parser.add_argument("--negative-rate", type=float, default=0.02, help="share of healthy rows kept")
@@ -133,6 +139,7 @@ def run_retrain(args: argparse.Namespace) -> int:
         booster_params=params,
         world_weights=weights if args.prior else (),
         warm_start=str(warm.resolve()) if warm is not None else None,
+        node_history=args.node_history,
     )
     log.info(
         "retraining on %d days of the fleet (%s to %s), holding out %d (%s to %s), %d prior worlds, %s",

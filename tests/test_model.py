@@ -24,6 +24,7 @@ from faultcast.model.evaluation.outcomes import (
 )
 from faultcast.model.evaluation.rules import RULES, RulesBaseline
 from faultcast.model.features.engine import FeatureConfig, FeatureEngine
+from faultcast.model.features.history import HISTORY_NAMES
 from faultcast.model.features.offline import Failure, FailureLog, Labels, open_dataset
 from faultcast.model.incidents import AlertPolicy
 from faultcast.model.training.train import TrainConfig, make_split, train
@@ -133,6 +134,25 @@ def test_a_corrupt_or_mismatched_artifact_is_refused(
         load(broken)
     with pytest.raises(ModelError, match=r"manifest\.json is missing"):
         load(tmp_path / "nowhere")
+
+
+def test_a_node_history_model_trains_loads_and_says_so(
+    data: Path, trained: tuple[FaultModel, Path], tmp_path: Path
+) -> None:
+    """TrainConfig.node_history: the seven history columns after the others, read back from the names
+    on load (no manifest change), and recorded in the card; a model trained without it records nothing."""
+    out = tmp_path / "history"
+    train(open_dataset(data), out, TrainConfig(num_boost_round=5, negative_rate=0.05, node_history=True))
+    model = load(out)
+    assert tuple(model.feature_names[-len(HISTORY_NAMES) :]) == tuple(HISTORY_NAMES)
+    assert model.feature_config.node_history
+    assert model.card.train_config is not None
+    assert model.card.train_config["node_history"] is True
+    plain, _ = trained
+    assert not plain.feature_config.node_history
+    assert plain.card.train_config is not None
+    assert "node_history" not in plain.card.train_config
+    assert not set(HISTORY_NAMES) & set(plain.feature_names)
 
 
 def test_the_manifest_is_written_from_its_type_and_loads_as_it(trained: tuple[FaultModel, Path]) -> None:

@@ -168,6 +168,10 @@ class TrainConfig:
     # fit what it misses on these rows): the other kind of prior `faultcast retrain --warm-start`
     # gives, beside or instead of weighted twin rows. None: a fresh booster.
     warm_start: str | None = None
+    # The node-history features (model/features/history.py): each GPU's and node's own failures before
+    # each row, from the data's failure log (online: the service's label log). Off: the features, the
+    # schema and the recorded config as before.
+    node_history: bool = False
 
 
 @dataclass(frozen=True)
@@ -322,7 +326,9 @@ def train(
         raise ValueError("no training data")
     dataset = datasets[-1]  # the validation world (or the only dataset)
     features = FeatureConfig(
-        cadence_s=config.cadence_s or dataset.cadence_s, gpus_per_node=dataset.gpus_per_node
+        cadence_s=config.cadence_s or dataset.cadence_s,
+        gpus_per_node=dataset.gpus_per_node,
+        node_history=config.node_history,
     )
     if len(datasets) > 1 and not 1 <= config.validation_worlds < len(datasets):
         raise ValueError(
@@ -1183,7 +1189,7 @@ def _config_record(config: TrainConfig) -> dict[str, JsonScalar]:
     """The config as the manifest records it (JSON scalars: the exclusions joined by commas)."""
     record: dict[str, JsonScalar] = {}
     for key, value in asdict(config).items():
-        if key in ("world_weights", "warm_start") and not value:
+        if key in ("world_weights", "warm_start", "node_history") and not value:
             continue  # recorded only when given: a model trained before the setting reads the same
         if key == "world_weights":
             record[key] = ",".join(f"{w:g}" for w in value)

@@ -111,10 +111,15 @@ def _count_updates(engine: FeatureEngine) -> list[int]:
     update = engine.update
 
     def counted(
-        step: int, gpu: np.ndarray, node: np.ndarray, is_h100: np.ndarray, summary: np.ndarray | None = None
+        step: int,
+        gpu: np.ndarray,
+        node: np.ndarray,
+        is_h100: np.ndarray,
+        summary: np.ndarray | None = None,
+        history: np.ndarray | None = None,
     ) -> np.ndarray:
         calls[0] += 1
-        return update(step, gpu, node, is_h100, summary)
+        return update(step, gpu, node, is_h100, summary, history)
 
     engine.update = counted  # type: ignore[method-assign]
     return calls
