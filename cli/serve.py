@@ -221,6 +221,11 @@ def add_parser(commands: Subcommands) -> None:
         metavar="DATA",
         help="a twin world the scheduled retrain learns beside the fleet's days (faultcast retrain --prior)",
     )
+    archive.add_argument(
+        "--retrain-warm-start",
+        action="store_true",
+        help="each scheduled retrain continues the model serving then (faultcast retrain --warm-start)",
+    )
     archive.add_argument("--retrain-window", help="faultcast retrain --window (its default: 90d)")
     archive.add_argument("--retrain-holdout", help="faultcast retrain --holdout (its default: 14d)")
     archive.add_argument(
@@ -445,6 +450,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
         archive_days=args.archive_days,
         archive_bytes=args.archive_max << 20,
         retrain_every_s=args.retrain_every,
+        retrain_warm_start=args.retrain_warm_start,
         retrain_flags=(
             *(("--window", args.retrain_window) if args.retrain_window else ()),
             *(("--holdout", args.retrain_holdout) if args.retrain_holdout else ()),

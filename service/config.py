@@ -91,6 +91,8 @@ class ServiceConfig:
     # `faultcast retrain` with these flags on the archive and label log, the challenger shadowed.
     retrain_every_s: float = 0.0
     retrain_flags: tuple[str, ...] = ()
+    # Each scheduled retrain continues the model serving at that moment (`faultcast retrain --warm-start`).
+    retrain_warm_start: bool = False
 
     def __post_init__(self) -> None:
         CircuitBreaker.check(self.max_drains, self.drain_window_s)

@@ -34,6 +34,8 @@ class RetrainSchedule:
 
     every_s: float
     flags: tuple[str, ...] = ()
+    # Continue the model serving when the retrain starts (`--warm-start DIR`), whichever that is then.
+    warm_start: bool = False
 
 
 # (model directory) -> what to do with a challenger: the service adds and shadows it.
@@ -74,9 +76,12 @@ class Retrainer:
         *,
         run: RunChild = run_child,
         clock: Callable[[], float] = time.time,
+        serving_dir: Callable[[], Path] | None = None,
     ) -> None:
+        """`serving_dir`: the directory of the model serving now (a warm start continues it)."""
         self.schedule, self.state_dir, self.settings = schedule, state_dir, settings
         self.on_challenger, self.run, self.clock = on_challenger, run, clock
+        self.serving_dir = serving_dir
         self.attempts = 0
         self.succeeded = 0
 
@@ -102,6 +107,8 @@ class Retrainer:
         self.settings.save(LAST_KEY, repr(started))
         out = self.state_dir / "retrained" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
         argv = ["retrain", "--state-dir", str(self.state_dir), "--out", str(out), *self.schedule.flags]
+        if self.schedule.warm_start and self.serving_dir is not None:
+            argv += ["--warm-start", str(self.serving_dir())]  # promoted since the start: that one
         log.info("scheduled retrain: %s", " ".join(argv))
         status, said = self.run(argv, out.with_name(out.name + ".log"), stopping)
         if stopping.is_set():

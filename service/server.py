@@ -1005,10 +1005,13 @@ class Service:
             )
         if self.config.retrain_every_s > 0:
             retrainer = Retrainer(
-                RetrainSchedule(self.config.retrain_every_s, self.config.retrain_flags),
+                RetrainSchedule(
+                    self.config.retrain_every_s, self.config.retrain_flags, self.config.retrain_warm_start
+                ),
                 self.store.path.parent,
                 self.store.settings,
                 self._take_challenger,
+                serving_dir=lambda: self.model_dir,
             )
             self._retrain_thread = start_supervised(
                 "retrain", lambda: retrainer.loop(self.stopping), self.stopping, self._restarted

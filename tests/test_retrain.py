@@ -11,6 +11,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from faultcast.service.archive.writer import Archive, ArchiveSettings
 from faultcast.service.config import ServiceConfig
 from faultcast.service.model_registry import of_store
 from faultcast.service.remediation.actuators import NoopActuator
-from faultcast.service.retrain_schedule import Retrainer, RetrainSchedule
+from faultcast.service.retrain_schedule import Retrainer, RetrainSchedule, run_child
 from faultcast.service.rpc.validation import Limits
 from faultcast.service.server import Service
 from faultcast.service.state.labels import FailureLabel, LabelSource
@@ -208,3 +209,28 @@ def test_a_failed_scheduled_retrain_is_said_and_tried_again_later(tmp_path: Path
         assert "holds no archive" in log
     finally:
         store.close()
+
+
+def test_a_scheduled_warm_start_continues_the_model_serving_when_it_starts(tmp_path: Path) -> None:
+    """--retrain-warm-start: each retrain names the model serving at that moment (after a promotion, the
+    promoted one), not the one the service started with."""
+    store = StateStore.in_dir(tmp_path)
+    serving = [tmp_path / "started-with"]
+    argvs: list[list[str]] = []
+
+    def recorded(argv: Sequence[str], output: Path, stopping: threading.Event) -> tuple[int, str]:
+        argvs.append(list(argv))
+        return run_child(argv, output, stopping)
+
+    try:
+        schedule = RetrainSchedule(3600.0, ("--holdout", "1d"), warm_start=True)
+        retrainer = Retrainer(
+            schedule, tmp_path, store.settings, lambda _: None, run=recorded, serving_dir=lambda: serving[-1]
+        )
+        assert retrainer.once(threading.Event()) is None  # no archive yet: the child says so and fails
+        serving.append(tmp_path / "registry" / "promoted")
+        assert retrainer.once(threading.Event()) is None
+    finally:
+        store.close()
+    assert [a[a.index("--warm-start") + 1] for a in argvs] == [str(p) for p in serving]
+    assert all(a[5:7] == ["--holdout", "1d"] for a in argvs)
