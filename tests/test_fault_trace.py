@@ -144,9 +144,10 @@ def test_statistics_hold_together(trace: FaultTrace) -> None:
     assert s.zero_repairs == sum(f.start_day == f.end_day for f in trace.faults)
 
 
-def test_a_small_trace_by_hand() -> None:
-    """Three servers of a fleet of ten: b fails twice, 3 days apart; a and c start 30 s apart."""
-    events = [
+def _small_trace_events() -> list[dict[str, Any]]:
+    """Three servers of a fleet of ten: a out on days 1-1.5, c from 30 s later to day 2, b on days 10-11
+    and 13-13.25."""
+    return [
         _event("a", 1.0, "fault_start"),
         _event("c", 1.0 + 30 / 86_400, "fault_start"),
         _event("a", 1.5, "fault_end"),
@@ -156,6 +157,11 @@ def test_a_small_trace_by_hand() -> None:
         _event("b", 13.0, "fault_start"),
         _event("b", 13.25, "fault_end"),
     ]
+
+
+def test_a_small_trace_by_hand() -> None:
+    """Three servers of a fleet of ten: b fails twice, 3 days apart; a and c start 30 s apart."""
+    events = _small_trace_events()
     s = trace_statistics(parse_events(events, fleet_servers=10))
     assert (s.faults, s.servers_with_faults, s.top_servers) == (4, 3, 1)
     assert s.top_share == 0.5
@@ -261,16 +267,7 @@ def test_the_replay_gives_every_fault_a_twin_mode(trace: FaultTrace) -> None:
 
 def test_the_warm_pool_and_the_breaker_by_hand() -> None:
     """The small trace: a is out on days 1-1.5, c from 30 s later to day 2, b on days 10-11 and 13-13.25."""
-    events = [
-        _event("a", 1.0, "fault_start"),
-        _event("c", 1.0 + 30 / 86_400, "fault_start"),
-        _event("a", 1.5, "fault_end"),
-        _event("c", 2.0, "fault_end"),
-        _event("b", 10.0, "fault_start"),
-        _event("b", 11.0, "fault_end"),
-        _event("b", 13.0, "fault_start"),
-        _event("b", 13.25, "fault_end"),
-    ]
+    events = _small_trace_events()
     small = parse_events(events, fleet_servers=10)
     # One spare: c finds it taken by a; more than one server is out from c's start to a's return.
     dry, short = trace_replay_bench.pool_dry(small, 1, 20.0)
