@@ -34,7 +34,6 @@ class NodeTraits:
     ib_marginal_per_min: np.ndarray  # (P,)
     ib_ports: tuple[str, ...]
     peers: tuple[str, ...]
-    frailty: float = 1.0  # multiplies every failure rate of the node and its GPUs (node_frailty)
 
 
 def _rack_inlet(config: FleetConfig, rack: int) -> float:
@@ -96,7 +95,6 @@ def node_traits(config: FleetConfig, node: int) -> NodeTraits:
             config.node_name(rack * config.nodes_per_rack + (node + k + 1) % config.nodes_per_rack) + ":22"
             for k in range(peer_count)
         ),
-        frailty=node_frailty(config, node),
     )
 
 

@@ -237,16 +237,18 @@ class World:
         return self.failure_rate_scale * self.mode_rate_scale.get(mode, 1.0)
 
 
-# The node-history parameters and their defaults (today's twin: one hazard for all, no refaults).
-_HISTORY_DEFAULTS: dict[str, float | None] = {
-    "frailty_shape": None,
-    "refault_p": 0.0,
-    "refault_days": 1.0,
-    "downtime_sigma": 0.5,
-    "downtime_scale": 1.0,
-    "rack_bursts_per_rack_year": 0.0,
-    "rack_burst_node_p": 0.5,
-}
+# The node-history parameters, with World's defaults for them (today's twin: one hazard for all, no
+# refaults): left out of a world's parameters at those defaults.
+HISTORY_PARAMETERS = (
+    "frailty_shape",
+    "refault_p",
+    "refault_days",
+    "downtime_sigma",
+    "downtime_scale",
+    "rack_bursts_per_rack_year",
+    "rack_burst_node_p",
+)
+_HISTORY_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(World) if f.name in HISTORY_PARAMETERS}
 
 TRACE_FAMILY = "faultcast-trace"
 TRACE_CALIBRATION: dict[str, float] = {

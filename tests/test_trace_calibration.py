@@ -15,7 +15,7 @@ from faultcast.sim.config import FleetConfig
 from faultcast.sim.fault_trace import twin_faults
 from faultcast.sim.fleet import node_frailty, node_traits
 from faultcast.sim.schedule import ScheduledFailure, node_schedule
-from faultcast.sim.world import TRACE_CALIBRATION, TRACE_FAMILY, World, trace_calibrated
+from faultcast.sim.world import HISTORY_PARAMETERS, TRACE_CALIBRATION, TRACE_FAMILY, World, trace_calibrated
 
 # Computed from the code before the node history existed (commit 415f959): the schedules and traits of
 # a small accelerated fleet in the median world and in drawn world 3, and both worlds' ids.
@@ -45,16 +45,9 @@ def test_worlds_without_a_history_draw_exactly_as_before(world_seed: int | None)
     world = World() if world_seed is None else World.draw(world_seed)
     config = FleetConfig(nodes=6, days=60, acceleration=40, seed=7, world=world)
     assert (world.id, _digest(config)) == _BEFORE[world_seed]
-    assert not {
-        "frailty_shape",
-        "refault_p",
-        "refault_days",
-        "downtime_sigma",
-        "downtime_scale",
-        "rack_bursts_per_rack_year",
-        "rack_burst_node_p",
-    } & set(world.parameters())
-    assert all(node_traits(config, n).frailty == 1.0 for n in range(config.nodes))
+    assert len(HISTORY_PARAMETERS) == 7
+    assert not set(HISTORY_PARAMETERS) & set(world.parameters())
+    assert all(node_frailty(config, n) == 1.0 for n in range(config.nodes))
 
 
 def test_frailty_is_a_gamma_of_mean_one_and_multiplies_a_nodes_failures() -> None:
@@ -63,7 +56,6 @@ def test_frailty_is_a_gamma_of_mean_one_and_multiplies_a_nodes_failures() -> Non
     frailty = np.array([node_frailty(config, n) for n in range(config.nodes)])
     assert abs(frailty.mean() - 1.0) < 0.1
     assert abs(frailty.var() - 1 / 0.5) < 0.4  # gamma of shape k: variance 1/k
-    assert node_traits(config, 5).frailty == frailty[5]
     # The frailest and the sturdiest of a small fleet, accelerated: the frail one fails far more often.
     small = FleetConfig(nodes=40, days=30, acceleration=200, seed=1, world=world)
     per_node = [node_frailty(small, n) for n in range(small.nodes)]

@@ -85,7 +85,7 @@ class _Index:
         """(rows,) hours since the entity's last failure that started before t, capped."""
         if not len(self.keys):
             return np.full(len(time_s), NO_FAILURE_HOURS)
-        at = np.searchsorted(self.keys, _keys(entity, time_s, origin_s), side="left") - 1
+        at = self._at(entity, time_s, origin_s) - 1
         start = np.searchsorted(self.keys, entity.astype(np.int64) * _SPAN, side="left")
         known = at >= start  # the failure just before the key is this entity's
         last = self.time_s[np.maximum(at, 0)]
